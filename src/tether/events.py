@@ -1,0 +1,92 @@
+"""The event vocabulary of API.md §6 and the envelope every layer speaks.
+
+The log stores these; every projection folds them; the SSE stream sends them verbatim.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+_ID_RE = re.compile(ID_PATTERN)
+
+SESSION_CREATED = "session.created"
+SESSION_UPDATED = "session.updated"
+SESSION_ROTATED = "session.rotated"
+TURN_SUBMITTED = "turn.submitted"
+RUN_STARTED = "run.started"
+REASONING_DELTA = "reasoning.delta"
+TEXT_DELTA = "text.delta"
+TOOL_STARTED = "tool.started"
+TOOL_COMPLETED = "tool.completed"
+COMPRESSION_STARTED = "compression.started"
+COMPRESSION_COMPLETED = "compression.completed"
+RUN_CANCEL_REQUESTED = "run.cancel_requested"
+STEER_ACCEPTED = "steer.accepted"
+STEER_LEFTOVER = "steer.leftover"
+QUEUE_ADDED = "queue.added"
+QUEUE_UPDATED = "queue.updated"
+QUEUE_REMOVED = "queue.removed"
+RUN_FINISHED = "run.finished"
+TRANSCRIPT_TRUNCATED = "transcript.truncated"
+
+# Terminal states of a run (API.md §4): every run ends in exactly one of these.
+RUN_STATES = (
+    "completed",
+    "cancelled",
+    "interrupted",
+    "error",
+    "tool_limit_reached",
+    "compression_exhausted",
+)
+
+
+def is_valid_id(value: object) -> bool:
+    return isinstance(value, str) and _ID_RE.match(value) is not None
+
+
+def new_id(prefix: str) -> str:
+    """Opaque, URL-safe and unguessable; the prefix only helps a human reading logs."""
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One durable entry of a session's log. `seq` is its position: 1, 2, 3, ... per session."""
+
+    session_id: str
+    seq: int
+    type: str
+    at: float
+    data: dict[str, Any] = field(default_factory=dict)
+    stream_id: str | None = None
+    turn_id: str | None = None
+
+    def envelope(self) -> dict[str, Any]:
+        env: dict[str, Any] = {
+            "seq": self.seq,
+            "session_id": self.session_id,
+            "type": self.type,
+            "at": self.at,
+        }
+        if self.stream_id is not None:
+            env["stream_id"] = self.stream_id
+        if self.turn_id is not None:
+            env["turn_id"] = self.turn_id
+        env["data"] = self.data
+        return env
+
+    @classmethod
+    def from_envelope(cls, env: dict[str, Any]) -> Event:
+        return cls(
+            session_id=env["session_id"],
+            seq=env["seq"],
+            type=env["type"],
+            at=env["at"],
+            data=env.get("data") or {},
+            stream_id=env.get("stream_id"),
+            turn_id=env.get("turn_id"),
+        )

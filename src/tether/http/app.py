@@ -1,0 +1,66 @@
+"""The application factory: wires the log, the projections, the runs and the routes.
+
+FastAPI (on Starlette and uvicorn) is the web framework: maintained, async-native, and its
+request models give strict validation and an OpenAPI document for free. sse-starlette frames
+Server-Sent Events, detects disconnects, applies a write deadline and closes streams on
+shutdown, so we do not hand-roll any of that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from tether import __version__
+from tether.http import errors, health, sessions, streams
+from tether.http.deps import Services
+from tether.http.limits import BodyLimit
+from tether.log import Hub
+from tether.log.sqlite import SQLiteEventStore
+from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
+from tether.runs.registry import RunRegistry
+from tether.sessions.feed import SidebarFeed
+from tether.sessions.service import SessionService
+from tether.settings import Settings
+
+log = logging.getLogger("tether")
+
+
+def open_store(settings: Settings) -> SQLiteEventStore:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return SQLiteEventStore(settings.database_path, index_fold=fold_row,
+                            index_version=SIDEBAR_FOLD_VERSION)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = open_store(settings)
+        hub = Hub(asyncio.get_running_loop())
+        store.attach_hub(hub)
+        feed = SidebarFeed()
+        hub.on_batch(feed.on_batch)
+        hub.on_deleted(feed.on_deleted)
+        registry = RunRegistry(on_change=lambda sid: feed.notify(sid, "run.state"))
+        app.state.services = Services(
+            settings=settings, store=store, hub=hub, registry=registry,
+            sessions=SessionService(store, registry), feed=feed,
+        )
+        log.info("Tether %s ready: data in %s", __version__, settings.data_dir)
+        try:
+            yield
+        finally:
+            store.attach_hub(None)
+            store.close()
+
+    app = FastAPI(title="Tether", version=__version__, lifespan=lifespan,
+                  docs_url="/api/docs", redoc_url=None, openapi_url="/api/openapi.json")
+    errors.install(app)
+    for module in (health, sessions, streams):
+        app.include_router(module.router)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    return app

@@ -1,0 +1,32 @@
+"""How a route reaches the running services (built once per app in its lifespan)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from tether.log import Hub
+from tether.log.sqlite import SQLiteEventStore
+from tether.runs.registry import RunRegistry
+from tether.sessions.feed import SidebarFeed
+from tether.sessions.service import SessionService
+from tether.settings import Settings
+
+
+@dataclass
+class Services:
+    settings: Settings
+    store: SQLiteEventStore
+    hub: Hub
+    registry: RunRegistry
+    sessions: SessionService
+    feed: SidebarFeed
+
+
+def _services(request: Request) -> Services:
+    return request.app.state.services
+
+
+App = Annotated[Services, Depends(_services)]

@@ -1,0 +1,28 @@
+"""`GET /api/health`: readiness and run counts; needs no login (load balancers call it)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter
+
+from tether import __version__
+from tether.http.deps import App
+
+router = APIRouter()
+
+
+@router.get("/api/health")
+async def health(app: App) -> dict:
+    runs = app.registry.runs()
+    now = time.time()
+    return {
+        "ok": True,
+        "version": __version__,
+        "storage": "sqlite",
+        "runtime": app.settings.runtime,
+        "active_runs": len(runs),
+        "attachable_runs": sum(
+            1 for r in runs if app.registry.attachable_stream(r.session_id) == r.stream_id),
+        "oldest_run_age_seconds": max((now - r.started_at for r in runs), default=0.0),
+    }

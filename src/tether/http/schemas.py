@@ -1,0 +1,34 @@
+"""Request bodies and query parameters, validated strictly: a wrong type is a 400, never a
+silent coercion. Unknown fields are ignored so newer clients keep working."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Query
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from tether.events import ID_PATTERN
+
+Id = Annotated[StrictStr, Field(pattern=ID_PATTERN)]
+SessionIdQuery = Annotated[str, Query(pattern=ID_PATTERN, description="A session id")]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class CreateSession(Body):
+    title: StrictStr | None = None
+
+
+class PatchSession(Body):
+    session_id: Id
+    title: StrictStr | None = None
+    pinned: StrictBool | None = None
+    archived: StrictBool | None = None
+
+
+class TruncateSession(Body):
+    session_id: Id
+    keep_count: Annotated[StrictInt, Field(ge=0, le=10_000_000)]

@@ -1,0 +1,154 @@
+"""The event streams of API.md §6.
+
+Per session: subscribe first, then replay from the log after the cursor, then follow the live
+tail, dropping anything at or below the last seq sent. Subscribing before reading is what makes
+the hand-off gap-free; the seq filter is what makes it duplicate-free. A cursor that cannot be
+honoured gets one `session.snapshot`, never a refusal and never a silent skip.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Path, Request
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from tether.events import ID_PATTERN, Event
+from tether.http.deps import App, Services
+from tether.log import SessionDeleted, SessionNotFound
+from tether.log.subscriptions import Overflowed
+
+router = APIRouter()
+
+_REPLAY_PAGE = 500
+_WRITE_DEADLINE_SECONDS = 30.0
+
+
+def _dumps(obj: object) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def parse_cursor(raw: str | None) -> int | None:
+    """A valid cursor is a decimal seq >= 0; anything else is None (snapshot)."""
+    if raw is None or not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        return None
+    return int(raw)
+
+
+def _frame(event: Event) -> ServerSentEvent:
+    return ServerSentEvent(data=_dumps(event.envelope()), event=event.type, id=str(event.seq))
+
+
+def _heartbeat(app: Services, session_id: str, last_seq: int) -> ServerSentEvent:
+    return ServerSentEvent(event="heartbeat", data=_dumps({
+        "last_seq": last_seq,
+        "busy": app.registry.busy(session_id),
+        "active_stream_id": app.registry.attachable_stream(session_id),
+        "server_time": time.time(),
+    }))
+
+
+async def _session_frames(app: Services, session_id: str, cursor_raw: str | None,
+                          ) -> AsyncIterator[ServerSentEvent]:
+    interval = app.settings.heartbeat_seconds
+    with app.hub.subscribe(session_id) as sub:
+        current = app.store.last_seq(session_id)
+        if current is None:
+            return
+        cursor = parse_cursor(cursor_raw)
+        if cursor_raw is None:
+            sent = current
+        elif cursor is None or cursor > current:
+            try:
+                snapshot = await app.sessions.view(session_id)
+            except SessionNotFound:
+                return
+            yield ServerSentEvent(event="session.snapshot", data=_dumps({"session": snapshot}))
+            sent = snapshot["last_seq"]
+        else:
+            sent = cursor
+
+        async def catch_up() -> AsyncIterator[ServerSentEvent]:
+            nonlocal sent
+            while True:
+                page = await app.store.read(session_id, after=sent, limit=_REPLAY_PAGE)
+                for event in page:
+                    sent = event.seq
+                    yield _frame(event)
+                if len(page) < _REPLAY_PAGE:
+                    return
+
+        async for frame in catch_up():
+            yield frame
+        while True:
+            try:
+                batch = await sub.next_batch(timeout=interval)
+            except Overflowed:
+                async for frame in catch_up():
+                    yield frame
+                continue
+            except SessionDeleted:
+                yield ServerSentEvent(event="session.deleted", data=_dumps(
+                    {"session_id": session_id}))
+                return
+            if not batch:
+                yield _heartbeat(app, session_id, sent)
+                continue
+            for event in batch:
+                if event.seq <= sent:
+                    continue
+                if event.seq != sent + 1:  # never expected; the log is the authority
+                    async for frame in catch_up():
+                        yield frame
+                    break
+                sent = event.seq
+                yield _frame(event)
+
+
+@router.get("/api/sessions/{session_id}/events")
+async def session_events(
+    request: Request,
+    app: App,
+    session_id: str = Path(pattern=ID_PATTERN),
+    after: str | None = None,
+) -> EventSourceResponse:
+    if app.store.last_seq(session_id) is None:
+        raise SessionNotFound(session_id)
+    cursor = after if after is not None else request.headers.get("last-event-id")
+    return EventSourceResponse(
+        _session_frames(app, session_id, cursor),
+        ping=max(app.settings.heartbeat_seconds * 3, 15),
+        send_timeout=_WRITE_DEADLINE_SECONDS,
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _sidebar_frames(app: Services) -> AsyncIterator[ServerSentEvent]:
+    client = app.feed.connect()
+    try:
+        while True:
+            changes = await client.next(timeout=app.settings.heartbeat_seconds)
+            if changes is None:
+                yield ServerSentEvent(event="resync", data=_dumps({"reason": "overflow"}))
+                continue
+            if not changes:
+                yield ServerSentEvent(event="heartbeat", data=_dumps({"server_time": time.time()}))
+                continue
+            for session_id, reason in changes:
+                row = app.sessions.row(session_id)
+                yield ServerSentEvent(event="session.changed", data=_dumps(
+                    {"session_id": session_id, "reason": reason, "row": row}))
+    finally:
+        app.feed.disconnect(client)
+
+
+@router.get("/api/events")
+async def sidebar_events(app: App) -> EventSourceResponse:
+    return EventSourceResponse(
+        _sidebar_frames(app),
+        ping=max(app.settings.heartbeat_seconds * 3, 15),
+        send_timeout=_WRITE_DEADLINE_SECONDS,
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )

@@ -1,0 +1,73 @@
+"""Numbered schema migrations, recorded in the database and applied in order at start
+(the habit of llm's migrations.py). Never edit a released migration: add the next one."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+
+Migration = Callable[[sqlite3.Connection], None]
+MIGRATIONS: list[tuple[str, Migration]] = []
+
+
+def migration(fn: Migration) -> Migration:
+    MIGRATIONS.append((fn.__name__, fn))
+    return fn
+
+
+@migration
+def m001_events(db: sqlite3.Connection) -> None:
+    db.execute(
+        """
+        CREATE TABLE events (
+            id INTEGER PRIMARY KEY,          -- physical append order
+            session_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            at REAL NOT NULL,
+            stream_id TEXT,
+            turn_id TEXT,
+            data TEXT NOT NULL,
+            UNIQUE (session_id, seq)
+        )
+        """
+    )
+    db.execute("CREATE INDEX events_by_stream ON events(stream_id) WHERE stream_id IS NOT NULL")
+
+
+@migration
+def m002_session_index(db: sqlite3.Connection) -> None:
+    db.execute(
+        """
+        CREATE TABLE session_index (
+            session_id TEXT PRIMARY KEY,
+            last_seq INTEGER NOT NULL,
+            state TEXT NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+
+
+def apply_migrations(db: sqlite3.Connection) -> list[str]:
+    """Apply what is missing, each in its own transaction; return the names applied.
+
+    `db` is in autocommit mode (isolation_level=None): transactions are explicit.
+    """
+    db.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL)")
+    done = {row[0] for row in db.execute("SELECT name FROM migrations")}
+    applied = []
+    for name, fn in MIGRATIONS:
+        if name in done:
+            continue
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            fn(db)
+            db.execute("INSERT INTO migrations VALUES (?, ?)", (name, time.time()))
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        applied.append(name)
+    return applied

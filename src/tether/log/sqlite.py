@@ -1,0 +1,365 @@
+"""The SQLite event log: one writer thread, group commit, publish after commit.
+
+Shape taken from Datasette's database.py: every write is a message to one writer thread, which
+drains whatever is queued into one transaction (group commit: 50 concurrent appenders cost one
+fsync per batch), allocates `seq` and inserts the row in the same critical section (contract:
+run-journal sequence publication), commits, and only then publishes to live subscribers in seq
+order. Reads use their own connections and never write.
+
+Durability: WAL with `synchronous=FULL`, so a commit is on disk (WAL fsynced) before `append`
+returns; an acknowledged event survives `kill -9` and power loss. FULL instead of NORMAL costs
+one fsync per batch, which group commit amortises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tether.events import RUN_FINISHED, TURN_SUBMITTED, Event
+from tether.log.errors import (
+    LogError,
+    SessionExists,
+    SessionNotFound,
+    StorageError,
+    StreamClosed,
+)
+from tether.log.migrations import apply_migrations
+from tether.log.store import Draft, IndexFold
+from tether.log.subscriptions import Hub
+
+_MAX_BATCH = 1000
+_CLOSED_STREAM_CACHE = 50_000
+
+
+@dataclass(eq=False)
+class _Op:
+    kind: str  # "create" | "append" | "delete" | "barrier"
+    session_id: str = ""
+    drafts: list[Draft] = field(default_factory=list)
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+def _dumps(data: dict[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def _row_to_event(row: tuple) -> Event:
+    session_id, seq, type_, at, stream_id, turn_id, data = row
+    return Event(session_id, seq, type_, at, json.loads(data), stream_id, turn_id)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    conn.execute("PRAGMA busy_timeout=30000")
+    return conn
+
+
+class SQLiteEventStore:
+    """See the module docstring. `index_fold` is the per-session fold (the sidebar row) that is
+    kept in the same transaction as the events; `index_version` names its code, so a new fold
+    rebuilds the index from the log at start instead of trusting stale state."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        index_fold: IndexFold,
+        index_version: str,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.path = Path(path)
+        self._fold = index_fold
+        self._clock = clock
+        self._hub: Hub | None = None
+        self._readers: list[sqlite3.Connection] = []
+        self._reader_local = threading.local()
+        self._readers_lock = threading.Lock()
+        self._closed_streams: dict[str, bool] = {}
+        try:
+            self._db = _connect(self.path)
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise StorageError(f"{self.path}: could not switch to WAL (got {mode})")
+            self._db.execute("PRAGMA synchronous=FULL")
+            apply_migrations(self._db)
+            self._last_seq, self._index = self._load_index(index_version)
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(
+                f"Cannot open the Tether database {self.path}: {exc}. "
+                "The file was left as it is; restore it from a backup or move it aside."
+            ) from exc
+        self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._writer_loop, name="tether-log-writer")
+        self._thread.daemon = True
+        self._thread.start()
+
+    # -- start-up ---------------------------------------------------------------------------
+    def _load_index(self, version: str) -> tuple[dict[str, int], dict[str, dict[str, Any]]]:
+        db = self._db
+        stored_version = db.execute("SELECT value FROM meta WHERE key='index_version'").fetchone()
+        last_seq = dict(db.execute("SELECT session_id, MAX(seq) FROM events GROUP BY session_id"))
+        index: dict[str, dict[str, Any]] = {}
+        stale = set(last_seq)
+        if stored_version and stored_version[0] == version:
+            for sid, seq, state in db.execute("SELECT session_id, last_seq, state FROM session_index"):
+                if last_seq.get(sid) == seq:
+                    index[sid] = json.loads(state)
+                    stale.discard(sid)
+        if stale or not stored_version or stored_version[0] != version:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("DELETE FROM session_index WHERE session_id NOT IN "
+                       "(SELECT DISTINCT session_id FROM events)")
+            for sid in stale:
+                state = None
+                rows = db.execute(
+                    "SELECT session_id, seq, type, at, stream_id, turn_id, data FROM events "
+                    "WHERE session_id=? ORDER BY seq",
+                    (sid,),
+                )
+                for row in rows:
+                    state = self._fold(state, _row_to_event(row))
+                assert state is not None
+                index[sid] = state
+                db.execute(
+                    "INSERT OR REPLACE INTO session_index VALUES (?, ?, ?)",
+                    (sid, last_seq[sid], _dumps(state)),
+                )
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('index_version', ?)", (version,))
+            db.execute("COMMIT")
+        return last_seq, index
+
+    def attach_hub(self, hub: Hub | None) -> None:
+        """Committed batches go to `hub` from now on (None: nobody is listening)."""
+        self._hub = hub
+
+    # -- writes -----------------------------------------------------------------------------
+    def _submit(self, op: _Op) -> concurrent.futures.Future:
+        if not self._thread.is_alive():
+            raise StorageError("the log is closed")
+        self._queue.put(op)
+        return op.future
+
+    def submit_append(self, session_id: str, drafts: list[Draft]) -> concurrent.futures.Future:
+        """Thread-safe append for callers outside the event loop (runtime callback threads)."""
+        return self._submit(_Op("append", session_id, list(drafts)))
+
+    async def create_session(self, session_id: str, drafts: list[Draft]) -> list[Event]:
+        return await asyncio.wrap_future(self._submit(_Op("create", session_id, list(drafts))))
+
+    async def append(self, session_id: str, drafts: list[Draft]) -> list[Event]:
+        return await asyncio.wrap_future(self.submit_append(session_id, drafts))
+
+    async def delete_session(self, session_id: str) -> None:
+        await asyncio.wrap_future(self._submit(_Op("delete", session_id)))
+
+    def flush(self) -> None:
+        """Block until everything queued before this call is committed."""
+        self._submit(_Op("barrier")).result()
+
+    def _writer_loop(self) -> None:
+        stop = False
+        while not stop:
+            op = self._queue.get()
+            if op is None:
+                break
+            batch = [op]
+            while len(batch) < _MAX_BATCH:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            self._write_batch(batch)
+
+    def _write_batch(self, batch: list[_Op]) -> None:
+        outcomes: list[tuple[_Op, list[Event] | LogError]] = []
+        undo_seq: dict[str, int | None] = {}
+        undo_index: dict[str, dict[str, Any] | None] = {}
+        deleted: list[str] = []
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            for op in batch:
+                if op.kind == "barrier":
+                    outcomes.append((op, []))
+                    continue
+                sid = op.session_id
+                if sid not in undo_seq:
+                    undo_seq[sid] = self._last_seq.get(sid)
+                    undo_index[sid] = self._index.get(sid)
+                try:
+                    if op.kind == "delete":
+                        self._delete(sid)
+                        deleted.append(sid)
+                        outcomes.append((op, []))
+                    else:
+                        outcomes.append((op, self._insert(op)))
+                except LogError as exc:
+                    outcomes.append((op, exc))
+            for sid in undo_seq:
+                state = self._index.get(sid)
+                if state is None:
+                    self._db.execute("DELETE FROM session_index WHERE session_id=?", (sid,))
+                else:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO session_index VALUES (?, ?, ?)",
+                        (sid, self._last_seq[sid], _dumps(state)),
+                    )
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._rollback(undo_seq, undo_index)
+            error = StorageError(f"could not write to {self.path}: {exc}")
+            for op in batch:
+                op.future.set_exception(error)
+            return
+        self._publish(outcomes, deleted)
+
+    def _rollback(self, undo_seq: dict[str, int | None], undo_index: dict) -> None:
+        try:
+            self._db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+        for sid, seq in undo_seq.items():
+            if seq is None:
+                self._last_seq.pop(sid, None)
+                self._index.pop(sid, None)
+            else:
+                self._last_seq[sid] = seq
+                self._index[sid] = undo_index[sid]
+        self._closed_streams.clear()
+
+    def _publish(self, outcomes: list, deleted: list[str]) -> None:
+        hub = self._hub
+        committed = [ev for _, result in outcomes if isinstance(result, list) for ev in result]
+        if hub is not None:
+            try:
+                if committed:
+                    hub.publish(committed)
+                for sid in deleted:
+                    hub.publish_deleted(sid)
+            except RuntimeError:  # the loop is gone: the server is shutting down
+                pass
+        for op, result in outcomes:
+            if isinstance(result, LogError):
+                op.future.set_exception(result)
+            else:
+                op.future.set_result(result)
+
+    def _insert(self, op: _Op) -> list[Event]:
+        sid = op.session_id
+        last = self._last_seq.get(sid)
+        if op.kind == "create":
+            if last is not None:
+                raise SessionExists(sid)
+            last = 0
+        elif last is None:
+            raise SessionNotFound(sid)
+        finishing: set[str] = set()
+        for draft in op.drafts:
+            if draft.stream_id is not None:
+                if draft.stream_id in finishing or self._stream_closed(draft.stream_id):
+                    raise StreamClosed(draft.stream_id)
+                if draft.type == RUN_FINISHED:
+                    finishing.add(draft.stream_id)
+        now = self._clock()
+        state = self._index.get(sid)
+        events = []
+        for draft in op.drafts:
+            last += 1
+            event = Event(sid, last, draft.type, now, draft.data, draft.stream_id, draft.turn_id)
+            self._db.execute(
+                "INSERT INTO events (session_id, seq, type, at, stream_id, turn_id, data) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (sid, last, draft.type, now, draft.stream_id, draft.turn_id, _dumps(draft.data)),
+            )
+            state = self._fold(state, event)
+            events.append(event)
+        for stream_id in finishing:
+            self._closed_streams[stream_id] = True
+        self._last_seq[sid] = last
+        if state is not None:
+            self._index[sid] = state
+        return events
+
+    def _stream_closed(self, stream_id: str) -> bool:
+        closed = self._closed_streams.get(stream_id)
+        if closed is None:
+            if len(self._closed_streams) > _CLOSED_STREAM_CACHE:
+                self._closed_streams.clear()
+            closed = self._db.execute(
+                "SELECT 1 FROM events WHERE stream_id=? AND type=? LIMIT 1",
+                (stream_id, RUN_FINISHED),
+            ).fetchone() is not None
+            self._closed_streams[stream_id] = closed
+        return closed
+
+    def _delete(self, sid: str) -> None:
+        if sid not in self._last_seq:
+            raise SessionNotFound(sid)
+        self._db.execute("DELETE FROM events WHERE session_id=?", (sid,))
+        del self._last_seq[sid]
+        self._index.pop(sid, None)
+
+    # -- reads ------------------------------------------------------------------------------
+    def _reader(self) -> sqlite3.Connection:
+        conn = getattr(self._reader_local, "conn", None)
+        if conn is None:
+            conn = _connect(self.path)
+            conn.execute("PRAGMA query_only=1")
+            self._reader_local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
+
+    def read_sync(self, session_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
+        rows = self._reader().execute(
+            "SELECT session_id, seq, type, at, stream_id, turn_id, data FROM events "
+            "WHERE session_id=? AND seq>? ORDER BY seq LIMIT ?",
+            (session_id, after, -1 if limit is None else limit),
+        )
+        return [_row_to_event(row) for row in rows]
+
+    async def read(self, session_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
+        return await asyncio.to_thread(self.read_sync, session_id, after, limit)
+
+    def last_seq(self, session_id: str) -> int | None:
+        return self._last_seq.get(session_id)
+
+    def index_state(self, session_id: str) -> dict[str, Any] | None:
+        return self._index.get(session_id)
+
+    def index_states(self) -> dict[str, dict[str, Any]]:
+        return dict(self._index)
+
+    def _search_sync(self, needle: str) -> set[str]:
+        rows = self._reader().execute(
+            "SELECT DISTINCT session_id FROM events WHERE type=? "
+            "AND instr(lower(json_extract(data, '$.text')), lower(?)) > 0",
+            (TURN_SUBMITTED, needle),
+        )
+        return {row[0] for row in rows}
+
+    async def search_text(self, needle: str) -> set[str]:
+        return await asyncio.to_thread(self._search_sync, needle)
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        with self._readers_lock:
+            for conn in self._readers:
+                conn.close()
+            self._readers.clear()
+        self._db.close()

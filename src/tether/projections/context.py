@@ -1,0 +1,73 @@
+"""The model context (`context_messages`) as a pure function of the transcript projection.
+
+Contract invariant 1: every visible turn enters the context, partial output of a stopped,
+failed or interrupted run included, unless it is listed in `excluded` with a reason the user
+can read. Reasoning is display-only: providers do not take it back as input.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+UNFINISHED_TOOL_RESULT = "(no result: the run ended before this tool finished)"
+
+
+def _user_message(row: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "user", "content": row.get("content", "")}
+
+
+def _assistant_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    text: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        if calls:
+            out.append({"role": "assistant", "content": "".join(text) or None,
+                        "tool_calls": list(calls)})
+            out.extend(results)
+        elif text and "".join(text).strip():
+            out.append({"role": "assistant", "content": "".join(text)})
+        text.clear()
+        calls.clear()
+        results.clear()
+
+    for item in row.get("timeline", []):
+        kind = item["type"]
+        if kind == "text":
+            if calls:
+                flush()
+            text.append(item["text"])
+        elif kind == "tool":
+            calls.append({
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": json.dumps(item.get("args") or {})},
+            })
+            result = item.get("result")
+            if result is None:
+                result = item.get("result_preview")
+            results.append({
+                "role": "tool",
+                "tool_call_id": item["call_id"],
+                "content": UNFINISHED_TOOL_RESULT if not item.get("done") else (result or ""),
+            })
+        elif kind == "notice":
+            if calls:
+                flush()
+            text.append(f"\n\n[{item['text']}]" if text else f"[{item['text']}]")
+    flush()
+    return out
+
+
+def context_messages(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """`{context_messages, excluded}` for the visible transcript `messages`."""
+    out: list[dict[str, Any]] = []
+    for row in messages:
+        if row["role"] == "user":
+            out.append(_user_message(row))
+        elif row["role"] == "assistant":
+            out.extend(_assistant_messages(row))
+    return {"context_messages": out, "excluded": []}

@@ -1,0 +1,108 @@
+"""The sidebar `Row` (API.md §3) as a pure fold, persisted beside the log by the writer.
+
+Contract invariant 4: only meaningful user or assistant activity (a submitted turn, a run
+that finished by its own or the user's doing) moves `updated_at` / `last_message_at`.
+Renames, pins, archiving, recovery (`interrupted`) and any other maintenance never do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tether import events as ev
+from tether.events import Event
+
+# Bump when the fold changes: the store then rebuilds every persisted row from the log.
+SIDEBAR_FOLD_VERSION = "sidebar-1"
+
+DEFAULT_TITLE = "New chat"
+TITLE_MAX = 80
+
+# The event types that can change a row: the sidebar feed ignores the rest (deltas, tools).
+ROW_EVENT_TYPES = frozenset({
+    ev.SESSION_CREATED, ev.SESSION_UPDATED, ev.TURN_SUBMITTED, ev.RUN_FINISHED,
+    ev.TRANSCRIPT_TRUNCATED, ev.SESSION_ROTATED,
+})
+
+# Terminal states that are not the user's or the assistant's doing.
+_MAINTENANCE_STATES = {"interrupted"}
+
+
+def title_from_message(text: str) -> str:
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return first if len(first) <= TITLE_MAX else first[: TITLE_MAX - 1].rstrip() + "…"
+
+
+def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
+    """Return the row state after `event`; never mutates `state`. Events at or below the
+    state's `last_seq` are ignored, so folding the same events twice equals folding once."""
+    if state is None:
+        state = {
+            "session_id": event.session_id,
+            "title": None,
+            "title_from_message": None,
+            "created_at": event.at,
+            "pinned": False,
+            "archived": False,
+            "updated_at": event.at,
+            "last_message_at": None,
+            "message_count": 0,
+            "transcript_generation": 0,
+            "transcript_generation_baseline": 0,
+            "parent_session_id": None,
+            "continuation_session_id": None,
+            "last_seq": 0,
+        }
+    if event.seq <= state["last_seq"]:
+        return state
+    row = dict(state)
+    row["last_seq"] = event.seq
+    data = event.data
+    if event.type == ev.SESSION_CREATED:
+        row["title"] = data.get("title") or None
+        row["parent_session_id"] = data.get("parent_session_id")
+    elif event.type == ev.SESSION_UPDATED:
+        for key in ("title", "pinned", "archived"):
+            if key in data:
+                row[key] = data[key]
+    elif event.type == ev.TURN_SUBMITTED:
+        row["message_count"] += 1
+        row["updated_at"] = row["last_message_at"] = event.at
+        if row["title_from_message"] is None:
+            row["title_from_message"] = title_from_message(data.get("text", "")) or None
+    elif event.type == ev.RUN_FINISHED:
+        row["message_count"] += 1
+        if data.get("state") not in _MAINTENANCE_STATES and not data.get("maintenance"):
+            row["updated_at"] = row["last_message_at"] = event.at
+    elif event.type == ev.TRANSCRIPT_TRUNCATED:
+        row["message_count"] = data["keep_count"]
+        row["transcript_generation"] = data["transcript_generation"]
+        row["transcript_generation_baseline"] = data["keep_count"]
+    elif event.type == ev.SESSION_ROTATED:
+        row["continuation_session_id"] = data.get("continuation_session_id")
+    return row
+
+
+def public_row(state: dict[str, Any], *, busy: bool, active_stream_id: str | None) -> dict:
+    """The `Row` of API.md §3: the persisted fold plus the run registry's two predicates."""
+    return {
+        "session_id": state["session_id"],
+        "title": state["title"] or state["title_from_message"] or DEFAULT_TITLE,
+        "created_at": state["created_at"],
+        "updated_at": state["updated_at"],
+        "last_message_at": state["last_message_at"],
+        "pinned": state["pinned"],
+        "archived": state["archived"],
+        "message_count": state["message_count"],
+        "transcript_generation": state["transcript_generation"],
+        "transcript_generation_baseline": state["transcript_generation_baseline"],
+        "busy": busy,
+        "active_stream_id": active_stream_id,
+        "parent_session_id": state["parent_session_id"],
+        "continuation_session_id": state["continuation_session_id"],
+    }
+
+
+def sort_key(state: dict[str, Any]) -> tuple:
+    """Pinned first, then most recent meaningful activity."""
+    return (not state["pinned"], -state["updated_at"], state["session_id"])

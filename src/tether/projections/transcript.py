@@ -1,0 +1,264 @@
+"""The visible transcript, the pending turn and the live scene as one fold (API.md §3, §5).
+
+A submitted turn is a visible user row at once (invariant 2: it stays before everything its
+run produces). The run's output gathers in a live scene until `run.finished` settles it into
+exactly one assistant row that keeps its partial timeline and says in a `notice` why it ended.
+Live and settled timelines come from the same items, so a reload shows what streaming showed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether import events as ev
+from tether.events import Event
+
+_BARRIER_TYPES = {"tool", "compression", "notice"}
+
+
+@dataclass
+class RunScene:
+    stream_id: str
+    turn_id: str
+    started_at: float
+    phase: str = "starting"
+    runtime: str | None = None
+    model: str | None = None
+    items: list[dict[str, Any]] = field(default_factory=list)
+    by_id: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def item(self, item_id: str, make: dict[str, Any]) -> dict[str, Any]:
+        found = self.by_id.get(item_id)
+        if found is None:
+            found = {"id": item_id, **make}
+            self.items.append(found)
+            self.by_id[item_id] = found
+        return found
+
+
+def timeline_view(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """Copy the items, marking text that something later followed as interim progress; the
+    trailing text is the answer. Returns (timeline, final answer text)."""
+    last_barrier = max((i for i, it in enumerate(items) if it["type"] in _BARRIER_TYPES),
+                       default=-1)
+    timeline, answer = [], []
+    for index, item in enumerate(items):
+        copy = dict(item)
+        if copy["type"] == "text":
+            copy["interim"] = index < last_barrier
+            if not copy["interim"]:
+                answer.append(copy["text"])
+        timeline.append(copy)
+    return timeline, "".join(answer)
+
+
+def notice_text(state: str, data: dict[str, Any]) -> str | None:
+    error = data.get("error") or {}
+    reason = data.get("reason")
+    if state == "completed":
+        return None
+    if state == "cancelled":
+        return "Stopped." if not reason else f"Stopped: {reason}"
+    if state == "interrupted":
+        return f"Interrupted: {reason or 'the run ended before it could finish'}."
+    if state == "error":
+        return f"Error ({error.get('code', 'internal')}): {error.get('message', 'unknown error')}"
+    if state == "tool_limit_reached":
+        return "Stopped: the run reached its tool-call limit before it could answer."
+    if state == "compression_exhausted":
+        return ("Stopped: the conversation no longer fits the model's context window, "
+                "even after compression.")
+    return f"Ended: {state}"
+
+
+class TranscriptFold:
+    """Fold state; `apply` ignores events it has already seen, `view` returns fresh copies."""
+
+    def __init__(self) -> None:
+        self.last_seq = 0
+        self.messages: list[dict[str, Any]] = []
+        self.active: dict[str, RunScene] = {}
+        self.users: dict[str, dict[str, Any]] = {}
+
+    def apply(self, event: Event) -> None:
+        if event.seq <= self.last_seq:
+            return
+        self.last_seq = event.seq
+        handler = _HANDLERS.get(event.type)
+        if handler is not None:
+            handler(self, event)
+
+    # -- event handlers ---------------------------------------------------------------------
+    def _turn_submitted(self, event: Event) -> None:
+        data = event.data
+        row = {
+            "id": data["turn_id"],
+            "role": "user",
+            "turn_id": data["turn_id"],
+            "created_at": data.get("submitted_at", event.at),
+            "content": data.get("text", ""),
+            "attachments": list(data.get("attachments") or []),
+        }
+        self.messages.append(row)
+        self.users[data["turn_id"]] = row
+        self.active[data["stream_id"]] = RunScene(
+            data["stream_id"], data["turn_id"], data.get("submitted_at", event.at)
+        )
+
+    def _scene(self, event: Event) -> RunScene | None:
+        return self.active.get(event.stream_id or event.data.get("stream_id", ""))
+
+    def _run_started(self, event: Event) -> None:
+        scene = self._scene(event)
+        if scene is not None:
+            if scene.phase == "starting":
+                scene.phase = "running"
+            scene.runtime = event.data.get("runtime")
+            scene.model = event.data.get("model")
+
+    def _delta(self, event: Event) -> None:
+        scene = self._scene(event)
+        if scene is None:
+            return
+        kind = "reasoning" if event.type == ev.REASONING_DELTA else "text"
+        item = scene.item(f"{scene.stream_id}.{event.data['item_id']}", {"type": kind, "text": ""})
+        item["text"] += event.data.get("text", "")
+
+    def _tool_started(self, event: Event) -> None:
+        scene = self._scene(event)
+        if scene is None:
+            return
+        data = event.data
+        scene.item(
+            f"{scene.stream_id}.tool.{data['call_id']}",
+            {
+                "type": "tool",
+                "call_id": data["call_id"],
+                "name": data.get("name", ""),
+                "args": data.get("args"),
+                "result_preview": None,
+                "is_error": False,
+                "duration_ms": None,
+                "done": False,
+            },
+        )
+
+    def _tool_completed(self, event: Event) -> None:
+        scene = self._scene(event)
+        if scene is None:
+            return
+        data = event.data
+        item = scene.item(
+            f"{scene.stream_id}.tool.{data['call_id']}",
+            {"type": "tool", "call_id": data["call_id"], "name": data.get("name", ""),
+             "args": None},
+        )
+        item.update(
+            result_preview=data.get("result_preview"),
+            result=data.get("result"),
+            is_error=bool(data.get("is_error")),
+            duration_ms=data.get("duration_ms"),
+            done=True,
+        )
+
+    def _compression(self, event: Event) -> None:
+        scene = self._scene(event)
+        if scene is None:
+            return
+        data = event.data
+        item = scene.item(
+            f"{scene.stream_id}.compression.{data['pass_id']}",
+            {"type": "compression", "pass_id": data["pass_id"], "done": False},
+        )
+        if event.type == ev.COMPRESSION_COMPLETED:
+            item.update(done=True, tokens_before=data.get("tokens_before"),
+                        tokens_after=data.get("tokens_after"))
+
+    def _cancel_requested(self, event: Event) -> None:
+        scene = self._scene(event)
+        if scene is not None:
+            scene.phase = "cancelling"
+
+    def _run_finished(self, event: Event) -> None:
+        scene = self.active.pop(event.stream_id or event.data.get("stream_id", ""), None)
+        if scene is None:
+            return
+        state = event.data.get("state", "completed")
+        items = list(scene.items)
+        text = notice_text(state, event.data)
+        if text is not None:
+            items.append({"id": f"{scene.stream_id}.notice", "type": "notice",
+                          "kind": state, "text": text})
+        timeline, answer = timeline_view(items)
+        row: dict[str, Any] = {
+            "id": scene.stream_id,
+            "role": "assistant",
+            "turn_id": scene.turn_id,
+            "created_at": scene.started_at,
+            "finished_at": event.at,
+            "content": answer,
+            "state": state,
+            "stream_id": scene.stream_id,
+            "timeline": timeline,
+        }
+        if event.data.get("error"):
+            row["error"] = dict(event.data["error"])
+        self.messages.append(row)
+
+    def _truncated(self, event: Event) -> None:
+        del self.messages[event.data["keep_count"]:]
+
+    # -- views ------------------------------------------------------------------------------
+    def view(self) -> dict[str, Any]:
+        """`messages`, the pending turn and `live`, as fresh objects a caller may keep."""
+        messages = [_copy_row(row) for row in self.messages]
+        scene = next(iter(self.active.values()), None)
+        out: dict[str, Any] = {
+            "messages": messages,
+            "pending_user_message": None,
+            "pending_attachments": [],
+            "pending_started_at": None,
+            "live": None,
+        }
+        if scene is not None:
+            user = self.users.get(scene.turn_id)
+            if user is not None:
+                out["pending_user_message"] = user["content"]
+                out["pending_attachments"] = [dict(a) for a in user["attachments"]]
+            out["pending_started_at"] = scene.started_at
+            timeline, _ = timeline_view(scene.items)
+            out["live"] = {
+                "stream_id": scene.stream_id,
+                "turn_id": scene.turn_id,
+                "phase": scene.phase,
+                "started_at": scene.started_at,
+                "runtime": scene.runtime,
+                "model": scene.model,
+                "timeline": timeline,
+            }
+        return out
+
+
+def _copy_row(row: dict[str, Any]) -> dict[str, Any]:
+    copy = dict(row)
+    if "timeline" in copy:
+        copy["timeline"] = [dict(item) for item in copy["timeline"]]
+    if "attachments" in copy:
+        copy["attachments"] = [dict(a) for a in copy["attachments"]]
+    return copy
+
+
+_HANDLERS = {
+    ev.TURN_SUBMITTED: TranscriptFold._turn_submitted,
+    ev.RUN_STARTED: TranscriptFold._run_started,
+    ev.REASONING_DELTA: TranscriptFold._delta,
+    ev.TEXT_DELTA: TranscriptFold._delta,
+    ev.TOOL_STARTED: TranscriptFold._tool_started,
+    ev.TOOL_COMPLETED: TranscriptFold._tool_completed,
+    ev.COMPRESSION_STARTED: TranscriptFold._compression,
+    ev.COMPRESSION_COMPLETED: TranscriptFold._compression,
+    ev.RUN_CANCEL_REQUESTED: TranscriptFold._cancel_requested,
+    ev.RUN_FINISHED: TranscriptFold._run_finished,
+    ev.TRANSCRIPT_TRUNCATED: TranscriptFold._truncated,
+}

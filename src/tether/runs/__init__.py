@@ -1,0 +1,1 @@
+"""Runs: the state machine, admission and attachment, Stop, reclaim and recovery."""

@@ -1,0 +1,102 @@
+"""The worker lifecycle registry, with the two predicates of contract invariant 9.
+
+`busy(session)` answers "may a new turn start?" and counts a cancelling worker that is still
+unwinding. `attachable_stream(session)` answers "may a browser render this run?" and never
+names a cancelling one. They are two functions over one `Run` state machine
+(`starting -> running -> cancelling -> finished`), never one dict read two ways.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+STARTING, RUNNING, CANCELLING, FINISHED = "starting", "running", "cancelling", "finished"
+_NEXT = {
+    STARTING: {RUNNING, CANCELLING, FINISHED},
+    RUNNING: {CANCELLING, FINISHED},
+    CANCELLING: {FINISHED},
+    FINISHED: set(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+@dataclass(eq=False)
+class Run:
+    session_id: str
+    stream_id: str
+    turn_id: str
+    started_at: float = field(default_factory=time.time)
+    phase: str = STARTING
+    cancelled_at: float | None = None
+
+    def move(self, phase: str) -> None:
+        if phase not in _NEXT[self.phase]:
+            raise IllegalTransition(f"{self.stream_id}: {self.phase} -> {phase}")
+        self.phase = phase
+        if phase == CANCELLING:
+            self.cancelled_at = time.time()
+
+
+class RunRegistry:
+    """Runs that still occupy a session, by session and by stream. One per process."""
+
+    def __init__(self, on_change: Callable[[str], None] | None = None):
+        self._by_session: dict[str, Run] = {}
+        self._by_stream: dict[str, Run] = {}
+        self._on_change = on_change
+
+    def set_listener(self, on_change: Callable[[str], None]) -> None:
+        self._on_change = on_change
+
+    def _changed(self, session_id: str) -> None:
+        if self._on_change is not None:
+            self._on_change(session_id)
+
+    def add(self, run: Run) -> None:
+        if self.busy(run.session_id):
+            raise IllegalTransition(f"session {run.session_id} is occupied")
+        self._by_session[run.session_id] = run
+        self._by_stream[run.stream_id] = run
+        self._changed(run.session_id)
+
+    def move(self, run: Run, phase: str) -> None:
+        run.move(phase)
+        self._changed(run.session_id)
+
+    def remove(self, run: Run) -> None:
+        """The worker is gone (or reclaimed): the session admits a successor."""
+        if self._by_session.get(run.session_id) is run:
+            del self._by_session[run.session_id]
+        if self._by_stream.get(run.stream_id) is run:
+            del self._by_stream[run.stream_id]
+        if run.phase != FINISHED:
+            run.phase = FINISHED
+        self._changed(run.session_id)
+
+    def get(self, stream_id: str) -> Run | None:
+        return self._by_stream.get(stream_id)
+
+    def for_session(self, session_id: str) -> Run | None:
+        return self._by_session.get(session_id)
+
+    # -- the two predicates -----------------------------------------------------------------
+    def busy(self, session_id: str) -> bool:
+        return session_id in self._by_session
+
+    def attachable_stream(self, session_id: str) -> str | None:
+        run = self._by_session.get(session_id)
+        if run is None or run.phase not in (STARTING, RUNNING):
+            return None
+        return run.stream_id
+
+    def phase(self, session_id: str) -> str:
+        run = self._by_session.get(session_id)
+        return "idle" if run is None else run.phase
+
+    def runs(self) -> list[Run]:
+        return list(self._by_session.values())

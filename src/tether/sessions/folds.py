@@ -1,0 +1,65 @@
+"""One session's projections at one `seq`, kept warm in a small LRU cache.
+
+A cached fold is advanced by reading only the events after its `last_seq`, so a read costs
+what is new, not the session's size. Reads never write (ARCHITECTURE.md §1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from typing import Any
+
+from tether.events import Event
+from tether.log import SessionNotFound
+from tether.log.sqlite import SQLiteEventStore
+from tether.projections.sidebar import fold_row
+from tether.projections.transcript import TranscriptFold
+
+
+class SessionFold:
+    """The sidebar row and the transcript of one session, folded to the same `seq`."""
+
+    def __init__(self) -> None:
+        self.row: dict[str, Any] | None = None
+        self.transcript = TranscriptFold()
+
+    @property
+    def last_seq(self) -> int:
+        return self.transcript.last_seq
+
+    def apply(self, event: Event) -> None:
+        self.row = fold_row(self.row, event)
+        self.transcript.apply(event)
+
+
+class FoldCache:
+    def __init__(self, store: SQLiteEventStore, capacity: int = 128):
+        self._store = store
+        self._capacity = capacity
+        self._folds: OrderedDict[str, SessionFold] = OrderedDict()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def get(self, session_id: str) -> SessionFold:
+        """The session's fold at (at least) its current last seq; SessionNotFound if none."""
+        lock = self._locks.setdefault(session_id, asyncio.Lock())
+        async with lock:
+            if self._store.last_seq(session_id) is None:
+                self.forget(session_id)
+                raise SessionNotFound(session_id)
+            fold = self._folds.get(session_id) or SessionFold()
+            while fold.last_seq < (self._store.last_seq(session_id) or 0):
+                events = await self._store.read(session_id, after=fold.last_seq, limit=5000)
+                if not events:  # deleted while we read
+                    raise SessionNotFound(session_id)
+                for event in events:
+                    fold.apply(event)
+            self._folds[session_id] = fold
+            self._folds.move_to_end(session_id)
+            while len(self._folds) > self._capacity:
+                evicted, _ = self._folds.popitem(last=False)
+                self._locks.pop(evicted, None)
+            return fold
+
+    def forget(self, session_id: str) -> None:
+        self._folds.pop(session_id, None)

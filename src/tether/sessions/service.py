@@ -1,0 +1,158 @@
+"""Session commands and reads (API.md §3). Every command validates first and appends only
+when something changes, so a rejected or empty request leaves the log untouched."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tether import events as ev
+from tether.events import new_id
+from tether.log import Draft, SessionNotFound
+from tether.log.sqlite import SQLiteEventStore
+from tether.projections.context import context_messages
+from tether.projections.sidebar import public_row, sort_key
+from tether.runs.registry import RunRegistry
+from tether.sessions.folds import FoldCache
+
+TITLE_MAX_CHARS = 200
+
+
+class SessionError(Exception):
+    """A request the session layer refuses; the HTTP layer maps `code` to a status."""
+
+    def __init__(self, code: str, message: str, **extra: Any):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+
+class SessionLocks:
+    """One asyncio lock per session, taken by every command that checks state then appends
+    (truncate, start, patch), so a check can never be invalidated before its append."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def __call__(self, session_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(session_id, asyncio.Lock())
+
+    def forget(self, session_id: str) -> None:
+        self._locks.pop(session_id, None)
+
+
+def clean_title(title: str) -> str:
+    title = title.strip()
+    if not title:
+        raise SessionError("invalid_request", "The title must not be empty.")
+    if len(title) > TITLE_MAX_CHARS:
+        raise SessionError("invalid_request", f"The title is longer than {TITLE_MAX_CHARS} "
+                           "characters.")
+    return title
+
+
+class SessionService:
+    def __init__(self, store: SQLiteEventStore, registry: RunRegistry):
+        self.store = store
+        self.registry = registry
+        self.folds = FoldCache(store)
+        self.locks = SessionLocks()
+
+    # -- reads ------------------------------------------------------------------------------
+    def row(self, session_id: str) -> dict[str, Any] | None:
+        state = self.store.index_state(session_id)
+        return None if state is None else self._public(state)
+
+    def _public(self, state: dict[str, Any]) -> dict[str, Any]:
+        sid = state["session_id"]
+        return public_row(state, busy=self.registry.busy(sid),
+                          active_stream_id=self.registry.attachable_stream(sid))
+
+    async def list_rows(self, *, archived: bool, query: str | None) -> list[dict[str, Any]]:
+        states = self.store.index_states().values()
+        if archived:
+            chosen = [s for s in states if s["archived"]]
+        else:
+            chosen = [s for s in states if not s["archived"] and not s["continuation_session_id"]]
+        if query:
+            needle = query.casefold()
+            by_text = await self.store.search_text(query)
+            chosen = [s for s in chosen if s["session_id"] in by_text
+                      or needle in self._public(s)["title"].casefold()]
+        return [self._public(s) for s in sorted(chosen, key=sort_key)]
+
+    async def view(self, session_id: str) -> dict[str, Any]:
+        """The `session` object of `GET /api/session`: Row + transcript + pending + live."""
+        fold = await self.folds.get(session_id)
+        assert fold.row is not None
+        body = self._public(fold.row)
+        body.update(fold.transcript.view())
+        body["last_seq"] = fold.last_seq
+        return body
+
+    async def context(self, session_id: str) -> dict[str, Any]:
+        fold = await self.folds.get(session_id)
+        return context_messages(fold.transcript.messages)
+
+    # -- commands ---------------------------------------------------------------------------
+    async def create(self, title: str | None) -> dict[str, Any]:
+        data = {"title": clean_title(title)} if title is not None else {"title": None}
+        session_id = new_id("s")
+        await self.store.create_session(session_id, [Draft(ev.SESSION_CREATED, data)])
+        row = self.row(session_id)
+        assert row is not None
+        return row
+
+    async def patch(self, session_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+        if not changes:
+            raise SessionError("invalid_request", "Nothing to change: send title, pinned or "
+                               "archived.")
+        if "title" in changes:
+            changes["title"] = clean_title(changes["title"])
+        async with self.locks(session_id):
+            state = self.store.index_state(session_id)
+            if state is None:
+                raise SessionNotFound(session_id)
+            current = self._public(state)
+            delta = {k: v for k, v in changes.items() if current[k] != v}
+            if delta:
+                await self.store.append(session_id, [Draft(ev.SESSION_UPDATED, delta)])
+        row = self.row(session_id)
+        if row is None:
+            raise SessionNotFound(session_id)
+        return row
+
+    async def delete(self, session_id: str) -> None:
+        async with self.locks(session_id):
+            if self.registry.busy(session_id):
+                raise SessionError("session_busy", "Stop the running turn before deleting "
+                                   "this session.",
+                                   active_stream_id=self.registry.attachable_stream(session_id))
+            await self.store.delete_session(session_id)
+        self.folds.forget(session_id)
+        self.locks.forget(session_id)
+
+    async def truncate(self, session_id: str, keep_count: int) -> dict[str, Any]:
+        async with self.locks(session_id):
+            if self.store.last_seq(session_id) is None:
+                raise SessionNotFound(session_id)
+            if self.registry.busy(session_id):
+                raise SessionError(
+                    "session_busy", "A run is still using this session; stop it first.",
+                    active_stream_id=self.registry.attachable_stream(session_id))
+            fold = await self.folds.get(session_id)
+            assert fold.row is not None
+            count = len(fold.transcript.messages)
+            if keep_count > count:
+                raise SessionError("invalid_request", f"keep_count {keep_count} is more than "
+                                   f"the {count} messages this session has.")
+            if keep_count < count:
+                generation = fold.row["transcript_generation"] + 1
+                await self.store.append(session_id, [Draft(
+                    ev.TRANSCRIPT_TRUNCATED,
+                    {"keep_count": keep_count, "transcript_generation": generation},
+                )])
+        row = self.row(session_id)
+        assert row is not None
+        return row

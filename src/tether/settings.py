@@ -1,0 +1,56 @@
+"""Tether's configuration: one object built by the CLI (flags and TETHER_* variables) and
+read by every layer. docs/configuration.md lists every knob."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+MiB = 1024 * 1024
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("tether", appauthor=False))
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8787
+    data_dir: Path = None  # type: ignore[assignment]  # filled by __post_init__
+    runtime: str = "demo"
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    context_window: int | None = None
+    compression_threshold: float = 0.8
+    compression_mode: str = "in_place"
+    workspace: Path | None = None
+    password_env: str | None = None
+    insecure_no_password: bool = False
+    no_browser: bool = False
+    heartbeat_seconds: float = 5.0
+    cancel_reclaim_seconds: float = 180.0
+    max_body_bytes: int = 25 * MiB
+    max_attachment_bytes: int = 20 * MiB
+    max_attachments: int = 10
+    max_message_chars: int = 200_000
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir) if self.data_dir else default_data_dir()
+
+    @property
+    def database_path(self) -> Path:
+        return self.data_dir / "tether.db"

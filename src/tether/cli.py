@@ -31,49 +31,98 @@ def main() -> None:
 @main.command()
 @option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @option("--port", default=8787, show_default=True, type=click.IntRange(0, 65535))
-@option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Where sessions are kept (default: the per-user data directory).")
-@option("--runtime", type=click.Choice(["demo", "openai", "hermes"]), default="demo",
-              show_default=True, help="Who answers: the offline demo or a real model.")
+@option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where sessions are kept (default: the per-user data directory).",
+)
+@option(
+    "--runtime",
+    type=click.Choice(["demo", "openai", "hermes"]),
+    default="demo",
+    show_default=True,
+    help="Who answers: the offline demo or a real model.",
+)
 @option("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1.")
 @option("--model", help="Model name to request.")
-@option("--api-key-env", default="OPENAI_API_KEY", show_default=True,
-              help="Environment variable that holds the API key.")
-@option("--context-window", type=click.IntRange(min=256),
-              help="The model's context size in tokens.")
-@option("--compression-threshold", type=click.FloatRange(0.1, 0.99), default=0.8,
-              show_default=True, help="Compress when the next request passes this share.")
-@option("--compression-mode", type=click.Choice(["in_place", "rotate"]),
-              default="in_place", show_default=True)
-@option("--workspace", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Folder the agent's read-only tools may read; without it they are off.")
+@option(
+    "--api-key-env",
+    default="OPENAI_API_KEY",
+    show_default=True,
+    help="Environment variable that holds the API key.",
+)
+@option(
+    "--context-window", type=click.IntRange(min=256), help="The model's context size in tokens."
+)
+@option(
+    "--compression-threshold",
+    type=click.FloatRange(0.1, 0.99),
+    default=0.8,
+    show_default=True,
+    help="Compress when the next request passes this share.",
+)
+@option(
+    "--compression-mode",
+    type=click.Choice(["in_place", "rotate"]),
+    default="in_place",
+    show_default=True,
+)
+@option(
+    "--workspace",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Folder the agent's read-only tools may read; without it they are off.",
+)
 @option("--password-env", help="Environment variable that holds the login password.")
-@option("--insecure-no-password", is_flag=True,
-              help="Allow a non-loopback address without a password.")
+@option(
+    "--insecure-no-password", is_flag=True, help="Allow a non-loopback address without a password."
+)
 @option("--no-browser", is_flag=True, help="Do not open a browser tab at start.")
-@option("--heartbeat-seconds", type=click.FloatRange(0.05, 5.0), default=5.0,
-              show_default=True, help="Idle SSE heartbeat interval.")
-@option("--cancel-reclaim-seconds", type=click.FloatRange(min=0.1), default=180.0,
-              show_default=True, help="How long a stopped worker may take to unwind.")
-@option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
-              default="info", show_default=True)
+@option(
+    "--heartbeat-seconds",
+    type=click.FloatRange(0.05, 5.0),
+    default=5.0,
+    show_default=True,
+    help="Idle SSE heartbeat interval.",
+)
+@option(
+    "--cancel-reclaim-seconds",
+    type=click.FloatRange(min=0.1),
+    default=180.0,
+    show_default=True,
+    help="How long a stopped worker may take to unwind.",
+)
+@option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
 def serve(log_level: str, **options: object) -> None:
     """Serve the web UI and the API."""
     settings = Settings(**options)  # type: ignore[arg-type]
     if settings.password_env:
-        raise click.UsageError("Password login is not available in this version yet; "
-                               "keep Tether on a loopback address for now.")
+        raise click.UsageError(
+            "Password login is not available in this version yet; "
+            "keep Tether on a loopback address for now."
+        )
     if not is_loopback(settings.host) and not settings.insecure_no_password:
         raise click.UsageError(
             f"Refusing to listen on {settings.host} without a password: anyone who can reach "
             "it could read and drive your sessions. Use a loopback address, or pass "
-            "--insecure-no-password if you really mean it.")
+            "--insecure-no-password if you really mean it."
+        )
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
 
     from tether.http.app import create_app
 
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
-                            log_level=log_level, lifespan="on", timeout_graceful_shutdown=10)
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+    )
     server = uvicorn.Server(config)
     if not settings.no_browser:
         _open_browser_when_ready(server, f"http://{settings.host}:{settings.port}/")

@@ -32,8 +32,9 @@ log = logging.getLogger("tether")
 
 def open_store(settings: Settings) -> SQLiteEventStore:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    return SQLiteEventStore(settings.database_path, index_fold=fold_row,
-                            index_version=SIDEBAR_FOLD_VERSION)
+    return SQLiteEventStore(
+        settings.database_path, index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION
+    )
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -47,8 +48,12 @@ def create_app(settings: Settings) -> FastAPI:
         hub.on_deleted(feed.on_deleted)
         registry = RunRegistry(on_change=lambda sid: feed.notify(sid, "run.state"))
         app.state.services = Services(
-            settings=settings, store=store, hub=hub, registry=registry,
-            sessions=SessionService(store, registry), feed=feed,
+            settings=settings,
+            store=store,
+            hub=hub,
+            registry=registry,
+            sessions=SessionService(store, registry),
+            feed=feed,
         )
         log.info("Tether %s ready: data in %s", __version__, settings.data_dir)
         try:
@@ -57,8 +62,14 @@ def create_app(settings: Settings) -> FastAPI:
             store.attach_hub(None)
             store.close()
 
-    app = FastAPI(title="Tether", version=__version__, lifespan=lifespan,
-                  docs_url="/api/docs", redoc_url=None, openapi_url="/api/openapi.json")
+    app = FastAPI(
+        title="Tether",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url="/api/docs",
+        redoc_url=None,
+        openapi_url="/api/openapi.json",
+    )
     errors.install(app)
     for module in (health, sessions, streams):
         app.include_router(module.router)

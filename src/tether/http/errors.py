@@ -69,9 +69,11 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StorageError)
     async def _storage(_: Request, exc: StorageError) -> JSONResponse:
         log.error("storage error: %s", exc)
-        return error(503, "storage_unavailable",
-                     "Tether could not write to its database; nothing was changed. "
-                     f"Details: {exc}")
+        return error(
+            503,
+            "storage_unavailable",
+            f"Tether could not write to its database; nothing was changed. Details: {exc}",
+        )
 
     @app.exception_handler(Exception)
     async def _bug(_: Request, exc: Exception) -> JSONResponse:

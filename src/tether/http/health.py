@@ -23,6 +23,7 @@ async def health(app: App) -> dict:
         "runtime": app.settings.runtime,
         "active_runs": len(runs),
         "attachable_runs": sum(
-            1 for r in runs if app.registry.attachable_stream(r.session_id) == r.stream_id),
+            1 for r in runs if app.registry.attachable_stream(r.session_id) == r.stream_id
+        ),
         "oldest_run_age_seconds": max((now - r.started_at for r in runs), default=0.0),
     }

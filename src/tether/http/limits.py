@@ -50,13 +50,22 @@ class BodyLimit:
                 await self._refuse(send)
 
     async def _refuse(self, send: Send) -> None:
-        body = json.dumps({
-            "code": "payload_too_large",
-            "message": f"The request body is larger than {self.max_bytes} bytes.",
-            "limit_bytes": self.max_bytes,
-        }).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
+        body = json.dumps(
+            {
+                "code": "payload_too_large",
+                "message": f"The request body is larger than {self.max_bytes} bytes.",
+                "limit_bytes": self.max_bytes,
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

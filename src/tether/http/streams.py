@@ -42,16 +42,24 @@ def _frame(event: Event) -> ServerSentEvent:
 
 
 def _heartbeat(app: Services, session_id: str, last_seq: int) -> ServerSentEvent:
-    return ServerSentEvent(event="heartbeat", data=_dumps({
-        "last_seq": last_seq,
-        "busy": app.registry.busy(session_id),
-        "active_stream_id": app.registry.attachable_stream(session_id),
-        "server_time": time.time(),
-    }))
+    return ServerSentEvent(
+        event="heartbeat",
+        data=_dumps(
+            {
+                "last_seq": last_seq,
+                "busy": app.registry.busy(session_id),
+                "active_stream_id": app.registry.attachable_stream(session_id),
+                "server_time": time.time(),
+            }
+        ),
+    )
 
 
-async def _session_frames(app: Services, session_id: str, cursor_raw: str | None,
-                          ) -> AsyncIterator[ServerSentEvent]:
+async def _session_frames(
+    app: Services,
+    session_id: str,
+    cursor_raw: str | None,
+) -> AsyncIterator[ServerSentEvent]:
     interval = app.settings.heartbeat_seconds
     with app.hub.subscribe(session_id) as sub:
         current = app.store.last_seq(session_id)
@@ -90,8 +98,9 @@ async def _session_frames(app: Services, session_id: str, cursor_raw: str | None
                     yield frame
                 continue
             except SessionDeleted:
-                yield ServerSentEvent(event="session.deleted", data=_dumps(
-                    {"session_id": session_id}))
+                yield ServerSentEvent(
+                    event="session.deleted", data=_dumps({"session_id": session_id})
+                )
                 return
             if not batch:
                 yield _heartbeat(app, session_id, sent)
@@ -138,8 +147,10 @@ async def _sidebar_frames(app: Services) -> AsyncIterator[ServerSentEvent]:
                 continue
             for session_id, reason in changes:
                 row = app.sessions.row(session_id)
-                yield ServerSentEvent(event="session.changed", data=_dumps(
-                    {"session_id": session_id, "reason": reason, "row": row}))
+                yield ServerSentEvent(
+                    event="session.changed",
+                    data=_dumps({"session_id": session_id, "reason": reason, "row": row}),
+                )
     finally:
         app.feed.disconnect(client)
 

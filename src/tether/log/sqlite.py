@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import queue
 import sqlite3
@@ -111,14 +112,17 @@ class SQLiteEventStore:
         index: dict[str, dict[str, Any]] = {}
         stale = set(last_seq)
         if stored_version and stored_version[0] == version:
-            for sid, seq, state in db.execute("SELECT session_id, last_seq, state FROM session_index"):
+            stored = db.execute("SELECT session_id, last_seq, state FROM session_index")
+            for sid, seq, state in stored:
                 if last_seq.get(sid) == seq:
                     index[sid] = json.loads(state)
                     stale.discard(sid)
         if stale or not stored_version or stored_version[0] != version:
             db.execute("BEGIN IMMEDIATE")
-            db.execute("DELETE FROM session_index WHERE session_id NOT IN "
-                       "(SELECT DISTINCT session_id FROM events)")
+            db.execute(
+                "DELETE FROM session_index WHERE session_id NOT IN "
+                "(SELECT DISTINCT session_id FROM events)"
+            )
             for sid in stale:
                 state = None
                 rows = db.execute(
@@ -227,10 +231,8 @@ class SQLiteEventStore:
         self._publish(outcomes, deleted)
 
     def _rollback(self, undo_seq: dict[str, int | None], undo_index: dict) -> None:
-        try:
+        with contextlib.suppress(sqlite3.Error):
             self._db.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass
         for sid, seq in undo_seq.items():
             if seq is None:
                 self._last_seq.pop(sid, None)
@@ -298,10 +300,13 @@ class SQLiteEventStore:
         if closed is None:
             if len(self._closed_streams) > _CLOSED_STREAM_CACHE:
                 self._closed_streams.clear()
-            closed = self._db.execute(
-                "SELECT 1 FROM events WHERE stream_id=? AND type=? LIMIT 1",
-                (stream_id, RUN_FINISHED),
-            ).fetchone() is not None
+            closed = (
+                self._db.execute(
+                    "SELECT 1 FROM events WHERE stream_id=? AND type=? LIMIT 1",
+                    (stream_id, RUN_FINISHED),
+                ).fetchone()
+                is not None
+            )
             self._closed_streams[stream_id] = closed
         return closed
 

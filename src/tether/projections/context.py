@@ -25,8 +25,9 @@ def _assistant_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
 
     def flush() -> None:
         if calls:
-            out.append({"role": "assistant", "content": "".join(text) or None,
-                        "tool_calls": list(calls)})
+            out.append(
+                {"role": "assistant", "content": "".join(text) or None, "tool_calls": list(calls)}
+            )
             out.extend(results)
         elif text and "".join(text).strip():
             out.append({"role": "assistant", "content": "".join(text)})
@@ -41,19 +42,26 @@ def _assistant_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
                 flush()
             text.append(item["text"])
         elif kind == "tool":
-            calls.append({
-                "id": item["call_id"],
-                "type": "function",
-                "function": {"name": item["name"], "arguments": json.dumps(item.get("args") or {})},
-            })
+            calls.append(
+                {
+                    "id": item["call_id"],
+                    "type": "function",
+                    "function": {
+                        "name": item["name"],
+                        "arguments": json.dumps(item.get("args") or {}),
+                    },
+                }
+            )
             result = item.get("result")
             if result is None:
                 result = item.get("result_preview")
-            results.append({
-                "role": "tool",
-                "tool_call_id": item["call_id"],
-                "content": UNFINISHED_TOOL_RESULT if not item.get("done") else (result or ""),
-            })
+            results.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item["call_id"],
+                    "content": UNFINISHED_TOOL_RESULT if not item.get("done") else (result or ""),
+                }
+            )
         elif kind == "notice":
             if calls:
                 flush()

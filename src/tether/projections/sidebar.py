@@ -19,10 +19,16 @@ DEFAULT_TITLE = "New chat"
 TITLE_MAX = 80
 
 # The event types that can change a row: the sidebar feed ignores the rest (deltas, tools).
-ROW_EVENT_TYPES = frozenset({
-    ev.SESSION_CREATED, ev.SESSION_UPDATED, ev.TURN_SUBMITTED, ev.RUN_FINISHED,
-    ev.TRANSCRIPT_TRUNCATED, ev.SESSION_ROTATED,
-})
+ROW_EVENT_TYPES = frozenset(
+    {
+        ev.SESSION_CREATED,
+        ev.SESSION_UPDATED,
+        ev.TURN_SUBMITTED,
+        ev.RUN_FINISHED,
+        ev.TRANSCRIPT_TRUNCATED,
+        ev.SESSION_ROTATED,
+    }
+)
 
 # Terminal states that are not the user's or the assistant's doing.
 _MAINTENANCE_STATES = {"interrupted"}

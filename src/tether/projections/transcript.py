@@ -40,8 +40,9 @@ class RunScene:
 def timeline_view(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
     """Copy the items, marking text that something later followed as interim progress; the
     trailing text is the answer. Returns (timeline, final answer text)."""
-    last_barrier = max((i for i, it in enumerate(items) if it["type"] in _BARRIER_TYPES),
-                       default=-1)
+    last_barrier = max(
+        (i for i, it in enumerate(items) if it["type"] in _BARRIER_TYPES), default=-1
+    )
     timeline, answer = [], []
     for index, item in enumerate(items):
         copy = dict(item)
@@ -67,8 +68,10 @@ def notice_text(state: str, data: dict[str, Any]) -> str | None:
     if state == "tool_limit_reached":
         return "Stopped: the run reached its tool-call limit before it could answer."
     if state == "compression_exhausted":
-        return ("Stopped: the conversation no longer fits the model's context window, "
-                "even after compression.")
+        return (
+            "Stopped: the conversation no longer fits the model's context window, "
+            "even after compression."
+        )
     return f"Ended: {state}"
 
 
@@ -151,8 +154,12 @@ class TranscriptFold:
         data = event.data
         item = scene.item(
             f"{scene.stream_id}.tool.{data['call_id']}",
-            {"type": "tool", "call_id": data["call_id"], "name": data.get("name", ""),
-             "args": None},
+            {
+                "type": "tool",
+                "call_id": data["call_id"],
+                "name": data.get("name", ""),
+                "args": None,
+            },
         )
         item.update(
             result_preview=data.get("result_preview"),
@@ -172,8 +179,11 @@ class TranscriptFold:
             {"type": "compression", "pass_id": data["pass_id"], "done": False},
         )
         if event.type == ev.COMPRESSION_COMPLETED:
-            item.update(done=True, tokens_before=data.get("tokens_before"),
-                        tokens_after=data.get("tokens_after"))
+            item.update(
+                done=True,
+                tokens_before=data.get("tokens_before"),
+                tokens_after=data.get("tokens_after"),
+            )
 
     def _cancel_requested(self, event: Event) -> None:
         scene = self._scene(event)
@@ -188,8 +198,9 @@ class TranscriptFold:
         items = list(scene.items)
         text = notice_text(state, event.data)
         if text is not None:
-            items.append({"id": f"{scene.stream_id}.notice", "type": "notice",
-                          "kind": state, "text": text})
+            items.append(
+                {"id": f"{scene.stream_id}.notice", "type": "notice", "kind": state, "text": text}
+            )
         timeline, answer = timeline_view(items)
         row: dict[str, Any] = {
             "id": scene.stream_id,
@@ -207,7 +218,7 @@ class TranscriptFold:
         self.messages.append(row)
 
     def _truncated(self, event: Event) -> None:
-        del self.messages[event.data["keep_count"]:]
+        del self.messages[event.data["keep_count"] :]
 
     # -- views ------------------------------------------------------------------------------
     def view(self) -> dict[str, Any]:

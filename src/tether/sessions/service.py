@@ -47,8 +47,9 @@ def clean_title(title: str) -> str:
     if not title:
         raise SessionError("invalid_request", "The title must not be empty.")
     if len(title) > TITLE_MAX_CHARS:
-        raise SessionError("invalid_request", f"The title is longer than {TITLE_MAX_CHARS} "
-                           "characters.")
+        raise SessionError(
+            "invalid_request", f"The title is longer than {TITLE_MAX_CHARS} characters."
+        )
     return title
 
 
@@ -66,8 +67,11 @@ class SessionService:
 
     def _public(self, state: dict[str, Any]) -> dict[str, Any]:
         sid = state["session_id"]
-        return public_row(state, busy=self.registry.busy(sid),
-                          active_stream_id=self.registry.attachable_stream(sid))
+        return public_row(
+            state,
+            busy=self.registry.busy(sid),
+            active_stream_id=self.registry.attachable_stream(sid),
+        )
 
     async def list_rows(self, *, archived: bool, query: str | None) -> list[dict[str, Any]]:
         states = self.store.index_states().values()
@@ -78,8 +82,11 @@ class SessionService:
         if query:
             needle = query.casefold()
             by_text = await self.store.search_text(query)
-            chosen = [s for s in chosen if s["session_id"] in by_text
-                      or needle in self._public(s)["title"].casefold()]
+            chosen = [
+                s
+                for s in chosen
+                if s["session_id"] in by_text or needle in self._public(s)["title"].casefold()
+            ]
         return [self._public(s) for s in sorted(chosen, key=sort_key)]
 
     async def view(self, session_id: str) -> dict[str, Any]:
@@ -106,8 +113,9 @@ class SessionService:
 
     async def patch(self, session_id: str, changes: dict[str, Any]) -> dict[str, Any]:
         if not changes:
-            raise SessionError("invalid_request", "Nothing to change: send title, pinned or "
-                               "archived.")
+            raise SessionError(
+                "invalid_request", "Nothing to change: send title, pinned or archived."
+            )
         if "title" in changes:
             changes["title"] = clean_title(changes["title"])
         async with self.locks(session_id):
@@ -126,9 +134,11 @@ class SessionService:
     async def delete(self, session_id: str) -> None:
         async with self.locks(session_id):
             if self.registry.busy(session_id):
-                raise SessionError("session_busy", "Stop the running turn before deleting "
-                                   "this session.",
-                                   active_stream_id=self.registry.attachable_stream(session_id))
+                raise SessionError(
+                    "session_busy",
+                    "Stop the running turn before deleting this session.",
+                    active_stream_id=self.registry.attachable_stream(session_id),
+                )
             await self.store.delete_session(session_id)
         self.folds.forget(session_id)
         self.locks.forget(session_id)
@@ -139,20 +149,29 @@ class SessionService:
                 raise SessionNotFound(session_id)
             if self.registry.busy(session_id):
                 raise SessionError(
-                    "session_busy", "A run is still using this session; stop it first.",
-                    active_stream_id=self.registry.attachable_stream(session_id))
+                    "session_busy",
+                    "A run is still using this session; stop it first.",
+                    active_stream_id=self.registry.attachable_stream(session_id),
+                )
             fold = await self.folds.get(session_id)
             assert fold.row is not None
             count = len(fold.transcript.messages)
             if keep_count > count:
-                raise SessionError("invalid_request", f"keep_count {keep_count} is more than "
-                                   f"the {count} messages this session has.")
+                raise SessionError(
+                    "invalid_request",
+                    f"keep_count {keep_count} is more than the {count} messages this session has.",
+                )
             if keep_count < count:
                 generation = fold.row["transcript_generation"] + 1
-                await self.store.append(session_id, [Draft(
-                    ev.TRANSCRIPT_TRUNCATED,
-                    {"keep_count": keep_count, "transcript_generation": generation},
-                )])
+                await self.store.append(
+                    session_id,
+                    [
+                        Draft(
+                            ev.TRANSCRIPT_TRUNCATED,
+                            {"keep_count": keep_count, "transcript_generation": generation},
+                        )
+                    ],
+                )
         row = self.row(session_id)
         assert row is not None
         return row

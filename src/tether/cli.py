@@ -4,6 +4,7 @@ so a service file can configure it without arguments."""
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import webbrowser
 from pathlib import Path
@@ -126,6 +127,10 @@ def serve(log_level: str, **options: object) -> None:
     server = uvicorn.Server(config)
     if not settings.no_browser:
         _open_browser_when_ready(server, f"http://{settings.host}:{settings.port}/")
+    # uvicorn re-raises the signal that stopped it once it has shut down; by then every run is
+    # durable, so that re-raise lands on a no-op and the process exits 0 (API.md §1).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     try:
         server.run()
     except StorageError as exc:

@@ -1,0 +1,150 @@
+"""Shared test tools: a real `tether serve` subprocess and an SSE reader over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """`tether serve` in a subprocess on a loopback port, with its own data directory."""
+
+    def __init__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None):
+        self.data_dir = data_dir
+        self.extra = list(extra)
+        self.env = env or {}
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.log_path = data_dir.parent / f"server-{self.port}.log"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20) -> ServerProcess:
+        args = [sys.executable, "-m", "tether", "serve", "--port", str(self.port),
+                "--data-dir", str(self.data_dir), "--no-browser",
+                "--heartbeat-seconds", "0.3", "--log-level", "warning", *self.extra]
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **self.env})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.base_url + "/api/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"server did not become ready:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(timeout)
+        self._log.close()
+        return code
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def restart(self) -> ServerProcess:
+        self.stop()
+        return self.start()
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=10, **kwargs)
+
+
+@contextmanager
+def running_server(data_dir: Path, *extra: str, **kwargs: Any) -> Iterator[ServerProcess]:
+    server = ServerProcess(data_dir, *extra, **kwargs).start()
+    try:
+        yield server
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.stop()
+
+
+class SSEFrame(dict):
+    @property
+    def event(self) -> str:
+        return self["event"]
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self["data"])
+
+
+def iter_sse(response: httpx.Response) -> Iterator[SSEFrame]:
+    """Parse an SSE body line by line (comments skipped), yielding frames as dicts."""
+    frame: dict[str, Any] = {}
+    data: list[str] = []
+    for line in response.iter_lines():
+        if line == "":
+            if data or frame:
+                yield SSEFrame(event=frame.get("event", "message"), id=frame.get("id"),
+                               data="\n".join(data))
+            frame, data = {}, []
+        elif line.startswith(":"):
+            continue
+        else:
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "data":
+                data.append(value)
+            else:
+                frame[name] = value
+
+
+def read_events(client: httpx.Client, session_id: str, *, until_seq: int | None = None,
+                after: str | None = None, headers: dict[str, str] | None = None,
+                stop_on: str | None = None, max_frames: int = 100_000,
+                timeout: float = 10) -> list[SSEFrame]:
+    """Frames of the session stream until one with seq >= until_seq (or a frame of type
+    stop_on) arrives."""
+    params = {} if after is None else {"after": after}
+    frames: list[SSEFrame] = []
+    deadline = time.monotonic() + timeout
+    with client.stream("GET", f"/api/sessions/{session_id}/events", params=params,
+                       headers=headers or {}, timeout=timeout) as response:
+        assert response.status_code == 200, response.read()
+        for frame in iter_sse(response):
+            frames.append(frame)
+            if stop_on is not None and frame.event == stop_on:
+                break
+            if until_seq is not None and frame.get("id") and int(frame["id"]) >= until_seq:
+                break
+            if until_seq is not None and frame.event == "session.snapshot" and \
+                    frame.json["session"]["last_seq"] >= until_seq:
+                break
+            if len(frames) >= max_frames or time.monotonic() > deadline:
+                break
+    return frames
+
+
+def seqs(frames: list[SSEFrame]) -> list[int]:
+    return [int(f["id"]) for f in frames if f.get("id")]

@@ -11,8 +11,8 @@ sidebar-index upsert in the same transaction). Raw SQLite with every row in one 
 (one fsync in all) is printed as the upper bound nobody can beat.
 
 Every scenario appends the same total number of events to one session in a fresh database in
-its own temporary directory; after each Tether run the session's seqs must be exactly 1..N
-(seq 1 is `session.created`) or the script exits with status 1.
+its own temporary directory; after each Tether run of N appends the session's seqs must be
+exactly 1..N+1 (seq 1 is `session.created`) or the script exits with status 1.
 
     python bench/log_append.py            # full run, well under a minute on 2 cores
     python bench/log_append.py --quick    # a few seconds, for smoke tests
@@ -196,21 +196,20 @@ def check_tether(store: SQLiteEventStore, acked: list[list[int]], events: int) -
     """The log holds exactly seqs 1..events+1, each append was acknowledged with a distinct
     seq in 2..events+1, and each appender saw its own appends in order."""
     total = events + 1
-    where = "tether"
     got = sorted(seq for seqs in acked for seq in seqs)
     if got != list(range(2, total + 1)):
-        raise SanityError(f"{where}: acknowledged seqs are not exactly 2..{total}")
+        raise SanityError(f"tether: acknowledged seqs are not exactly 2..{total}")
     for index, seqs in enumerate(acked):
         if seqs != sorted(seqs):
-            raise SanityError(f"{where}: appender {index} saw its seqs out of order")
+            raise SanityError(f"tether: appender {index} saw its seqs out of order")
     logged = store.read_sync(SESSION)
     if [ev.seq for ev in logged] != list(range(1, total + 1)):
-        raise SanityError(f"{where}: the log's seqs are not exactly 1..{total}")
+        raise SanityError(f"tether: the log's seqs are not exactly 1..{total}")
     if logged[0].type != SESSION_CREATED or any(ev.type != TEXT_DELTA for ev in logged[1:]):
-        raise SanityError(f"{where}: the log holds unexpected event types")
+        raise SanityError("tether: the log holds unexpected event types")
     row = store.index_state(SESSION)
     if store.last_seq(SESSION) != total or row is None or row["last_seq"] != total:
-        raise SanityError(f"{where}: last_seq / sidebar index is not {total}")
+        raise SanityError(f"tether: last_seq / sidebar index is not {total}")
 
 
 def tether_tasks(path: Path, appenders: int, events: int) -> float:

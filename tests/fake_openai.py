@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 __all__ = [
     "DEFAULT_CONTEXT_LENGTH",
@@ -339,6 +340,43 @@ class _QuietConfig(uvicorn.Config):
         pass
 
 
+class _QuietH11Protocol(H11Protocol):
+    """No access log lines for the fake (uvicorn enables them whenever any handler exists)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.access_log = False
+
+
+class _FastServer(uvicorn.Server):
+    """uvicorn.Server that notices ``should_exit`` within ~10 ms and shuts down without
+    uvicorn's fixed 0.1 s sleeps, so a fake per test stays cheap."""
+
+    async def main_loop(self) -> None:
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 1) % 864000
+            await asyncio.sleep(0.01)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.config.timeout_graceful_shutdown or 3)
+        while (self.server_state.connections or self.server_state.tasks) \
+                and loop.time() < deadline:
+            await asyncio.sleep(0.005)
+        for task in list(self.server_state.tasks):
+            task.cancel()
+        for server in self.servers:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), 1.0)
+
+
 # --------------------------------------------------------------------------------------------
 # The server
 # --------------------------------------------------------------------------------------------
@@ -440,7 +478,7 @@ class FakeOpenAI:
             host=self.host,
             port=self.port,
             loop="asyncio",
-            http="h11",
+            http=_QuietH11Protocol,
             ws="none",
             lifespan="off",
             interface="asgi3",
@@ -451,7 +489,7 @@ class FakeOpenAI:
             timeout_graceful_shutdown=3,
         )
         self._stopping.clear()
-        self._server = uvicorn.Server(config)
+        self._server = _FastServer(config)
         self._thread = threading.Thread(
             target=self._server.run,
             kwargs={"sockets": [sock]},
@@ -523,8 +561,10 @@ class FakeOpenAI:
 
     def reset(self) -> None:
         """Forget the queue, recorded requests, disconnects and barrier states; restore the
-        default reply."""
+        default reply. Responses still blocked on a barrier from before are released."""
         with self._lock:
+            for ev in self._released.values():
+                ev.set()
             self._queue.clear()
             self._requests.clear()
             self._request_headers.clear()
@@ -724,7 +764,10 @@ class FakeOpenAI:
         prompt = max(1, len(json.dumps(body.get("messages", []))) // 4)
         out_chars = len(rep.text) + len(rep.reasoning)
         out_chars += sum(len(t.name) + len(t.arguments_json) for t in rep.tool_calls)
-        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": max(1, out_chars // 4)}
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": max(1, out_chars // 4),
+        }
         usage.update(rep.usage or {})
         usage.setdefault("total_tokens", usage["prompt_tokens"] + usage["completion_tokens"])
         return usage

@@ -148,3 +148,59 @@ def read_events(client: httpx.Client, session_id: str, *, until_seq: int | None 
 
 def seqs(frames: list[SSEFrame]) -> list[int]:
     return [int(f["id"]) for f in frames if f.get("id")]
+
+
+def new_session(client: httpx.Client, title: str | None = None) -> str:
+    response = client.post("/api/sessions", json={} if title is None else {"title": title})
+    assert response.status_code == 201, response.text
+    return response.json()["session"]["session_id"]
+
+
+def start_turn(client: httpx.Client, session_id: str, message: str, **extra: Any) -> dict:
+    response = client.post("/api/chat/start", json={"session_id": session_id,
+                                                    "message": message, **extra})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def session_body(client: httpx.Client, session_id: str) -> dict:
+    response = client.get("/api/session", params={"session_id": session_id})
+    assert response.status_code == 200, response.text
+    return response.json()["session"]
+
+
+def wait_idle(client: httpx.Client, session_id: str, timeout: float = 20) -> dict:
+    """Poll until no worker occupies the session; return the session body."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = session_body(client, session_id)
+        if not body["busy"] and body["live"] is None:
+            return body
+        time.sleep(0.05)
+    raise AssertionError(f"session {session_id} still busy after {timeout} s")
+
+
+def run_events(client: httpx.Client, session_id: str, stream_id: str,
+               timeout: float = 20) -> list[SSEFrame]:
+    """Every frame of the session from the start until this stream's run.finished."""
+    frames = []
+    with client.stream("GET", f"/api/sessions/{session_id}/events", params={"after": "0"},
+                       timeout=timeout) as response:
+        for frame in iter_sse(response):
+            frames.append(frame)
+            if frame.event == "run.finished" and frame.json["stream_id"] == stream_id:
+                break
+    return frames
+
+
+def fold_frames(frames: list[SSEFrame]) -> dict:
+    """What a client folds from the frames it received: the same pure projection the
+    server uses, so two clients (or a client and the server) can be compared."""
+    from tether.events import Event
+    from tether.projections.transcript import TranscriptFold
+
+    fold = TranscriptFold()
+    for frame in frames:
+        if frame.get("id"):
+            fold.apply(Event.from_envelope(frame.json))
+    return fold.view()

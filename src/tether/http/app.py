@@ -16,13 +16,16 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from tether import __version__
-from tether.http import errors, health, sessions, streams
+from tether.http import errors, health, runs, sessions, streams
 from tether.http.deps import Services
 from tether.http.limits import BodyLimit
 from tether.log import Hub
+from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
 from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
+from tether.runs.engine import RunEngine
 from tether.runs.registry import RunRegistry
+from tether.runtimes import load_runtime
 from tether.sessions.feed import SidebarFeed
 from tether.sessions.service import SessionService
 from tether.settings import Settings
@@ -40,25 +43,35 @@ def open_store(settings: Settings) -> SQLiteEventStore:
 def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = load_runtime(settings)
         store = open_store(settings)
+        attachments = AttachmentStore(settings.data_dir / "attachments")
         hub = Hub(asyncio.get_running_loop())
         store.attach_hub(hub)
         feed = SidebarFeed()
         hub.on_batch(feed.on_batch)
         hub.on_deleted(feed.on_deleted)
         registry = RunRegistry(on_change=lambda sid: feed.notify(sid, "run.state"))
+        sessions_service = SessionService(store, registry, attachments)
+        engine = RunEngine(store=store, sessions=sessions_service, registry=registry,
+                           runtime=runtime, attachments=attachments)
         app.state.services = Services(
-            settings=settings,
-            store=store,
-            hub=hub,
-            registry=registry,
-            sessions=SessionService(store, registry),
-            feed=feed,
+            settings=settings, store=store, hub=hub, registry=registry,
+            sessions=sessions_service, feed=feed, attachments=attachments, engine=engine,
         )
-        log.info("Tether %s ready: data in %s", __version__, settings.data_dir)
+        recovered = await engine.recover()
+        if recovered:
+            log.warning("marked %d run(s) left open by the previous process as interrupted",
+                        recovered)
+        reclaimer = asyncio.create_task(engine.reclaim_forever(settings.cancel_reclaim_seconds))
+        log.info("Tether %s ready (%s runtime): data in %s", __version__, runtime.name,
+                 settings.data_dir)
         try:
             yield
         finally:
+            reclaimer.cancel()
+            await engine.shutdown()
+            await runtime.aclose()
             store.attach_hub(None)
             store.close()
 
@@ -71,7 +84,7 @@ def create_app(settings: Settings) -> FastAPI:
         openapi_url="/api/openapi.json",
     )
     errors.install(app)
-    for module in (health, sessions, streams):
+    for module in (health, sessions, runs, streams):
         app.include_router(module.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app

@@ -8,7 +8,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from tether.log import Hub
+from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
+from tether.runs.engine import RunEngine
 from tether.runs.registry import RunRegistry
 from tether.sessions.feed import SidebarFeed
 from tether.sessions.service import SessionService
@@ -23,6 +25,8 @@ class Services:
     registry: RunRegistry
     sessions: SessionService
     feed: SidebarFeed
+    attachments: AttachmentStore
+    engine: RunEngine
 
 
 def _services(request: Request) -> Services:

@@ -20,6 +20,7 @@ _SESSION_ERROR_STATUS = {
     "session_busy": 409,
     "session_rotated": 409,
     "payload_too_large": 413,
+    "server_closing": 503,
 }
 _HTTP_CODES = {
     400: "invalid_request",

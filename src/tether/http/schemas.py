@@ -32,3 +32,21 @@ class PatchSession(Body):
 class TruncateSession(Body):
     session_id: Id
     keep_count: Annotated[StrictInt, Field(ge=0, le=10_000_000)]
+
+
+class AttachmentUpload(Body):
+    name: Annotated[StrictStr, Field(min_length=1, max_length=255)]
+    mime: Annotated[StrictStr, Field(min_length=1, max_length=255)]
+    data_base64: StrictStr
+
+
+class StartTurn(Body):
+    session_id: Id
+    message: StrictStr
+    attachments: list[AttachmentUpload] = []
+    model: Annotated[StrictStr, Field(min_length=1, max_length=200)] | None = None
+
+
+class CancelRun(Body):
+    stream_id: Id | None = None
+    session_id: Id | None = None

@@ -94,6 +94,10 @@ class SQLiteEventStore:
             self._db.execute("PRAGMA synchronous=FULL")
             apply_migrations(self._db)
             self._last_seq, self._index = self._load_index(index_version)
+            # What readers see: updated only after COMMIT, so a reader never learns of a seq
+            # that it cannot read yet. The writer works on _last_seq / _index.
+            self._visible_seq = dict(self._last_seq)
+            self._visible_index = dict(self._index)
         except sqlite3.DatabaseError as exc:
             raise StorageError(
                 f"Cannot open the Tether database {self.path}: {exc}. "
@@ -228,6 +232,13 @@ class SQLiteEventStore:
             for op in batch:
                 op.future.set_exception(error)
             return
+        for sid in undo_seq:
+            if sid in self._last_seq:
+                self._visible_seq[sid] = self._last_seq[sid]
+                self._visible_index[sid] = self._index[sid]
+            else:
+                self._visible_seq.pop(sid, None)
+                self._visible_index.pop(sid, None)
         self._publish(outcomes, deleted)
 
     def _rollback(self, undo_seq: dict[str, int | None], undo_index: dict) -> None:
@@ -340,13 +351,13 @@ class SQLiteEventStore:
         return await asyncio.to_thread(self.read_sync, session_id, after, limit)
 
     def last_seq(self, session_id: str) -> int | None:
-        return self._last_seq.get(session_id)
+        return self._visible_seq.get(session_id)
 
     def index_state(self, session_id: str) -> dict[str, Any] | None:
-        return self._index.get(session_id)
+        return self._visible_index.get(session_id)
 
     def index_states(self) -> dict[str, dict[str, Any]]:
-        return dict(self._index)
+        return dict(self._visible_index)
 
     def _search_sync(self, needle: str) -> set[str]:
         rows = self._reader().execute(
@@ -358,6 +369,24 @@ class SQLiteEventStore:
 
     async def search_text(self, needle: str) -> set[str]:
         return await asyncio.to_thread(self._search_sync, needle)
+
+    def unfinished_streams(self) -> list[tuple[str, str, str | None]]:
+        """(session_id, stream_id, turn_id) of every submitted turn without a `run.finished`:
+        the runs a restart must settle."""
+        rows = self._reader().execute(
+            "SELECT t.session_id, t.stream_id, t.turn_id FROM events t WHERE t.type=? "
+            "AND t.stream_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM events f WHERE "
+            "f.stream_id=t.stream_id AND f.type=?) ORDER BY t.id",
+            (TURN_SUBMITTED, RUN_FINISHED),
+        )
+        return [tuple(row) for row in rows]
+
+    def attachment_in_use(self, attachment_id: str) -> bool:
+        row = self._reader().execute(
+            "SELECT 1 FROM events WHERE type=? AND instr(data, ?) > 0 LIMIT 1",
+            (TURN_SUBMITTED, attachment_id),
+        ).fetchone()
+        return row is not None
 
     def close(self) -> None:
         if self._thread.is_alive():

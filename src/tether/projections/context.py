@@ -14,7 +14,15 @@ UNFINISHED_TOOL_RESULT = "(no result: the run ended before this tool finished)"
 
 
 def _user_message(row: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "user", "content": row.get("content", "")}
+    """Attachments become `attachment` parts that the runtime resolves to image or text parts
+    (the projection stays pure: it never reads the files)."""
+    attachments = row.get("attachments") or []
+    if not attachments:
+        return {"role": "user", "content": row.get("content", "")}
+    parts: list[dict[str, Any]] = [{"type": "text", "text": row.get("content", "")}]
+    parts.extend({"type": "attachment", "attachment_id": a["id"], "name": a["name"],
+                  "mime": a["mime"]} for a in attachments)
+    return {"role": "user", "content": parts}
 
 
 def _assistant_messages(row: dict[str, Any]) -> list[dict[str, Any]]:

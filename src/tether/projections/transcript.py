@@ -101,7 +101,8 @@ class TranscriptFold:
             "turn_id": data["turn_id"],
             "created_at": data.get("submitted_at", event.at),
             "content": data.get("text", ""),
-            "attachments": list(data.get("attachments") or []),
+            "attachments": [{**a, "url": f"/api/attachments/{a['id']}"}
+                            for a in data.get("attachments") or []],
         }
         self.messages.append(row)
         self.users[data["turn_id"]] = row

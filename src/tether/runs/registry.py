@@ -8,9 +8,11 @@ names a cancelling one. They are two functions over one `Run` state machine
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 STARTING, RUNNING, CANCELLING, FINISHED = "starting", "running", "cancelling", "finished"
 _NEXT = {
@@ -33,6 +35,14 @@ class Run:
     started_at: float = field(default_factory=time.time)
     phase: str = STARTING
     cancelled_at: float | None = None
+    # The worker's plumbing (runs.engine): its inbox of runtime events and control signals,
+    # the runtime's task, whether the worker decided the outcome, and whether its event
+    # channel to the log is still open (the reclaimer's second condition).
+    inbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue, repr=False)
+    worker: asyncio.Task | None = field(default=None, repr=False)
+    producer: asyncio.Task | None = field(default=None, repr=False)
+    resolved: bool = False
+    channel_open: bool = True
 
     def move(self, phase: str) -> None:
         if phase not in _NEXT[self.phase]:

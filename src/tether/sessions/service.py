@@ -9,6 +9,7 @@ from typing import Any
 from tether import events as ev
 from tether.events import new_id
 from tether.log import Draft, SessionNotFound
+from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
 from tether.projections.context import context_messages
 from tether.projections.sidebar import public_row, sort_key
@@ -54,9 +55,11 @@ def clean_title(title: str) -> str:
 
 
 class SessionService:
-    def __init__(self, store: SQLiteEventStore, registry: RunRegistry):
+    def __init__(self, store: SQLiteEventStore, registry: RunRegistry,
+                 attachments: AttachmentStore):
         self.store = store
         self.registry = registry
+        self.attachments = attachments
         self.folds = FoldCache(store)
         self.locks = SessionLocks()
 
@@ -88,6 +91,19 @@ class SessionService:
                 if s["session_id"] in by_text or needle in self._public(s)["title"].casefold()
             ]
         return [self._public(s) for s in sorted(chosen, key=sort_key)]
+
+    def newest_continuation(self, session_id: str) -> str | None:
+        """Follow `continuation_session_id` hops to the newest session of the lineage."""
+        seen = {session_id}
+        state = self.store.index_state(session_id)
+        newest = None
+        while state is not None and state["continuation_session_id"]:
+            newest = state["continuation_session_id"]
+            if newest in seen:
+                break
+            seen.add(newest)
+            state = self.store.index_state(newest)
+        return newest
 
     async def view(self, session_id: str) -> dict[str, Any]:
         """The `session` object of `GET /api/session`: Row + transcript + pending + live."""
@@ -139,9 +155,15 @@ class SessionService:
                     "Stop the running turn before deleting this session.",
                     active_stream_id=self.registry.attachable_stream(session_id),
                 )
+            fold = await self.folds.get(session_id)
+            attachment_ids = {a["id"] for row in fold.transcript.users.values()
+                              for a in row["attachments"]}
             await self.store.delete_session(session_id)
         self.folds.forget(session_id)
         self.locks.forget(session_id)
+        for attachment_id in attachment_ids:  # stored once: remove when nothing refers to it
+            if not await asyncio.to_thread(self.store.attachment_in_use, attachment_id):
+                self.attachments.remove(attachment_id)
 
     async def truncate(self, session_id: str, keep_count: int) -> dict[str, Any]:
         async with self.locks(session_id):

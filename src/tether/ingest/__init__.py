@@ -1,0 +1,1 @@
+"""Where runtime output enters the log: normalised once, so every reader agrees."""

@@ -1,0 +1,116 @@
+"""Runtime events to log drafts for one run (ARCHITECTURE.md §1: normalise once, at entry).
+
+- Reasoning and text deltas get item ids; a new item starts whenever the kind changes or a
+  tool ran in between, so interim progress stays its own visible timeline row.
+- Consecutive deltas of one item are merged (coalescing) when drafts are taken together.
+- Tool calls are paired by call id: a completion without a start gets its start first, a
+  repeated start is dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tether import events as ev
+from tether.log import Draft
+from tether.runtimes.base import (
+    Finished,
+    ReasoningDelta,
+    RuntimeEvent,
+    TextDelta,
+    ToolCompleted,
+    ToolStarted,
+    Usage,
+)
+
+RESULT_PREVIEW_CHARS = 2000
+RESULT_MAX_CHARS = 100_000
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class Normalizer:
+    def __init__(self, stream_id: str, turn_id: str):
+        self.stream_id = stream_id
+        self.turn_id = turn_id
+        self._items = 0
+        self._delta_kind: str | None = None
+        self._item_id: str | None = None
+        self._tools: dict[str, str] = {}  # call_id -> "started" | "completed"
+        self.usage: dict[str, int] | None = None
+        self.finished: Finished | None = None
+
+    def _draft(self, type_: str, data: dict[str, Any]) -> Draft:
+        return Draft(type_, {"stream_id": self.stream_id, **data}, stream_id=self.stream_id,
+                     turn_id=self.turn_id)
+
+    def feed(self, event: RuntimeEvent) -> list[Draft]:
+        if isinstance(event, ReasoningDelta | TextDelta):
+            if not event.text:
+                return []
+            kind = ev.REASONING_DELTA if isinstance(event, ReasoningDelta) else ev.TEXT_DELTA
+            if kind != self._delta_kind:
+                self._items += 1
+                self._delta_kind = kind
+                self._item_id = f"{'r' if kind == ev.REASONING_DELTA else 't'}{self._items}"
+            return [self._draft(kind, {"item_id": self._item_id, "text": event.text})]
+        self._delta_kind = None  # anything else ends the current text/reasoning item
+        if isinstance(event, ToolStarted):
+            if event.call_id in self._tools:
+                return []
+            self._tools[event.call_id] = "started"
+            return [self._draft(ev.TOOL_STARTED, {"call_id": event.call_id, "name": event.name,
+                                                  "args": event.args})]
+        if isinstance(event, ToolCompleted):
+            out = []
+            if event.call_id not in self._tools:
+                out.append(self._draft(ev.TOOL_STARTED, {"call_id": event.call_id,
+                                                         "name": event.name, "args": {}}))
+            elif self._tools[event.call_id] == "completed":
+                return []
+            self._tools[event.call_id] = "completed"
+            out.append(self._draft(ev.TOOL_COMPLETED, {
+                "call_id": event.call_id,
+                "name": event.name,
+                "result_preview": _clip(event.result, RESULT_PREVIEW_CHARS),
+                "result": _clip(event.result, RESULT_MAX_CHARS),
+                "is_error": event.is_error,
+                "duration_ms": event.duration_ms,
+            }))
+            return out
+        if isinstance(event, Usage):
+            self.usage = {"prompt_tokens": event.prompt_tokens,
+                          "completion_tokens": event.completion_tokens}
+            return []
+        if isinstance(event, Finished):
+            self.finished = event
+            return []
+        raise TypeError(f"not a runtime event: {event!r}")
+
+    def started(self, runtime: str, model: str) -> Draft:
+        return self._draft(ev.RUN_STARTED, {"turn_id": self.turn_id, "runtime": runtime,
+                                            "model": model})
+
+    def finish(self, state: str, **extra: Any) -> Draft:
+        data: dict[str, Any] = {"turn_id": self.turn_id, "state": state}
+        if self.usage is not None:
+            data["usage"] = self.usage
+        data.update({k: v for k, v in extra.items() if v is not None})
+        return self._draft(ev.RUN_FINISHED, data)
+
+
+def coalesce(drafts: list[Draft]) -> list[Draft]:
+    """Merge adjacent deltas of the same item: their concatenation is the text (API.md §6)."""
+    out: list[Draft] = []
+    for draft in drafts:
+        prev = out[-1] if out else None
+        if (prev is not None and draft.type in (ev.TEXT_DELTA, ev.REASONING_DELTA)
+                and prev.type == draft.type
+                and prev.data.get("item_id") == draft.data.get("item_id")):
+            merged = {**prev.data, "text": prev.data["text"] + draft.data["text"]}
+            out[-1] = Draft(prev.type, merged, stream_id=prev.stream_id, turn_id=prev.turn_id)
+        else:
+            out.append(draft)
+    return out

@@ -1,0 +1,111 @@
+"""The runtime adapter protocol: a runtime turns a model context into typed events.
+
+Typed events replace the string heuristics of older designs (compression start, error classes,
+terminal reasons). A runtime never touches the log: the run engine owns ordering, coalescing
+and the single terminal event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStarted:
+    call_id: str
+    name: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCompleted:
+    call_id: str
+    name: str
+    result: str
+    is_error: bool = False
+    duration_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What the provider reported for one model request (ephemeral: the context meter)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The runtime decided how the run ends, other than plain completion."""
+
+    state: str  # "tool_limit_reached" | "compression_exhausted"
+    reason: str | None = None
+
+
+RuntimeEvent = ReasoningDelta | TextDelta | ToolStarted | ToolCompleted | Usage | Finished
+
+# Stable error codes of API.md §4.
+ERROR_CODES = ("auth", "rate_limit", "model_not_found", "context_overflow", "network",
+               "bad_response", "internal")
+
+
+class ProviderError(Exception):
+    """The model provider failed; `code` is one of ERROR_CODES, `message` is for people."""
+
+    def __init__(self, code: str, message: str):
+        assert code in ERROR_CODES, code
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class RuntimeUnavailable(Exception):
+    """The configured runtime cannot be used (missing extra, bad configuration)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttachmentRef:
+    attachment_id: str
+    name: str
+    mime: str
+    path: Path
+
+
+@dataclass
+class TurnInput:
+    session_id: str
+    stream_id: str
+    turn_id: str
+    messages: list[dict[str, Any]]
+    """The model context in OpenAI shape (`projections.context`); user content may hold
+    `{"type": "attachment", "attachment_id": ...}` parts, resolved through `attachments`."""
+    attachments: dict[str, AttachmentRef] = field(default_factory=dict)
+    model: str | None = None
+
+
+class Runtime(Protocol):
+    name: str
+    model: str
+    demo: bool
+
+    def accepts(self, mime: str) -> bool:
+        """Whether an attachment of this type can go to the model."""
+
+    def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        """Run the turn. Cancelling the consuming task must stop it promptly, closing any
+        model request in flight. Raises ProviderError for provider failures."""
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,99 @@
+"""The offline demo runtime: no model, no network, the same answer every time.
+
+It exists so that a newcomer sees every part of the UI working at once (reasoning, interim
+progress, two harmless tool calls, a Markdown answer with code) and so that tests have a
+deterministic runtime. Everything it says is labelled as the demo's.
+A message that starts with `/slow` streams ten times slower (handy for trying Stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tether.runtimes.base import (
+    ReasoningDelta,
+    RuntimeEvent,
+    TextDelta,
+    ToolCompleted,
+    ToolStarted,
+    TurnInput,
+    Usage,
+)
+from tether.settings import Settings
+
+DEFAULT_DELAY_SECONDS = 0.03
+
+
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message["role"] == "user":
+            content = message["content"]
+            if isinstance(content, list):
+                return " ".join(p.get("text", "") for p in content if p.get("type") == "text")
+            return content or ""
+    return ""
+
+
+def _pieces(text: str) -> list[str]:
+    """Split like a tokenizer would, keeping whitespace, so deltas look like streaming."""
+    return re.findall(r"\s*\S+|\s+", text)
+
+
+class DemoRuntime:
+    name = "demo"
+    model = "tether-demo"
+    demo = True
+
+    def __init__(self, settings: Settings):
+        self.delay = float(os.environ.get("TETHER_DEMO_DELAY", DEFAULT_DELAY_SECONDS))
+
+    def accepts(self, mime: str) -> bool:
+        return mime.startswith(("image/", "text/")) or mime in ("application/json",)
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        prompt = _last_user_text(turn.messages).strip()
+        delay = self.delay * (10 if prompt.startswith("/slow") else 1)
+        words = len(prompt.split())
+        preview = prompt[:60] + ("…" if len(prompt) > 60 else "")
+
+        async def say(kind: type, text: str) -> AsyncIterator[RuntimeEvent]:
+            for piece in _pieces(text):
+                await asyncio.sleep(delay)
+                yield kind(piece)
+
+        async for e in say(ReasoningDelta, "The user wrote a message. This is the offline demo "
+                           "runtime, so I will count its words and mirror its opening with two "
+                           "harmless tools, then answer in Markdown."):
+            yield e
+        async for e in say(TextDelta, "Let me look at your message with two small tools."):
+            yield e
+        for call_id, name, args, result in (
+            ("demo_count", "word_count", {"text": preview}, str(words)),
+            ("demo_mirror", "mirror", {"text": preview}, preview[::-1]),
+        ):
+            yield ToolStarted(f"{turn.stream_id}_{call_id}", name, args)
+            started = time.monotonic()
+            await asyncio.sleep(delay * 5)
+            yield ToolCompleted(f"{turn.stream_id}_{call_id}", name, result, False,
+                                int((time.monotonic() - started) * 1000))
+        async for e in say(ReasoningDelta, "Both tools answered; time to write the reply."):
+            yield e
+        answer = (
+            "**This is Tether's offline demo runtime**: no model was called.\n\n"
+            f"You wrote {words} word{'s' if words != 1 else ''}:\n\n> {preview}\n\n"
+            f"- mirrored: `{preview[::-1]}`\n"
+            "- to talk to a real model, start Tether with `--runtime openai`\n\n"
+            "```python\nprint(\"hello from the demo runtime\")\n```\n"
+        )
+        async for e in say(TextDelta, answer):
+            yield e
+        yield Usage(prompt_tokens=sum(len(str(m.get("content", ""))) for m in turn.messages)
+                    // 4, completion_tokens=len(answer) // 4)
+
+    async def aclose(self) -> None:
+        return None

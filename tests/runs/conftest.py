@@ -30,3 +30,11 @@ def openai_server(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
                         "--model", "fake-model", "--workspace", str(workspace),
                         "--cancel-reclaim-seconds", "2") as srv:
         yield srv
+
+
+@pytest.fixture(scope="module")
+def shared_demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One demo server for a module whose tests do not interfere with each other."""
+    data = tmp_path_factory.mktemp("demo") / "data"
+    with running_server(data, env={"TETHER_DEMO_DELAY": "0.002"}) as srv:
+        yield srv

@@ -1,0 +1,161 @@
+"""Layer: run registry and worker lifecycle (contract "Agent registration after
+cancellation" and invariant 9). These need control over the event loop's interleaving, so
+they drive the engine in-process on a real SQLite log."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from engine_harness import harness
+from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput
+
+
+class StubbornRuntime:
+    """Ignores cancellation on its first turn (a wedged agent); behaves on later turns."""
+
+    name = "stubborn"
+    model = "stubborn-1"
+    demo = False
+
+    def __init__(self) -> None:
+        self.turns = 0
+        self.late_yields = 0
+        self.released = False  # lets the test end its event loop
+
+    def accepts(self, mime: str) -> bool:
+        return True
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        self.turns += 1
+        if self.turns > 1:
+            yield TextDelta("fine")
+            return
+        yield TextDelta("working")
+        while not self.released:
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                pass  # an interrupt it does not honour
+            self.late_yields += 1
+            yield TextDelta(" late")
+
+    async def aclose(self) -> None:
+        return None
+
+
+class CountingRuntime:
+    name = "counting"
+    model = "counting-1"
+    demo = False
+
+    def __init__(self) -> None:
+        self.invocations = 0
+
+    def accepts(self, mime: str) -> bool:
+        return True
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        self.invocations += 1
+        yield TextDelta("answer")
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_stop_before_invocation_means_the_runtime_is_never_called(tmp_path: Path) -> None:
+    async def main() -> None:
+        runtime = CountingRuntime()
+        async with harness(tmp_path, runtime) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            run = await h.engine.start(sid, "hi", [], None)
+            # No await between start's return and Stop's phase change: Stop wins the race
+            # against the worker's preparation, as a Stop arriving during construction would.
+            stop = await h.engine.cancel(stream_id=run["stream_id"])
+            assert stop["cancelled"] is True
+            await h.wait_idle(sid)
+            assert runtime.invocations == 0
+            types = await h.types(sid)
+            assert types == ["session.created", "turn.submitted", "run.cancel_requested",
+                             "run.finished"]
+            finished = (await h.store.read(sid))[-1]
+            assert finished.data["state"] == "cancelled"
+
+    asyncio.run(main())
+
+
+def test_wedged_worker_is_busy_not_attachable_then_reclaimed_and_fenced(
+        tmp_path: Path) -> None:
+    async def main() -> None:
+        runtime = StubbornRuntime()
+        async with harness(tmp_path, runtime) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            first = await h.engine.start(sid, "go", [], None)
+            while "text.delta" not in await h.types(sid):
+                await asyncio.sleep(0.01)
+            assert (await h.engine.cancel(stream_id=first["stream_id"]))["cancelled"]
+            for _ in range(100):  # the client reaches a terminal state promptly
+                if (await h.types(sid))[-1] == "run.finished":
+                    break
+                await asyncio.sleep(0.01)
+            assert (await h.types(sid))[-1] == "run.finished"
+            await asyncio.sleep(0.1)
+            assert runtime.late_yields > 0  # the runtime ignored the interrupt
+            assert h.registry.busy(sid) is True  # admission still sees the unwinding worker
+            assert h.registry.attachable_stream(sid) is None  # a browser must not attach
+            assert h.registry.phase(sid) == "cancelling"
+            run = h.registry.for_session(sid)
+            assert run is not None and run.channel_open is False
+            window = 180.0
+            assert h.engine.reclaim(window, now=run.cancelled_at + window - 1) == []
+            assert h.engine.reclaim(window, now=run.cancelled_at + window) == [run]
+            assert h.registry.busy(sid) is False
+            second = await h.engine.start(sid, "again", [], None)
+            await h.wait_idle(sid)
+            await asyncio.sleep(0.1)  # the old runtime keeps yielding into the void
+            events = await h.store.read(sid)
+            old = [e for e in events if e.stream_id == first["stream_id"]]
+            assert old[-1].type == "run.finished"
+            assert all(e.data.get("text") != " late" or e.seq < old[-1].seq for e in old)
+            new = [e for e in events if e.stream_id == second["stream_id"]]
+            assert [e.type for e in new][-1] == "run.finished"
+            assert all(e.data.get("text") != " late" for e in new)
+            assert new[-1].data["state"] == "completed"
+            runtime.released = True
+
+    asyncio.run(main())
+
+
+def test_age_alone_never_reclaims_a_run_that_owns_a_live_channel(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with harness(tmp_path, CountingRuntime()) as h:
+            from tether.runs.registry import CANCELLING, Run
+
+            run = Run("s_x", "r_x", "u_x")
+            h.registry.add(run)
+            h.registry.move(run, CANCELLING)
+            run.cancelled_at = time.time() - 10_000
+            assert run.channel_open is True
+            assert h.engine.reclaim(60) == []
+            assert h.registry.busy("s_x") is True
+            run.channel_open = False
+            assert h.engine.reclaim(60) == [run]
+
+    asyncio.run(main())
+
+
+def test_reclaim_window_is_measured_from_the_cancel_not_the_start(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with harness(tmp_path, CountingRuntime()) as h:
+            from tether.runs.registry import CANCELLING, Run
+
+            run = Run("s_y", "r_y", "u_y", started_at=time.time() - 10_000)
+            h.registry.add(run)
+            h.registry.move(run, CANCELLING)  # a long run cancelled just now
+            run.channel_open = False
+            assert h.engine.reclaim(60) == []
+            assert h.registry.busy("s_y") is True
+
+    asyncio.run(main())

@@ -1,0 +1,105 @@
+"""Layers: log + attachments. A refused start leaves no trace (API.md §4); attachments are
+stored once beside the log and served only with safe headers."""
+
+from __future__ import annotations
+
+import base64
+import pytest
+
+from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle
+
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+
+
+def upload(name: str, mime: str, data: bytes) -> dict:
+    return {"name": name, "mime": mime, "data_base64": base64.b64encode(data).decode()}
+
+
+BAD_STARTS = [
+    ({"message": ""}, 400, "invalid_request"),
+    ({"message": "  \n\t "}, 400, "invalid_request"),
+    ({"message": 42}, 400, "invalid_request"),
+    ({"message": "x" * 200_001}, 413, "payload_too_large"),
+    ({"message": "hi", "attachments": [upload("a.bin", "application/x-msdownload", b"MZ")]},
+     400, "invalid_request"),
+    ({"message": "hi", "attachments": [{"name": "a.txt", "mime": "text/plain",
+                                        "data_base64": "not base64!!"}]}, 400,
+     "invalid_request"),
+    ({"message": "hi", "attachments": [upload("../etc/passwd", "text/plain", b"x")]}, 400,
+     "invalid_request"),
+    ({"message": "hi", "attachments": [upload(f"f{i}.txt", "text/plain", b"x")
+                                       for i in range(11)]}, 400, "invalid_request"),
+    ({"message": "hi", "model": ""}, 400, "invalid_request"),
+    ({"message": "hi", "session_id": "no such"}, 400, "invalid_request"),
+    ({"message": "hi", "session_id": "s_unknown"}, 404, "session_not_found"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "code"), BAD_STARTS)
+def test_bad_start_is_refused_before_anything_is_recorded(
+        shared_demo_server: ServerProcess, body: dict, status: int, code: str) -> None:
+    attachments = shared_demo_server.data_dir / "attachments"
+    stored_before = sorted(attachments.rglob("*"))
+    with shared_demo_server.client() as client:
+        sid = new_session(client)
+        before = session_body(client, sid)
+        response = client.post("/api/chat/start", json={"session_id": sid, **body})
+        assert response.status_code == status, response.text
+        assert response.json()["code"] == code and response.json()["message"]
+        assert session_body(client, sid) == before
+        assert sorted(attachments.rglob("*")) == stored_before
+
+
+def test_attachment_too_large_is_413(shared_demo_server: ServerProcess) -> None:
+    with shared_demo_server.client() as client:
+        sid = new_session(client)
+        big = upload("big.txt", "text/plain", b"a" * (20 * 2**20 + 1))
+        response = client.post("/api/chat/start", json={"session_id": sid, "message": "hi",
+                                                        "attachments": [big]})
+        assert response.status_code == 413
+        assert response.json()["code"] == "payload_too_large"
+        assert session_body(client, sid)["message_count"] == 0
+
+
+def test_attachments_are_stored_once_served_safely_and_reach_the_context(
+        demo_server: ServerProcess) -> None:
+    with demo_server.client() as client:
+        sid = new_session(client)
+        files = [upload("dot.png", "image/png", PNG),
+                 upload("notes.txt", "text/plain", b"<script>alert(1)</script>")]
+        start_turn(client, sid, "look", attachments=files)
+        body = wait_idle(client, sid)
+        user = body["messages"][0]
+        assert [a["name"] for a in user["attachments"]] == ["dot.png", "notes.txt"]
+        image, text = user["attachments"]
+        assert image["size"] == len(PNG) and image["mime"] == "image/png"
+        served = client.get(image["url"])
+        assert served.status_code == 200 and served.content == PNG
+        assert served.headers["content-type"] == "image/png"
+        assert served.headers["x-content-type-options"] == "nosniff"
+        served_text = client.get(text["url"])
+        assert served_text.headers["content-type"] == "application/octet-stream"
+        assert served_text.headers["content-disposition"].startswith("attachment")
+        context = client.get("/api/session/context", params={"session_id": sid}).json()
+        parts = context["context_messages"][0]["content"]
+        assert parts[0] == {"type": "text", "text": "look"}
+        assert [p["attachment_id"] for p in parts[1:]] == [image["id"], text["id"]]
+        # the same bytes in another session are stored once
+        other = new_session(client)
+        start_turn(client, other, "again", attachments=files[:1])
+        wait_idle(client, other)
+        stored = [p for p in (demo_server.data_dir / "attachments").rglob("*")
+                  if p.is_file() and p.suffix != ".json"]
+        assert len(stored) == 2
+        # deleting a session removes what only it referred to
+        client.delete("/api/session", params={"session_id": sid})
+        assert client.get(text["url"]).status_code == 404
+        assert client.get(image["url"]).status_code == 200
+
+
+def test_unknown_attachment_is_404(shared_demo_server: ServerProcess) -> None:
+    with shared_demo_server.client() as client:
+        response = client.get("/api/attachments/" + "0" * 64)
+        assert response.status_code == 404
+        assert response.json()["code"] == "attachment_not_found"

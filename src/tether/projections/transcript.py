@@ -14,7 +14,7 @@ from typing import Any
 from tether import events as ev
 from tether.events import Event
 
-_BARRIER_TYPES = {"tool", "compression", "notice"}
+_BARRIER_TYPES = {"tool", "compression"}
 
 
 @dataclass

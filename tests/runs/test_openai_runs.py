@@ -1,0 +1,151 @@
+"""The `openai` runtime through the whole stack: real server process, real HTTP and SSE, and
+the fake OpenAI-compatible server at the model boundary. Layers: run registry (Stop), log,
+transcript (partial output, typed errors), model context (invariant 1)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from engine_harness import harness
+from fake_openai import (
+    FakeOpenAI,
+    barrier,
+    drop_connection,
+    error,
+    hang,
+    malformed,
+    reasoning,
+    reply,
+    text,
+    tool_call,
+)
+from helpers import (
+    ServerProcess,
+    new_session,
+    read_events,
+    session_body,
+    start_turn,
+    wait_idle,
+)
+from tether.runtimes.openai import OpenAIRuntime
+from tether.settings import Settings
+
+pytestmark = pytest.mark.slow
+
+
+def test_streamed_answer_with_reasoning_and_a_workspace_tool(
+        openai_server: ServerProcess, fake: FakeOpenAI) -> None:
+    fake.script(
+        reply(reasoning("Need the notes."), text("Checking the notes."),
+              tool_call("call_1", "read_file", {"path": "notes.txt"})),
+        reply(text("The launch is on **Tuesday**.")),
+    )
+    with openai_server.client() as client:
+        sid = new_session(client)
+        start_turn(client, sid, "When is the launch?")
+        body = wait_idle(client, sid)
+        assistant = body["messages"][-1]
+        assert assistant["state"] == "completed"
+        assert assistant["content"] == "The launch is on **Tuesday**."
+        kinds = [(i["type"], i.get("interim")) for i in assistant["timeline"]]
+        assert kinds == [("reasoning", None), ("text", True), ("tool", None), ("text", False)]
+        tool = assistant["timeline"][2]
+        assert tool["name"] == "read_file" and tool["done"] and not tool["is_error"]
+        assert "Tuesday" in tool["result_preview"]
+        first, second = fake.requests
+        assert first["messages"][-1] == {"role": "user", "content": "When is the launch?"}
+        assert first["stream"] is True and first["model"] == "fake-model"
+        roles = [m["role"] for m in second["messages"]]
+        assert roles[-2:] == ["assistant", "tool"]
+        assert "Tuesday" in second["messages"][-1]["content"]
+        events = read_events(client, sid, after="0", stop_on="heartbeat")
+        assert events[2].json["data"] == {"stream_id": assistant["stream_id"],
+                                          "turn_id": assistant["turn_id"],
+                                          "runtime": "openai", "model": "fake-model"}
+
+
+def test_stop_mid_stream_closes_the_model_request_within_a_second(
+        openai_server: ServerProcess, fake: FakeOpenAI) -> None:
+    fake.script(reply(text("Partial answer "), barrier("mid"), text("never sent"), hang()))
+    with openai_server.client() as client:
+        sid = new_session(client)
+        run = start_turn(client, sid, "Talk to me")
+        assert fake.wait_reached("mid", 10)
+        read_events(client, sid, after="0", stop_on="text.delta")
+        stopped_at = time.monotonic()
+        assert client.post("/api/chat/cancel", json={"stream_id": run["stream_id"]}).json()[
+            "cancelled"]
+        assert fake.wait_disconnects(1, 5)
+        assert fake.disconnect_times[0] - stopped_at < 1.0
+        body = wait_idle(client, sid)
+        assert body["messages"][-1]["state"] == "cancelled"
+        assert body["messages"][-1]["content"] == "Partial answer "
+        # the partial answer is part of what the model sees next (invariant 1)
+        fake.script(reply(text("ok")))
+        start_turn(client, sid, "Go on")
+        wait_idle(client, sid)
+        sent = fake.requests[-1]["messages"]
+        assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+        assert sent[1]["content"].startswith("Partial answer")
+        assert sent[2] == {"role": "user", "content": "Go on"}
+
+
+@pytest.mark.parametrize(("script", "code"), [
+    (error(401, "Incorrect API key provided", code="invalid_api_key"), "auth"),
+    (error(429, "Rate limit reached", code="rate_limit_exceeded"), "rate_limit"),
+    (error(404, "The model does not exist", code="model_not_found"), "model_not_found"),
+    (error(400, "This model's maximum context length is 8192 tokens",
+           code="context_length_exceeded"), "context_overflow"),
+    (error(500, "The server had an error"), "bad_response"),
+    (malformed(), "bad_response"),
+    (drop_connection(text("half")), "network"),
+])
+def test_provider_failures_end_the_run_with_a_typed_error(
+        openai_server: ServerProcess, fake: FakeOpenAI, script: object, code: str) -> None:
+    fake.default_reply = script
+    with openai_server.client() as client:
+        sid = new_session(client)
+        start_turn(client, sid, "hello")
+        body = wait_idle(client, sid)
+        assistant = body["messages"][-1]
+        assert assistant["state"] == "error"
+        assert assistant["error"]["code"] == code
+        assert assistant["error"]["message"]
+        notice = assistant["timeline"][-1]
+        assert notice["type"] == "notice" and assistant["error"]["message"] in notice["text"]
+        assert body["busy"] is False
+        events = read_events(client, sid, after="0", stop_on="heartbeat")
+        finished = [f.json["data"] for f in events if f.event == "run.finished"]
+        assert len(finished) == 1 and finished[0]["error"]["code"] == code
+
+
+def test_the_tool_loop_stops_at_its_limit(openai_server: ServerProcess,
+                                          fake: FakeOpenAI) -> None:
+    fake.default_reply = reply(tool_call("call_again", "list_files", {"path": "."}))
+    with openai_server.client() as client:
+        sid = new_session(client)
+        start_turn(client, sid, "loop forever")
+        body = wait_idle(client, sid)
+        assistant = body["messages"][-1]
+        assert assistant["state"] == "tool_limit_reached"
+        assert "tool-call limit" in assistant["timeline"][-1]["text"]
+
+
+def test_stop_before_the_first_model_request_makes_no_request(
+        tmp_path: Path, fake: FakeOpenAI) -> None:
+    async def main() -> None:
+        runtime = OpenAIRuntime(Settings(runtime="openai", base_url=fake.base_url,
+                                         model="fake-model", data_dir=tmp_path))
+        async with harness(tmp_path, runtime) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            run = await h.engine.start(sid, "hi", [], None)
+            assert (await h.engine.cancel(stream_id=run["stream_id"]))["cancelled"]
+            await h.wait_idle(sid)
+            await asyncio.sleep(0.2)
+        assert fake.requests_count == 0
+
+    asyncio.run(main())

@@ -1,0 +1,429 @@
+"""The OpenAI-compatible runtime: streams Chat Completions from any server that speaks the
+OpenAI wire format (OpenAI itself, vLLM, llama.cpp, Ollama, LM Studio, ...) and runs the
+read-only workspace tools (`runtimes.tools`) in a loop until the model answers without tools.
+
+Provider failures become `ProviderError` with a stable code and a message a person can act on
+(the provider's own words included). The mapping, first match wins:
+
+* 401 / 403 (AuthenticationError, PermissionDeniedError) -> ``auth``
+* 429 (RateLimitError) -> ``rate_limit``
+* 413, or any error whose code or message says the context is too long
+  (``context_length_exceeded``, "maximum context length", "context window", "too many
+  tokens", ...) -> ``context_overflow``
+* 404 (NotFoundError) -> ``model_not_found`` (a wrong ``--base-url`` also lands here; the
+  message says to check both)
+* 5xx, errors reported inside the stream, unparseable JSON, a stream with no completion
+  data -> ``bad_response``: the provider misbehaved and trying again may help
+* other 4xx -> ``internal``: the provider refused the request Tether built (an unsupported
+  parameter, image input on a text-only model, ...), which retrying will not fix
+* connection refused / dropped, timeouts, transport errors -> ``network``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import httpx
+import openai
+
+from tether.runtimes.base import (
+    AttachmentRef,
+    Finished,
+    ProviderError,
+    ReasoningDelta,
+    RuntimeEvent,
+    RuntimeUnavailable,
+    TextDelta,
+    ToolCompleted,
+    ToolStarted,
+    TurnInput,
+    Usage,
+)
+from tether.runtimes.tools import WorkspaceTools
+from tether.settings import Settings
+
+MAX_TOOL_ITERATIONS = 10
+PLACEHOLDER_API_KEY = "not-needed"
+# Local models can think for minutes before the first token; a dead host should fail fast.
+TIMEOUT = openai.Timeout(600.0, connect=10.0)
+
+IMAGE_MIMES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+_MIME_ALIASES = {"image/jpg": "image/jpeg", "image/pjpeg": "image/jpeg"}
+TEXT_APPLICATION_MIMES = frozenset({
+    "application/json", "application/x-ndjson", "application/ndjson", "application/xml",
+    "application/x-yaml", "application/yaml", "application/toml", "application/x-toml",
+    "application/javascript", "application/x-javascript", "application/ecmascript",
+    "application/typescript", "application/x-typescript", "application/sql",
+    "application/x-sh", "application/x-shellscript", "application/x-python",
+    "application/x-httpd-php", "application/x-tex", "application/x-latex",
+    "application/graphql", "application/csv", "application/x-csv",
+})
+
+_CONTEXT_RE = re.compile(
+    r"context[_ ]?length|context[_ ]?window|context[_ ]?size|maximum context|too many tokens"
+    r"|prompt is too long|input is too long|exceed_context|reduce the length",
+    re.IGNORECASE,
+)
+
+
+_TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx.TransportError,)
+with contextlib.suppress(ImportError):  # the SDK's own HTTP stack; the SDK normally wraps these
+    import httpx2
+
+    _TRANSPORT_ERRORS += (httpx2.TransportError,)
+
+
+def base_mime(mime: str) -> str:
+    base = mime.split(";", 1)[0].strip().lower()
+    return _MIME_ALIASES.get(base, base)
+
+
+def is_text_mime(mime: str) -> bool:
+    mime = base_mime(mime)
+    return (mime.startswith("text/") or mime in TEXT_APPLICATION_MIMES
+            or mime.endswith(("+json", "+xml", "+yaml")))
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def _detail(exc: openai.APIError) -> str:
+    """The provider's own message, without the SDK's "Error code: 400 - {...}" wrapping."""
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        message = None
+        if isinstance(inner, dict):
+            message = inner.get("message") or inner.get("detail")
+        elif isinstance(inner, str):
+            message = inner
+        message = message or body.get("message") or body.get("detail")
+        if message:
+            return str(message)
+    if isinstance(body, str) and body.strip():
+        return body.strip()[:500]
+    return exc.message
+
+
+def _parse_args(raw: str) -> tuple[dict[str, Any], str | None]:
+    """`(args, problem)`: the arguments as a dict, or a problem to report as the result."""
+    if not raw.strip():
+        return {}, None
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        return {"raw_arguments": raw[:2000]}, (
+            f"Invalid JSON arguments ({exc}); send the arguments as one JSON object.")
+    if not isinstance(value, dict):
+        return {"raw_arguments": raw[:2000]}, (
+            "Invalid JSON arguments: expected a JSON object, got "
+            f"{type(value).__name__}.")
+    return value, None
+
+
+def _reasoning_of(delta: Any) -> str | None:
+    extra = getattr(delta, "model_extra", None) or {}
+    for key in ("reasoning_content", "reasoning"):
+        value = getattr(delta, key, None)
+        if value is None:
+            value = extra.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+class _Accumulator:
+    """What one streamed response said: text, tool calls reassembled by index, usage."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.calls: dict[int, dict[str, str]] = {}
+        self._slot_for: dict[Any, int] = {}
+        self.saw_completion = False
+
+    def feed(self, chunk: Any) -> list[RuntimeEvent]:
+        events: list[RuntimeEvent] = []
+        usage = getattr(chunk, "usage", None)
+        if usage is not None:
+            self.saw_completion = True
+            events.append(Usage(int(getattr(usage, "prompt_tokens", 0) or 0),
+                                int(getattr(usage, "completion_tokens", 0) or 0)))
+        for choice in getattr(chunk, "choices", None) or []:
+            delta = getattr(choice, "delta", None)
+            if delta is None:
+                continue
+            self.saw_completion = True
+            if reasoning := _reasoning_of(delta):
+                events.append(ReasoningDelta(reasoning))
+            content = getattr(delta, "content", None) or getattr(delta, "refusal", None)
+            if isinstance(content, str) and content:
+                self.text.append(content)
+                events.append(TextDelta(content))
+            for fragment in getattr(delta, "tool_calls", None) or []:
+                self._add_fragment(fragment)
+        return events
+
+    def _add_fragment(self, fragment: Any) -> None:
+        index = getattr(fragment, "index", None)
+        call_id = getattr(fragment, "id", None)
+        function = getattr(fragment, "function", None)
+        key = self._slot_for.get(index)
+        # Some servers reuse one index for several complete calls: a new id starts a new call.
+        if key is None or (call_id and self.calls[key]["id"] and call_id != self.calls[key]["id"]):
+            key = len(self.calls)
+            self._slot_for[index] = key
+            self.calls[key] = {"id": "", "name": "", "arguments": ""}
+        slot = self.calls[key]
+        if call_id:
+            slot["id"] = call_id
+        name = getattr(function, "name", None)
+        if name:
+            slot["name"] = name
+        arguments = getattr(function, "arguments", None)
+        if arguments:
+            slot["arguments"] += arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+    def tool_calls(self) -> list[dict[str, str]]:
+        return [self.calls[k] for k in sorted(self.calls)]
+
+
+class OpenAIRuntime:
+    """A Chat Completions client with a bounded, read-only tool loop."""
+
+    name = "openai"
+    demo = False
+
+    def __init__(self, settings: Settings, *, max_iterations: int = MAX_TOOL_ITERATIONS):
+        if not settings.model:
+            raise RuntimeUnavailable("--model is required with --runtime openai.")
+        if max_iterations < 1:
+            raise ValueError("max_iterations must be at least 1")
+        self.settings = settings
+        self.model: str = settings.model
+        self.max_iterations = max_iterations
+        self.tools: WorkspaceTools | None = None
+        if settings.workspace is not None:
+            workspace = Path(settings.workspace).expanduser()
+            if not workspace.is_dir():
+                raise RuntimeUnavailable(f"The workspace {str(workspace)!r} is not a directory.")
+            self.tools = WorkspaceTools(workspace)
+        self._api_key_set = bool(os.environ.get(settings.api_key_env))
+        self._client = openai.AsyncOpenAI(
+            base_url=settings.base_url,
+            api_key=os.environ.get(settings.api_key_env) or PLACEHOLDER_API_KEY,
+            max_retries=0,
+            timeout=TIMEOUT,
+        )
+
+    def accepts(self, mime: str) -> bool:
+        return base_mime(mime) in IMAGE_MIMES or is_text_mime(mime)
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    # ---- the turn ----------------------------------------------------------------------------
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        """Model request, tools, model request, ... until an answer without tool calls or
+        `max_iterations` requests. Consumers should close it (`contextlib.aclosing`) when
+        they stop early, so the request in flight is closed at once."""
+        messages = await asyncio.to_thread(self._build_messages, turn)
+        model = turn.model or self.model
+        for _ in range(self.max_iterations):
+            acc = _Accumulator()
+            async with contextlib.aclosing(self._request(model, messages, acc)) as events:
+                async for event in events:
+                    yield event
+            calls = acc.tool_calls()
+            if not calls:
+                return
+            planned = []
+            for call in calls:
+                call_id = call["id"] or f"call_{uuid.uuid4().hex[:24]}"
+                args, problem = _parse_args(call["arguments"])
+                planned.append((call_id, call["name"], args, problem))
+            messages.append({
+                "role": "assistant",
+                "content": "".join(acc.text) or None,
+                "tool_calls": [
+                    {"id": call_id, "type": "function",
+                     "function": {"name": name, "arguments": json.dumps(args)}}
+                    for call_id, name, args, _ in planned
+                ],
+            })
+            for call_id, name, args, problem in planned:
+                yield ToolStarted(call_id, name, args)
+                started = time.monotonic()
+                if problem is not None:
+                    result, is_error = problem, True
+                else:
+                    result, is_error = await self._run_tool(name, args)
+                duration_ms = int((time.monotonic() - started) * 1000)
+                yield ToolCompleted(call_id, name, result, is_error, duration_ms)
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
+        yield Finished(
+            "tool_limit_reached",
+            reason=(f"The model was still calling tools after {self.max_iterations} rounds, "
+                    "the limit for one turn. Send a message to let it continue."),
+        )
+
+    async def _request(self, model: str, messages: list[dict[str, Any]],
+                       acc: _Accumulator) -> AsyncIterator[RuntimeEvent]:
+        """One streamed completion; the HTTP response is closed however this ends."""
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.tools is not None:
+            kwargs["tools"] = self.tools.schemas
+        try:
+            stream = await self._client.chat.completions.create(**kwargs)
+        except Exception as exc:
+            self._raise_classified(exc, model, streaming=False)
+        async with stream:
+            while True:
+                try:
+                    chunk = await anext(stream)
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:
+                    self._raise_classified(exc, model, streaming=True)
+                for event in acc.feed(chunk):
+                    yield event
+        if not acc.saw_completion:
+            raise ProviderError("bad_response",
+                                f"The model provider at {self._where()} ended the stream "
+                                "without sending any completion data.")
+
+    async def _run_tool(self, name: str, args: dict[str, Any]) -> tuple[str, bool]:
+        if self.tools is None:
+            return ("No tools are available: Tether was started without --workspace.", True)
+        try:
+            return await asyncio.to_thread(self.tools.run_tool, name, args)
+        except Exception as exc:  # a tool bug must not end the run
+            return f"{name} failed unexpectedly: {exc}", True
+
+    # ---- attachments -------------------------------------------------------------------------
+
+    def _build_messages(self, turn: TurnInput) -> list[dict[str, Any]]:
+        """A copy of the context with attachment parts turned into image/text parts (this
+        reads files, so it runs in a thread)."""
+        out: list[dict[str, Any]] = []
+        for message in turn.messages:
+            content = message.get("content")
+            if message.get("role") == "user" and isinstance(content, list):
+                message = {**message, "content": [
+                    self._expand_part(part, turn.attachments) for part in content]}
+            else:
+                message = dict(message)
+            out.append(message)
+        return out
+
+    def _expand_part(self, part: Any, attachments: dict[str, AttachmentRef]) -> Any:
+        if not (isinstance(part, dict) and part.get("type") == "attachment"):
+            return part
+        attachment_id = part.get("attachment_id")
+        ref = attachments.get(attachment_id) if isinstance(attachment_id, str) else None
+        if ref is None:
+            return {"type": "text", "text": f"[Attachment {attachment_id} is not available.]"}
+        mime = base_mime(ref.mime)
+        try:
+            if mime in IMAGE_MIMES:
+                data = base64.b64encode(ref.path.read_bytes()).decode("ascii")
+                return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}}
+            if is_text_mime(mime):
+                body = ref.path.read_bytes().decode("utf-8", errors="replace")
+                return {"type": "text", "text": f"Attached file {ref.name}:\n{body}"}
+        except OSError as exc:
+            return {"type": "text",
+                    "text": f"[Attached file {ref.name} could not be read: "
+                            f"{exc.strerror or exc}]"}
+        return {"type": "text",
+                "text": f"[Attached file {ref.name} ({ref.mime}) cannot be sent to this model.]"}
+
+    # ---- errors ------------------------------------------------------------------------------
+
+    def _where(self) -> str:
+        return str(self._client.base_url).rstrip("/")
+
+    def _raise_classified(self, exc: Exception, model: str, *, streaming: bool) -> NoReturn:
+        """Re-raise `exc` as a ProviderError, or unchanged if it is not a provider failure
+        (a bug in Tether must not pass for a provider problem)."""
+        error = self._classify(exc, model, streaming)
+        if error is exc:
+            raise exc
+        raise error from exc
+
+    def _classify(self, exc: Exception, model: str, streaming: bool) -> Exception:
+        """The ProviderError for `exc`, or `exc` itself if it is not a provider failure."""
+        if isinstance(exc, ProviderError):
+            return exc
+        where = self._where()
+        if isinstance(exc, openai.APITimeoutError):
+            return ProviderError("network", f"The model provider at {where} did not answer in "
+                                            "time (the request timed out).")
+        if isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__ or exc.__context__
+            reason = f"{type(cause).__name__}: {cause}" if cause and str(cause) else exc.message
+            what = ("The connection to the model provider at {} was lost mid-answer"
+                    if streaming else "Could not reach the model provider at {}")
+            return ProviderError("network", f"{what.format(where)} ({reason}).")
+        if isinstance(exc, openai.APIStatusError):
+            return self._status_error(exc, model, where)
+        if isinstance(exc, openai.APIError):  # an error event inside the stream, or bad data
+            detail = _detail(exc)
+            if _CONTEXT_RE.search(f"{exc.code or ''} {detail}"):
+                return ProviderError("context_overflow", "The conversation no longer fits the "
+                                     f"model's context window: {_sentence(detail)}")
+            return ProviderError("bad_response", "The model provider reported an error while "
+                                 f"answering: {_sentence(detail)}")
+        if isinstance(exc, json.JSONDecodeError):
+            return ProviderError("bad_response", f"The model provider at {where} sent data "
+                                 f"that is not valid JSON ({exc}).")
+        if isinstance(exc, _TRANSPORT_ERRORS | OSError):
+            return ProviderError("network", f"The connection to the model provider at {where} "
+                                 f"failed ({type(exc).__name__}: {exc}).")
+        if isinstance(exc, httpx.HTTPError):
+            return ProviderError("bad_response", f"The model provider at {where} sent a "
+                                 f"response Tether could not read ({exc}).")
+        return exc
+
+    def _status_error(self, exc: openai.APIStatusError, model: str, where: str) -> ProviderError:
+        status = exc.status_code
+        detail = _sentence(_detail(exc))
+        if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
+            env = self.settings.api_key_env
+            hint = (f" Check the key in {env}." if self._api_key_set
+                    else f" Set {env} to your API key.")
+            verb = "rejected the credentials" if status == 401 else "refused access"
+            return ProviderError("auth", f"The model provider at {where} {verb} "
+                                         f"(HTTP {status}): {detail}{hint}")
+        if isinstance(exc, openai.RateLimitError):
+            return ProviderError("rate_limit", f"The model provider is rate limiting requests "
+                                 f"(HTTP 429): {detail} Wait a moment and try again.")
+        if status == 413 or _CONTEXT_RE.search(f"{exc.code or ''} {detail}"):
+            return ProviderError("context_overflow", "The conversation no longer fits the "
+                                 f"model's context window (HTTP {status}): {detail}")
+        if isinstance(exc, openai.NotFoundError):
+            return ProviderError("model_not_found", f"The model provider at {where} does not "
+                                 f"know the model {model!r} (HTTP 404): {detail} Check --model "
+                                 "and --base-url.")
+        if status >= 500:
+            return ProviderError("bad_response", f"The model provider failed (HTTP {status}): "
+                                 f"{detail}")
+        return ProviderError("internal", f"The model provider rejected the request "
+                                         f"(HTTP {status}): {detail}")

@@ -20,7 +20,9 @@ async def health(app: App) -> dict:
         "ok": True,
         "version": __version__,
         "storage": "sqlite",
-        "runtime": app.settings.runtime,
+        "runtime": app.engine.runtime.name,
+        "model": app.engine.runtime.model,
+        "demo": app.engine.runtime.demo,
         "active_runs": len(runs),
         "attachable_runs": sum(
             1 for r in runs if app.registry.attachable_stream(r.session_id) == r.stream_id

@@ -159,8 +159,9 @@ class RunEngine:
 
     async def _produce(self, turn: TurnInput, inbox: asyncio.Queue) -> None:
         try:
-            async for event in self.runtime.stream(turn):
-                inbox.put_nowait(event)
+            async with contextlib.aclosing(self.runtime.stream(turn)) as events:
+                async for event in events:
+                    inbox.put_nowait(event)
             inbox.put_nowait(END)
         except ProviderError as exc:
             inbox.put_nowait(_Signal("error", exc))

@@ -19,6 +19,7 @@ SESSION_ROTATED = "session.rotated"
 TURN_SUBMITTED = "turn.submitted"
 RUN_STARTED = "run.started"
 REASONING_DELTA = "reasoning.delta"
+REASONING_TRIMMED = "reasoning.trimmed"  # extension: an echo stripped from a reasoning item
 TEXT_DELTA = "text.delta"
 TOOL_STARTED = "tool.started"
 TOOL_COMPLETED = "tool.completed"

@@ -13,6 +13,7 @@ from tether.log import Hub
 from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
 from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
+from tether.runs import maintenance
 from tether.runs.engine import RunEngine
 from tether.runs.registry import RunRegistry
 from tether.runtimes.base import Runtime
@@ -50,5 +51,5 @@ async def harness(tmp_path: Path, runtime: Runtime) -> AsyncIterator[Harness]:
     try:
         yield Harness(store, registry, sessions, engine)
     finally:
-        await engine.shutdown(grace=1)
+        await maintenance.shutdown(engine, grace=1)
         store.close()

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from engine_harness import harness
+from tether.runs.maintenance import reclaim
 from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput
 
 
@@ -109,8 +110,8 @@ def test_wedged_worker_is_busy_not_attachable_then_reclaimed_and_fenced(
             run = h.registry.for_session(sid)
             assert run is not None and run.channel_open is False
             window = 180.0
-            assert h.engine.reclaim(window, now=run.cancelled_at + window - 1) == []
-            assert h.engine.reclaim(window, now=run.cancelled_at + window) == [run]
+            assert reclaim(h.engine, window, now=run.cancelled_at + window - 1) == []
+            assert reclaim(h.engine, window, now=run.cancelled_at + window) == [run]
             assert h.registry.busy(sid) is False
             second = await h.engine.start(sid, "again", [], None)
             await h.wait_idle(sid)
@@ -138,10 +139,10 @@ def test_age_alone_never_reclaims_a_run_that_owns_a_live_channel(tmp_path: Path)
             h.registry.move(run, CANCELLING)
             run.cancelled_at = time.time() - 10_000
             assert run.channel_open is True
-            assert h.engine.reclaim(60) == []
+            assert reclaim(h.engine, 60) == []
             assert h.registry.busy("s_x") is True
             run.channel_open = False
-            assert h.engine.reclaim(60) == [run]
+            assert reclaim(h.engine, 60) == [run]
 
     asyncio.run(main())
 
@@ -155,7 +156,7 @@ def test_reclaim_window_is_measured_from_the_cancel_not_the_start(tmp_path: Path
             h.registry.add(run)
             h.registry.move(run, CANCELLING)  # a long run cancelled just now
             run.channel_open = False
-            assert h.engine.reclaim(60) == []
+            assert reclaim(h.engine, 60) == []
             assert h.registry.busy("s_y") is True
 
     asyncio.run(main())

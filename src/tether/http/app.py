@@ -23,8 +23,11 @@ from tether.log import Hub
 from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
 from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
+from tether.runs import maintenance
 from tether.runs.engine import RunEngine
+from tether.runs.queue import QueueService
 from tether.runs.registry import RunRegistry
+from tether.runs.rotation import Rotator
 from tether.runtimes import load_runtime
 from tether.sessions.feed import SidebarFeed
 from tether.sessions.service import SessionService
@@ -55,22 +58,26 @@ def create_app(settings: Settings) -> FastAPI:
         sessions_service = SessionService(store, registry, attachments)
         engine = RunEngine(store=store, sessions=sessions_service, registry=registry,
                            runtime=runtime, attachments=attachments)
+        engine.rotator = Rotator(engine, settings)
+        engine.queue = QueueService(engine)
         app.state.services = Services(
             settings=settings, store=store, hub=hub, registry=registry,
             sessions=sessions_service, feed=feed, attachments=attachments, engine=engine,
+            queue=engine.queue,
         )
-        recovered = await engine.recover()
+        recovered = await maintenance.recover(engine)
         if recovered:
             log.warning("marked %d run(s) left open by the previous process as interrupted",
                         recovered)
-        reclaimer = asyncio.create_task(engine.reclaim_forever(settings.cancel_reclaim_seconds))
+        reclaimer = asyncio.create_task(
+            maintenance.reclaim_forever(engine, settings.cancel_reclaim_seconds))
         log.info("Tether %s ready (%s runtime): data in %s", __version__, runtime.name,
                  settings.data_dir)
         try:
             yield
         finally:
             reclaimer.cancel()
-            await engine.shutdown()
+            await maintenance.shutdown(engine)
             await runtime.aclose()
             store.attach_hub(None)
             store.close()

@@ -11,6 +11,7 @@ from tether.log import Hub
 from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
 from tether.runs.engine import RunEngine
+from tether.runs.queue import QueueService
 from tether.runs.registry import RunRegistry
 from tether.sessions.feed import SidebarFeed
 from tether.sessions.service import SessionService
@@ -27,6 +28,7 @@ class Services:
     feed: SidebarFeed
     attachments: AttachmentStore
     engine: RunEngine
+    queue: QueueService
 
 
 def _services(request: Request) -> Services:

@@ -21,6 +21,7 @@ _SESSION_ERROR_STATUS = {
     "session_rotated": 409,
     "payload_too_large": 413,
     "server_closing": 503,
+    "queue_item_not_found": 404,
 }
 _HTTP_CODES = {
     400: "invalid_request",

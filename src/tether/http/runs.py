@@ -8,7 +8,14 @@ from fastapi.responses import FileResponse
 from tether.events import ID_PATTERN
 from tether.http.deps import App
 from tether.http.errors import error
-from tether.http.schemas import CancelRun, StartTurn
+from tether.http.schemas import (
+    CancelRun,
+    EditQueued,
+    QueueIdQuery,
+    QueueMessage,
+    StartTurn,
+    SteerRun,
+)
 from tether.runs.intake import check_message, decode_uploads
 
 router = APIRouter()
@@ -23,6 +30,29 @@ async def start_turn(app: App, body: StartTurn) -> dict:
     uploads = decode_uploads([a.model_dump() for a in body.attachments], app.settings,
                              app.engine.runtime)
     return await app.engine.start(body.session_id, text, uploads, body.model)
+
+
+@router.post("/api/chat/steer")
+async def steer_run(app: App, body: SteerRun) -> dict:
+    return await app.engine.steer(body.stream_id, check_message(body.text, app.settings))
+
+
+@router.post("/api/chat/queue")
+async def queue_message(app: App, body: QueueMessage) -> dict:
+    text = check_message(body.message, app.settings)
+    uploads = decode_uploads([a.model_dump() for a in body.attachments], app.settings,
+                             app.engine.runtime)
+    return await app.queue.add(body.session_id, text, uploads)
+
+
+@router.patch("/api/chat/queue")
+async def edit_queued(app: App, queue_id: QueueIdQuery, body: EditQueued) -> dict:
+    return await app.queue.update(queue_id, check_message(body.text, app.settings))
+
+
+@router.delete("/api/chat/queue")
+async def remove_queued(app: App, queue_id: QueueIdQuery) -> dict:
+    return await app.queue.remove(queue_id)
 
 
 @router.post("/api/chat/cancel")

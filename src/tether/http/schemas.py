@@ -12,6 +12,7 @@ from tether.events import ID_PATTERN
 
 Id = Annotated[StrictStr, Field(pattern=ID_PATTERN)]
 SessionIdQuery = Annotated[str, Query(pattern=ID_PATTERN, description="A session id")]
+QueueIdQuery = Annotated[str, Query(pattern=ID_PATTERN, description="A queued message id")]
 
 
 class Body(BaseModel):
@@ -50,3 +51,18 @@ class StartTurn(Body):
 class CancelRun(Body):
     stream_id: Id | None = None
     session_id: Id | None = None
+
+
+class SteerRun(Body):
+    stream_id: Id
+    text: StrictStr
+
+
+class QueueMessage(Body):
+    session_id: Id
+    message: StrictStr
+    attachments: list[AttachmentUpload] = []
+
+
+class EditQueued(Body):
+    text: StrictStr

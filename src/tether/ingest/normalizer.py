@@ -14,6 +14,8 @@ from typing import Any
 from tether import events as ev
 from tether.log import Draft
 from tether.runtimes.base import (
+    CompressionCompleted,
+    CompressionStarted,
     Finished,
     ReasoningDelta,
     RuntimeEvent,
@@ -41,6 +43,7 @@ class Normalizer:
         self._tools: dict[str, str] = {}  # call_id -> "started" | "completed"
         self.usage: dict[str, int] | None = None
         self.finished: Finished | None = None
+        self.compressed = False
 
     def _draft(self, type_: str, data: dict[str, Any]) -> Draft:
         return Draft(type_, {"stream_id": self.stream_id, **data}, stream_id=self.stream_id,
@@ -80,6 +83,18 @@ class Normalizer:
                 "duration_ms": event.duration_ms,
             }))
             return out
+        if isinstance(event, CompressionStarted):
+            return [self._draft(ev.COMPRESSION_STARTED, {"pass_id": event.pass_id})]
+        if isinstance(event, CompressionCompleted):
+            self.compressed = True
+            return [self._draft(ev.COMPRESSION_COMPLETED, {
+                "pass_id": event.pass_id,
+                "tokens_before": event.tokens_before,
+                "tokens_after": event.tokens_after,
+                # agent-facing handoff material: folded into the model context only
+                "summary": event.summary,
+                "boundary_turn_id": event.boundary_turn_id,
+            })]
         if isinstance(event, Usage):
             self.usage = {"prompt_tokens": event.prompt_tokens,
                           "completion_tokens": event.completion_tokens}

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tether.events import RUN_FINISHED, TURN_SUBMITTED, Event
+from tether.events import QUEUE_ADDED, RUN_FINISHED, TURN_SUBMITTED, Event
 from tether.log.errors import (
     LogError,
     SessionExists,
@@ -380,6 +380,14 @@ class SQLiteEventStore:
             (TURN_SUBMITTED, RUN_FINISHED),
         )
         return [tuple(row) for row in rows]
+
+    def queue_session(self, queue_id: str) -> str | None:
+        row = self._reader().execute(
+            "SELECT session_id FROM events WHERE type=? AND json_extract(data, '$.queue_id')=? "
+            "LIMIT 1",
+            (QUEUE_ADDED, queue_id),
+        ).fetchone()
+        return None if row is None else row[0]
 
     def attachment_in_use(self, attachment_id: str) -> bool:
         row = self._reader().execute(

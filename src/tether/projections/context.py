@@ -1,16 +1,27 @@
 """The model context (`context_messages`) as a pure function of the transcript projection.
 
-Contract invariant 1: every visible turn enters the context, partial output of a stopped,
-failed or interrupted run included, unless it is listed in `excluded` with a reason the user
-can read. Reasoning is display-only: providers do not take it back as input.
+Contract invariant 1: every visible turn enters the context (partial output of a stopped,
+failed or interrupted run included) unless it is listed in `excluded` with a reason the user
+can read. Invariant 6: a compression summary enters only as agent-facing reference material
+(a system message that says so), never as a user turn. Reasoning is display-only: providers
+do not take it back as input.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 UNFINISHED_TOOL_RESULT = "(no result: the run ended before this tool finished)"
+SUMMARY_PREFIX = (
+    "Summary of the earlier conversation (automatic context compression; reference material "
+    "for you, not a new request from the user):\n\n"
+)
+SUMMARIZED_REASON = (
+    "Summarized by automatic context compression: the model gets the summary instead of "
+    "this turn's full text."
+)
 
 
 def _user_message(row: dict[str, Any]) -> dict[str, Any]:
@@ -33,9 +44,8 @@ def _assistant_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
 
     def flush() -> None:
         if calls:
-            out.append(
-                {"role": "assistant", "content": "".join(text) or None, "tool_calls": list(calls)}
-            )
+            out.append({"role": "assistant", "content": "".join(text) or None,
+                        "tool_calls": list(calls)})
             out.extend(results)
         elif text and "".join(text).strip():
             out.append({"role": "assistant", "content": "".join(text)})
@@ -50,26 +60,22 @@ def _assistant_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
                 flush()
             text.append(item["text"])
         elif kind == "tool":
-            calls.append(
-                {
-                    "id": item["call_id"],
-                    "type": "function",
-                    "function": {
-                        "name": item["name"],
-                        "arguments": json.dumps(item.get("args") or {}),
-                    },
-                }
-            )
+            calls.append({
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": json.dumps(item.get("args") or {})},
+            })
             result = item.get("result")
             if result is None:
                 result = item.get("result_preview")
-            results.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": item["call_id"],
-                    "content": UNFINISHED_TOOL_RESULT if not item.get("done") else (result or ""),
-                }
-            )
+            results.append({
+                "role": "tool",
+                "tool_call_id": item["call_id"],
+                "content": UNFINISHED_TOOL_RESULT if not item.get("done") else (result or ""),
+            })
+        elif kind == "steer" and not item.get("leftover"):
+            flush()  # the user's words, seen by the agent at this step
+            out.append({"role": "user", "content": item["text"]})
         elif kind == "notice":
             if calls:
                 flush()
@@ -78,12 +84,35 @@ def _assistant_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def context_messages(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """`{context_messages, excluded}` for the visible transcript `messages`."""
+def _boundary(messages: list[dict[str, Any]], compressions: Sequence[dict[str, Any]],
+              ) -> tuple[int, dict[str, Any] | None]:
+    """The newest compression whose boundary turn is still visible, and where it starts.
+    A compression whose boundary was truncated away is ignored: its summary may describe
+    rows the user removed, and removed rows must not reappear in the model context."""
+    index_of = {row["turn_id"]: i for i, row in enumerate(messages) if row["role"] == "user"}
+    for compression in reversed(compressions):
+        start = index_of.get(compression["boundary_turn_id"])
+        if start is not None:
+            return start, compression
+    return 0, None
+
+
+def context_messages(messages: list[dict[str, Any]],
+                     compressions: Sequence[dict[str, Any]] = (),
+                     handoff: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`{context_messages, excluded, compressions}` for the visible transcript `messages`,
+    the session's compression passes and, for a rotated child, its parent's handoff."""
+    start, compression = _boundary(messages, compressions)
     out: list[dict[str, Any]] = []
-    for row in messages:
+    summary = compression["summary"] if compression else (handoff or {}).get("summary")
+    if summary:
+        out.append({"role": "system", "content": SUMMARY_PREFIX + summary})
+    excluded = [{"turn_id": row["turn_id"], "reason": SUMMARIZED_REASON}
+                for row in messages[:start] if row["role"] == "user"]
+    for row in messages[start:]:
         if row["role"] == "user":
             out.append(_user_message(row))
         elif row["role"] == "assistant":
             out.extend(_assistant_messages(row))
-    return {"context_messages": out, "excluded": []}
+    return {"context_messages": out, "excluded": excluded,
+            "compressions": len(compressions) + (1 if handoff else 0)}

@@ -13,7 +13,7 @@ from tether import events as ev
 from tether.events import Event
 
 # Bump when the fold changes: the store then rebuilds every persisted row from the log.
-SIDEBAR_FOLD_VERSION = "sidebar-1"
+SIDEBAR_FOLD_VERSION = "sidebar-2"
 
 DEFAULT_TITLE = "New chat"
 TITLE_MAX = 80
@@ -67,6 +67,10 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
     if event.type == ev.SESSION_CREATED:
         row["title"] = data.get("title") or None
         row["parent_session_id"] = data.get("parent_session_id")
+        # A rotated continuation takes its parent's place without looking newer (inv. 4).
+        if data.get("inherited_updated_at") is not None:
+            row["updated_at"] = data["inherited_updated_at"]
+            row["last_message_at"] = data.get("inherited_last_message_at")
     elif event.type == ev.SESSION_UPDATED:
         for key in ("title", "pinned", "archived"):
             if key in data:

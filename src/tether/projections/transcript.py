@@ -13,8 +13,9 @@ from typing import Any
 
 from tether import events as ev
 from tether.events import Event
+from tether.projections.context import context_messages
 
-_BARRIER_TYPES = {"tool", "compression"}
+_BARRIER_TYPES = {"tool", "compression", "steer"}
 
 
 @dataclass
@@ -83,6 +84,10 @@ class TranscriptFold:
         self.messages: list[dict[str, Any]] = []
         self.active: dict[str, RunScene] = {}
         self.users: dict[str, dict[str, Any]] = {}
+        self.queued: dict[str, dict[str, Any]] = {}
+        # Agent-facing only (invariant 6): never part of `view()`.
+        self.compressions: list[dict[str, Any]] = []
+        self.handoff: dict[str, Any] | None = None
 
     def apply(self, event: Event) -> None:
         if event.seq <= self.last_seq:
@@ -93,6 +98,9 @@ class TranscriptFold:
             handler(self, event)
 
     # -- event handlers ---------------------------------------------------------------------
+    def _session_created(self, event: Event) -> None:
+        self.handoff = event.data.get("handoff")
+
     def _turn_submitted(self, event: Event) -> None:
         data = event.data
         row = {
@@ -185,6 +193,51 @@ class TranscriptFold:
                 tokens_before=data.get("tokens_before"),
                 tokens_after=data.get("tokens_after"),
             )
+            if data.get("summary") is not None:
+                self.compressions.append({
+                    "pass_id": data["pass_id"], "summary": data["summary"],
+                    "boundary_turn_id": data.get("boundary_turn_id") or scene.turn_id,
+                    "tokens_before": data.get("tokens_before"),
+                    "tokens_after": data.get("tokens_after"),
+                })
+
+    def _reasoning_trimmed(self, event: Event) -> None:
+        scene = self._scene(event)
+        if scene is None:
+            return
+        item = scene.by_id.get(f"{scene.stream_id}.{event.data['item_id']}")
+        if item is not None:
+            item["text"] = item["text"][: event.data["length"]]
+
+    def _steer_accepted(self, event: Event) -> None:
+        scene = self._scene(event)
+        if scene is not None:
+            scene.item(f"{scene.stream_id}.steer.{event.data['steer_id']}",
+                       {"type": "steer", "text": event.data.get("text", ""), "leftover": False})
+
+    def _steer_leftover(self, event: Event) -> None:
+        scene = self._scene(event)
+        if scene is None:
+            return
+        for steer_id in event.data.get("steer_ids", []):
+            item = scene.by_id.get(f"{scene.stream_id}.steer.{steer_id}")
+            if item is not None:
+                item["leftover"] = True
+
+    def _queue(self, event: Event) -> None:
+        data = event.data
+        queue_id = data["queue_id"]
+        if event.type == ev.QUEUE_ADDED:
+            self.queued[queue_id] = {
+                "queue_id": queue_id, "text": data.get("text", ""),
+                "attachments": [{**a, "url": f"/api/attachments/{a['id']}"}
+                                for a in data.get("attachments") or []],
+                "created_at": event.at,
+            }
+        elif event.type == ev.QUEUE_UPDATED and queue_id in self.queued:
+            self.queued[queue_id] = {**self.queued[queue_id], "text": data.get("text", "")}
+        elif event.type == ev.QUEUE_REMOVED:
+            self.queued.pop(queue_id, None)
 
     def _cancel_requested(self, event: Event) -> None:
         scene = self._scene(event)
@@ -196,7 +249,9 @@ class TranscriptFold:
         if scene is None:
             return
         state = event.data.get("state", "completed")
-        items = list(scene.items)
+        # Invariant 6: the compression divider is live-only unless it explains the ending.
+        items = [item for item in scene.items
+                 if item["type"] != "compression" or state == "compression_exhausted"]
         text = notice_text(state, event.data)
         if text is not None:
             items.append(
@@ -222,6 +277,10 @@ class TranscriptFold:
         del self.messages[event.data["keep_count"] :]
 
     # -- views ------------------------------------------------------------------------------
+    def context(self) -> dict[str, Any]:
+        """The model context of the next call (API.md §3, `GET /api/session/context`)."""
+        return context_messages(self.messages, self.compressions, self.handoff)
+
     def view(self) -> dict[str, Any]:
         """`messages`, the pending turn and `live`, as fresh objects a caller may keep."""
         messages = [_copy_row(row) for row in self.messages]
@@ -232,6 +291,7 @@ class TranscriptFold:
             "pending_attachments": [],
             "pending_started_at": None,
             "live": None,
+            "queued": [dict(q) for q in self.queued.values()],
         }
         if scene is not None:
             user = self.users.get(scene.turn_id)
@@ -262,6 +322,13 @@ def _copy_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 _HANDLERS = {
+    ev.SESSION_CREATED: TranscriptFold._session_created,
+    ev.REASONING_TRIMMED: TranscriptFold._reasoning_trimmed,
+    ev.STEER_ACCEPTED: TranscriptFold._steer_accepted,
+    ev.STEER_LEFTOVER: TranscriptFold._steer_leftover,
+    ev.QUEUE_ADDED: TranscriptFold._queue,
+    ev.QUEUE_UPDATED: TranscriptFold._queue,
+    ev.QUEUE_REMOVED: TranscriptFold._queue,
     ev.TURN_SUBMITTED: TranscriptFold._turn_submitted,
     ev.RUN_STARTED: TranscriptFold._run_started,
     ev.REASONING_DELTA: TranscriptFold._delta,

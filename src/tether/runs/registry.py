@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.runtimes.base import SteerInbox
+
 STARTING, RUNNING, CANCELLING, FINISHED = "starting", "running", "cancelling", "finished"
 _NEXT = {
     STARTING: {RUNNING, CANCELLING, FINISHED},
@@ -43,6 +45,8 @@ class Run:
     producer: asyncio.Task | None = field(default=None, repr=False)
     resolved: bool = False
     channel_open: bool = True
+    steer: SteerInbox = field(default_factory=SteerInbox, repr=False)
+    handle: Any = field(default=None, repr=False)  # the runtime handle admitted for this run
 
     def move(self, phase: str) -> None:
         if phase not in _NEXT[self.phase]:

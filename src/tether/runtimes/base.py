@@ -40,6 +40,24 @@ class ToolCompleted:
 
 
 @dataclass(frozen=True, slots=True)
+class CompressionStarted:
+    pass_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompressionCompleted:
+    """A compression pass replaced every visible turn before `boundary_turn_id` (the current
+    turn) with `summary` in the model context. The summary is agent-facing handoff material
+    (contract invariant 6): it never becomes visible transcript or the user's intent."""
+
+    pass_id: str
+    tokens_before: int
+    tokens_after: int
+    summary: str
+    boundary_turn_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Usage:
     """What the provider reported for one model request (ephemeral: the context meter)."""
 
@@ -55,7 +73,8 @@ class Finished:
     reason: str | None = None
 
 
-RuntimeEvent = ReasoningDelta | TextDelta | ToolStarted | ToolCompleted | Usage | Finished
+RuntimeEvent = (ReasoningDelta | TextDelta | ToolStarted | ToolCompleted | CompressionStarted
+                | CompressionCompleted | Usage | Finished)
 
 # Stable error codes of API.md §4.
 ERROR_CODES = ("auth", "rate_limit", "model_not_found", "context_overflow", "network",
@@ -94,6 +113,33 @@ class TurnInput:
     `{"type": "attachment", "attachment_id": ...}` parts, resolved through `attachments`."""
     attachments: dict[str, AttachmentRef] = field(default_factory=dict)
     model: str | None = None
+    steer: SteerInbox | None = None
+    """Text the user sent to the running agent; a runtime drains it at its next step."""
+
+
+class SteerInbox:
+    """Steering text for one run. The engine puts; the runtime drains at a step boundary
+    (after the current tool result); what is never drained comes back as leftover."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[str, str]] = []
+        self.closed = False
+
+    def put(self, steer_id: str, text: str) -> bool:
+        if self.closed:
+            return False
+        self._pending.append((steer_id, text))
+        return True
+
+    def drain(self) -> list[str]:
+        taken, self._pending = self._pending, []
+        return [text for _, text in taken]
+
+    def close(self) -> list[tuple[str, str]]:
+        """No more steering: return (steer_id, text) of what was never drained."""
+        self.closed = True
+        taken, self._pending = self._pending, []
+        return taken
 
 
 class Runtime(Protocol):
@@ -107,5 +153,8 @@ class Runtime(Protocol):
     def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
         """Run the turn. Cancelling the consuming task must stop it promptly, closing any
         model request in flight. Raises ProviderError for provider failures."""
+
+    async def summarize(self, messages: list[dict[str, Any]], model: str | None) -> str:
+        """A handoff summary of `messages` (for rotation between turns)."""
 
     async def aclose(self) -> None: ...

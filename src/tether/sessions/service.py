@@ -11,7 +11,6 @@ from tether.events import new_id
 from tether.log import Draft, SessionNotFound
 from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
-from tether.projections.context import context_messages
 from tether.projections.sidebar import public_row, sort_key
 from tether.runs.registry import RunRegistry
 from tether.sessions.folds import FoldCache
@@ -112,11 +111,27 @@ class SessionService:
         body = self._public(fold.row)
         body.update(fold.transcript.view())
         body["last_seq"] = fold.last_seq
+        body["inherited_messages"] = await self._inherited(fold.row["parent_session_id"])
         return body
+
+    async def _inherited(self, parent_id: str | None) -> list[dict[str, Any]]:
+        """The ancestors' visible rows, oldest first, each marked with its session: display
+        only, shown above a rotated continuation's own history (never in its context)."""
+        chain: list[tuple[str, list[dict[str, Any]]]] = []
+        seen: set[str] = set()
+        while parent_id and parent_id not in seen and len(chain) < 50:
+            seen.add(parent_id)
+            try:
+                parent = await self.folds.get(parent_id)
+            except SessionNotFound:
+                break
+            chain.append((parent_id, parent.transcript.view()["messages"]))
+            parent_id = parent.row["parent_session_id"] if parent.row else None
+        return [{**row, "session_id": sid} for sid, rows in reversed(chain) for row in rows]
 
     async def context(self, session_id: str) -> dict[str, Any]:
         fold = await self.folds.get(session_id)
-        return context_messages(fold.transcript.messages)
+        return fold.transcript.context()
 
     # -- commands ---------------------------------------------------------------------------
     async def create(self, title: str | None) -> dict[str, Any]:

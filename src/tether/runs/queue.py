@@ -1,0 +1,83 @@
+"""Queued messages (API.md §4): typed while a run is busy, started as the next turn when the
+run completes, kept (visible, editable, removable) when it is cancelled or fails. They live
+in the log, so they survive reloads and restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from tether import events as ev
+from tether.events import new_id
+from tether.log import Draft
+from tether.runs.engine import RunEngine
+from tether.runs.intake import Upload
+from tether.sessions.service import SessionError
+
+log = logging.getLogger("tether.runs")
+
+
+class QueueService:
+    def __init__(self, engine: RunEngine):
+        self.engine = engine
+        self.store = engine.store
+        self.sessions = engine.sessions
+
+    async def add(self, session_id: str, text: str, uploads: Sequence[Upload]) -> dict[str, Any]:
+        async with self.sessions.locks(session_id):
+            self.engine.check_admissible(session_id, starting=False)
+            refs = [await asyncio.to_thread(self.engine.attachments.put, u.data, name=u.name,
+                                            mime=u.mime) for u in uploads]
+            queue_id = new_id("q")
+            await self.store.append(session_id, [Draft(ev.QUEUE_ADDED, {
+                "queue_id": queue_id, "text": text, "attachments": refs})])
+        started = None
+        if not self.engine.registry.busy(session_id):
+            started = await self.start_next(session_id)
+        return {"queue_id": queue_id, "started": started}
+
+    async def _locate(self, queue_id: str) -> tuple[str, dict[str, Any]]:
+        session_id = await asyncio.to_thread(self.store.queue_session, queue_id)
+        if session_id is not None:
+            fold = await self.sessions.folds.get(session_id)
+            item = fold.transcript.queued.get(queue_id)
+            if item is not None:
+                return session_id, item
+        raise SessionError("queue_item_not_found", "That queued message is not queued any "
+                           "more (it was sent or removed).")
+
+    async def update(self, queue_id: str, text: str) -> dict[str, Any]:
+        session_id, _ = await self._locate(queue_id)
+        async with self.sessions.locks(session_id):
+            session_id, _ = await self._locate(queue_id)
+            await self.store.append(session_id, [Draft(ev.QUEUE_UPDATED, {
+                "queue_id": queue_id, "text": text})])
+        return {"ok": True, "queue_id": queue_id}
+
+    async def remove(self, queue_id: str) -> dict[str, Any]:
+        session_id, _ = await self._locate(queue_id)
+        async with self.sessions.locks(session_id):
+            session_id, _ = await self._locate(queue_id)
+            await self.store.append(session_id, [Draft(ev.QUEUE_REMOVED, {
+                "queue_id": queue_id, "reason": "removed"})])
+        return {"ok": True, "queue_id": queue_id}
+
+    async def start_next(self, session_id: str) -> str | None:
+        """Start the oldest queued message as the next turn; None when nothing is queued or
+        the session is taken. It stays queued if the start is refused."""
+        fold = await self.sessions.folds.get(session_id)
+        item = next(iter(fold.transcript.queued.values()), None)
+        if item is None:
+            return None
+        refs = [{k: a[k] for k in ("id", "name", "mime", "size")} for a in item["attachments"]]
+        try:
+            started = await self.engine.start(session_id, item["text"], refs=refs)
+        except SessionError as exc:
+            log.info("queued message %s stays queued: %s", item["queue_id"], exc.message)
+            return None
+        await self.store.append(session_id, [Draft(ev.QUEUE_REMOVED, {
+            "queue_id": item["queue_id"], "reason": "started",
+            "stream_id": started["stream_id"]})])
+        return started["stream_id"]

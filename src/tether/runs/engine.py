@@ -177,7 +177,6 @@ class RunEngine:
                         await self._leftover(run, leftovers)
                     await self.store.append(run.session_id, [normalizer.finish(state, **extra)])
             run.channel_open = False
-            self.handles.release(run.session_id, run.stream_id)
             run.handle = None  # a final steer drain can never reach a successor's handle
             next_session = run.session_id
             if self.rotator is not None and state == "completed" and not self.closing:
@@ -243,4 +242,7 @@ class RunEngine:
         if producer is not None and not producer.done():
             producer.cancel()
             await asyncio.wait([producer])
+        # Only now is the handle idle: a wedged run keeps its ownership, so a successor
+        # admitted by the reclaimer builds its own handle instead of sharing this one.
+        self.handles.release(run.session_id, run.stream_id)
         self.registry.remove(run)

@@ -81,12 +81,17 @@ class DemoRuntime:
             await asyncio.sleep(delay * 5)
             yield ToolCompleted(f"{turn.stream_id}_{call_id}", name, result, False,
                                 int((time.monotonic() - started) * 1000))
-        async for e in say(ReasoningDelta, "Both tools answered; time to write the reply."):
+        # The next step after the tool results: take in what the user steered meanwhile.
+        steered = turn.steer.drain() if turn.steer is not None else []
+        async for e in say(ReasoningDelta, "Both tools answered; time to write the reply."
+                           + (" The user also steered me while I worked." if steered else "")):
             yield e
+        steer_note = "".join(f"- you also said: *{text}*\n" for text in steered)
         answer = (
             "**This is Tether's offline demo runtime**: no model was called.\n\n"
             f"You wrote {words} word{'s' if words != 1 else ''}:\n\n> {preview}\n\n"
             f"- mirrored: `{preview[::-1]}`\n"
+            f"{steer_note}"
             "- to talk to a real model, start Tether with `--runtime openai`\n\n"
             "```python\nprint(\"hello from the demo runtime\")\n```\n"
         )

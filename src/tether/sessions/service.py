@@ -69,11 +69,11 @@ class SessionService:
 
     def _public(self, state: dict[str, Any]) -> dict[str, Any]:
         sid = state["session_id"]
-        return public_row(
-            state,
-            busy=self.registry.busy(sid),
-            active_stream_id=self.registry.attachable_stream(sid),
-        )
+        row = public_row(state, busy=self.registry.busy(sid),
+                         active_stream_id=self.registry.attachable_stream(sid))
+        if row["continuation_session_id"]:  # several hops: point at the newest
+            row["continuation_session_id"] = self.newest_continuation(sid)
+        return row
 
     async def list_rows(self, *, archived: bool, query: str | None) -> list[dict[str, Any]]:
         states = self.store.index_states().values()

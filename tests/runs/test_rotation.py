@@ -1,0 +1,133 @@
+"""`--compression-mode rotate` (ARCHITECTURE.md §3; contract "Inactive compression
+continuation recovery" for Tether's own lineage). Layers: log (session.rotated, the child's
+handoff), sidebar (the child takes the parent's place without moving updated_at: invariant
+4), model context (the child starts from the summary, never the parent's turns as intent:
+invariant 6), run admission (409 session_rotated before any mutation)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from engine_harness import harness
+from tether.projections.context import SUMMARY_PREFIX
+from tether.runs.queue import QueueService
+from tether.runs.rotation import Rotator
+from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput, Usage
+from tether.sessions.service import SessionError
+from tether.settings import Settings
+
+
+class FullContextRuntime:
+    """Reports a context that crossed 80% of a 1,000-token window on every turn."""
+
+    name = "full"
+    model = "full-1"
+    demo = False
+
+    def __init__(self) -> None:
+        self.summaries: list[list] = []
+        self.turns: list[list] = []
+
+    def accepts(self, mime: str) -> bool:
+        return True
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        self.turns.append(turn.messages)
+        yield TextDelta(f"answer {len(self.turns)}")
+        yield Usage(prompt_tokens=850, completion_tokens=20)
+
+    async def summarize(self, messages: list, model: str | None) -> str:
+        self.summaries.append(messages)
+        return f"handoff #{len(self.summaries)}"
+
+    async def aclose(self) -> None:
+        return None
+
+
+def rotating(h, tmp_path: Path) -> None:  # noqa: ANN001
+    settings = Settings(data_dir=tmp_path, context_window=1000, compression_mode="rotate")
+    h.engine.rotator = Rotator(h.engine, settings)
+    h.engine.queue = QueueService(h.engine)
+
+
+def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) -> None:
+    async def main() -> None:
+        runtime = FullContextRuntime()
+        async with harness(tmp_path, runtime) as h:
+            rotating(h, tmp_path)
+            parent = (await h.sessions.create("Research"))["session_id"]
+            await h.engine.start(parent, "first question")
+            for _ in range(500):
+                child = h.sessions.row(parent)["continuation_session_id"]
+                if child and not h.registry.busy(parent):
+                    break
+                await asyncio.sleep(0.01)
+            assert child
+            parent_row, child_row = h.sessions.row(parent), h.sessions.row(child)
+            # the turn finished in the parent, then the parent rotated
+            parent_view = await h.sessions.view(parent)
+            assert [m["role"] for m in parent_view["messages"]] == ["user", "assistant"]
+            assert (await h.types(parent))[-1] == "session.rotated"
+            # the child takes the parent's place, inheriting its activity time
+            assert child_row["parent_session_id"] == parent
+            assert child_row["title"] == "Research"
+            assert child_row["updated_at"] == parent_row["updated_at"]
+            listed = [r["session_id"] for r in await h.sessions.list_rows(archived=False,
+                                                                          query=None)]
+            assert child in listed and parent not in listed
+            # the child shows the parent's history (display only) ...
+            child_view = await h.sessions.view(child)
+            assert child_view["messages"] == []
+            assert [m["content"] for m in child_view["inherited_messages"]] == [
+                "first question", "answer 1"]
+            assert {m["session_id"] for m in child_view["inherited_messages"]} == {parent}
+            # ... while its model context starts from the summary, as reference material
+            context = await h.sessions.context(child)
+            assert context["context_messages"] == [
+                {"role": "system", "content": SUMMARY_PREFIX + "handoff #1"}]
+            # a stale start on the parent is refused before any mutation
+            before = await h.store.read(parent)
+            with pytest.raises(SessionError) as info:
+                await h.engine.start(parent, "stale tab")
+            assert info.value.code == "session_rotated"
+            assert info.value.extra["continuation_session_id"] == child
+            assert await h.store.read(parent) == before
+            # the next turn goes to the child and the model sees summary + new turn
+            await h.engine.start(child, "second question")
+            for _ in range(500):
+                grandchild = h.sessions.row(child)["continuation_session_id"]
+                if grandchild and not h.registry.busy(child):
+                    break
+                await asyncio.sleep(0.01)
+            assert runtime.turns[1][0]["content"] == SUMMARY_PREFIX + "handoff #1"
+            assert runtime.turns[1][1] == {"role": "user", "content": "second question"}
+            # several hops: the parent points at the newest continuation
+            assert h.sessions.row(parent)["continuation_session_id"] == grandchild
+            with pytest.raises(SessionError) as info:
+                await h.engine.start(parent, "very stale")
+            assert info.value.extra["continuation_session_id"] == grandchild
+            grandchild_view = await h.sessions.view(grandchild)
+            assert [m["content"] for m in grandchild_view["inherited_messages"]] == [
+                "first question", "answer 1", "second question", "answer 2"]
+
+    asyncio.run(main())
+
+
+def test_in_place_mode_never_rotates(tmp_path: Path) -> None:
+    async def main() -> None:
+        runtime = FullContextRuntime()
+        async with harness(tmp_path, runtime) as h:
+            h.engine.rotator = Rotator(h.engine, Settings(data_dir=tmp_path,
+                                                          context_window=1000))
+            sid = (await h.sessions.create(None))["session_id"]
+            await h.engine.start(sid, "q")
+            await h.wait_idle(sid)
+            await asyncio.sleep(0.05)
+            assert h.sessions.row(sid)["continuation_session_id"] is None
+            assert runtime.summaries == []
+
+    asyncio.run(main())

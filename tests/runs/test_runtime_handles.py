@@ -1,0 +1,194 @@
+"""Layer: runtime handle registration and the per-session reusable cache (contract "Agent
+registration after cancellation"), with a runtime whose construction and first call block on
+barriers. Driven in-process so each race is placed exactly."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from engine_harness import Harness, harness
+from tether.runs.maintenance import reclaim
+from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput
+
+
+class BarrierHandle:
+    def __init__(self, runtime: BarrierRuntime):
+        self.runtime = runtime
+        self.calls = 0
+        self.interrupts = 0
+        self.closed = False
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        self.calls += 1
+        self.runtime.calls_started.set()
+        if self.runtime.stubborn:
+            while not self.runtime.release_stubborn.is_set():
+                try:
+                    await asyncio.sleep(0.01)
+                except asyncio.CancelledError:
+                    pass  # a runtime that ignores the interrupt
+            return
+        await self.runtime.call_gate.wait()
+        yield TextDelta("answer")
+
+    def interrupt(self) -> None:
+        self.interrupts += 1
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class BarrierRuntime:
+    name = "barrier"
+    model = "barrier-1"
+    demo = False
+
+    def __init__(self) -> None:
+        self.construct_gate = asyncio.Event()
+        self.call_gate = asyncio.Event()
+        self.calls_started = asyncio.Event()
+        self.release_stubborn = asyncio.Event()
+        self.stubborn = False
+        self.built: list[BarrierHandle] = []
+
+    def accepts(self, mime: str) -> bool:
+        return True
+
+    async def open_handle(self, session_id: str) -> BarrierHandle:
+        handle = BarrierHandle(self)
+        self.built.append(handle)
+        await self.construct_gate.wait()
+        return handle
+
+    async def summarize(self, messages: list, model: str | None) -> str:
+        return "summary"
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def completed_run(h: Harness, runtime: BarrierRuntime, sid: str) -> None:
+    runtime.construct_gate.set()
+    runtime.call_gate.set()
+    await h.engine.start(sid, "warm up")
+    await h.wait_idle(sid)
+
+
+def test_stop_during_construction_never_calls_never_caches_and_cleans_up(
+        tmp_path: Path) -> None:
+    async def main() -> None:
+        runtime = BarrierRuntime()
+        async with harness(tmp_path, runtime) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            run = await h.engine.start(sid, "hi")
+            while not runtime.built:
+                await asyncio.sleep(0.001)  # the worker is constructing its handle
+            assert (await h.engine.cancel(stream_id=run["stream_id"]))["cancelled"]
+            runtime.construct_gate.set()
+            await h.wait_idle(sid)
+            candidate = runtime.built[0]
+            assert candidate.calls == 0 and candidate.interrupts == 0
+            assert candidate.closed is True  # construction-cancellation cleanup
+            assert h.engine.handles.borrow(sid) is None  # never published
+            assert (await h.types(sid))[-1] == "run.finished"
+
+    asyncio.run(main())
+
+
+def test_rejected_cache_hit_leaves_the_borrowed_handle_alone(tmp_path: Path) -> None:
+    async def main() -> None:
+        runtime = BarrierRuntime()
+        async with harness(tmp_path, runtime) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            await completed_run(h, runtime, sid)
+            cached = h.engine.handles.borrow(sid)
+            assert cached is runtime.built[0] and h.engine.handles.owner(sid) is None
+            run = await h.engine.start(sid, "again")
+            await h.engine.cancel(stream_id=run["stream_id"])  # before the worker registers
+            await h.wait_idle(sid)
+            assert cached.calls == 1 and cached.interrupts == 0 and not cached.closed
+            assert h.engine.handles.borrow(sid) is cached
+            assert len(runtime.built) == 1
+
+    asyncio.run(main())
+
+
+def test_stop_after_admission_before_invocation_retires_only_its_own_entry(
+        tmp_path: Path) -> None:
+    async def main() -> None:
+        runtime = BarrierRuntime()
+        runtime.construct_gate.set()
+        async with harness(tmp_path, runtime) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            run = await h.engine.start(sid, "hi")
+            while h.registry.phase(sid) != "running":
+                await asyncio.sleep(0)  # admitted; now appending run.started
+            assert h.engine.handles.owner(sid) == run["stream_id"]
+            assert (await h.engine.cancel(stream_id=run["stream_id"]))["cancelled"]
+            await h.wait_idle(sid)
+            handle = runtime.built[0]
+            assert handle.calls == 0  # invocation never started
+            assert handle.interrupts == 0  # so no interrupt either
+            assert handle.closed and h.engine.handles.borrow(sid) is None  # retired
+
+    asyncio.run(main())
+
+
+def test_stop_during_the_first_call_interrupts_the_admitted_handle(tmp_path: Path) -> None:
+    async def main() -> None:
+        runtime = BarrierRuntime()
+        runtime.construct_gate.set()
+        async with harness(tmp_path, runtime) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            run = await h.engine.start(sid, "hi")
+            await runtime.calls_started.wait()  # blocked inside the first call
+            assert (await h.engine.cancel(stream_id=run["stream_id"]))["cancelled"]
+            await h.wait_idle(sid)
+            handle = runtime.built[0]
+            assert handle.calls == 1 and handle.interrupts == 1
+            assert h.engine.handles.borrow(sid) is handle  # kept for reuse
+            assert h.engine.handles.owner(sid) is None
+            finished = (await h.store.read(sid))[-1]
+            assert finished.data["state"] == "cancelled"
+
+    asyncio.run(main())
+
+
+def test_an_old_worker_never_clears_a_successors_handle_or_ownership(tmp_path: Path) -> None:
+    async def main() -> None:
+        runtime = BarrierRuntime()
+        runtime.construct_gate.set()
+        runtime.stubborn = True
+        async with harness(tmp_path, runtime) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            old = await h.engine.start(sid, "wedge")
+            await runtime.calls_started.wait()
+            await h.engine.cancel(stream_id=old["stream_id"])
+            while h.registry.for_session(sid).channel_open:
+                await asyncio.sleep(0.005)
+            old_handle = runtime.built[0]
+            assert h.engine.handles.owner(sid) == old["stream_id"]  # still busy inside
+            run = h.registry.for_session(sid)
+            assert reclaim(h.engine, 1.0, now=run.cancelled_at + 1.0) == [run]
+            runtime.stubborn = False
+            runtime.call_gate.set()
+            new = await h.engine.start(sid, "successor")
+            while h.engine.handles.owner(sid) != new["stream_id"]:
+                await asyncio.sleep(0.001)
+            new_handle = h.engine.handles.borrow(sid)
+            assert new_handle is not old_handle  # never shares the wedged handle
+            runtime.release_stubborn.set()  # the old worker finally unwinds
+            await h.wait_idle(sid)
+            await asyncio.sleep(0.05)
+            assert h.engine.handles.borrow(sid) is new_handle
+            assert not new_handle.closed
+            events = await h.store.read(sid)
+            new_events = [e for e in events if e.stream_id == new["stream_id"]]
+            assert new_events[-1].data["state"] == "completed"
+            # a steer aimed at the old run can never reach the successor
+            late = await h.engine.steer(old["stream_id"], "for the old run")
+            assert late["accepted"] is False
+
+    asyncio.run(main())

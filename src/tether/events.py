@@ -27,6 +27,7 @@ COMPRESSION_STARTED = "compression.started"
 COMPRESSION_COMPLETED = "compression.completed"
 RUN_CANCEL_REQUESTED = "run.cancel_requested"
 STEER_ACCEPTED = "steer.accepted"
+STEER_DELIVERED = "steer.delivered"  # extension: where the agent took the steer in
 STEER_LEFTOVER = "steer.leftover"
 QUEUE_ADDED = "queue.added"
 QUEUE_UPDATED = "queue.updated"

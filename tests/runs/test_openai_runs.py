@@ -149,3 +149,28 @@ def test_stop_before_the_first_model_request_makes_no_request(
         assert fake.requests_count == 0
 
     asyncio.run(main())
+
+
+def test_steer_joins_the_conversation_after_the_current_tool_result(
+        openai_server: ServerProcess, fake: FakeOpenAI) -> None:
+    fake.script(
+        reply(text("Looking."), barrier("before-tool"),
+              tool_call("call_1", "list_files", {"path": "."})),
+        reply(text("Done, and budget noted.")),
+    )
+    with openai_server.client() as client:
+        sid = new_session(client)
+        run = start_turn(client, sid, "Check the files")
+        assert fake.wait_reached("before-tool", 10)
+        accepted = client.post("/api/chat/steer", json={"stream_id": run["stream_id"],
+                                                        "text": "also note the budget"})
+        assert accepted.json()["accepted"] is True
+        fake.release("before-tool")
+        body = wait_idle(client, sid)
+        assert body["messages"][-1]["state"] == "completed"
+        second = fake.requests[1]["messages"]
+        assert [m["role"] for m in second][-3:] == ["assistant", "tool", "user"]
+        assert second[-1] == {"role": "user", "content": "also note the budget"}
+        context = client.get("/api/session/context", params={"session_id": sid}).json()
+        assert {"role": "user", "content": "also note the budget"} in context[
+            "context_messages"]

@@ -56,8 +56,10 @@ def test_steer_the_run_never_saw_comes_back_as_leftover(demo_server: ServerProce
         assert len(leftover) == 1 and leftover[0]["text"] == "too late"
         types = [f.event for f in events]
         assert types.index("steer.leftover") < types.index("run.finished")
-        steer_rows = [i for i in body["messages"][-1]["timeline"] if i["type"] == "steer"]
+        assistant = body["messages"][-1]
+        steer_rows = [i for i in assistant["timeline"] if i["type"] == "steer"]
         assert steer_rows[0]["leftover"] is True
+        assert "offline demo runtime" in assistant["content"]  # still the answer
         context = client.get("/api/session/context", params={"session_id": sid}).json()
         assert "too late" not in str(context["context_messages"])
 

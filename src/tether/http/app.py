@@ -16,7 +16,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from tether import __version__
-from tether.http import errors, health, runs, sessions, streams
+from fastapi.staticfiles import StaticFiles
+
+from tether.http import errors, health, pages, runs, sessions, streams
 from tether.http.deps import Services
 from tether.http.limits import BodyLimit
 from tether.log import Hub
@@ -91,7 +93,8 @@ def create_app(settings: Settings) -> FastAPI:
         openapi_url="/api/openapi.json",
     )
     errors.install(app)
-    for module in (health, sessions, runs, streams):
+    for module in (health, sessions, runs, streams, pages):
         app.include_router(module.router)
+    app.mount("/static", StaticFiles(directory=str(pages.WEB_ROOT)), name="static")
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from tether import events as ev
@@ -26,6 +27,14 @@ from tether.runtimes.base import (
 )
 
 RESULT_PREVIEW_CHARS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class SteerDelivered:
+    """The runtime drained these steers at its current step (engine-side inbox item)."""
+
+    steer_ids: list[str]
+
 RESULT_MAX_CHARS = 100_000
 
 
@@ -83,6 +92,8 @@ class Normalizer:
                 "duration_ms": event.duration_ms,
             }))
             return out
+        if isinstance(event, SteerDelivered):
+            return [self._draft(ev.STEER_DELIVERED, {"steer_ids": event.steer_ids})]
         if isinstance(event, CompressionStarted):
             return [self._draft(ev.COMPRESSION_STARTED, {"pass_id": event.pass_id})]
         if isinstance(event, CompressionCompleted):

@@ -18,6 +18,12 @@ from tether.projections.context import context_messages
 _BARRIER_TYPES = {"tool", "compression", "steer"}
 
 
+def _is_barrier(item: dict[str, Any]) -> bool:
+    """Something the agent did after a text, which makes that text interim progress. A steer
+    that was never delivered is not: the agent never saw it."""
+    return item["type"] in _BARRIER_TYPES and not item.get("leftover")
+
+
 @dataclass
 class RunScene:
     stream_id: str
@@ -28,6 +34,7 @@ class RunScene:
     model: str | None = None
     items: list[dict[str, Any]] = field(default_factory=list)
     by_id: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pending_steers: dict[str, str] = field(default_factory=dict)
 
     def item(self, item_id: str, make: dict[str, Any]) -> dict[str, Any]:
         found = self.by_id.get(item_id)
@@ -42,7 +49,7 @@ def timeline_view(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], st
     """Copy the items, marking text that something later followed as interim progress; the
     trailing text is the answer. Returns (timeline, final answer text)."""
     last_barrier = max(
-        (i for i, it in enumerate(items) if it["type"] in _BARRIER_TYPES), default=-1
+        (i for i, it in enumerate(items) if _is_barrier(it)), default=-1
     )
     timeline, answer = [], []
     for index, item in enumerate(items):
@@ -210,19 +217,23 @@ class TranscriptFold:
             item["text"] = item["text"][: event.data["length"]]
 
     def _steer_accepted(self, event: Event) -> None:
+        """Accepted steers wait beside the timeline until the agent takes them in."""
         scene = self._scene(event)
         if scene is not None:
-            scene.item(f"{scene.stream_id}.steer.{event.data['steer_id']}",
-                       {"type": "steer", "text": event.data.get("text", ""), "leftover": False})
+            scene.pending_steers[event.data["steer_id"]] = event.data.get("text", "")
 
-    def _steer_leftover(self, event: Event) -> None:
+    def _steer_settled(self, event: Event) -> None:
+        """Delivered: a timeline row where the agent took it. Leftover: a row saying it was
+        not delivered (its text goes back to the composer); never in the model context."""
         scene = self._scene(event)
         if scene is None:
             return
+        leftover = event.type == ev.STEER_LEFTOVER
         for steer_id in event.data.get("steer_ids", []):
-            item = scene.by_id.get(f"{scene.stream_id}.steer.{steer_id}")
-            if item is not None:
-                item["leftover"] = True
+            text = scene.pending_steers.pop(steer_id, None)
+            if text is not None:
+                scene.item(f"{scene.stream_id}.steer.{steer_id}",
+                           {"type": "steer", "text": text, "leftover": leftover})
 
     def _queue(self, event: Event) -> None:
         data = event.data
@@ -308,6 +319,8 @@ class TranscriptFold:
                 "runtime": scene.runtime,
                 "model": scene.model,
                 "timeline": timeline,
+                "pending_steers": [{"steer_id": k, "text": v}
+                                   for k, v in scene.pending_steers.items()],
             }
         return out
 
@@ -325,7 +338,8 @@ _HANDLERS = {
     ev.SESSION_CREATED: TranscriptFold._session_created,
     ev.REASONING_TRIMMED: TranscriptFold._reasoning_trimmed,
     ev.STEER_ACCEPTED: TranscriptFold._steer_accepted,
-    ev.STEER_LEFTOVER: TranscriptFold._steer_leftover,
+    ev.STEER_DELIVERED: TranscriptFold._steer_settled,
+    ev.STEER_LEFTOVER: TranscriptFold._steer_settled,
     ev.QUEUE_ADDED: TranscriptFold._queue,
     ev.QUEUE_UPDATED: TranscriptFold._queue,
     ev.QUEUE_REMOVED: TranscriptFold._queue,

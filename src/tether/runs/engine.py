@@ -23,7 +23,7 @@ from typing import Any
 
 from tether import events as ev
 from tether.events import new_id
-from tether.ingest.normalizer import Normalizer
+from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
 from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
@@ -217,6 +217,7 @@ class RunEngine:
                 path = self.attachments.path(att["id"])
                 if path is not None:
                     refs[att["id"]] = AttachmentRef(att["id"], att["name"], att["mime"], path)
+        run.steer.on_drain = lambda ids: run.inbox.put_nowait(SteerDelivered(ids))
         return TurnInput(run.session_id, run.stream_id, run.turn_id, messages, refs, model,
                          steer=run.steer)
 

@@ -7,7 +7,7 @@ and the single terminal event.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -124,6 +124,8 @@ class SteerInbox:
     def __init__(self) -> None:
         self._pending: list[tuple[str, str]] = []
         self.closed = False
+        # Told which steers a drain delivered, so the log records where the agent took them.
+        self.on_drain: Callable[[list[str]], None] | None = None
 
     def put(self, steer_id: str, text: str) -> bool:
         if self.closed:
@@ -133,6 +135,8 @@ class SteerInbox:
 
     def drain(self) -> list[str]:
         taken, self._pending = self._pending, []
+        if taken and self.on_drain is not None:
+            self.on_drain([steer_id for steer_id, _ in taken])
         return [text for _, text in taken]
 
     def close(self) -> list[tuple[str, str]]:

@@ -17,6 +17,24 @@ Provider failures become `ProviderError` with a stable code and a message a pers
 * other 4xx -> ``internal``: the provider refused the request Tether built (an unsupported
   parameter, image input on a text-only model, ...), which retrying will not fix
 * connection refused / dropped, timeouts, transport errors -> ``network``
+
+Automatic context compression (`runtimes.compression` counts, estimates and splits):
+
+* The window is ``--context-window`` if set, else the model's ``context_length`` (or
+  ``context_window`` / ``max_context_length`` / ``max_model_len``) from
+  ``GET {base_url}/models/{model}``, else from the ``GET {base_url}/models`` list, looked up
+  once per model on first use. When none is found, compression is off for that model (the
+  provider's ``context_overflow`` error is then the only guard). A lookup that cannot connect
+  is not remembered and is tried again on the next turn.
+* Before every model request of a turn, if the request would pass
+  ``compression_threshold x window`` tokens, a pass runs: `CompressionStarted`, one
+  non-streaming summary request without tools, then `CompressionCompleted`. Level 1 replaces
+  everything before the current turn's user message with one system message holding the
+  summary. If the request still passes the whole window, level 2 (same pass) also summarizes
+  the current turn's earlier assistant/tool exchanges, keeping the user message and the
+  latest exchange. If it still does not fit, the turn ends with
+  ``Finished("compression_exhausted")`` and the over-sized request is never sent. Only what
+  is sent changes: `TurnInput.messages` is never modified.
 """
 
 from __future__ import annotations
@@ -38,6 +56,8 @@ import openai
 
 from tether.runtimes.base import (
     AttachmentRef,
+    CompressionCompleted,
+    CompressionStarted,
     Finished,
     ProviderError,
     ReasoningDelta,
@@ -49,6 +69,12 @@ from tether.runtimes.base import (
     TurnInput,
     Usage,
 )
+from tether.runtimes.compression import (
+    WorkingContext,
+    clean_summary,
+    estimate_tools_tokens,
+    summary_request,
+)
 from tether.runtimes.tools import WorkspaceTools
 from tether.settings import Settings
 
@@ -56,6 +82,9 @@ MAX_TOOL_ITERATIONS = 10
 PLACEHOLDER_API_KEY = "not-needed"
 # Local models can think for minutes before the first token; a dead host should fail fast.
 TIMEOUT = openai.Timeout(600.0, connect=10.0)
+MODELS_TIMEOUT = openai.Timeout(15.0, connect=5.0)  # the context-window lookup
+WINDOW_KEYS = ("context_length", "context_window", "max_context_length", "max_model_len")
+MAX_REMEMBERED_SESSIONS = 256  # provider counts kept for the first request of the next turn
 
 IMAGE_MIMES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 _MIME_ALIASES = {"image/jpg": "image/jpeg", "image/pjpeg": "image/jpeg"}
@@ -144,6 +173,20 @@ def _reasoning_of(delta: Any) -> str | None:
     return None
 
 
+def _window_of(card: Any) -> int | None:
+    """The context length a model card states, if any (OpenRouter, LM Studio, vLLM, ...)."""
+    data = card.model_dump() if hasattr(card, "model_dump") else card
+    if not isinstance(data, dict):
+        return None
+    for where in (data, data.get("top_provider"), data.get("meta")):
+        if isinstance(where, dict):
+            for key in WINDOW_KEYS:
+                value = where.get(key)
+                if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+                    return int(value)
+    return None
+
+
 class _Accumulator:
     """What one streamed response said: text, tool calls reassembled by index, usage."""
 
@@ -219,6 +262,10 @@ class OpenAIRuntime:
             if not workspace.is_dir():
                 raise RuntimeUnavailable(f"The workspace {str(workspace)!r} is not a directory.")
             self.tools = WorkspaceTools(workspace)
+        self._tools_tokens = estimate_tools_tokens(self.tools.schemas if self.tools else None)
+        self._threshold = min(1.0, max(0.05, float(settings.compression_threshold)))
+        self._windows: dict[str, int | None] = {}
+        self._anchors: dict[str, tuple[str, int, int]] = {}
         self._api_key_set = bool(os.environ.get(settings.api_key_env))
         self._client = openai.AsyncOpenAI(
             base_url=settings.base_url,
@@ -237,24 +284,42 @@ class OpenAIRuntime:
 
     async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
         """Model request, tools, model request, ... until an answer without tool calls or
-        `max_iterations` requests. Consumers should close it (`contextlib.aclosing`) when
-        they stop early, so the request in flight is closed at once."""
+        `max_iterations` requests, compressing the context before a request that would not
+        fit. Consumers should close it (`contextlib.aclosing`) when they stop early, so the
+        request in flight is closed at once."""
         messages = await asyncio.to_thread(self._build_messages, turn)
         model = turn.model or self.model
+        window = await self._context_window(model)
+        ctx = WorkingContext(messages, tools_tokens=self._tools_tokens)
+        if window:
+            ctx.adopt(self._anchors.get(turn.session_id))
         for _ in range(self.max_iterations):
+            if window:
+                async with contextlib.aclosing(self._fit(ctx, window, model, turn)) as passes:
+                    async for event in passes:
+                        yield event
+                        if isinstance(event, Finished):
+                            return
             acc = _Accumulator()
-            async with contextlib.aclosing(self._request(model, messages, acc)) as events:
+            usage: Usage | None = None
+            reasoning = False
+            async with contextlib.aclosing(self._request(model, ctx.messages, acc)) as events:
                 async for event in events:
+                    if isinstance(event, Usage):
+                        usage = event
+                    reasoning = reasoning or isinstance(event, ReasoningDelta)
                     yield event
             calls = acc.tool_calls()
             if not calls:
+                if window and usage is not None:
+                    self._remember(turn.session_id, ctx, "".join(acc.text), usage, reasoning)
                 return
             planned = []
             for call in calls:
                 call_id = call["id"] or f"call_{uuid.uuid4().hex[:24]}"
                 args, problem = _parse_args(call["arguments"])
                 planned.append((call_id, call["name"], args, problem))
-            messages.append({
+            reply = {
                 "role": "assistant",
                 "content": "".join(acc.text) or None,
                 "tool_calls": [
@@ -262,7 +327,11 @@ class OpenAIRuntime:
                      "function": {"name": name, "arguments": json.dumps(args)}}
                     for call_id, name, args, _ in planned
                 ],
-            })
+            }
+            ctx.messages.append(reply)
+            if usage is not None:
+                ctx.note_usage(usage.prompt_tokens, usage.completion_tokens, reply,
+                               reasoning=reasoning)
             for call_id, name, args, problem in planned:
                 yield ToolStarted(call_id, name, args)
                 started = time.monotonic()
@@ -272,7 +341,11 @@ class OpenAIRuntime:
                     result, is_error = await self._run_tool(name, args)
                 duration_ms = int((time.monotonic() - started) * 1000)
                 yield ToolCompleted(call_id, name, result, is_error, duration_ms)
-                messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
+                ctx.messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
+            # The next step: what the user steered meanwhile joins the conversation here.
+            if turn.steer is not None:
+                ctx.messages.extend({"role": "user", "content": text}
+                                    for text in turn.steer.drain())
         yield Finished(
             "tool_limit_reached",
             reason=(f"The model was still calling tools after {self.max_iterations} rounds, "
@@ -308,6 +381,103 @@ class OpenAIRuntime:
             raise ProviderError("bad_response",
                                 f"The model provider at {self._where()} ended the stream "
                                 "without sending any completion data.")
+
+    # ---- compression -------------------------------------------------------------------------
+
+    async def summarize(self, messages: list[dict[str, Any]], model: str | None) -> str:
+        """A handoff summary of `messages` (OpenAI-shaped; attachment parts are named, not
+        read) from one non-streaming request. Raises ProviderError."""
+        model = model or self.model
+        window = await self._context_window(model)
+        return await self._summary(model, summary_request(messages, window=window))
+
+    async def _fit(self, ctx: WorkingContext, window: int, model: str,
+                   turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        """Compress `ctx` when the next request passes the threshold; ends with Finished when
+        even the compressed request passes the window."""
+        before = size = ctx.size()
+        if size <= window * self._threshold:
+            return
+        level1 = ctx.level1_messages()
+        level2 = ctx.level2_messages() if level1 is None and size > window else None
+        if level1 is not None or level2 is not None:
+            pass_id = f"cmp_{uuid.uuid4().hex[:12]}"
+            yield CompressionStarted(pass_id)
+            if level1 is not None:
+                ctx.apply_level1(await self._summary(
+                    model, summary_request(level1, window=window)))
+                size = ctx.estimate()
+                level2 = ctx.level2_messages() if size > window else None
+            if level2 is not None:
+                ctx.apply_level2(await self._summary(model, summary_request(
+                    level2, window=window, work=True, previous=ctx.work_summary)))
+                size = ctx.estimate()
+            yield CompressionCompleted(pass_id, before, size, ctx.summary, turn.turn_id)
+        if size > window:
+            yield Finished("compression_exhausted", reason=(
+                f"The next request to the model would need about {size:,} tokens, more than "
+                f"its context window of {window:,} tokens, and compressing the earlier "
+                "conversation cannot make it smaller: the current message and the latest tool "
+                "results alone are too large. Ask for smaller pieces (a shorter excerpt of a "
+                "file, for example) or use a model with a larger context window."))
+
+    async def _summary(self, model: str, messages: list[dict[str, Any]]) -> str:
+        """One non-streaming summary request without tools."""
+        try:
+            response = await self._client.chat.completions.create(model=model,
+                                                                  messages=messages)
+        except Exception as exc:
+            self._raise_classified(exc, model, streaming=False)
+        choices = getattr(response, "choices", None) or []
+        message = getattr(choices[0], "message", None) if choices else None
+        summary = clean_summary(getattr(message, "content", None))
+        if not summary:
+            raise ProviderError("bad_response", f"The model provider at {self._where()} "
+                                "returned an empty summary when asked to compress the "
+                                "conversation.")
+        return summary
+
+    async def _context_window(self, model: str) -> int | None:
+        """`--context-window`, else what the provider says about `model` (looked up once)."""
+        if self.settings.context_window:
+            return int(self.settings.context_window)
+        if model in self._windows:
+            return self._windows[model]
+        client = self._client.with_options(timeout=MODELS_TIMEOUT)
+        window = None
+        try:
+            window = _window_of(await client.models.retrieve(model))
+        except openai.APIConnectionError:
+            return None  # not remembered: the provider may be back next turn
+        except (openai.APIError, ValueError, TypeError):
+            pass
+        if window is None:
+            try:
+                async for card in client.models.list():
+                    if getattr(card, "id", None) == model:
+                        window = _window_of(card)
+                        break
+            except openai.APIConnectionError:
+                return None
+            except (openai.APIError, ValueError, TypeError):
+                pass
+        self._windows[model] = window
+        return window
+
+    def _remember(self, session_id: str, ctx: WorkingContext, text: str, usage: Usage,
+                  reasoning: bool) -> None:
+        """Keep the provider's count of this turn's context for the next turn's first
+        request (it applies only if that context starts with exactly these messages)."""
+        reply = {"role": "assistant", "content": text} if text.strip() else None
+        if reply is not None:
+            ctx.messages.append(reply)
+        ctx.note_usage(usage.prompt_tokens, usage.completion_tokens, reply, reasoning=reasoning)
+        snapshot = ctx.snapshot()
+        self._anchors.pop(session_id, None)
+        if snapshot is not None:
+            self._anchors[session_id] = snapshot
+            while len(self._anchors) > MAX_REMEMBERED_SESSIONS:
+                self._anchors.pop(next(iter(self._anchors)))
 
     async def _run_tool(self, name: str, args: dict[str, Any]) -> tuple[str, bool]:
         if self.tools is None:

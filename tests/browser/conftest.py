@@ -1,0 +1,46 @@
+"""Headless Chromium (Debian's `chromium` package) driven by Playwright for Python."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Playwright, sync_playwright
+
+from helpers import ServerProcess, running_server
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-dev-shm-usage"]
+
+
+@pytest.fixture(scope="session")
+def playwright() -> Iterator[Playwright]:
+    with sync_playwright() as pw:
+        yield pw
+
+
+@pytest.fixture(scope="session")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    executable = shutil.which("chromium")
+    assert executable, "Debian's chromium package is required (apt-get install chromium)"
+    browser = playwright.chromium.launch(executable_path=executable, headless=True,
+                                         args=CHROMIUM_ARGS)
+    yield browser
+    browser.close()
+
+
+@pytest.fixture
+def context(browser: Browser) -> Iterator[BrowserContext]:
+    """One browser profile: its pages share localStorage, like two tabs."""
+    ctx = browser.new_context(viewport={"width": 1280, "height": 860})
+    yield ctx
+    ctx.close()
+
+
+@pytest.fixture
+def web_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    with running_server(tmp_path / "data", env={"TETHER_DEMO_DELAY": "0.01"}) as srv:
+        yield srv

@@ -282,6 +282,8 @@ class TranscriptFold:
         }
         if event.data.get("error"):
             row["error"] = dict(event.data["error"])
+        if event.data.get("usage"):
+            row["usage"] = dict(event.data["usage"])  # the context meter's source
         self.messages.append(row)
 
     def _truncated(self, event: Event) -> None:

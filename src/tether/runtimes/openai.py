@@ -437,6 +437,11 @@ class OpenAIRuntime:
                                 "conversation.")
         return summary
 
+    @property
+    def context_window(self) -> int | None:
+        """The window of the default model, once known (the page's context meter)."""
+        return self.settings.context_window or self._windows.get(self.model)
+
     async def _context_window(self, model: str) -> int | None:
         """`--context-window`, else what the provider says about `model` (looked up once)."""
         if self.settings.context_window:

@@ -1,0 +1,182 @@
+// The composer: one primary button that sends, or stops while a run is active; Enter sends
+// (Shift+Enter is a newline); while a run is active the text can steer it or wait in the
+// queue, which is shown above, editable and removable. Attachments by picker, paste or drop.
+import { h, patchChildren } from "./dom.js";
+
+const readBase64 = (file) => new Promise((resolve, reject) => {
+  const reader = new FileReader();
+  reader.onload = () => resolve(String(reader.result).split(",", 2)[1] || "");
+  reader.onerror = () => reject(reader.error);
+  reader.readAsDataURL(file);
+});
+
+export class Composer {
+  /** actions: send(text, files), stop(), steer(text), queue(text, files),
+   *  editQueued(id, text), removeQueued(id). */
+  constructor(actions) {
+    this.actions = actions;
+    this.form = document.getElementById("composer");
+    this.input = document.getElementById("message");
+    this.primary = document.getElementById("primary-btn");
+    this.steerBtn = document.getElementById("steer-btn");
+    this.queueBtn = document.getElementById("queue-btn");
+    this.queueList = document.getElementById("queue");
+    this.chips = document.getElementById("attachment-chips");
+    this.fileInput = document.getElementById("file-input");
+    this.files = [];
+    this.running = false;
+    this.busy = false;
+    this.editing = null;
+
+    this.form.addEventListener("submit", (e) => { e.preventDefault(); this.primaryAction(); });
+    this.input.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+        e.preventDefault();
+        if (this.running) { if (this.hasContent()) this.queue(); } else this.send();
+      }
+    });
+    this.input.addEventListener("input", () => { this.autosize(); this.refresh(); });
+    this.steerBtn.addEventListener("click", () => this.steer());
+    this.queueBtn.addEventListener("click", () => this.queue());
+    this.fileInput.addEventListener("change", () => {
+      this.addFiles([...this.fileInput.files]);
+      this.fileInput.value = "";
+    });
+    this.input.addEventListener("paste", (e) => {
+      const files = [...(e.clipboardData?.files || [])];
+      if (files.length) { e.preventDefault(); this.addFiles(files); }
+    });
+    const main = document.getElementById("main");
+    main.addEventListener("dragover", (e) => { e.preventDefault(); });
+    main.addEventListener("drop", (e) => {
+      e.preventDefault();
+      this.addFiles([...(e.dataTransfer?.files || [])]);
+    });
+    this.refresh();
+  }
+
+  hasContent() { return this.input.value.trim().length > 0 || this.files.length > 0; }
+
+  autosize() {
+    this.input.style.height = "auto";
+    this.input.style.height = `${Math.min(this.input.scrollHeight, window.innerHeight * 0.4)}px`;
+  }
+
+  async addFiles(files) {
+    for (const file of files) {
+      const data_base64 = await readBase64(file);
+      this.files.push({ name: file.name || "pasted", mime: file.type || "application/octet-stream",
+                        data_base64, size: file.size });
+    }
+    this.renderChips();
+    this.refresh();
+  }
+
+  renderChips() {
+    const specs = this.files.map((f, i) => ({ key: `${i}:${f.name}`, file: f, index: i }));
+    patchChildren(this.chips, specs,
+      () => h("li", {}, h("span", { class: "chip-name" }),
+              h("button", { type: "button", class: "chip-x", "aria-label": "Remove attachment",
+                            text: "×" })),
+      (el, spec) => {
+        el.querySelector(".chip-name").textContent = spec.file.name;
+        el.querySelector(".chip-x").onclick = () => {
+          this.files.splice(spec.index, 1);
+          this.renderChips();
+          this.refresh();
+        };
+      });
+  }
+
+  take() {
+    const text = this.input.value;
+    const files = this.files.map(({ name, mime, data_base64 }) => ({ name, mime, data_base64 }));
+    this.input.value = "";
+    this.files = [];
+    this.renderChips();
+    this.autosize();
+    this.refresh();
+    return { text, files };
+  }
+
+  /** Put text and attachments back (a refused send, a rotated session, a leftover steer). */
+  restore(text, files = []) {
+    this.input.value = this.input.value ? `${text}\n\n${this.input.value}` : text;
+    this.files.push(...files);
+    this.renderChips();
+    this.autosize();
+    this.refresh();
+    this.input.focus();
+  }
+
+  primaryAction() { if (this.running) this.actions.stop(); else this.send(); }
+
+  send() {
+    if (!this.hasContent() || this.busy) return;
+    const { text, files } = this.take();
+    this.actions.send(text, files);
+  }
+
+  steer() {
+    if (!this.input.value.trim()) return;
+    this.actions.steer(this.take().text);
+  }
+
+  queue() {
+    if (!this.hasContent()) return;
+    const { text, files } = this.take();
+    this.actions.queue(text, files);
+  }
+
+  /** The run state of the open session: running switches the primary button to Stop. */
+  setRunning(running) {
+    this.running = running;
+    this.refresh();
+  }
+
+  refresh() {
+    this.primary.textContent = this.running ? "Stop" : "Send";
+    this.primary.setAttribute("aria-label", this.running ? "Stop" : "Send");
+    this.primary.classList.toggle("stop", this.running);
+    this.primary.disabled = !this.running && (!this.hasContent() || this.busy);
+    const extra = this.running && this.hasContent();
+    this.steerBtn.hidden = !extra || this.files.length > 0;
+    this.queueBtn.hidden = !extra;
+  }
+
+  renderQueue(queued) {
+    const specs = queued.map((q) => ({ key: q.queue_id, q }));
+    patchChildren(this.queueList, specs,
+      () => h("li", {}, h("span", { class: "queued-label", text: "Queued:" }),
+              h("span", { class: "queued-text" }),
+              h("button", { type: "button", class: "btn icon edit", text: "Edit" }),
+              h("button", { type: "button", class: "chip-x remove", text: "×",
+                            "aria-label": "Remove queued message" })),
+      (el, { q }) => {
+        if (this.editing !== q.queue_id) el.querySelector(".queued-text").textContent = q.text;
+        el.querySelector(".remove").onclick = () => this.actions.removeQueued(q.queue_id);
+        el.querySelector(".edit").onclick = () => this.editQueued(el, q);
+      });
+  }
+
+  editQueued(el, q) {
+    this.editing = q.queue_id;
+    const span = el.querySelector(".queued-text");
+    const area = h("textarea", { rows: 2, "aria-label": "Edit queued message" });
+    area.value = q.text;
+    const done = (save) => {
+      this.editing = null;
+      area.replaceWith(span);
+      if (save && area.value.trim() && area.value !== q.text) {
+        this.actions.editQueued(q.queue_id, area.value);
+      }
+    };
+    area.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); done(true); }
+      if (e.key === "Escape") done(false);
+    });
+    area.addEventListener("blur", () => done(true));
+    span.replaceWith(area);
+    area.focus();
+  }
+}

@@ -1,0 +1,47 @@
+// Small DOM helpers: element creation (text only through textContent) and keyed patching,
+// so rows keep their identity and are updated, never rebuilt, on each event.
+
+export function h(tag, props = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(props)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") el.className = value;
+    else if (key === "text") el.textContent = value;
+    else if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else if (key === "dataset") Object.assign(el.dataset, value);
+    else el.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children) {
+    if (child !== null && child !== undefined) el.append(child);
+  }
+  return el;
+}
+
+/**
+ * Make `parent`'s children match `specs` (each with a unique `key`), in order: existing
+ * elements are kept and updated, missing ones built, stale ones removed.
+ */
+export function patchChildren(parent, specs, build, update) {
+  const existing = new Map();
+  for (const el of parent.children) existing.set(el.dataset.key, el);
+  let cursor = parent.firstElementChild;
+  for (const spec of specs) {
+    let el = existing.get(spec.key);
+    if (el) existing.delete(spec.key);
+    else {
+      el = build(spec);
+      el.dataset.key = spec.key;
+    }
+    update(el, spec);
+    if (el === cursor) cursor = cursor.nextElementSibling;
+    else parent.insertBefore(el, cursor);
+  }
+  for (const el of existing.values()) el.remove();
+}
+
+export function formatDuration(seconds) {
+  const s = Math.max(0, Math.floor(seconds));
+  const ss = String(s % 60).padStart(2, "0");
+  if (s < 3600) return `${String(Math.floor(s / 60)).padStart(2, "0")}:${ss}`;
+  return `${Math.floor(s / 3600)}:${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}:${ss}`;
+}

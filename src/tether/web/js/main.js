@@ -1,0 +1,326 @@
+// The app: wires the sidebar, the open session (reducer + stream + view) and the composer.
+// One reducer per session over (seq, event): live events, replayed events and snapshots all
+// go through it, so a reload, a reconnect and a session switch show the same rows.
+import { ApiError, del, get, patch, post, q } from "./api.js";
+import { Composer } from "./composer.js";
+import { applyEvent, applySnapshot, createSession, view } from "./reducer.js";
+import { Sidebar } from "./sidebar.js";
+import { SessionStream } from "./stream.js";
+import { TranscriptView } from "./transcript.js";
+import { UnreadStore } from "./unread.js";
+
+const $ = (id) => document.getElementById(id);
+const CONN_TEXT = {
+  connecting: "Connecting…", live: "Live", reconnecting: "Reconnecting…", stalled: "Stalled",
+  degraded: "Degraded (snapshot)", idle: "",
+};
+
+class App {
+  constructor() {
+    this.sessions = new Map(); // sid -> {state, inherited, row}
+    this.openId = null;
+    this.stream = null;
+    this.health = null;
+    this.ownSteers = new Set();
+    this.renderQueued = false;
+    this.transcript = new TranscriptView($("transcript"));
+    this.unread = new UnreadStore({ onChange: () => this.sidebar?.render() });
+    this.sidebar = new Sidebar({
+      unread: this.unread,
+      onOpen: (sid) => this.open(sid, { push: true }),
+      onDeleted: (sid) => this.onDeleted(sid),
+      onChanged: (row) => this.onRowChanged(row),
+      notify: (msg) => this.notify(msg),
+    });
+    this.composer = new Composer({
+      send: (text, files) => this.send(text, files),
+      stop: () => this.stop(),
+      steer: (text) => this.steer(text),
+      queue: (text, files) => this.queue(text, files),
+      editQueued: (id, text) => this.call(() => patch(`/api/chat/queue?${q({ queue_id: id })}`,
+                                                      { text })),
+      removeQueued: (id) => this.call(() => del(`/api/chat/queue?${q({ queue_id: id })}`)),
+    });
+  }
+
+  async boot() {
+    this.setupChrome();
+    this.health = await get("/api/health");
+    const badge = $("runtime-badge");
+    badge.textContent = this.health.demo ? "Demo runtime (offline)" : this.health.model || "";
+    badge.classList.toggle("demo", !!this.health.demo);
+    $("model-label").textContent = this.health.demo
+      ? "Demo runtime: no model is called" : `Model: ${this.health.model}`;
+    await this.sidebar.load();
+    this.sidebar.connectFeed();
+    window.addEventListener("popstate", () => this.route());
+    document.addEventListener("visibilitychange", () => this.sidebar.render());
+    setInterval(() => this.transcript.tick(), 1000);
+    await this.route();
+  }
+
+  setupChrome() {
+    const root = document.documentElement;
+    const saved = localStorage.getItem("tether-theme");
+    const dark = saved ? saved === "dark" : matchMedia("(prefers-color-scheme: dark)").matches;
+    root.dataset.theme = dark ? "dark" : "light";
+    $("theme-toggle").addEventListener("click", () => {
+      root.dataset.theme = root.dataset.theme === "dark" ? "light" : "dark";
+      localStorage.setItem("tether-theme", root.dataset.theme);
+    });
+    const mode = $("display-mode");
+    mode.value = localStorage.getItem("tether-display-mode") || "worklog";
+    this.transcript.setMode(mode.value);
+    mode.addEventListener("change", () => {
+      localStorage.setItem("tether-display-mode", mode.value);
+      this.transcript.setMode(mode.value);
+      this.scheduleRender();
+    });
+    $("new-chat").addEventListener("click", () => this.newChat());
+    const shell = $("shell");
+    const toggle = $("menu-toggle");
+    const setNav = (open) => {
+      shell.classList.toggle("nav-open", open);
+      toggle.setAttribute("aria-expanded", String(open));
+    };
+    toggle.addEventListener("click", () => setNav(!shell.classList.contains("nav-open")));
+    $("scrim").addEventListener("click", () => setNav(false));
+    this.closeNav = () => setNav(false);
+  }
+
+  async route() {
+    const match = location.pathname.match(/^\/s\/([A-Za-z0-9_-]{1,64})$/);
+    if (match) await this.open(match[1], { push: false });
+    else this.showEmpty();
+  }
+
+  showEmpty() {
+    this.stream?.stop();
+    this.stream = null;
+    this.openId = null;
+    this.sidebar.setActive(null);
+    this.transcript.clear();
+    $("empty-state").hidden = false;
+    $("session-title").textContent = "Tether";
+    this.setConn("idle");
+    this.composer.setRunning(false);
+    this.composer.renderQueue([]);
+  }
+
+  newChat() {
+    history.pushState({}, "", "/");
+    this.showEmpty();
+    this.closeNav?.();
+    $("message").focus();
+  }
+
+  entry(sid) {
+    if (!this.sessions.has(sid)) {
+      this.sessions.set(sid, { state: createSession(sid), inherited: [], row: null,
+                               loaded: false });
+    }
+    return this.sessions.get(sid);
+  }
+
+  async open(sid, { push }) {
+    if (push) history.pushState({}, "", `/s/${sid}`);
+    this.closeNav?.();
+    this.stream?.stop();
+    this.stream = null;
+    this.openId = sid;
+    this.sidebar.setActive(sid);
+    $("empty-state").hidden = true;
+    const entry = this.entry(sid);
+    this.transcript.clear();
+    if (entry.loaded) this.renderNow();
+    let body;
+    try {
+      body = (await get(`/api/session?${q({ session_id: sid })}`)).session;
+    } catch (err) {
+      if (this.openId !== sid) return;
+      this.notify(err.code === "session_not_found" ? "That session does not exist (any more)."
+                  : err.message);
+      history.replaceState({}, "", "/");
+      this.showEmpty();
+      return;
+    }
+    if (this.openId !== sid) return;
+    if (!entry.loaded) applySnapshot(entry.state, body);
+    entry.loaded = true;
+    entry.inherited = body.inherited_messages || [];
+    this.onRowChanged(body);
+    this.renderNow();
+    this.stream = new SessionStream(sid, {
+      cursor: () => entry.state.lastSeq,
+      onEvent: (env) => this.onEvent(entry, env),
+      onSnapshot: (session) => {
+        applySnapshot(entry.state, session);
+        entry.inherited = session.inherited_messages || entry.inherited;
+        this.scheduleRender();
+      },
+      onState: (state, detail) => this.setConn(state, detail),
+      onDeleted: () => this.onDeleted(sid),
+    }, { heartbeatMs: 5000 });
+    this.stream.start(body.last_seq);
+  }
+
+  onEvent(entry, env) {
+    if (!applyEvent(entry.state, env)) return;
+    if (env.type === "steer.leftover" && env.data.steer_ids.some((id) => this.ownSteers.has(id))) {
+      this.composer.restore(env.data.text);  // no typed word is lost
+      this.notify("The agent finished before it saw your steer; it is back in the composer.");
+    }
+    if (env.type === "session.rotated") this.showContinuation(env.data.continuation_session_id);
+    this.scheduleRender();
+  }
+
+  onRowChanged(row) {
+    const entry = this.sessions.get(row.session_id);
+    if (entry) entry.row = { ...entry.row, ...row };
+    if (row.session_id === this.openId) {
+      $("session-title").textContent = row.title;
+      document.title = `${row.title} · Tether`;
+      if (row.continuation_session_id) this.showContinuation(row.continuation_session_id);
+    }
+  }
+
+  onDeleted(sid) {
+    this.sessions.delete(sid);
+    if (sid === this.openId) {
+      history.replaceState({}, "", "/");
+      this.showEmpty();
+      this.notify("This session was deleted.");
+    }
+  }
+
+  showContinuation(childId) {
+    this.notify("This conversation continues in a newer session.", {
+      label: "Open it", action: () => this.open(childId, { push: true }),
+    });
+  }
+
+  scheduleRender() {
+    if (this.renderQueued) return;
+    this.renderQueued = true;
+    requestAnimationFrame(() => { this.renderQueued = false; this.renderNow(); });
+  }
+
+  renderNow() {
+    const entry = this.sessions.get(this.openId);
+    if (!entry) return;
+    const v = view(entry.state);
+    this.transcript.render(v, entry.inherited);
+    const live = v.live;
+    this.composer.busy = !!live;
+    this.composer.setRunning(!!live && live.phase !== "cancelling");
+    this.composer.renderQueue(v.queued || []);
+    this.renderMeter(v);
+  }
+
+  renderMeter(v) {
+    const window_ = this.health?.context_window;
+    const last = [...v.messages].reverse().find((m) => m.role === "assistant" && m.usage);
+    const meter = $("context-meter");
+    if (!window_ || !last) { meter.hidden = true; return; }
+    const used = last.usage.prompt_tokens + last.usage.completion_tokens;
+    const share = Math.min(1, used / window_);
+    meter.hidden = false;
+    $("meter-fill").style.width = `${Math.round(share * 100)}%`;
+    $("meter-text").textContent = `${Math.round(share * 100)}% of ${window_.toLocaleString()} tokens`;
+  }
+
+  setConn(state, detail = {}) {
+    const el = $("conn");
+    el.dataset.state = state;
+    el.textContent = state === "replaying"
+      ? `Replaying ${detail.missing ?? ""} events…`.replace("  ", " ") : CONN_TEXT[state] ?? state;
+  }
+
+  notify(message, action) {
+    const bar = $("notice-bar");
+    bar.replaceChildren(document.createTextNode(message));
+    if (action) {
+      const btn = document.createElement("button");
+      btn.className = "btn";
+      btn.textContent = action.label;
+      btn.addEventListener("click", () => { bar.hidden = true; action.action(); });
+      bar.append(" ", btn);
+    }
+    const close = document.createElement("button");
+    close.className = "chip-x";
+    close.textContent = "×";
+    close.setAttribute("aria-label", "Dismiss");
+    close.addEventListener("click", () => { bar.hidden = true; });
+    bar.append(" ", close);
+    bar.hidden = false;
+  }
+
+  async call(fn) {
+    try { return await fn(); } catch (err) { this.notify(err.message); return null; }
+  }
+
+  async ensureSession() {
+    if (this.openId) return this.openId;
+    const { session } = await post("/api/sessions", {});
+    this.sidebar.onChanged({ session_id: session.session_id, row: session });
+    await this.open(session.session_id, { push: true });
+    return session.session_id;
+  }
+
+  async send(text, files) {
+    let sid;
+    try {
+      sid = await this.ensureSession();
+      await post("/api/chat/start", { session_id: sid, message: text, attachments: files });
+    } catch (err) {
+      this.refused(err, text, files);
+    }
+  }
+
+  /** A refused send never loses the text: it goes back to the composer (rotated: in the
+   *  continuation, as a draft, never resent automatically). */
+  async refused(err, text, files) {
+    if (err instanceof ApiError && err.code === "session_rotated") {
+      await this.open(err.body.continuation_session_id, { push: true });
+      this.composer.restore(text, files);
+      this.notify("This conversation continues here. Your message is in the composer: " +
+                  "send it again when ready.");
+      return;
+    }
+    this.composer.restore(text, files);
+    this.notify(err.message);
+  }
+
+  async stop() {
+    const entry = this.sessions.get(this.openId);
+    const live = entry && view(entry.state).live;
+    const body = live ? { stream_id: live.stream_id } : { session_id: this.openId };
+    await this.call(() => post("/api/chat/cancel", body));
+  }
+
+  async steer(text) {
+    const entry = this.sessions.get(this.openId);
+    const live = entry && view(entry.state).live;
+    if (!live) { this.composer.restore(text); return; }
+    try {
+      const res = await post("/api/chat/steer", { stream_id: live.stream_id, text });
+      if (res.accepted) this.ownSteers.add(res.steer_id);
+      else { this.composer.restore(text); this.notify(res.reason); }
+    } catch (err) {
+      this.refused(err, text, []);
+    }
+  }
+
+  async queue(text, files) {
+    try {
+      const sid = await this.ensureSession();
+      await post("/api/chat/queue", { session_id: sid, message: text, attachments: files });
+    } catch (err) {
+      this.refused(err, text, files);
+    }
+  }
+}
+
+const app = new App();
+window.tether = app; // for debugging from the console
+app.boot();

@@ -1,0 +1,45 @@
+// Markdown is rendered by the server (markdown-it-py + nh3): the only HTML this page ever
+// inserts. Requests are batched per animation frame and cached by text.
+import { post } from "./api.js";
+
+const cache = new Map();
+const CACHE_LIMIT = 1500;
+let pending = new Map(); // text -> [resolve...]
+let scheduled = false;
+
+function flush() {
+  scheduled = false;
+  const batch = pending;
+  pending = new Map();
+  const texts = [...batch.keys()];
+  if (!texts.length) return;
+  post("/api/render", { texts }).then(
+    (res) => texts.forEach((text, i) => {
+      remember(text, res.html[i]);
+      batch.get(text).forEach((resolve) => resolve(res.html[i]));
+    }),
+    () => texts.forEach((text) => batch.get(text).forEach((resolve) => resolve(null))),
+  );
+}
+
+function remember(text, html) {
+  cache.set(text, html);
+  if (cache.size > CACHE_LIMIT) cache.delete(cache.keys().next().value);
+}
+
+export function cachedHtml(text) {
+  return cache.get(text);
+}
+
+/** Resolves with sanitized HTML for `text`, or null when the server could not render it. */
+export function renderMarkdown(text) {
+  if (cache.has(text)) return Promise.resolve(cache.get(text));
+  return new Promise((resolve) => {
+    if (!pending.has(text)) pending.set(text, []);
+    pending.get(text).push(resolve);
+    if (!scheduled) {
+      scheduled = true;
+      requestAnimationFrame(flush);
+    }
+  });
+}

@@ -1,0 +1,240 @@
+// The sidebar: sessions grouped Pinned / Today / Yesterday / Older, kept current by the
+// sidebar stream (`GET /api/events`). Each row is a link whose accessible name carries its
+// title and its state ("running", "unread"); arrow keys move between rows.
+import { del, get, patch, q } from "./api.js";
+import { h, patchChildren } from "./dom.js";
+
+function groupOf(row, now = new Date()) {
+  if (row.pinned) return "Pinned";
+  const day = new Date(row.updated_at * 1000);
+  const start = new Date(now.getFullYear(), now.getMonth(), now.getDate()).getTime();
+  if (day.getTime() >= start) return "Today";
+  if (day.getTime() >= start - 86_400_000) return "Yesterday";
+  return "Older";
+}
+const GROUPS = ["Pinned", "Today", "Yesterday", "Older"];
+
+export class Sidebar {
+  /** opts: unread (UnreadStore), onOpen(sid), onDeleted(sid), onChanged(row), notify(msg) */
+  constructor(opts) {
+    this.opts = opts;
+    this.list = document.getElementById("session-list");
+    this.search = document.getElementById("search");
+    this.archivedToggle = document.getElementById("show-archived");
+    this.rows = new Map();
+    this.busySeen = new Map();
+    this.activeId = null;
+    this.feed = null;
+    this.searchTimer = null;
+    this.search.addEventListener("input", () => {
+      clearTimeout(this.searchTimer);
+      this.searchTimer = setTimeout(() => this.load(), 200);
+    });
+    this.archivedToggle.addEventListener("change", () => this.load());
+    this.list.addEventListener("keydown", (e) => this.onKey(e));
+    document.addEventListener("click", (e) => {
+      if (!e.target.closest?.(".row-menu, .row-menu-btn")) this.closeMenus();
+    });
+  }
+
+  get filtering() { return this.search.value.trim() !== "" || this.archivedToggle.checked; }
+
+  async load() {
+    const params = {};
+    if (this.archivedToggle.checked) params.archived = 1;
+    if (this.search.value.trim()) params.q = this.search.value.trim();
+    const { sessions } = await get(`/api/sessions?${q(params)}`);
+    this.rows = new Map(sessions.map((r) => [r.session_id, r]));
+    for (const row of sessions) this.trackCompletion(row);
+    this.render();
+  }
+
+  connectFeed() {
+    this.feed = new EventSource("/api/events");
+    let dropped = false;
+    this.feed.addEventListener("session.changed", (e) => this.onChanged(JSON.parse(e.data)));
+    this.feed.addEventListener("resync", () => this.load());
+    this.feed.onerror = () => { dropped = true; };
+    this.feed.onopen = () => { if (dropped) { dropped = false; this.load(); } };
+  }
+
+  visible(row) {
+    if (this.archivedToggle.checked) return row.archived;
+    return !row.archived && !row.continuation_session_id;
+  }
+
+  onChanged({ session_id: sid, row }) {
+    if (row) this.opts.onChanged?.(row);
+    if (this.filtering && row && !this.rows.has(sid)) return; // the search decides membership
+    if (!row || !this.visible(row)) this.rows.delete(sid);
+    else {
+      this.rows.set(sid, row);
+      this.trackCompletion(row);
+    }
+    if (!row) this.opts.onDeleted?.(sid);
+    this.render();
+  }
+
+  /** A run that finished while the session was not being viewed lights its dot. */
+  trackCompletion(row) {
+    const wasBusy = this.busySeen.get(row.session_id);
+    this.busySeen.set(row.session_id, row.busy);
+    if (wasBusy && !row.busy && !this.isActive(row.session_id)) {
+      this.opts.unread.markCompletion(row.session_id, row);
+    }
+  }
+
+  isActive(sid) {
+    return sid === this.activeId && document.visibilityState === "visible";
+  }
+
+  setActive(sid) {
+    this.activeId = sid;
+    this.render();
+  }
+
+  sorted() {
+    return [...this.rows.values()].sort((a, b) =>
+      (b.pinned - a.pinned) || (b.updated_at - a.updated_at)
+      || a.session_id.localeCompare(b.session_id));
+  }
+
+  render() {
+    const now = new Date();
+    const specs = [];
+    for (const name of GROUPS) {
+      const rows = this.sorted().filter((r) => groupOf(r, now) === name);
+      if (!rows.length) continue;
+      specs.push({ key: `group:${name}`, group: name });
+      for (const row of rows) specs.push({ key: row.session_id, row });
+    }
+    patchChildren(this.list, specs, (spec) => this.build(spec), (el, spec) => this.update(el, spec));
+  }
+
+  build(spec) {
+    if (spec.group) return h("div", { class: "group-label", role: "heading", "aria-level": 2 });
+    const link = h("a", { class: "session-link" }, h("span", { class: "pin-mark" }),
+      h("span", { class: "session-name" }), h("span", { class: "running-dot" }),
+      h("span", { class: "unread-dot" }));
+    link.addEventListener("click", (e) => {
+      if (e.metaKey || e.ctrlKey || e.shiftKey || e.button !== 0) return;
+      e.preventDefault();
+      this.opts.onOpen(link.closest(".session-row").dataset.key);
+    });
+    const menuBtn = h("button", { type: "button", class: "row-menu-btn", text: "⋯",
+                                  "aria-haspopup": "menu" });
+    menuBtn.addEventListener("click", (e) => {
+      e.stopPropagation();
+      this.openMenu(menuBtn.closest(".session-row"));
+    });
+    return h("div", { class: "session-row" }, link, menuBtn);
+  }
+
+  update(el, spec) {
+    if (spec.group) {
+      el.textContent = spec.group;
+      return;
+    }
+    const row = spec.row;
+    const active = row.session_id === this.activeId;
+    if (this.isActive(row.session_id)) this.opts.unread.acknowledge(row);
+    const unread = !active && this.opts.unread.hasUnread(row, { active: this.isActive(row.session_id) });
+    const link = el.querySelector(".session-link");
+    link.href = `/s/${row.session_id}`;
+    if (active) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+    el.classList.toggle("active", active);
+    el.querySelector(".session-name").textContent = row.title;
+    el.querySelector(".pin-mark").textContent = row.pinned ? "📌" : "";
+    el.querySelector(".running-dot").hidden = !row.busy;
+    el.querySelector(".unread-dot").hidden = !unread;
+    const states = [row.busy && "running", unread && "unread", row.pinned && "pinned"]
+      .filter(Boolean);
+    link.setAttribute("aria-label", [row.title, ...states].join(", "));
+    el.querySelector(".row-menu-btn").setAttribute("aria-label", `Actions for ${row.title}`);
+  }
+
+  closeMenus() {
+    for (const menu of this.list.querySelectorAll(".row-menu")) menu.remove();
+    for (const row of this.list.querySelectorAll(".menu-open")) row.classList.remove("menu-open");
+  }
+
+  openMenu(el) {
+    this.closeMenus();
+    const row = this.rows.get(el.dataset.key);
+    if (!row) return;
+    const item = (label, action) => h("button", { type: "button", role: "menuitem", text: label,
+      onclick: (e) => { e.stopPropagation(); this.closeMenus(); action(); } });
+    const menu = h("div", { class: "row-menu", role: "menu" },
+      item("Rename", () => this.rename(el, row)),
+      item(row.pinned ? "Unpin" : "Pin", () => this.update1(row, { pinned: !row.pinned })),
+      item(row.archived ? "Unarchive" : "Archive",
+           () => this.update1(row, { archived: !row.archived })),
+      item("Delete…", () => this.remove(row)));
+    menu.addEventListener("keydown", (e) => { if (e.key === "Escape") this.closeMenus(); });
+    el.classList.add("menu-open");
+    el.append(menu);
+    menu.querySelector("button").focus();
+  }
+
+  async update1(row, changes) {
+    try {
+      const { session } = await patch("/api/session", { session_id: row.session_id, ...changes });
+      this.onChanged({ session_id: row.session_id, row: session });
+    } catch (err) {
+      this.opts.notify(err.message);
+    }
+  }
+
+  rename(el, row) {
+    const input = h("input", { class: "rename-input", "aria-label": "New title" });
+    input.value = row.title;
+    const link = el.querySelector(".session-link");
+    link.hidden = true;
+    el.prepend(input);
+    input.focus();
+    input.select();
+    let done = false;
+    const finish = (save) => {
+      if (done) return;
+      done = true;
+      input.remove();
+      link.hidden = false;
+      const title = input.value.trim();
+      if (save && title && title !== row.title) this.update1(row, { title });
+      link.focus();
+    };
+    input.addEventListener("keydown", (e) => {
+      if (e.key === "Enter") finish(true);
+      if (e.key === "Escape") finish(false);
+    });
+    input.addEventListener("blur", () => finish(true));
+  }
+
+  async remove(row) {
+    const dialog = document.getElementById("confirm-dialog");
+    document.getElementById("confirm-text").textContent =
+      `Delete “${row.title}”? Its messages and attachments are removed for good.`;
+    dialog.showModal();
+    const answer = await new Promise((resolve) =>
+      dialog.addEventListener("close", () => resolve(dialog.returnValue), { once: true }));
+    if (answer !== "ok") return;
+    try {
+      await del(`/api/session?${q({ session_id: row.session_id })}`);
+      this.opts.unread.deleteSession(row.session_id);
+      this.onChanged({ session_id: row.session_id, row: null });
+    } catch (err) {
+      this.opts.notify(err.message);
+    }
+  }
+
+  onKey(e) {
+    if (e.key !== "ArrowDown" && e.key !== "ArrowUp") return;
+    const links = [...this.list.querySelectorAll(".session-link:not([hidden])")];
+    const index = links.indexOf(document.activeElement);
+    if (index < 0) return;
+    e.preventDefault();
+    const next = links[index + (e.key === "ArrowDown" ? 1 : -1)];
+    next?.focus();
+  }
+}

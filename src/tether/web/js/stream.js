@@ -1,0 +1,121 @@
+// One reattach state machine per open session, with a visible state (contract invariant 3,
+// ARCHITECTURE.md §4): connecting → replaying N events → live; reconnecting after an error;
+// stalled when heartbeats stop (shown, then reconnected); degraded when the server could not
+// honour the cursor and sent a snapshot. The cursor is always the reducer's last seq, so a
+// resume asks for exactly what is missing.
+
+export const EVENT_TYPES = [
+  "session.created", "session.updated", "session.rotated", "turn.submitted", "run.started",
+  "reasoning.delta", "reasoning.trimmed", "text.delta", "tool.started", "tool.completed",
+  "compression.started", "compression.completed", "run.cancel_requested", "steer.accepted",
+  "steer.delivered", "steer.leftover", "queue.added", "queue.updated", "queue.removed",
+  "run.finished", "transcript.truncated",
+];
+
+const STALL_FACTOR = 2.5;
+const MAX_BACKOFF_MS = 8000;
+
+export class SessionStream {
+  /**
+   * handlers: cursor() → last applied seq; onEvent(envelope); onSnapshot(session);
+   * onHeartbeat(data); onState(state, detail); onDeleted().
+   */
+  constructor(sessionId, handlers, { heartbeatMs = 5000 } = {}) {
+    this.sessionId = sessionId;
+    this.h = handlers;
+    this.heartbeatMs = heartbeatMs;
+    this.es = null;
+    this.target = 0;
+    this.failures = 0;
+    this.stopped = false;
+    this.lastFrameAt = 0;
+    this.watchdog = null;
+    this.retryTimer = null;
+    this.state = "idle";
+  }
+
+  setState(state, detail = {}) {
+    if (state === this.state && state !== "replaying") return;
+    this.state = state;
+    this.h.onState?.(state, detail);
+  }
+
+  start(knownLastSeq = 0) {
+    this.target = Math.max(this.target, knownLastSeq);
+    this.stopped = false;
+    this.open();
+    this.watchdog = setInterval(() => this.checkStall(), 1000);
+  }
+
+  stop() {
+    this.stopped = true;
+    clearInterval(this.watchdog);
+    clearTimeout(this.retryTimer);
+    this.es?.close();
+    this.es = null;
+  }
+
+  open() {
+    const after = this.h.cursor();
+    const url = `/api/sessions/${encodeURIComponent(this.sessionId)}/events?after=${after}`;
+    this.es = new EventSource(url);
+    this.lastFrameAt = Date.now();
+    this.setState(this.target > after ? "replaying" : "connecting",
+                  { missing: this.target - after });
+    this.es.onopen = () => {
+      this.failures = 0;
+      if (this.target <= this.h.cursor()) this.setState("live");
+    };
+    this.es.onerror = () => this.reconnect();
+    for (const type of EVENT_TYPES) this.es.addEventListener(type, (e) => this.onFrame(e));
+    this.es.addEventListener("heartbeat", (e) => this.onHeartbeat(e));
+    this.es.addEventListener("session.snapshot", (e) => this.onSnapshot(e));
+    this.es.addEventListener("session.deleted", () => { this.stop(); this.h.onDeleted?.(); });
+  }
+
+  onFrame(e) {
+    this.lastFrameAt = Date.now();
+    this.h.onEvent(JSON.parse(e.data));
+    const cursor = this.h.cursor();
+    if (this.state === "replaying" && cursor < this.target) {
+      this.setState("replaying", { missing: this.target - cursor });
+    } else if (this.state !== "live") {
+      this.setState("live");
+    }
+  }
+
+  onHeartbeat(e) {
+    this.lastFrameAt = Date.now();
+    const data = JSON.parse(e.data);
+    this.target = Math.max(this.target, data.last_seq);
+    this.h.onHeartbeat?.(data);
+    if (this.h.cursor() >= data.last_seq) this.setState("live");
+  }
+
+  onSnapshot(e) {
+    this.lastFrameAt = Date.now();
+    const data = JSON.parse(e.data);
+    this.h.onSnapshot(data.session);
+    this.target = Math.max(this.target, data.session.last_seq);
+    this.setState("degraded", { reason: "restored from a snapshot" });
+  }
+
+  checkStall() {
+    if (this.stopped || !this.es) return;
+    if (Date.now() - this.lastFrameAt > this.heartbeatMs * STALL_FACTOR) {
+      this.setState("stalled");
+      this.reconnect();
+    }
+  }
+
+  reconnect() {
+    if (this.stopped) return;
+    this.es?.close();
+    this.es = null;
+    this.failures += 1;
+    if (this.state !== "stalled") this.setState("reconnecting", { attempt: this.failures });
+    const delay = Math.min(MAX_BACKOFF_MS, 250 * 2 ** Math.min(this.failures, 6));
+    clearTimeout(this.retryTimer);
+    this.retryTimer = setTimeout(() => { if (!this.stopped) this.open(); }, delay);
+  }
+}

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from helpers import ServerProcess, free_port, iter_sse
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,6 @@ import threading
 import time
 
 import httpx
-
 from helpers import ServerProcess, iter_sse, read_events, seqs
 
 
@@ -137,7 +136,8 @@ def test_fifty_concurrent_writers_reach_two_followers_identically(
             w.join(30)
         expected = list(range(1, total + 1))
         assert seqs(followers[0]) == expected
-        assert [f["data"] for f in followers[0]] == [f["data"] for f in followers[1]]
+        durable = [[f["data"] for f in frames if f.get("id")] for frames in followers]
+        assert durable[0] == durable[1]  # heartbeats (no id) carry each stream's own clock
 
 
 def test_sidebar_stream_reports_changes_and_deletions(server: ServerProcess) -> None:
@@ -174,3 +174,32 @@ def test_deleting_a_session_ends_its_stream(server: ServerProcess) -> None:
         client.delete("/api/session", params={"session_id": sid})
         reader.join(10)
         assert frames[-1].event == "session.deleted"
+
+
+def test_a_session_stream_can_carry_the_sidebar_feed(server: ServerProcess) -> None:
+    """One connection per browser tab: `?sidebar=1` adds `session.changed` frames."""
+    with server.client() as client:
+        sid = client.post("/api/sessions", json={"title": "open"}).json()["session"][
+            "session_id"]
+        other = client.post("/api/sessions", json={"title": "x"}).json()["session"][
+            "session_id"]
+        got: list = []
+
+        def follow() -> None:
+            with client.stream("GET", f"/api/sessions/{sid}/events",
+                               params={"sidebar": "1"}) as response:
+                for frame in iter_sse(response):
+                    got.append(frame)
+                    if frame.event == "session.changed" and frame.json["session_id"] == other:
+                        return
+
+        reader = threading.Thread(target=follow)
+        reader.start()
+        time.sleep(0.3)
+        client.patch("/api/session", json={"session_id": sid, "title": "renamed"})
+        client.patch("/api/session", json={"session_id": other, "title": "y"})
+        reader.join(10)
+        events = [f.event for f in got if f.event != "heartbeat"]
+        assert events == ["session.changed", "session.updated", "session.changed"]
+        assert got[-1].json["row"]["title"] == "y"
+        assert seqs(got) == [2]

@@ -4,7 +4,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from fake_openai import FakeOpenAI
 from helpers import ServerProcess, running_server
 

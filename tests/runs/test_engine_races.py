@@ -5,11 +5,13 @@ they drive the engine in-process on a real SQLite log."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from engine_harness import harness
+
 from tether.runs.maintenance import reclaim
 from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput
 
@@ -36,10 +38,8 @@ class StubbornRuntime:
             return
         yield TextDelta("working")
         while not self.released:
-            try:
+            with contextlib.suppress(asyncio.CancelledError):  # an interrupt it does not honour
                 await asyncio.sleep(0.01)
-            except asyncio.CancelledError:
-                pass  # an interrupt it does not honour
             self.late_yields += 1
             yield TextDelta(" late")
 

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from engine_harness import harness
 from fake_openai import (
     FakeOpenAI,
@@ -25,12 +24,13 @@ from fake_openai import (
 )
 from helpers import (
     ServerProcess,
+    fold_frames,
     new_session,
     read_events,
-    session_body,
     start_turn,
     wait_idle,
 )
+
 from tether.runtimes.openai import OpenAIRuntime
 from tether.settings import Settings
 
@@ -174,3 +174,33 @@ def test_steer_joins_the_conversation_after_the_current_tool_result(
         context = client.get("/api/session/context", params={"session_id": sid}).json()
         assert {"role": "user", "content": "also note the budget"} in context[
             "context_messages"]
+
+
+@pytest.mark.parametrize("order", ["reasoning first", "progress first"])
+def test_an_echo_between_reasoning_and_progress_is_shown_once(
+        openai_server: ServerProcess, fake: FakeOpenAI, order: str) -> None:
+    """Contract invariant 5 (echo index): stripped once where output enters the log, so the
+    settled transcript and a replay of the log both show the progress text once."""
+    progress = "Let me check the notes file first."
+    if order == "reasoning first":
+        steps = [reasoning("The user wants the date. Let me   check\nthe notes file first."),
+                 text(progress)]
+        kept = "The user wants the date."
+    else:
+        steps = [text(progress), reasoning("Let me check the notes\n\nfile   first.")]
+        kept = ""
+    fake.script(reply(*steps, tool_call("call_1", "read_file", {"path": "notes.txt"})),
+                reply(text("Tuesday.")))
+    with openai_server.client() as client:
+        sid = new_session(client)
+        run = start_turn(client, sid, "When?")
+        body = wait_idle(client, sid)
+        timeline = body["messages"][-1]["timeline"]
+        reasoning_items = [i["text"] for i in timeline if i["type"] == "reasoning"]
+        texts = [i["text"] for i in timeline if i["type"] == "text"]
+        assert reasoning_items == [kept]
+        assert texts == [progress, "Tuesday."]
+        frames = read_events(client, sid, after="0", stop_on="heartbeat")
+        assert "reasoning.trimmed" in [f.event for f in frames]
+        assert fold_frames(frames)["messages"] == body["messages"]
+        assert run["stream_id"] == body["messages"][-1]["stream_id"]

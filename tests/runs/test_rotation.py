@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-
 from engine_harness import harness
+
 from tether.projections.context import SUMMARY_PREFIX
 from tether.runs.queue import QueueService
 from tether.runs.rotation import Rotator

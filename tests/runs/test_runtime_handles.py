@@ -5,10 +5,12 @@ barriers. Driven in-process so each race is placed exactly."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from engine_harness import Harness, harness
+
 from tether.runs.maintenance import reclaim
 from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput
 
@@ -25,10 +27,9 @@ class BarrierHandle:
         self.runtime.calls_started.set()
         if self.runtime.stubborn:
             while not self.runtime.release_stubborn.is_set():
-                try:
+                # a runtime that ignores the interrupt
+                with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.sleep(0.01)
-                except asyncio.CancelledError:
-                    pass  # a runtime that ignores the interrupt
             return
         await self.runtime.call_gate.wait()
         yield TextDelta("answer")

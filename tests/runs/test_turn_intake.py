@@ -4,8 +4,8 @@ stored once beside the log and served only with safe headers."""
 from __future__ import annotations
 
 import base64
-import pytest
 
+import pytest
 from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle
 
 PNG = base64.b64decode(

@@ -14,10 +14,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-
-from tether import __version__
 from fastapi.staticfiles import StaticFiles
 
+from tether import __version__
 from tether.http import errors, health, pages, runs, sessions, streams
 from tether.http.deps import Services
 from tether.http.limits import BodyLimit

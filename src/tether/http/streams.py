@@ -1,5 +1,8 @@
 """The event streams of API.md §6.
 
+A browser tab keeps one connection: `?sidebar=1` on a session stream also carries the sidebar
+feed's `session.changed` frames (HTTP/1.1 allows six connections per origin across all tabs).
+
 Per session: subscribe first, then replay from the log after the cursor, then follow the live
 tail, dropping anything at or below the last seq sent. Subscribing before reading is what makes
 the hand-off gap-free; the seq filter is what makes it duplicate-free. A cursor that cannot be
@@ -8,6 +11,7 @@ honoured gets one `session.snapshot`, never a refusal and never a silent skip.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -18,7 +22,8 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from tether.events import ID_PATTERN, Event
 from tether.http.deps import App, Services
 from tether.log import SessionDeleted, SessionNotFound
-from tether.log.subscriptions import Overflowed
+from tether.log.subscriptions import Overflowed, Subscription
+from tether.sessions.feed import FeedClient
 
 router = APIRouter()
 
@@ -55,65 +60,92 @@ def _heartbeat(app: Services, session_id: str, last_seq: int) -> ServerSentEvent
     )
 
 
-async def _session_frames(
-    app: Services,
-    session_id: str,
-    cursor_raw: str | None,
-) -> AsyncIterator[ServerSentEvent]:
+def _changes(app: Services, changes: list[tuple[str, str]] | None) -> list[ServerSentEvent]:
+    if changes is None:
+        return [ServerSentEvent(event="resync", data=_dumps({"reason": "overflow"}))]
+    return [ServerSentEvent(event="session.changed", data=_dumps(
+        {"session_id": sid, "reason": reason, "row": app.sessions.row(sid)}))
+        for sid, reason in changes]
+
+
+async def _session_frames(app: Services, session_id: str, cursor_raw: str | None,
+                          with_sidebar: bool) -> AsyncIterator[ServerSentEvent]:
     interval = app.settings.heartbeat_seconds
-    with app.hub.subscribe(session_id) as sub:
-        current = app.store.last_seq(session_id)
-        if current is None:
+    wakeup = asyncio.Event()
+    feed = app.feed.connect(wakeup) if with_sidebar else None
+    try:
+        with app.hub.subscribe(session_id, wakeup) as sub:
+            async for frame in _follow(app, session_id, cursor_raw, sub, feed, interval):
+                yield frame
+    finally:
+        if feed is not None:
+            app.feed.disconnect(feed)
+
+
+async def _follow(app: Services, session_id: str, cursor_raw: str | None, sub: Subscription,
+                  feed: FeedClient | None, interval: float) -> AsyncIterator[ServerSentEvent]:
+    current = app.store.last_seq(session_id)
+    if current is None:
+        return
+    cursor = parse_cursor(cursor_raw)
+    if cursor_raw is None:
+        sent = current
+    elif cursor is None or cursor > current:
+        try:
+            snapshot = await app.sessions.view(session_id)
+        except SessionNotFound:
             return
-        cursor = parse_cursor(cursor_raw)
-        if cursor_raw is None:
-            sent = current
-        elif cursor is None or cursor > current:
-            try:
-                snapshot = await app.sessions.view(session_id)
-            except SessionNotFound:
-                return
-            yield ServerSentEvent(event="session.snapshot", data=_dumps({"session": snapshot}))
-            sent = snapshot["last_seq"]
-        else:
-            sent = cursor
+        yield ServerSentEvent(event="session.snapshot", data=_dumps({"session": snapshot}))
+        sent = snapshot["last_seq"]
+    else:
+        sent = cursor
 
-        async def catch_up() -> AsyncIterator[ServerSentEvent]:
-            nonlocal sent
-            while True:
-                page = await app.store.read(session_id, after=sent, limit=_REPLAY_PAGE)
-                for event in page:
-                    sent = event.seq
-                    yield _frame(event)
-                if len(page) < _REPLAY_PAGE:
-                    return
-
-        async for frame in catch_up():
-            yield frame
+    async def catch_up() -> AsyncIterator[ServerSentEvent]:
+        nonlocal sent
         while True:
-            try:
-                batch = await sub.next_batch(timeout=interval)
-            except Overflowed:
-                async for frame in catch_up():
-                    yield frame
-                continue
-            except SessionDeleted:
-                yield ServerSentEvent(
-                    event="session.deleted", data=_dumps({"session_id": session_id})
-                )
-                return
-            if not batch:
-                yield _heartbeat(app, session_id, sent)
-                continue
-            for event in batch:
-                if event.seq <= sent:
-                    continue
-                if event.seq != sent + 1:  # never expected; the log is the authority
-                    async for frame in catch_up():
-                        yield frame
-                    break
+            page = await app.store.read(session_id, after=sent, limit=_REPLAY_PAGE)
+            for event in page:
                 sent = event.seq
                 yield _frame(event)
+            if len(page) < _REPLAY_PAGE:
+                return
+
+    async for frame in catch_up():
+        yield frame
+    loop = asyncio.get_running_loop()
+    quiet_until = loop.time() + interval
+    while True:
+        if not sub.has_pending() and not (feed and feed.has_pending()):
+            sub.wakeup.clear()  # nothing pending, checked with no await since: no lost wakeup
+            try:
+                await asyncio.wait_for(sub.wakeup.wait(), max(0.0, quiet_until - loop.time()))
+            except TimeoutError:
+                yield _heartbeat(app, session_id, sent)
+                quiet_until = loop.time() + interval
+                continue
+        quiet_until = loop.time() + interval
+        if feed is not None and feed.has_pending():
+            for frame in _changes(app, feed.take()):
+                yield frame
+        try:
+            batch = sub.take()
+        except Overflowed:
+            async for frame in catch_up():
+                yield frame
+            continue
+        except SessionDeleted:
+            yield ServerSentEvent(event="session.deleted", data=_dumps(
+                {"session_id": session_id}))
+            return
+        for event in batch:
+            if event.seq <= sent:
+                continue
+            if event.seq != sent + 1:  # never expected; the log is the authority
+                async for frame in catch_up():
+                    yield frame
+                break
+            sent = event.seq
+            yield _frame(event)
 
 
 @router.get("/api/sessions/{session_id}/events")
@@ -122,12 +154,13 @@ async def session_events(
     app: App,
     session_id: str = Path(pattern=ID_PATTERN),
     after: str | None = None,
+    sidebar: bool = False,
 ) -> EventSourceResponse:
     if app.store.last_seq(session_id) is None:
         raise SessionNotFound(session_id)
     cursor = after if after is not None else request.headers.get("last-event-id")
     return EventSourceResponse(
-        _session_frames(app, session_id, cursor),
+        _session_frames(app, session_id, cursor, sidebar),
         ping=max(app.settings.heartbeat_seconds * 3, 15),
         send_timeout=_WRITE_DEADLINE_SECONDS,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
@@ -139,18 +172,11 @@ async def _sidebar_frames(app: Services) -> AsyncIterator[ServerSentEvent]:
     try:
         while True:
             changes = await client.next(timeout=app.settings.heartbeat_seconds)
-            if changes is None:
-                yield ServerSentEvent(event="resync", data=_dumps({"reason": "overflow"}))
-                continue
-            if not changes:
+            if changes == []:
                 yield ServerSentEvent(event="heartbeat", data=_dumps({"server_time": time.time()}))
                 continue
-            for session_id, reason in changes:
-                row = app.sessions.row(session_id)
-                yield ServerSentEvent(
-                    event="session.changed",
-                    data=_dumps({"session_id": session_id, "reason": reason, "row": row}),
-                )
+            for frame in _changes(app, changes):
+                yield frame
     finally:
         app.feed.disconnect(client)
 

@@ -5,6 +5,8 @@
 - Consecutive deltas of one item are merged (coalescing) when drafts are taken together.
 - Tool calls are paired by call id: a completion without a start gets its start first, a
   repeated start is dropped.
+- An echo between reasoning and visible progress (either direction) is stripped from the
+  reasoning copy with `reasoning.trimmed`, found through the incremental folded index.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether import events as ev
+from tether.ingest.echo import CompactEchoIndex, fold
 from tether.log import Draft
 from tether.runtimes.base import (
     CompressionCompleted,
@@ -27,6 +30,8 @@ from tether.runtimes.base import (
 )
 
 RESULT_PREVIEW_CHARS = 2000
+# An echo shorter than this (folded) is not stripped: "OK" ending a thought is not an echo.
+MIN_ECHO_CHARS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +55,9 @@ class Normalizer:
         self._delta_kind: str | None = None
         self._item_id: str | None = None
         self._tools: dict[str, str] = {}  # call_id -> "started" | "completed"
+        self._reasoning: tuple[str, CompactEchoIndex] | None = None  # the latest reasoning item
+        self._text: list[str] = []
+        self._last_text: str | None = None
         self.usage: dict[str, int] | None = None
         self.finished: Finished | None = None
         self.compressed = False
@@ -63,12 +71,47 @@ class Normalizer:
             if not event.text:
                 return []
             kind = ev.REASONING_DELTA if isinstance(event, ReasoningDelta) else ev.TEXT_DELTA
+            out: list[Draft] = []
             if kind != self._delta_kind:
+                out = self.end_item()
                 self._items += 1
                 self._delta_kind = kind
                 self._item_id = f"{'r' if kind == ev.REASONING_DELTA else 't'}{self._items}"
-            return [self._draft(kind, {"item_id": self._item_id, "text": event.text})]
-        self._delta_kind = None  # anything else ends the current text/reasoning item
+                if kind == ev.REASONING_DELTA:
+                    self._reasoning = (self._item_id, CompactEchoIndex())
+                else:
+                    self._text = []
+            if kind == ev.REASONING_DELTA:
+                self._reasoning[1].append(event.text)
+            else:
+                self._text.append(event.text)
+            out.append(self._draft(kind, {"item_id": self._item_id, "text": event.text}))
+            return out
+        return self.end_item() + self._feed_other(event)
+
+    def end_item(self) -> list[Draft]:
+        """The current text or reasoning item is complete: strip an echo between it and the
+        reasoning, once, here where output enters the log (contract invariant 5)."""
+        kind, self._delta_kind = self._delta_kind, None
+        if kind == ev.TEXT_DELTA:
+            self._last_text = "".join(self._text)
+            return self._strip_echo(self._last_text)  # progress repeating the reasoning's tail
+        if kind == ev.REASONING_DELTA and self._last_text is not None:
+            text, self._last_text = self._last_text, None
+            return self._strip_echo(text)  # reasoning echoing the progress just shown
+        return []
+
+    def _strip_echo(self, candidate: str) -> list[Draft]:
+        if self._reasoning is None or len(fold(candidate)) < MIN_ECHO_CHARS:
+            return []
+        item_id, index = self._reasoning
+        cut = index.probe(candidate)
+        if cut is None:
+            return []
+        index.truncate(cut)
+        return [self._draft(ev.REASONING_TRIMMED, {"item_id": item_id, "length": cut})]
+
+    def _feed_other(self, event: RuntimeEvent) -> list[Draft]:
         if isinstance(event, ToolStarted):
             if event.call_id in self._tools:
                 return []

@@ -25,12 +25,16 @@ class Overflowed(Exception):
 
 
 class Subscription:
-    def __init__(self, hub: Hub, session_id: str, max_buffer: int):
+    """One follower of one session. `wakeup` may be shared with other sources (the sidebar
+    feed) so one SSE loop can wait on both."""
+
+    def __init__(self, hub: Hub, session_id: str, max_buffer: int,
+                 wakeup: asyncio.Event | None = None):
         self._hub = hub
         self.session_id = session_id
         self._max_buffer = max_buffer
         self._buffer: deque[Event] = deque()
-        self._wakeup = asyncio.Event()
+        self.wakeup = wakeup or asyncio.Event()
         self._overflowed = False
         self._deleted = False
 
@@ -42,20 +46,18 @@ class Subscription:
             self._overflowed = True
         else:
             self._buffer.append(event)
-        self._wakeup.set()
+        self.wakeup.set()
 
     def _mark_deleted(self) -> None:
         self._deleted = True
-        self._wakeup.set()
+        self.wakeup.set()
 
-    async def next_batch(self, timeout: float) -> list[Event]:
-        """Events published since the last call; [] after `timeout` seconds of silence."""
-        if not self._buffer and not self._overflowed and not self._deleted:
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), timeout)
-            except TimeoutError:
-                return []
+    def has_pending(self) -> bool:
+        return bool(self._buffer) or self._overflowed or self._deleted
+
+    def take(self) -> list[Event]:
+        """What was published since the last take, without waiting; raises SessionDeleted,
+        or Overflowed when the buffer was dropped (re-read from the log)."""
         if self._deleted:
             raise SessionDeleted(self.session_id)
         if self._overflowed:
@@ -64,6 +66,16 @@ class Subscription:
         batch = list(self._buffer)
         self._buffer.clear()
         return batch
+
+    async def next_batch(self, timeout: float) -> list[Event]:
+        """Events published since the last call; [] after `timeout` seconds of silence."""
+        if not self.has_pending():
+            self.wakeup.clear()
+            try:
+                await asyncio.wait_for(self.wakeup.wait(), timeout)
+            except TimeoutError:
+                return []
+        return self.take()
 
     def close(self) -> None:
         self._hub._remove(self)
@@ -95,8 +107,8 @@ class Hub:
         self._loop.call_soon_threadsafe(self._dispatch_deleted, session_id)
 
     # -- loop side ------------------------------------------------------------------------
-    def subscribe(self, session_id: str) -> Subscription:
-        sub = Subscription(self, session_id, self._max_buffer)
+    def subscribe(self, session_id: str, wakeup: asyncio.Event | None = None) -> Subscription:
+        sub = Subscription(self, session_id, self._max_buffer, wakeup)
         self._subs.setdefault(session_id, set()).add(sub)
         return sub
 

@@ -133,7 +133,8 @@ class RunEngine:
             return {"accepted": False, "reason": "The run has just finished."}
         if not run.steer.put(steer_id, text):  # resolved while we appended: give it back
             with contextlib.suppress(StreamClosed):
-                await self._leftover(run, [(steer_id, text)])
+                await self.store.append(run.session_id,
+                                        self._leftover_drafts(run, [(steer_id, text)]))
             return {"accepted": False, "reason": "The run has just finished."}
         return {"accepted": True, "steer_id": steer_id}
 
@@ -173,9 +174,9 @@ class RunEngine:
             leftovers = run.steer.close()
             if state:
                 with contextlib.suppress(StreamClosed, StorageError, SessionNotFound):
-                    if leftovers:
-                        await self._leftover(run, leftovers)
-                    await self.store.append(run.session_id, [normalizer.finish(state, **extra)])
+                    await self.store.append(run.session_id, [
+                        *normalizer.end_item(), *self._leftover_drafts(run, leftovers),
+                        normalizer.finish(state, **extra)])
             run.channel_open = False
             run.handle = None  # a final steer drain can never reach a successor's handle
             next_session = run.session_id
@@ -185,11 +186,13 @@ class RunEngine:
         if self.queue is not None and state == "completed" and not self.closing:
             await self.queue.start_next(next_session)
 
-    async def _leftover(self, run: Run, leftovers: list[tuple[str, str]]) -> None:
-        await self.store.append(run.session_id, [Draft(ev.STEER_LEFTOVER, {
+    def _leftover_drafts(self, run: Run, leftovers: list[tuple[str, str]]) -> list[Draft]:
+        if not leftovers:
+            return []
+        return [Draft(ev.STEER_LEFTOVER, {
             "stream_id": run.stream_id, "steer_ids": [sid for sid, _ in leftovers],
             "text": "\n\n".join(text for _, text in leftovers),
-        }, stream_id=run.stream_id, turn_id=run.turn_id)])
+        }, stream_id=run.stream_id, turn_id=run.turn_id)]
 
     async def _admit_handle(self, run: Run) -> RuntimeHandle | None:
         """Borrow the session's cached handle or build one; None when Stop won first."""

@@ -100,5 +100,11 @@ class DemoRuntime:
         yield Usage(prompt_tokens=sum(len(str(m.get("content", ""))) for m in turn.messages)
                     // 4, completion_tokens=len(answer) // 4)
 
+    async def summarize(self, messages: list[dict[str, Any]], model: str | None) -> str:
+        """A deterministic stand-in for a model's handoff summary (rotation works offline)."""
+        users = [m for m in messages if m["role"] == "user"]
+        return (f"Demo summary: {len(messages)} messages so far; the user's last request was "
+                f"{_last_user_text(users)[:120]!r}.")
+
     async def aclose(self) -> None:
         return None

@@ -18,9 +18,9 @@ RESYNC = "resync"
 
 
 class FeedClient:
-    def __init__(self) -> None:
+    def __init__(self, wakeup: asyncio.Event | None = None) -> None:
         self.pending: OrderedDict[str, str] = OrderedDict()
-        self.wakeup = asyncio.Event()
+        self.wakeup = wakeup or asyncio.Event()
         self.resync = False
 
     def push(self, session_id: str, reason: str) -> None:
@@ -31,14 +31,11 @@ class FeedClient:
             self.resync = True
         self.wakeup.set()
 
-    async def next(self, timeout: float) -> list[tuple[str, str]] | None:
-        """Changed (session_id, reason) pairs, [] on timeout, None when a resync is due."""
-        if not self.pending and not self.resync:
-            self.wakeup.clear()
-            try:
-                await asyncio.wait_for(self.wakeup.wait(), timeout)
-            except TimeoutError:
-                return []
+    def has_pending(self) -> bool:
+        return bool(self.pending) or self.resync
+
+    def take(self) -> list[tuple[str, str]] | None:
+        """Changed (session_id, reason) pairs without waiting; None when a resync is due."""
         if self.resync:
             self.resync = False
             return None
@@ -46,13 +43,23 @@ class FeedClient:
         self.pending.clear()
         return items
 
+    async def next(self, timeout: float) -> list[tuple[str, str]] | None:
+        """Changed pairs, [] on timeout, None when a resync is due."""
+        if not self.has_pending():
+            self.wakeup.clear()
+            try:
+                await asyncio.wait_for(self.wakeup.wait(), timeout)
+            except TimeoutError:
+                return []
+        return self.take()
+
 
 class SidebarFeed:
     def __init__(self) -> None:
         self._clients: set[FeedClient] = set()
 
-    def connect(self) -> FeedClient:
-        client = FeedClient()
+    def connect(self, wakeup: asyncio.Event | None = None) -> FeedClient:
+        client = FeedClient(wakeup)
         self._clients.add(client)
         return client
 

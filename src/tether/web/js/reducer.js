@@ -1,0 +1,400 @@
+// One reducer per session over `(seq, event)` (ARCHITECTURE.md §4): live, replayed and
+// snapshot-hydrated events take the same path. It mirrors the server's pure fold,
+// `tether/projections/transcript.py` (TranscriptFold), so `view(state)` equals the Python
+// `TranscriptFold.view()` for the same events (tests/browser/test_reducer_equivalence.py).
+//
+// For DOM patching, every row, timeline item, queued entry and live scene carries `rev`, set
+// from a per-state clock that only grows (also across snapshots) whenever it changes, and
+// `state.dirty` collects the ids of rows/items/queued entries created, changed or removed,
+// plus the sentinels below when a list's membership or the live scene itself changed.
+// The renderer clears `state.dirty` after patching. `view()` never contains `rev`.
+
+export const DIRTY_MESSAGES = ":messages"; // rows appended, removed or replaced
+// the live scene started/settled, its phase/runtime/model/pending steers changed, item appended
+export const DIRTY_LIVE = ":live";
+export const DIRTY_QUEUED = ":queued"; // queued entries added, edited or removed
+
+const BARRIERS = new Set(["tool", "compression", "steer"]);
+// A steer that was never delivered is no barrier: the agent never saw it.
+const isBarrier = (item) => BARRIERS.has(item.type) && !truthy(get(item, "leftover"));
+
+const has = (obj, key) =>
+  obj !== null && typeof obj === "object" && Object.prototype.hasOwnProperty.call(obj, key);
+// Python's `dict.get(key, default)`: a present null stays null.
+const get = (obj, key, fallback = null) => (has(obj, key) ? obj[key] : fallback);
+
+function truthy(value) { // Python truthiness of a JSON value
+  if (Array.isArray(value)) return value.length > 0;
+  if (value !== null && typeof value === "object") return Object.keys(value).length > 0;
+  return Boolean(value);
+}
+
+function pyStr(value) { // what an f-string shows for a JSON scalar
+  if (value === null || value === undefined) return "None";
+  if (value === true) return "True";
+  if (value === false) return "False";
+  return typeof value === "object" ? JSON.stringify(value) : String(value);
+}
+
+function setKey(obj, key, value) {
+  if (key === "__proto__") {
+    Object.defineProperty(obj, key, { value, enumerable: true, writable: true, configurable: true });
+  } else {
+    obj[key] = value;
+  }
+}
+
+function clone(value) {
+  if (Array.isArray(value)) return value.map(clone);
+  if (value === null || typeof value !== "object") return value;
+  const out = {};
+  for (const key of Object.keys(value)) setKey(out, key, clone(value[key]));
+  return out;
+}
+
+function bare(obj) { // a fresh copy without the bookkeeping `rev`
+  const out = {};
+  for (const key of Object.keys(obj)) if (key !== "rev") setKey(out, key, clone(obj[key]));
+  return out;
+}
+
+function copyRow(row) {
+  const out = bare(row);
+  if (Array.isArray(row.timeline)) out.timeline = row.timeline.map(bare);
+  return out;
+}
+
+// Python's `text[:length]` counts code points, not UTF-16 units.
+function pySlice(text, length) {
+  if (length === null || length === undefined || typeof text !== "string") return text;
+  if (!/[\uD800-\uDFFF]/.test(text)) return text.slice(0, length);
+  return Array.from(text).slice(0, length).join("");
+}
+
+function attachments(list) {
+  return (truthy(list) ? list : []).map((a) => ({ ...a, url: `/api/attachments/${pyStr(a.id)}` }));
+}
+
+function touch(state, obj, id = obj.id) {
+  obj.rev = ++state.clock;
+  state.dirty.add(id);
+  return obj;
+}
+
+export function noticeText(state, data) {
+  const error = truthy(get(data, "error")) ? data.error : {};
+  const reason = get(data, "reason");
+  switch (state) {
+    case "completed":
+      return null;
+    case "cancelled":
+      return truthy(reason) ? `Stopped: ${pyStr(reason)}` : "Stopped.";
+    case "interrupted":
+      return `Interrupted: ${truthy(reason) ? pyStr(reason)
+        : "the run ended before it could finish"}.`;
+    case "error":
+      return `Error (${pyStr(get(error, "code", "internal"))}): `
+        + pyStr(get(error, "message", "unknown error"));
+    case "tool_limit_reached":
+      return "Stopped: the run reached its tool-call limit before it could answer.";
+    case "compression_exhausted":
+      return "Stopped: the conversation no longer fits the model's context window, "
+        + "even after compression.";
+    default:
+      return `Ended: ${pyStr(state)}`;
+  }
+}
+
+// Text that a tool, compression or steer item follows is interim progress; the trailing text
+// is the answer. Kept on the stored items so a flip bumps the item's rev.
+function markInterim(state, items) {
+  let last = -1;
+  items.forEach((item, index) => { if (isBarrier(item)) last = index; });
+  items.forEach((item, index) => {
+    if (item.type !== "text") return;
+    const interim = index < last;
+    if (item.interim !== interim) {
+      item.interim = interim;
+      touch(state, item);
+    }
+  });
+}
+
+export function createSession(sessionId) {
+  return {
+    sessionId,
+    lastSeq: 0,
+    clock: 0, // source of every `rev`; never goes back
+    messages: [], // rows, in transcript order
+    active: new Map(), // stream_id -> scene {stream_id, turn_id, started_at, phase, ..., items}
+    users: new Map(), // turn_id -> user row (or the snapshot's pending turn)
+    queued: new Map(), // queue_id -> entry
+    dirty: new Set(),
+  };
+}
+
+function newScene(state, streamId, turnId, startedAt) {
+  const scene = { id: DIRTY_LIVE, stream_id: streamId, turn_id: turnId, started_at: startedAt,
+    phase: "starting", runtime: null, model: null, items: [], byId: new Map(),
+    pendingSteers: new Map() };
+  return touch(state, scene);
+}
+
+function sceneOf(state, env) {
+  return state.active.get(env.stream_id || get(env.data, "stream_id", ""));
+}
+
+// RunScene.item: the item with this id, created from `make` when absent.
+function ensureItem(state, scene, id, make) {
+  let item = scene.byId.get(id);
+  if (item === undefined) {
+    item = touch(state, { id, ...make });
+    scene.items.push(item);
+    scene.byId.set(id, item);
+    state.dirty.add(DIRTY_LIVE);
+    markInterim(state, scene.items);
+  }
+  return item;
+}
+
+const HANDLERS = new Map();
+const on = (types, handler) => { for (const type of types) HANDLERS.set(type, handler); };
+
+on(["turn.submitted"], (state, env, data) => {
+  const at = get(data, "submitted_at", env.at);
+  const row = { id: data.turn_id, role: "user", turn_id: data.turn_id, created_at: at,
+    content: get(data, "text", ""), attachments: attachments(get(data, "attachments")) };
+  state.messages.push(touch(state, row));
+  state.dirty.add(DIRTY_MESSAGES);
+  state.users.set(data.turn_id, row);
+  state.active.set(data.stream_id, newScene(state, data.stream_id, data.turn_id, at));
+});
+
+on(["run.started"], (state, env, data) => {
+  const scene = sceneOf(state, env);
+  if (scene === undefined) return;
+  if (scene.phase === "starting") scene.phase = "running";
+  scene.runtime = get(data, "runtime");
+  scene.model = get(data, "model");
+  touch(state, scene);
+});
+
+on(["reasoning.delta", "text.delta"], (state, env, data) => {
+  const scene = sceneOf(state, env);
+  if (scene === undefined) return;
+  const type = env.type === "reasoning.delta" ? "reasoning" : "text";
+  const item = ensureItem(state, scene, `${scene.stream_id}.${data.item_id}`, { type, text: "" });
+  item.text = (item.text ?? "") + (get(data, "text", "") ?? "");
+  touch(state, item);
+});
+
+on(["tool.started"], (state, env, data) => {
+  const scene = sceneOf(state, env);
+  if (scene === undefined) return;
+  ensureItem(state, scene, `${scene.stream_id}.tool.${data.call_id}`, {
+    type: "tool", call_id: data.call_id, name: get(data, "name", ""), args: get(data, "args"),
+    result_preview: null, is_error: false, duration_ms: null, done: false,
+  });
+});
+
+on(["tool.completed"], (state, env, data) => {
+  const scene = sceneOf(state, env);
+  if (scene === undefined) return;
+  const item = ensureItem(state, scene, `${scene.stream_id}.tool.${data.call_id}`, {
+    type: "tool", call_id: data.call_id, name: get(data, "name", ""), args: null,
+  });
+  Object.assign(item, {
+    result_preview: get(data, "result_preview"), result: get(data, "result"),
+    is_error: truthy(get(data, "is_error")), duration_ms: get(data, "duration_ms"), done: true,
+  });
+  touch(state, item);
+});
+
+on(["compression.started", "compression.completed"], (state, env, data) => {
+  const scene = sceneOf(state, env);
+  if (scene === undefined) return;
+  const item = ensureItem(state, scene, `${scene.stream_id}.compression.${data.pass_id}`,
+    { type: "compression", pass_id: data.pass_id, done: false });
+  if (env.type === "compression.completed") {
+    Object.assign(item, { done: true, tokens_before: get(data, "tokens_before"),
+      tokens_after: get(data, "tokens_after") });
+    touch(state, item);
+  }
+});
+
+on(["reasoning.trimmed"], (state, env, data) => {
+  const scene = sceneOf(state, env);
+  const item = scene?.byId.get(`${scene.stream_id}.${data.item_id}`);
+  if (item === undefined) return;
+  item.text = pySlice(item.text, data.length);
+  touch(state, item);
+});
+
+// Accepted steers wait beside the timeline until the agent takes them in (delivered: a steer
+// item where it did) or the run ends without it (leftover: an item that is no barrier).
+on(["steer.accepted"], (state, env, data) => {
+  const scene = sceneOf(state, env);
+  if (scene === undefined) return;
+  scene.pendingSteers.set(data.steer_id, get(data, "text", ""));
+  touch(state, scene);
+});
+
+on(["steer.delivered", "steer.leftover"], (state, env, data) => {
+  const scene = sceneOf(state, env);
+  if (scene === undefined) return;
+  const leftover = env.type === "steer.leftover";
+  for (const steerId of get(data, "steer_ids", []) ?? []) {
+    if (!scene.pendingSteers.has(steerId)) continue;
+    const text = scene.pendingSteers.get(steerId);
+    scene.pendingSteers.delete(steerId);
+    touch(state, scene);
+    if (text !== null && text !== undefined) {
+      ensureItem(state, scene, `${scene.stream_id}.steer.${steerId}`,
+        { type: "steer", text, leftover });
+    }
+  }
+});
+
+on(["queue.added", "queue.updated", "queue.removed"], (state, env, data) => {
+  const id = data.queue_id;
+  if (env.type === "queue.added") {
+    state.queued.set(id, touch(state, { queue_id: id, text: get(data, "text", ""),
+      attachments: attachments(get(data, "attachments")), created_at: env.at }, id));
+  } else if (env.type === "queue.updated" && state.queued.has(id)) {
+    touch(state, Object.assign(state.queued.get(id), { text: get(data, "text", "") }), id);
+  } else if (env.type === "queue.removed" && state.queued.delete(id)) {
+    state.dirty.add(id);
+  } else {
+    return;
+  }
+  state.dirty.add(DIRTY_QUEUED);
+});
+
+on(["run.cancel_requested"], (state, env) => {
+  const scene = sceneOf(state, env);
+  if (scene === undefined) return;
+  scene.phase = "cancelling";
+  touch(state, scene);
+});
+
+on(["run.finished"], (state, env, data) => {
+  const key = env.stream_id || get(data, "stream_id", "");
+  const scene = state.active.get(key);
+  if (scene === undefined) return;
+  state.active.delete(key);
+  const runState = get(data, "state", "completed");
+  // Invariant 6: the compression divider is live-only unless it explains the ending.
+  const items = scene.items.filter(
+    (item) => item.type !== "compression" || runState === "compression_exhausted");
+  const text = noticeText(runState, data);
+  if (text !== null) {
+    items.push(touch(state, { id: `${scene.stream_id}.notice`, type: "notice", kind: runState,
+      text }));
+  }
+  markInterim(state, items);
+  const row = {
+    id: scene.stream_id, role: "assistant", turn_id: scene.turn_id,
+    created_at: scene.started_at, finished_at: env.at,
+    content: items.filter((item) => item.type === "text" && !item.interim)
+      .map((item) => item.text).join(""),
+    state: runState, stream_id: scene.stream_id, timeline: items,
+  };
+  if (truthy(get(data, "error"))) row.error = { ...data.error };
+  if (truthy(get(data, "usage"))) row.usage = { ...data.usage }; // the context meter's source
+  state.messages.push(touch(state, row));
+  state.dirty.add(DIRTY_MESSAGES).add(DIRTY_LIVE);
+});
+
+on(["transcript.truncated"], (state, env, data) => {
+  const removed = state.messages.splice(data.keep_count);
+  if (removed.length === 0) return;
+  for (const row of removed) state.dirty.add(row.id);
+  state.dirty.add(DIRTY_MESSAGES);
+});
+
+/** Fold one SSE envelope; false when ignored (already applied, or another session's). */
+export function applyEvent(state, envelope) {
+  if (!envelope || envelope.session_id !== state.sessionId) return false;
+  const seq = Number(envelope.seq);
+  if (!(seq > state.lastSeq)) return false;
+  state.lastSeq = seq;
+  const env = truthy(envelope.data) ? envelope : { ...envelope, data: {} };
+  const handler = HANDLERS.get(env.type);
+  if (handler !== undefined) handler(state, env, env.data);
+  return true;
+}
+
+/** Replace the state with the `session` object of `GET /api/session` (or of a
+ * `session.snapshot` frame); later events continue after its `last_seq`. */
+export function applySnapshot(state, session) {
+  if (!session || (has(session, "session_id") && session.session_id !== state.sessionId)) {
+    return false;
+  }
+  const hydrate = (obj) => touch(state, clone(obj));
+  state.lastSeq = Number(session.last_seq ?? 0);
+  state.messages = (session.messages ?? []).map((row) => {
+    const copy = hydrate(row);
+    if (Array.isArray(copy.timeline)) copy.timeline.forEach((item) => touch(state, item));
+    return copy;
+  });
+  state.users = new Map();
+  for (const row of state.messages) if (row.role === "user") state.users.set(row.turn_id, row);
+  state.active = new Map();
+  const live = session.live;
+  if (live) {
+    const scene = newScene(state, live.stream_id, live.turn_id, live.started_at);
+    Object.assign(scene, { phase: live.phase, runtime: get(live, "runtime"),
+      model: get(live, "model") });
+    for (const item of live.timeline ?? []) {
+      const copy = hydrate(item);
+      scene.items.push(copy);
+      scene.byId.set(copy.id, copy);
+    }
+    for (const steer of live.pending_steers ?? []) {
+      scene.pendingSteers.set(steer.steer_id, steer.text);
+    }
+    markInterim(state, scene.items);
+    state.active.set(scene.stream_id, scene);
+    if (session.pending_user_message != null || truthy(session.pending_attachments)) {
+      state.users.set(live.turn_id, { content: session.pending_user_message,
+        attachments: clone(session.pending_attachments ?? []) });
+    }
+  }
+  state.queued = new Map((session.queued ?? []).map(
+    (q) => [q.queue_id, touch(state, clone(q), q.queue_id)]));
+  state.dirty.add(DIRTY_MESSAGES).add(DIRTY_LIVE).add(DIRTY_QUEUED);
+  return true;
+}
+
+/** Exactly the shape of the Python `TranscriptFold.view()`, as fresh plain objects. */
+export function view(state) {
+  const out = {
+    messages: state.messages.map(copyRow),
+    pending_user_message: null,
+    pending_attachments: [],
+    pending_started_at: null,
+    live: null,
+    queued: [...state.queued.values()].map(bare),
+  };
+  const scene = state.active.values().next().value;
+  if (scene !== undefined) {
+    const user = state.users.get(scene.turn_id);
+    if (user !== undefined) {
+      out.pending_user_message = user.content;
+      out.pending_attachments = clone(user.attachments);
+    }
+    out.pending_started_at = scene.started_at;
+    out.live = {
+      stream_id: scene.stream_id, turn_id: scene.turn_id, phase: scene.phase,
+      started_at: scene.started_at, runtime: scene.runtime, model: scene.model,
+      timeline: scene.items.map(bare),
+      pending_steers: [...scene.pendingSteers].map(([steer_id, text]) => ({ steer_id, text })),
+    };
+  }
+  return out;
+}
+
+/** The scene `view(state).live` shows (with its `rev` and stored items), or null. */
+export function liveScene(state) {
+  return state.active.values().next().value ?? null;
+}

@@ -52,7 +52,6 @@ class App {
     $("model-label").textContent = this.health.demo
       ? "Demo runtime: no model is called" : `Model: ${this.health.model}`;
     await this.sidebar.load();
-    this.sidebar.connectFeed();
     window.addEventListener("popstate", () => this.route());
     document.addEventListener("visibilitychange", () => this.sidebar.render());
     setInterval(() => this.transcript.tick(), 1000);
@@ -97,6 +96,7 @@ class App {
   showEmpty() {
     this.stream?.stop();
     this.stream = null;
+    this.sidebar.connectFeed();
     this.openId = null;
     this.sidebar.setActive(null);
     this.transcript.clear();
@@ -160,7 +160,10 @@ class App {
       },
       onState: (state, detail) => this.setConn(state, detail),
       onDeleted: () => this.onDeleted(sid),
+      onSidebarChange: (change) => this.sidebar.onChanged(change),
+      onReconnected: () => this.sidebar.load(),
     }, { heartbeatMs: 5000 });
+    this.sidebar.disconnectFeed();
     this.stream.start(body.last_seq);
   }
 

@@ -49,13 +49,20 @@ export class Sidebar {
     this.render();
   }
 
+  /** Follow the sidebar stream on its own connection (when no session stream carries it). */
   connectFeed() {
+    if (this.feed) return;
     this.feed = new EventSource("/api/events");
     let dropped = false;
     this.feed.addEventListener("session.changed", (e) => this.onChanged(JSON.parse(e.data)));
     this.feed.addEventListener("resync", () => this.load());
     this.feed.onerror = () => { dropped = true; };
     this.feed.onopen = () => { if (dropped) { dropped = false; this.load(); } };
+  }
+
+  disconnectFeed() {
+    this.feed?.close();
+    this.feed = null;
   }
 
   visible(row) {

@@ -18,7 +18,8 @@ const MAX_BACKOFF_MS = 8000;
 export class SessionStream {
   /**
    * handlers: cursor() → last applied seq; onEvent(envelope); onSnapshot(session);
-   * onHeartbeat(data); onState(state, detail); onDeleted().
+   * onHeartbeat(data); onState(state, detail); onDeleted(); onSidebarChange(change);
+   * onReconnected() (anything may have been missed: refetch what is not in the log).
    */
   constructor(sessionId, handlers, { heartbeatMs = 5000 } = {}) {
     this.sessionId = sessionId;
@@ -57,12 +58,16 @@ export class SessionStream {
 
   open() {
     const after = this.h.cursor();
-    const url = `/api/sessions/${encodeURIComponent(this.sessionId)}/events?after=${after}`;
+    // sidebar=1: this one connection also carries the sidebar's changes (one per tab).
+    const url = `/api/sessions/${encodeURIComponent(this.sessionId)}/events?after=${after}` +
+      "&sidebar=1";
     this.es = new EventSource(url);
     this.lastFrameAt = Date.now();
     this.setState(this.target > after ? "replaying" : "connecting",
                   { missing: this.target - after });
     this.es.onopen = () => {
+      if (this.failures > 0 || this.opened) this.h.onReconnected?.();
+      this.opened = true;
       this.failures = 0;
       if (this.target <= this.h.cursor()) this.setState("live");
     };
@@ -71,6 +76,11 @@ export class SessionStream {
     this.es.addEventListener("heartbeat", (e) => this.onHeartbeat(e));
     this.es.addEventListener("session.snapshot", (e) => this.onSnapshot(e));
     this.es.addEventListener("session.deleted", () => { this.stop(); this.h.onDeleted?.(); });
+    this.es.addEventListener("session.changed", (e) => {
+      this.lastFrameAt = Date.now();
+      this.h.onSidebarChange?.(JSON.parse(e.data));
+    });
+    this.es.addEventListener("resync", () => this.h.onReconnected?.());
   }
 
   onFrame(e) {

@@ -1,0 +1,51 @@
+"""What the browser tests read off the page: the transcript's keyed structure (rows and their
+blocks, in order) and small waits."""
+
+from __future__ import annotations
+
+import re
+
+from playwright.sync_api import Page, expect
+
+STRUCTURE_JS = """() => [...document.querySelectorAll('#transcript .rows > [data-key]')].map(
+  (row) => [row.dataset.key, [...row.querySelectorAll('[data-key]')].map((b) => b.dataset.key)])"""
+
+
+def structure(page: Page) -> list:
+    return page.evaluate(STRUCTURE_JS)
+
+
+def open_app(page: Page, base_url: str, path: str = "/") -> None:
+    page.goto(base_url + path)
+    expect(page.get_by_role("textbox", name="Message")).to_be_visible()
+
+
+def send(page: Page, text: str) -> None:
+    box = page.get_by_role("textbox", name="Message")
+    box.fill(text)
+    box.press("Enter")
+
+
+SETTLED_JS = """() => {
+  const rows = document.querySelector('#transcript .rows');
+  const users = rows.querySelectorAll(':scope > .row.user').length;
+  const answers = rows.querySelectorAll(':scope > .row.assistant:not(.live)').length;
+  return users > 0 && users === answers && !rows.querySelector('.row.live');
+}"""
+
+
+def wait_settled(page: Page, timeout: float = 30_000) -> None:
+    """Every turn has its settled answer, no run is live, and Send is offered again."""
+    page.wait_for_function(SETTLED_JS, timeout=timeout)
+    expect(page.get_by_role("button", name="Send")).to_be_visible(timeout=timeout)
+
+
+def session_id_of(page: Page) -> str:
+    """The open session's id, once the page has navigated to it."""
+    page.wait_for_url(re.compile(r"/s/[A-Za-z0-9_-]+$"))
+    return page.evaluate("location.pathname")[3:]
+
+
+def assert_each_once(struct: list) -> None:
+    keys = [key for key, _ in struct] + [b for _, blocks in struct for b in blocks]
+    assert len(keys) == len(set(keys)), "a row or block is shown twice"

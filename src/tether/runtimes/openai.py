@@ -3,20 +3,7 @@ OpenAI wire format (OpenAI itself, vLLM, llama.cpp, Ollama, LM Studio, ...) and 
 read-only workspace tools (`runtimes.tools`) in a loop until the model answers without tools.
 
 Provider failures become `ProviderError` with a stable code and a message a person can act on
-(the provider's own words included). The mapping, first match wins:
-
-* 401 / 403 (AuthenticationError, PermissionDeniedError) -> ``auth``
-* 429 (RateLimitError) -> ``rate_limit``
-* 413, or any error whose code or message says the context is too long
-  (``context_length_exceeded``, "maximum context length", "context window", "too many
-  tokens", ...) -> ``context_overflow``
-* 404 (NotFoundError) -> ``model_not_found`` (a wrong ``--base-url`` also lands here; the
-  message says to check both)
-* 5xx, errors reported inside the stream, unparseable JSON, a stream with no completion
-  data -> ``bad_response``: the provider misbehaved and trying again may help
-* other 4xx -> ``internal``: the provider refused the request Tether built (an unsupported
-  parameter, image input on a text-only model, ...), which retrying will not fix
-* connection refused / dropped, timeouts, transport errors -> ``network``
+(`runtimes.openai_errors` holds the mapping).
 
 Automatic context compression (`runtimes.compression` counts, estimates and splits):
 
@@ -44,14 +31,12 @@ import base64
 import contextlib
 import json
 import os
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, NoReturn
 
-import httpx
 import openai
 
 from tether.runtimes.base import (
@@ -75,6 +60,7 @@ from tether.runtimes.compression import (
     estimate_tools_tokens,
     summary_request,
 )
+from tether.runtimes.openai_errors import classify
 from tether.runtimes.tools import WorkspaceTools
 from tether.settings import Settings
 
@@ -98,20 +84,6 @@ TEXT_APPLICATION_MIMES = frozenset({
     "application/graphql", "application/csv", "application/x-csv",
 })
 
-_CONTEXT_RE = re.compile(
-    r"context[_ ]?length|context[_ ]?window|context[_ ]?size|maximum context|too many tokens"
-    r"|prompt is too long|input is too long|exceed_context|reduce the length",
-    re.IGNORECASE,
-)
-
-
-_TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx.TransportError,)
-with contextlib.suppress(ImportError):  # the SDK's own HTTP stack; the SDK normally wraps these
-    import httpx2
-
-    _TRANSPORT_ERRORS += (httpx2.TransportError,)
-
-
 def base_mime(mime: str) -> str:
     base = mime.split(";", 1)[0].strip().lower()
     return _MIME_ALIASES.get(base, base)
@@ -121,29 +93,6 @@ def is_text_mime(mime: str) -> bool:
     mime = base_mime(mime)
     return (mime.startswith("text/") or mime in TEXT_APPLICATION_MIMES
             or mime.endswith(("+json", "+xml", "+yaml")))
-
-
-def _sentence(text: str) -> str:
-    text = text.strip()
-    return text if text.endswith((".", "!", "?")) else text + "."
-
-
-def _detail(exc: openai.APIError) -> str:
-    """The provider's own message, without the SDK's "Error code: 400 - {...}" wrapping."""
-    body = exc.body
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        message = None
-        if isinstance(inner, dict):
-            message = inner.get("message") or inner.get("detail")
-        elif isinstance(inner, str):
-            message = inner
-        message = message or body.get("message") or body.get("detail")
-        if message:
-            return str(message)
-    if isinstance(body, str) and body.strip():
-        return body.strip()[:500]
-    return exc.message
 
 
 def _parse_args(raw: str) -> tuple[dict[str, Any], str | None]:
@@ -538,67 +487,8 @@ class OpenAIRuntime:
     def _raise_classified(self, exc: Exception, model: str, *, streaming: bool) -> NoReturn:
         """Re-raise `exc` as a ProviderError, or unchanged if it is not a provider failure
         (a bug in Tether must not pass for a provider problem)."""
-        error = self._classify(exc, model, streaming)
+        error = classify(exc, model=model, where=self._where(), streaming=streaming,
+                         key_env=self.settings.api_key_env, key_set=self._api_key_set)
         if error is exc:
             raise exc
         raise error from exc
-
-    def _classify(self, exc: Exception, model: str, streaming: bool) -> Exception:
-        """The ProviderError for `exc`, or `exc` itself if it is not a provider failure."""
-        if isinstance(exc, ProviderError):
-            return exc
-        where = self._where()
-        if isinstance(exc, openai.APITimeoutError):
-            return ProviderError("network", f"The model provider at {where} did not answer in "
-                                            "time (the request timed out).")
-        if isinstance(exc, openai.APIConnectionError):
-            cause = exc.__cause__ or exc.__context__
-            reason = f"{type(cause).__name__}: {cause}" if cause and str(cause) else exc.message
-            what = ("The connection to the model provider at {} was lost mid-answer"
-                    if streaming else "Could not reach the model provider at {}")
-            return ProviderError("network", f"{what.format(where)} ({reason}).")
-        if isinstance(exc, openai.APIStatusError):
-            return self._status_error(exc, model, where)
-        if isinstance(exc, openai.APIError):  # an error event inside the stream, or bad data
-            detail = _detail(exc)
-            if _CONTEXT_RE.search(f"{exc.code or ''} {detail}"):
-                return ProviderError("context_overflow", "The conversation no longer fits the "
-                                     f"model's context window: {_sentence(detail)}")
-            return ProviderError("bad_response", "The model provider reported an error while "
-                                 f"answering: {_sentence(detail)}")
-        if isinstance(exc, json.JSONDecodeError):
-            return ProviderError("bad_response", f"The model provider at {where} sent data "
-                                 f"that is not valid JSON ({exc}).")
-        if isinstance(exc, _TRANSPORT_ERRORS | OSError):
-            return ProviderError("network", f"The connection to the model provider at {where} "
-                                 f"failed ({type(exc).__name__}: {exc}).")
-        if isinstance(exc, httpx.HTTPError):
-            return ProviderError("bad_response", f"The model provider at {where} sent a "
-                                 f"response Tether could not read ({exc}).")
-        return exc
-
-    def _status_error(self, exc: openai.APIStatusError, model: str, where: str) -> ProviderError:
-        status = exc.status_code
-        detail = _sentence(_detail(exc))
-        if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
-            env = self.settings.api_key_env
-            hint = (f" Check the key in {env}." if self._api_key_set
-                    else f" Set {env} to your API key.")
-            verb = "rejected the credentials" if status == 401 else "refused access"
-            return ProviderError("auth", f"The model provider at {where} {verb} "
-                                         f"(HTTP {status}): {detail}{hint}")
-        if isinstance(exc, openai.RateLimitError):
-            return ProviderError("rate_limit", f"The model provider is rate limiting requests "
-                                 f"(HTTP 429): {detail} Wait a moment and try again.")
-        if status == 413 or _CONTEXT_RE.search(f"{exc.code or ''} {detail}"):
-            return ProviderError("context_overflow", "The conversation no longer fits the "
-                                 f"model's context window (HTTP {status}): {detail}")
-        if isinstance(exc, openai.NotFoundError):
-            return ProviderError("model_not_found", f"The model provider at {where} does not "
-                                 f"know the model {model!r} (HTTP 404): {detail} Check --model "
-                                 "and --base-url.")
-        if status >= 500:
-            return ProviderError("bad_response", f"The model provider failed (HTTP {status}): "
-                                 f"{detail}")
-        return ProviderError("internal", f"The model provider rejected the request "
-                                         f"(HTTP {status}): {detail}")

@@ -1,0 +1,119 @@
+"""Provider failures of an OpenAI-compatible endpoint as typed `ProviderError`s, with a
+message a person can act on (the provider's own words included). First match wins:
+
+* 401 / 403 -> ``auth``; 429 -> ``rate_limit``
+* 413, or any error whose code or message says the context is too long -> ``context_overflow``
+* 404 -> ``model_not_found`` (a wrong ``--base-url`` also lands here; the message says so)
+* 5xx, errors reported inside the stream, unparseable JSON -> ``bad_response``
+* other 4xx -> ``internal``: the provider refused the request Tether built
+* connection refused / dropped, timeouts, transport errors -> ``network``
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+
+import httpx
+import openai
+
+from tether.runtimes.base import ProviderError
+
+_CONTEXT_RE = re.compile(
+    r"context[_ ]?length|context[_ ]?window|context[_ ]?size|maximum context|too many tokens"
+    r"|prompt is too long|input is too long|exceed_context|reduce the length",
+    re.IGNORECASE,
+)
+
+
+_TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx.TransportError,)
+with contextlib.suppress(ImportError):  # the SDK's own HTTP stack; the SDK normally wraps these
+    import httpx2
+
+    _TRANSPORT_ERRORS += (httpx2.TransportError,)
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def _detail(exc: openai.APIError) -> str:
+    """The provider's own message, without the SDK's "Error code: 400 - {...}" wrapping."""
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        message = None
+        if isinstance(inner, dict):
+            message = inner.get("message") or inner.get("detail")
+        elif isinstance(inner, str):
+            message = inner
+        message = message or body.get("message") or body.get("detail")
+        if message:
+            return str(message)
+    if isinstance(body, str) and body.strip():
+        return body.strip()[:500]
+    return exc.message
+
+
+
+def classify(exc: Exception, *, model: str, where: str, streaming: bool, key_env: str,
+             key_set: bool) -> Exception:
+    """The ProviderError for `exc`, or `exc` itself if it is not a provider failure."""
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, openai.APITimeoutError):
+        return ProviderError("network", f"The model provider at {where} did not answer in "
+                                        "time (the request timed out).")
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__ or exc.__context__
+        reason = f"{type(cause).__name__}: {cause}" if cause and str(cause) else exc.message
+        what = ("The connection to the model provider at {} was lost mid-answer"
+                if streaming else "Could not reach the model provider at {}")
+        return ProviderError("network", f"{what.format(where)} ({reason}).")
+    if isinstance(exc, openai.APIStatusError):
+        return _status_error(exc, model, where, key_env, key_set)
+    if isinstance(exc, openai.APIError):  # an error event inside the stream, or bad data
+        detail = _detail(exc)
+        if _CONTEXT_RE.search(f"{exc.code or ''} {detail}"):
+            return ProviderError("context_overflow", "The conversation no longer fits the "
+                                 f"model's context window: {_sentence(detail)}")
+        return ProviderError("bad_response", "The model provider reported an error while "
+                             f"answering: {_sentence(detail)}")
+    if isinstance(exc, json.JSONDecodeError):
+        return ProviderError("bad_response", f"The model provider at {where} sent data "
+                             f"that is not valid JSON ({exc}).")
+    if isinstance(exc, _TRANSPORT_ERRORS | OSError):
+        return ProviderError("network", f"The connection to the model provider at {where} "
+                             f"failed ({type(exc).__name__}: {exc}).")
+    if isinstance(exc, httpx.HTTPError):
+        return ProviderError("bad_response", f"The model provider at {where} sent a "
+                             f"response Tether could not read ({exc}).")
+    return exc
+
+def _status_error(exc: openai.APIStatusError, model: str, where: str, key_env: str,
+                  key_set: bool) -> ProviderError:
+    status = exc.status_code
+    detail = _sentence(_detail(exc))
+    if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
+        hint = (f" Check the key in {key_env}." if key_set
+                else f" Set {key_env} to your API key.")
+        verb = "rejected the credentials" if status == 401 else "refused access"
+        return ProviderError("auth", f"The model provider at {where} {verb} "
+                                     f"(HTTP {status}): {detail}{hint}")
+    if isinstance(exc, openai.RateLimitError):
+        return ProviderError("rate_limit", f"The model provider is rate limiting requests "
+                             f"(HTTP 429): {detail} Wait a moment and try again.")
+    if status == 413 or _CONTEXT_RE.search(f"{exc.code or ''} {detail}"):
+        return ProviderError("context_overflow", "The conversation no longer fits the "
+                             f"model's context window (HTTP {status}): {detail}")
+    if isinstance(exc, openai.NotFoundError):
+        return ProviderError("model_not_found", f"The model provider at {where} does not "
+                             f"know the model {model!r} (HTTP 404): {detail} Check --model "
+                             "and --base-url.")
+    if status >= 500:
+        return ProviderError("bad_response", f"The model provider failed (HTTP {status}): "
+                             f"{detail}")
+    return ProviderError("internal", f"The model provider rejected the request "
+                                     f"(HTTP {status}): {detail}")

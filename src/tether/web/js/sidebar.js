@@ -120,8 +120,7 @@ export class Sidebar {
 
   build(spec) {
     if (spec.group) return h("div", { class: "group-label", role: "heading", "aria-level": 2 });
-    const link = h("a", { class: "session-link" }, h("span", { class: "pin-mark" }),
-      h("span", { class: "session-name" }), h("span", { class: "running-dot" }),
+    const link = h("a", { class: "session-link" }, h("span", { class: "session-name" }), h("span", { class: "running-dot" }),
       h("span", { class: "unread-dot" }));
     link.addEventListener("click", (e) => {
       if (e.metaKey || e.ctrlKey || e.shiftKey || e.button !== 0) return;
@@ -152,7 +151,6 @@ export class Sidebar {
     else link.removeAttribute("aria-current");
     el.classList.toggle("active", active);
     el.querySelector(".session-name").textContent = row.title;
-    el.querySelector(".pin-mark").textContent = row.pinned ? "📌" : "";
     el.querySelector(".running-dot").hidden = !row.busy;
     el.querySelector(".unread-dot").hidden = !unread;
     const states = [row.busy && "running", unread && "unread", row.pinned && "pinned"]

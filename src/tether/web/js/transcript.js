@@ -140,7 +140,7 @@ function updateUserRow(el, row) {
     /^image\/(png|jpeg|gif|webp)$/.test(a.mime)
       ? h("a", { href: a.url, target: "_blank", rel: "noopener" },
           h("img", { src: a.url, alt: a.name, loading: "lazy" }))
-      : h("a", { href: a.url, download: a.name, text: `📄 ${a.name}` }))));
+      : h("a", { class: "file-chip", href: a.url, download: a.name, text: a.name }))));
 }
 
 export class TranscriptView {

@@ -46,6 +46,19 @@ RUN_STATES = (
 )
 
 
+# How a compression summary is framed in a model context (contract invariant 6): reference
+# material for the agent, never a request from the user. Runtimes and the context projection
+# both use it, so what the model saw mid-turn and what the next turn gets read the same.
+SUMMARY_PREFIX = (
+    "Summary of the earlier conversation (automatic context compression; reference material "
+    "for you, not a new request from the user):\n\n"
+)
+
+
+def summary_message(summary: str) -> dict[str, Any]:
+    return {"role": "system", "content": SUMMARY_PREFIX + summary}
+
+
 def is_valid_id(value: object) -> bool:
     return isinstance(value, str) and _ID_RE.match(value) is not None
 

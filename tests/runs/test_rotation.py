@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from engine_harness import harness
 
-from tether.projections.context import SUMMARY_PREFIX
+from tether.events import SUMMARY_PREFIX
 from tether.runs.queue import QueueService
 from tether.runs.rotation import Rotator
 from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput, Usage

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from fake_openai import FakeOpenAI, error, reply, text, tool_call
 
+from tether.events import SUMMARY_PREFIX
 from tether.runtimes import compression as comp
 from tether.runtimes.base import (
     CompressionCompleted,
@@ -28,9 +29,6 @@ from tether.runtimes.base import (
 )
 from tether.runtimes.openai import OpenAIRuntime
 from tether.settings import Settings
-
-MARKER = ("Summary of the earlier conversation (automatic context compression; reference "
-          "material, not a new request):")
 
 
 def user(content: Any) -> dict[str, Any]:
@@ -166,7 +164,7 @@ def test_long_history_is_compressed_before_the_first_request(tmp_path: Path) -> 
 
     follow = requests[1]
     assert follow["stream"] is True
-    assert follow["messages"] == [{"role": "system", "content": f"{MARKER}\n{summary}"},
+    assert follow["messages"] == [{"role": "system", "content": f"{SUMMARY_PREFIX}{summary}"},
                                   user("what next?")]
     assert messages == original  # only what is sent changes
 
@@ -186,7 +184,7 @@ def test_provider_usage_counts_the_previous_turn(tmp_path: Path) -> None:
     done = assert_pass(events, "SUMMARY")
     assert done.tokens_before >= 340
     assert [is_summary_request(r) for r in requests] == [False, True, False]
-    assert requests[2]["messages"] == [{"role": "system", "content": f"{MARKER}\nSUMMARY"},
+    assert requests[2]["messages"] == [{"role": "system", "content": f"{SUMMARY_PREFIX}SUMMARY"},
                                        user("and now?")]
 
 
@@ -224,7 +222,7 @@ def test_compression_after_a_large_tool_result(tmp_path: Path, workspace: Path) 
     assert requests[0]["messages"] == messages  # the first request fitted as it was
     assert "FACT-0" in requests[1]["messages"][1]["content"]
     sent = requests[2]["messages"]
-    assert sent[0] == {"role": "system", "content": f"{MARKER}\nSUMMARY"}
+    assert sent[0] == {"role": "system", "content": f"{SUMMARY_PREFIX}SUMMARY"}
     assert sent[1] == user("read big.txt")
     assert sent[2]["role"] == "assistant" and sent[2]["tool_calls"][0]["id"] == "c1"
     assert sent[3] == {"role": "tool", "tool_call_id": "c1", "content": body}
@@ -262,7 +260,7 @@ def test_second_level_summarizes_the_current_turns_earlier_exchanges(
     assert "RESULT of read_file" in ask[1]["content"]
     assert "two 00000" not in ask[1]["content"]  # the latest exchange is kept, not summarized
     sent = requests[3]["messages"]
-    assert sent[0] == {"role": "system", "content": f"{MARKER}\n{comp.WORK_LABEL}\n{work}"}
+    assert sent[0] == {"role": "system", "content": f"{SUMMARY_PREFIX}{comp.WORK_LABEL}\n{work}"}
     assert sent[1] == messages[0]
     assert sent[2]["tool_calls"][0]["id"] == "c2"
     assert sent[3] == {"role": "tool", "tool_call_id": "c2", "content": two}

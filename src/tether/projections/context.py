@@ -13,11 +13,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from tether.events import summary_message
+
 UNFINISHED_TOOL_RESULT = "(no result: the run ended before this tool finished)"
-SUMMARY_PREFIX = (
-    "Summary of the earlier conversation (automatic context compression; reference material "
-    "for you, not a new request from the user):\n\n"
-)
 SUMMARIZED_REASON = (
     "Summarized by automatic context compression: the model gets the summary instead of "
     "this turn's full text."
@@ -106,7 +104,7 @@ def context_messages(messages: list[dict[str, Any]],
     out: list[dict[str, Any]] = []
     summary = compression["summary"] if compression else (handoff or {}).get("summary")
     if summary:
-        out.append({"role": "system", "content": SUMMARY_PREFIX + summary})
+        out.append(summary_message(summary))
     excluded = [{"turn_id": row["turn_id"], "reason": SUMMARIZED_REASON}
                 for row in messages[:start] if row["role"] == "user"]
     for row in messages[start:]:

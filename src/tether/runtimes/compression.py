@@ -29,12 +29,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.events import summary_message
+
 CHARS_PER_TOKEN = 4
 MESSAGE_OVERHEAD_TOKENS = 4
 IMAGE_TOKENS = 1000
 
-SUMMARY_MARKER = ("Summary of the earlier conversation (automatic context compression; "
-                  "reference material, not a new request):")
 WORK_LABEL = "Work already done in the current turn, before the latest step:"
 
 SUMMARY_INSTRUCTION = (
@@ -147,10 +147,6 @@ def combine_summaries(conversation: str | None, work: str | None) -> str:
         return conversation or ""
     work_part = f"{WORK_LABEL}\n{work}"
     return f"{conversation}\n\n{work_part}" if conversation else work_part
-
-
-def summary_message(summary: str) -> dict[str, Any]:
-    return {"role": "system", "content": f"{SUMMARY_MARKER}\n{summary}"}
 
 
 def clean_summary(text: str | None) -> str:

@@ -183,15 +183,19 @@ export class UnreadStore {
     if (stored.markers.has(sid)) this._writeMarkers();
   }
 
-  /** A run completed in a session the user is not viewing: light its dot. */
-  markCompletion(sessionId, { message_count = 0, transcript_generation = 0, ...meta } = {}) {
+  /** A run completed in a session the user is not viewing: light its dot. `info` may be a whole
+   * Row; only message_count, transcript_generation and the optional source/profile are kept. */
+  markCompletion(sessionId, info) {
     if (!sessionId) return false;
+    info = info || {};
     this._load();
     if (this._deleted.has(sessionId)) return false;
     const order = this._hwm + 1;
     this._hwm = order;
-    this._markers.set(sessionId, { ...meta, message_count: count(message_count),
-      transcript_generation: count(transcript_generation), completed_at: this._now(),
+    const meta = {};
+    for (const k of ['source', 'profile']) if (typeof info[k] === 'string') meta[k] = info[k];
+    this._markers.set(sessionId, { ...meta, message_count: count(info.message_count),
+      transcript_generation: count(info.transcript_generation), completed_at: this._now(),
       unread_order: order });
     this._writeMarkers();
     return true;

@@ -15,13 +15,15 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-sync", "--disable-dev-shm-usage"]
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: sync Playwright keeps an event loop running in the main thread,
+# which would break later tests that call asyncio.run().
+@pytest.fixture(scope="module")
 def playwright() -> Iterator[Playwright]:
     with sync_playwright() as pw:
         yield pw
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(playwright: Playwright) -> Iterator[Browser]:
     executable = shutil.which("chromium")
     assert executable, "Debian's chromium package is required (apt-get install chromium)"

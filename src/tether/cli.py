@@ -73,7 +73,16 @@ def main() -> None:
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Folder the agent's read-only tools may read; without it they are off.",
 )
+@option(
+    "--hermes-python",
+    help="Python of the environment with hermes-agent (for --runtime hermes).",
+)
 @option("--password-env", help="Environment variable that holds the login password.")
+@option(
+    "--password-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="File whose first line is the login password.",
+)
 @option(
     "--insecure-no-password", is_flag=True, help="Allow a non-loopback address without a password."
 )
@@ -101,23 +110,33 @@ def main() -> None:
 def serve(log_level: str, **options: object) -> None:
     """Serve the web UI and the API."""
     settings = Settings(**options)  # type: ignore[arg-type]
-    if settings.password_env:
-        raise click.UsageError(
-            "Password login is not available in this version yet; "
-            "keep Tether on a loopback address for now."
-        )
-    if not is_loopback(settings.host) and not settings.insecure_no_password:
+    from tether.http.auth import Authenticator, PasswordError, load_password
+
+    try:
+        password = load_password(settings)
+    except PasswordError as exc:
+        raise click.UsageError(str(exc)) from None
+    if password is None and not is_loopback(settings.host) and not settings.insecure_no_password:
         raise click.UsageError(
             f"Refusing to listen on {settings.host} without a password: anyone who can reach "
-            "it could read and drive your sessions. Use a loopback address, or pass "
-            "--insecure-no-password if you really mean it."
+            "it could read and drive your sessions. Use a loopback address, set a password "
+            "with --password-env or --password-file, or pass --insecure-no-password if you "
+            "really mean it."
         )
+    if settings.password_file and settings.password_file.stat().st_mode & 0o077:
+        click.echo(f"Warning: the password file {settings.password_file} is readable by "
+                   "other users; consider chmod 600.", err=True)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
 
     from tether.http.app import create_app
 
+    try:
+        auth = Authenticator(settings.data_dir, password)  # keeps only the argon2 hash
+    except OSError as exc:
+        raise click.ClickException(f"Cannot set up login in {settings.data_dir}: {exc}") from exc
+    del password
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, auth),
         host=settings.host,
         port=settings.port,
         log_level=log_level,

@@ -38,7 +38,9 @@ class Settings:
     compression_threshold: float = 0.8
     compression_mode: str = "in_place"
     workspace: Path | None = None
+    hermes_python: str | None = None
     password_env: str | None = None
+    password_file: Path | None = None
     insecure_no_password: bool = False
     no_browser: bool = False
     heartbeat_seconds: float = 5.0

@@ -17,7 +17,8 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from tether import __version__
-from tether.http import errors, health, pages, runs, sessions, streams
+from tether.http import auth_routes, errors, health, pages, runs, sessions, streams
+from tether.http.auth import Authenticator, AuthGate
 from tether.http.deps import Services
 from tether.http.limits import BodyLimit
 from tether.log import Hub
@@ -44,7 +45,12 @@ def open_store(settings: Settings) -> SQLiteEventStore:
     )
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI:
+    """The app. `auth` carries the hashed password; without it, it is loaded from settings
+    (auth.PasswordError when the configured password cannot be read)."""
+    if auth is None:
+        auth = Authenticator.from_settings(settings)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = load_runtime(settings)
@@ -91,9 +97,12 @@ def create_app(settings: Settings) -> FastAPI:
         redoc_url=None,
         openapi_url="/api/openapi.json",
     )
+    app.state.auth = auth
     errors.install(app)
-    for module in (health, sessions, runs, streams, pages):
+    for module in (health, auth_routes, sessions, runs, streams, pages):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=str(pages.WEB_ROOT)), name="static")
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    # Added last, so it runs first: a refused request never reaches the body limit or a route.
+    app.add_middleware(AuthGate, auth=auth)
     return app

@@ -13,6 +13,7 @@ from tether.settings import Settings
 BUILT_IN = {
     "demo": "tether.runtimes.demo:DemoRuntime",
     "openai": "tether.runtimes.openai:OpenAIRuntime",
+    "hermes": "tether.runtimes.hermes:HermesRuntime",
 }
 
 

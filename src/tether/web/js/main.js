@@ -1,6 +1,7 @@
 // The app: wires the sidebar, the open session (reducer + stream + view) and the composer.
 // One reducer per session over (seq, event): live events, replayed events and snapshots all
 // go through it, so a reload, a reconnect and a session switch show the same rows.
+import "./session_auth.js";
 import { ApiError, del, get, patch, post, q } from "./api.js";
 import { Composer } from "./composer.js";
 import { applyEvent, applySnapshot, createSession, view } from "./reducer.js";

@@ -7,63 +7,99 @@ from fastapi.responses import FileResponse
 
 from tether.events import ID_PATTERN
 from tether.http.deps import App
-from tether.http.errors import error
+from tether.http.errors import documented, error
 from tether.http.schemas import (
+    CancelResult,
     CancelRun,
     EditQueued,
+    QueueChanged,
+    Queued,
     QueueIdQuery,
     QueueMessage,
     StartTurn,
+    SteerResult,
     SteerRun,
+    TurnStarted,
 )
 from tether.runs.intake import check_message, decode_uploads
 
-router = APIRouter()
+router = APIRouter(tags=["runs"])
 
 # Served inline only for types a browser renders without running anything.
 _INLINE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp"}
 
 
-@router.post("/api/chat/start")
+@router.post("/api/chat/start", summary="Start a turn", response_model=None,
+             responses=documented(400, 404, 409, 413, 503, ok=TurnStarted))
 async def start_turn(app: App, body: StartTurn) -> dict:
+    """Record the user's message (with optional base64 attachments) and start a run. The
+    turn is durable, and visible in `GET /api/session`, before this returns. 409
+    `session_busy` while any worker occupies the session, `session_rotated` after a
+    compression rotation; every refusal comes before any write."""
     text = check_message(body.message, app.settings)
     uploads = decode_uploads([a.model_dump() for a in body.attachments], app.settings,
                              app.engine.runtime)
     return await app.engine.start(body.session_id, text, uploads, body.model)
 
 
-@router.post("/api/chat/steer")
+@router.post("/api/chat/steer", summary="Steer a running agent", response_model=None,
+             responses=documented(400, 413, ok=SteerResult))
 async def steer_run(app: App, body: SteerRun) -> dict:
+    """Text for the running agent to see at its next step; `accepted` is false (with a
+    `reason`) when the run is no longer running."""
     return await app.engine.steer(body.stream_id, check_message(body.text, app.settings))
 
 
-@router.post("/api/chat/queue")
+@router.post("/api/chat/queue", summary="Queue a message", response_model=None,
+             responses=documented(400, 404, 409, 413, 503, ok=Queued))
 async def queue_message(app: App, body: QueueMessage) -> dict:
+    """A message typed while the session is busy: it starts as the next turn when the run
+    completes (at once when the session is idle) and survives reloads and restarts."""
     text = check_message(body.message, app.settings)
     uploads = decode_uploads([a.model_dump() for a in body.attachments], app.settings,
                              app.engine.runtime)
     return await app.queue.add(body.session_id, text, uploads)
 
 
-@router.patch("/api/chat/queue")
+@router.patch("/api/chat/queue", summary="Edit a queued message", response_model=None,
+              responses=documented(400, 404, 413, 503, ok=QueueChanged))
 async def edit_queued(app: App, queue_id: QueueIdQuery, body: EditQueued) -> dict:
+    """Replace the text of a message that is still queued; 404 `queue_item_not_found` once
+    it was sent or removed."""
     return await app.queue.update(queue_id, check_message(body.text, app.settings))
 
 
-@router.delete("/api/chat/queue")
+@router.delete("/api/chat/queue", summary="Remove a queued message", response_model=None,
+               responses=documented(400, 404, 503, ok=QueueChanged))
 async def remove_queued(app: App, queue_id: QueueIdQuery) -> dict:
+    """Remove a message that is still queued; 404 `queue_item_not_found` once it was sent or
+    removed."""
     return await app.queue.remove(queue_id)
 
 
-@router.post("/api/chat/cancel")
+@router.post("/api/chat/cancel", summary="Stop a run", response_model=None,
+             responses=documented(400, 413, ok=CancelResult))
 async def cancel_run(app: App, body: CancelRun) -> dict:
+    """Stop the run `stream_id` (or the session's run, given `session_id`). Idempotent:
+    `cancelled` is false for an unknown or already finished run; 400 without either id."""
     if body.stream_id is None and body.session_id is None:
         return error(400, "invalid_request", "Send the stream_id (or session_id) to stop.")
     return await app.engine.cancel(stream_id=body.stream_id, session_id=body.session_id)
 
 
-@router.get("/api/attachments/{attachment_id}")
-async def get_attachment(app: App, attachment_id: str = Path(pattern=ID_PATTERN)) -> object:
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+
+
+@router.get("/api/attachments/{attachment_id}", summary="Download an attachment",
+            response_class=FileResponse, response_model=None,
+            responses=documented(400, 404, content={
+                mime: _BINARY for mime in [*sorted(_INLINE_TYPES), "application/octet-stream"]}))
+async def get_attachment(
+    app: App,
+    attachment_id: str = Path(pattern=ID_PATTERN, description="An attachment id"),
+) -> object:
+    """The stored bytes. Images a browser renders without running anything are served
+    inline; everything else is a download (`application/octet-stream`)."""
     path = app.attachments.path(attachment_id)
     meta = app.attachments.meta(attachment_id)
     if path is None or meta is None:

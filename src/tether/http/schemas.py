@@ -1,12 +1,21 @@
 """Request bodies and query parameters, validated strictly: a wrong type is a 400, never a
-silent coercion. Unknown fields are ignored so newer clients keep working."""
+silent coercion, and text must be valid Unicode (no lone surrogates). Unknown fields are
+ignored so newer clients keep working. The response models below document the API only."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Query
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 from tether.events import ID_PATTERN
 
@@ -15,8 +24,37 @@ SessionIdQuery = Annotated[str, Query(pattern=ID_PATTERN, description="A session
 QueueIdQuery = Annotated[str, Query(pattern=ID_PATTERN, description="A queued message id")]
 
 
+def _has_lone_surrogate(data: Any) -> bool:
+    """JSON may escape half a UTF-16 pair (`"\\ud800"`); such a string cannot be encoded as
+    UTF-8, so it could never be stored, logged or sent back. Iterative: nesting depth is the
+    client's choice."""
+    pending = [data]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
+
+
 class Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        if _has_lone_surrogate(data):
+            raise ValueError("text must be valid Unicode (a lone surrogate such as \\ud800 "
+                             "is not)")
+        return data
 
 
 class CreateSession(Body):
@@ -66,3 +104,107 @@ class QueueMessage(Body):
 
 class EditQueued(Body):
     text: StrictStr
+
+
+# -- Responses: documentation only (routes return plain dicts, so a field added here is never
+# filtered out); the fuzz suite checks real responses against them. Extra fields are allowed.
+
+class Out(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorBody(Out):
+    """Every error: a stable snake_case `code`, a `message` for people, and per-error fields
+    (`active_stream_id`, `continuation_session_id`, `limit_bytes`, ...)."""
+
+    code: str = Field(description="Stable snake_case error code, e.g. `invalid_request`")
+    message: str = Field(description="What went wrong, for people")
+
+
+class SessionRow(Out):
+    """A sidebar row (API.md §3)."""
+
+    session_id: str
+    title: str
+    created_at: float
+    updated_at: float
+    last_message_at: float | None
+    pinned: bool
+    archived: bool
+    message_count: int
+    transcript_generation: int
+    transcript_generation_baseline: int
+    busy: bool
+    active_stream_id: str | None
+    parent_session_id: str | None
+    continuation_session_id: str | None
+
+
+class SessionRowOut(Out):
+    session: SessionRow
+
+
+class SessionList(Out):
+    sessions: list[SessionRow]
+
+
+class SessionView(SessionRow):
+    """A row plus the visible transcript, the pending turn and the live run's scene."""
+
+    messages: list[dict]
+    pending_user_message: str | None
+    pending_attachments: list[dict]
+    pending_started_at: float | None
+    last_seq: int = Field(description="The session log position this projection reflects")
+    live: dict | None = Field(description="The active run's scene, or null")
+    queued: list[dict] = Field(description="Messages queued behind the running turn")
+
+
+class SessionViewOut(Out):
+    session: SessionView
+
+
+class SessionContext(Out):
+    context_messages: list[dict] = Field(description="OpenAI-shaped messages of the next call")
+    excluded: list[dict]
+    compressions: int
+
+
+class SessionStatus(Out):
+    busy: bool
+    active_stream_id: str | None
+    phase: str = Field(description="`idle`, `starting`, `running` or `cancelling`")
+    last_seq: int
+
+
+class Ok(Out):
+    ok: bool
+
+
+class TurnStarted(Out):
+    session_id: str
+    stream_id: str
+    turn_id: str
+    pending_started_at: float
+
+
+class CancelResult(Out):
+    ok: bool
+    cancelled: bool = Field(description="False for an unknown or already finished run")
+    stream_id: str | None
+
+
+class SteerResult(Out):
+    accepted: bool
+    reason: str | None = None
+    steer_id: str | None = None
+
+
+class Queued(Out):
+    queue_id: str
+    started: str | None = Field(description="The stream id when the message started at once")
+
+
+class QueueChanged(Out):
+    ok: bool
+    queue_id: str

@@ -15,17 +15,19 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from typing import Annotated
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Header, Path, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from tether.events import ID_PATTERN, Event
 from tether.http.deps import App, Services
+from tether.http.errors import documented
 from tether.log import SessionDeleted, SessionNotFound
 from tether.log.subscriptions import Overflowed, Subscription
 from tether.sessions.feed import FeedClient
 
-router = APIRouter()
+router = APIRouter(tags=["events"])
 
 _REPLAY_PAGE = 500
 _WRITE_DEADLINE_SECONDS = 30.0
@@ -148,17 +150,31 @@ async def _follow(app: Services, session_id: str, cursor_raw: str | None, sub: S
             yield _frame(event)
 
 
-@router.get("/api/sessions/{session_id}/events")
+_EVENT_STREAM = {"text/event-stream": {"schema": {
+    "type": "string", "description": "Server-Sent Events; the stream does not end"}}}
+
+
+@router.get("/api/sessions/{session_id}/events", summary="Follow one session (SSE)",
+            response_class=EventSourceResponse, response_model=None,
+            responses=documented(400, 404, content=_EVENT_STREAM))
 async def session_events(
-    request: Request,
     app: App,
-    session_id: str = Path(pattern=ID_PATTERN),
-    after: str | None = None,
-    sidebar: bool = False,
+    session_id: Annotated[str, Path(pattern=ID_PATTERN, description="A session id")],
+    after: Annotated[str | None, Query(
+        description="Resume after this seq (`0` replays everything); wins over Last-Event-ID. "
+                    "A cursor the server cannot honour gets one `session.snapshot` frame")]
+    = None,
+    sidebar: Annotated[bool, Query(
+        description="Also carry the sidebar feed's `session.changed` frames")] = False,
+    last_event_id: Annotated[str | None, Header(
+        alias="Last-Event-ID", description="The standard SSE resume cursor")] = None,
 ) -> EventSourceResponse:
+    """Every durable event of the session as one frame (`id: <seq>`, `event: <type>`,
+    `data: <envelope>`), replayed after the cursor and then live, with no gap and no
+    duplicate; `heartbeat` frames while idle. No cursor means "from now"."""
     if app.store.last_seq(session_id) is None:
         raise SessionNotFound(session_id)
-    cursor = after if after is not None else request.headers.get("last-event-id")
+    cursor = after if after is not None else last_event_id
     return EventSourceResponse(
         _session_frames(app, session_id, cursor, sidebar),
         ping=max(app.settings.heartbeat_seconds * 3, 15),
@@ -181,8 +197,12 @@ async def _sidebar_frames(app: Services) -> AsyncIterator[ServerSentEvent]:
         app.feed.disconnect(client)
 
 
-@router.get("/api/events")
+@router.get("/api/events", summary="Follow the sidebar (SSE)",
+            response_class=EventSourceResponse, response_model=None,
+            responses=documented(content=_EVENT_STREAM))
 async def sidebar_events(app: App) -> EventSourceResponse:
+    """`session.changed` frames (`{session_id, reason, row}`, row null when deleted) and
+    heartbeats; a reconnecting client refetches `GET /api/sessions`."""
     return EventSourceResponse(
         _sidebar_frames(app),
         ping=max(app.settings.heartbeat_seconds * 3, 15),

@@ -1,0 +1,253 @@
+"""`HermesRuntime`: Hermes Agent behind Tether, one sidecar process per session handle.
+
+docs/hermes.md explains the design (why a sidecar, the protocol, Stop, steer, proofs).
+Nothing here imports hermes-agent: the sidecar runs it in its own interpreter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from tether.runtimes.base import ProviderError, RuntimeEvent, RuntimeUnavailable, TurnInput
+from tether.runtimes.hermes.client import SidecarError, SidecarProcess
+from tether.runtimes.hermes.lineage import live_tip
+from tether.runtimes.hermes.messages import accepts_mime
+from tether.runtimes.hermes.proofs import ProofStore
+from tether.settings import Settings
+
+log = logging.getLogger("tether.hermes")
+
+PREVIOUS_TURN_GRACE = 30.0  # an interrupted turn gets this long to report `done`
+STARTER_CONFIG = """\
+# Written by Tether when it created this Hermes home; edit freely (Tether never rewrites it).
+compression:
+  # Tether models compression as an epoch inside one session.
+  in_place: true
+"""
+
+
+def default_python() -> str | None:
+    """This interpreter, when hermes-agent is installed beside Tether (`tether[hermes]`).
+    `find_spec` locates the module without importing it (no side effects)."""
+    return sys.executable if importlib.util.find_spec("run_agent") is not None else None
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value and value.strip().lstrip("-").isdigit() else None
+
+
+class HermesRuntime:
+    name = "hermes"
+    demo = False
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        python = getattr(settings, "hermes_python", None) or os.environ.get(
+            "TETHER_HERMES_PYTHON") or default_python()
+        if not python:
+            raise RuntimeUnavailable(
+                "The hermes runtime needs hermes-agent: install it with "
+                "`pip install 'tether[hermes]'`, or point --hermes-python (TETHER_HERMES_PYTHON) "
+                "at the Python of a virtualenv where `pip install hermes-agent==0.19.0` ran.")
+        if not Path(python).exists():
+            raise RuntimeUnavailable(f"--hermes-python {python!r} does not exist.")
+        self.python = python
+        configured = os.environ.get("TETHER_HERMES_HOME")
+        self.home = Path(configured).expanduser() if configured else settings.data_dir / "hermes"
+        if not configured and not self.home.exists():
+            self.home.mkdir(parents=True, exist_ok=True)
+            (self.home / "config.yaml").write_text(STARTER_CONFIG)
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.model = settings.model or "hermes"
+        self.profile = os.environ.get("TETHER_HERMES_PROFILE") or None
+        self.proofs = ProofStore(self.home / "tether-proofs.sqlite")
+        self.state_db = self.home / "state.db"
+        self._handles: set[HermesHandle] = set()
+        self._utility: HermesHandle | None = None
+        self._utility_lock = asyncio.Lock()
+        self._last_ts = 0.0
+
+    @property
+    def context_window(self) -> int | None:
+        return self.settings.context_window
+
+    def accepts(self, mime: str) -> bool:
+        return accepts_mime(mime)
+
+    # -- process setup ----------------------------------------------------------------------
+    def child_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+        env.update(HERMES_HOME=str(self.home), HERMES_SESSION_SOURCE="tether",
+                   PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8")
+        if self.settings.workspace is not None:
+            env["TERMINAL_CWD"] = str(Path(self.settings.workspace).expanduser())
+        return env
+
+    def agent_config(self, agent_session_id: str) -> dict[str, Any]:
+        s = self.settings
+        config: dict[str, Any] = {"session_id": agent_session_id}
+        if s.base_url:
+            config.update(base_url=s.base_url, provider="custom",
+                          api_key=os.environ.get(s.api_key_env) or "not-needed")
+        if s.model:
+            config["model"] = s.model
+        config["max_tokens"] = _env_int("TETHER_HERMES_MAX_TOKENS")
+        config["max_iterations"] = _env_int("TETHER_HERMES_MAX_ITERATIONS")
+        delay = os.environ.get("TETHER_HERMES_TOOL_DELAY")
+        if delay:
+            config["tool_delay"] = float(delay)
+        toolsets = os.environ.get("TETHER_HERMES_TOOLSETS")
+        if toolsets is not None:
+            config["toolsets"] = [t.strip() for t in toolsets.split(",") if t.strip()]
+        return config
+
+    async def spawn(self, agent_session_id: str) -> SidecarProcess:
+        cwd = Path(self.settings.workspace).expanduser() if self.settings.workspace else self.home
+        process = SidecarProcess(self.python, self.child_env(), cwd)
+        try:
+            await process.start(self.agent_config(agent_session_id))
+        except SidecarError as exc:
+            raise RuntimeUnavailable(f"Hermes Agent could not start: {exc}") from exc
+        return process
+
+    def next_timestamp(self) -> float:
+        """A `persist_user_timestamp` no other turn of this server used."""
+        ts = max(time.time(), self._last_ts + 0.001)
+        self._last_ts = ts
+        return ts
+
+    # -- the runtime protocol ---------------------------------------------------------------
+    async def open_handle(self, session_id: str) -> HermesHandle:
+        tip = await asyncio.to_thread(live_tip, self.state_db, session_id, self.profile)
+        handle = HermesHandle(self, session_id, tip)
+        await handle.ensure_started()
+        self._handles.add(handle)
+        return handle
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        handle = await self.open_handle(turn.session_id)
+        try:
+            async with contextlib.aclosing(handle.stream(turn)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            await handle.close()
+
+    async def summarize(self, messages: list[dict[str, Any]], model: str | None) -> str:
+        from tether.runtimes.compression import clean_summary, summary_request
+
+        async with self._utility_lock:
+            if self._utility is None or not self._utility.alive:
+                self._utility = HermesHandle(self, "tether-utility", "tether-utility")
+                await self._utility.ensure_started()
+        text = await self._utility.complete(
+            summary_request(messages, window=self.context_window), model)
+        summary = clean_summary(text)
+        if not summary:
+            raise ProviderError("bad_response", "Hermes Agent's model returned an empty "
+                                "summary when asked to compress the conversation.")
+        return summary
+
+    async def aclose(self) -> None:
+        handles = list(self._handles) + ([self._utility] if self._utility else [])
+        await asyncio.gather(*(h.close() for h in handles), return_exceptions=True)
+        self._handles.clear()
+        self._utility = None
+
+
+class HermesHandle:
+    """One Tether session's agent (a sidecar process), reused across its turns."""
+
+    def __init__(self, runtime: HermesRuntime, session_id: str, agent_session_id: str):
+        self.runtime = runtime
+        self.session_id = session_id
+        self.agent_session_id = agent_session_id
+        self.process: SidecarProcess | None = None
+        self.turn_open = False  # a turn was sent and its `done` not read yet
+        self.closed = False
+        self._requests = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive
+
+    async def ensure_started(self) -> SidecarProcess:
+        if self.process is not None and not self.process.alive:
+            await self.process.kill()
+            self.process = None
+        if self.process is None:
+            # A new process continues the newest authorized continuation, if the agent (or
+            # its CLI) rotated the session meanwhile.
+            self.agent_session_id = await asyncio.to_thread(
+                live_tip, self.runtime.state_db, self.agent_session_id, self.runtime.profile)
+            self.process = await self.runtime.spawn(self.agent_session_id)
+            self.turn_open = False
+        return self.process
+
+    def interrupt(self) -> None:
+        if self.process is not None and self.turn_open:
+            self.process.send({"op": "interrupt", "message": "Stopped from Tether"})
+
+    async def close(self) -> None:
+        self.closed = True
+        self.runtime._handles.discard(self)
+        if self.process is not None:
+            await self.process.close()
+            self.process = None
+
+    async def _settle_previous(self) -> None:
+        """Wait (bounded) for an interrupted turn's `done`; replace a sidecar that hangs."""
+        if not self.turn_open or self.process is None:
+            return
+        deadline = time.monotonic() + PREVIOUS_TURN_GRACE
+        while self.turn_open:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.warning("hermes sidecar of %s did not finish its interrupted turn; "
+                            "restarting it", self.session_id)
+                await self.process.kill()
+                self.process = None
+                self.turn_open = False
+                return
+            try:
+                event = await asyncio.wait_for(self.process.events.get(), remaining)
+            except TimeoutError:
+                continue
+            if event.get("ev") in ("done", "eof"):
+                self.turn_open = False
+                if event.get("session_id"):
+                    self.agent_session_id = event["session_id"]
+
+    async def complete(self, messages: list[dict[str, Any]], model: str | None) -> str:
+        process = await self.ensure_started()
+        self._requests += 1
+        request_id = f"c{self._requests}"
+        process.send({"op": "complete", "id": request_id, "messages": messages,
+                      "model": model})
+        while True:
+            event = await process.events.get()
+            if event.get("ev") == "eof":
+                raise ProviderError("internal", process.describe("The Hermes sidecar exited."))
+            if event.get("ev") == "completion" and event.get("id") == request_id:
+                if event.get("error"):
+                    raise ProviderError(event.get("error_code") or "internal", event["error"])
+                return str(event.get("text") or "")
+            process.handle_side_event(event)
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        from tether.runtimes.hermes.streaming import run_turn
+
+        async for event in run_turn(self, turn):
+            yield event
+

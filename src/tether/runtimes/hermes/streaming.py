@@ -1,0 +1,156 @@
+"""One turn on a Hermes handle: send it, map the sidecar's events to typed runtime events,
+forward steers, and stop the agent when the consumer stops (Stop cancels the task).
+
+Steer: the handle drains the run's `SteerInbox` every STEER_POLL_SECONDS and forwards the
+text to the sidecar (`AIAgent.steer()`); the inbox's `on_drain` (which records where the
+agent took the steer) is called only when the sidecar reports `steer_taken`. What the agent
+never took is put back into the inbox, so the engine reports it as leftover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from tether.runtimes.base import (
+    CompressionCompleted,
+    CompressionStarted,
+    ProviderError,
+    ReasoningDelta,
+    RuntimeEvent,
+    SteerInbox,
+    TextDelta,
+    ToolCompleted,
+    ToolStarted,
+    TurnInput,
+    Usage,
+)
+from tether.runtimes.hermes.messages import split_turn
+from tether.runtimes.hermes.proofs import Proof
+
+if TYPE_CHECKING:
+    from tether.runtimes.hermes.runtime import HermesHandle
+
+STEER_POLL_SECONDS = 0.05
+
+
+class _Steers:
+    """The steers of one turn between the engine's inbox and the agent."""
+
+    def __init__(self, inbox: SteerInbox | None):
+        self.inbox = inbox
+        self.forwarded: dict[str, str] = {}  # steer_id -> text, in forwarding order
+
+    def take_new(self) -> list[tuple[str, str]]:
+        inbox = self.inbox
+        if inbox is None or inbox.closed:
+            return []
+        ids: list[str] = []
+        notify: Callable[[list[str]], None] | None = inbox.on_drain
+        inbox.on_drain = ids.extend  # hold back delivery until the agent takes them
+        try:
+            texts = inbox.drain()
+        finally:
+            inbox.on_drain = notify
+        pairs = list(zip(ids, texts, strict=True))
+        self.forwarded.update(pairs)
+        return pairs
+
+    def taken(self, steer_ids: list[str]) -> None:
+        ids = [i for i in steer_ids if self.forwarded.pop(i, None) is not None]
+        if ids and self.inbox is not None and self.inbox.on_drain is not None:
+            self.inbox.on_drain(ids)
+
+    def give_back(self) -> None:
+        """Everything forwarded but never taken goes back to the inbox (→ leftover)."""
+        if self.inbox is not None:
+            for steer_id, text in self.forwarded.items():
+                self.inbox.put(steer_id, text)
+        self.forwarded.clear()
+
+
+def _map(event: dict[str, Any], turn: TurnInput) -> RuntimeEvent | None:
+    kind = event.get("ev")
+    if kind == "reasoning":
+        return ReasoningDelta(str(event.get("text") or ""))
+    if kind == "text":
+        return TextDelta(str(event.get("text") or ""))
+    if kind == "tool_started":
+        args = event.get("args")
+        return ToolStarted(str(event.get("call_id")), str(event.get("name")),
+                           args if isinstance(args, dict) else {})
+    if kind == "tool_completed":
+        return ToolCompleted(str(event.get("call_id")), str(event.get("name")),
+                             str(event.get("result") or ""), bool(event.get("is_error")),
+                             int(event.get("duration_ms") or 0))
+    if kind == "compression_started":
+        return CompressionStarted(str(event.get("pass_id")))
+    if kind == "compression_completed":
+        return CompressionCompleted(str(event.get("pass_id")), int(event.get("tokens_before")
+                                                                   or 0),
+                                    int(event.get("tokens_after") or 0),
+                                    str(event.get("summary") or ""), turn.turn_id)
+    if kind == "usage":
+        return Usage(int(event.get("prompt_tokens") or 0),
+                     int(event.get("completion_tokens") or 0))
+    return None
+
+
+async def run_turn(handle: HermesHandle, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+    await handle._settle_previous()
+    process = await handle.ensure_started()
+    history, message, persist_text = await asyncio.to_thread(split_turn, turn)
+    runtime = handle.runtime
+    timestamp = runtime.next_timestamp()
+    steers = _Steers(turn.steer)
+    process.send({"op": "turn", "id": turn.turn_id, "history": history, "message": message,
+                  "persist_user_message": persist_text, "persist_user_timestamp": timestamp,
+                  "model": turn.model, "task_id": turn.stream_id})
+    handle.turn_open = True
+    done = False
+    try:
+        while True:
+            for steer_id, text in steers.take_new():
+                process.send({"op": "steer", "steer_id": steer_id, "text": text})
+            try:
+                event = await asyncio.wait_for(process.events.get(), STEER_POLL_SECONDS)
+            except TimeoutError:
+                continue
+            kind = event.get("ev")
+            if kind == "eof":
+                handle.turn_open = False
+                done = True
+                raise ProviderError("internal", process.describe(
+                    "The Hermes sidecar exited during the turn."))
+            if kind == "accepted":
+                handle.agent_session_id = str(event.get("session_id") or
+                                              handle.agent_session_id)
+                await asyncio.to_thread(runtime.proofs.record, Proof(
+                    turn.session_id, turn.stream_id, turn.turn_id, handle.agent_session_id,
+                    float(event.get("persist_user_timestamp") or timestamp)))
+                continue
+            if kind == "steer_taken":
+                steers.taken([str(i) for i in event.get("steer_ids") or []])
+                continue
+            if kind == "compression_completed" and event.get("session_id"):
+                handle.agent_session_id = str(event["session_id"])
+            if kind == "done":
+                handle.turn_open = False
+                done = True
+                if event.get("session_id"):
+                    handle.agent_session_id = str(event["session_id"])
+                steers.give_back()
+                if event.get("failed"):
+                    raise ProviderError(event.get("error_code") or "internal",
+                                        f"Hermes Agent: {event.get('error') or 'the turn failed'}")
+                return
+            mapped = _map(event, turn)
+            if mapped is not None:
+                yield mapped
+            else:
+                process.handle_side_event(event)
+    finally:
+        if not done:  # the consumer stopped (Stop, shutdown): stop the agent too
+            handle.interrupt()
+            steers.give_back()

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+
 from fake_openai import (
     FakeOpenAI,
     barrier,

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import ServerProcess, running_server
 from playwright.sync_api import Browser, BrowserContext, Playwright, sync_playwright
+
+from helpers import ServerProcess, running_server
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",

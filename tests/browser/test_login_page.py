@@ -9,8 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import ServerProcess, new_session, running_server
 from playwright.sync_api import BrowserContext, expect
+
+from helpers import ServerProcess, new_session, running_server
 
 pytestmark = pytest.mark.slow
 

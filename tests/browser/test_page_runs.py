@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from playwright.sync_api import BrowserContext, expect
+
 from helpers import ServerProcess, new_session, start_turn
 from pagekit import (
     assert_each_once,
@@ -15,7 +17,6 @@ from pagekit import (
     structure,
     wait_settled,
 )
-from playwright.sync_api import BrowserContext, expect
 
 pytestmark = pytest.mark.slow
 

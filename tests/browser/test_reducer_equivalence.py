@@ -12,6 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import Browser, Page
+
+from tether.events import RUN_STATES, Event
+from tether.projections.sidebar import fold_row, public_row
+from tether.projections.transcript import TranscriptFold
+
 from helpers import (
     ServerProcess,
     new_session,
@@ -21,11 +27,6 @@ from helpers import (
     start_turn,
     wait_idle,
 )
-from playwright.sync_api import Browser, Page
-
-from tether.events import RUN_STATES, Event
-from tether.projections.sidebar import fold_row, public_row
-from tether.projections.transcript import TranscriptFold
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import ServerProcess, running_server
 from playwright.sync_api import Browser, BrowserContext, Page
+
+from helpers import ServerProcess, running_server
 
 VC = "hermes-session-viewed-counts"
 CM = "hermes-session-completion-unread"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from helpers import ServerProcess, free_port, iter_sse
 
 pytestmark = pytest.mark.slow

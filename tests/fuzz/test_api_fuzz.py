@@ -26,7 +26,6 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from helpers import ServerProcess, running_server, start_turn, wait_idle
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
@@ -37,6 +36,8 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+
+from helpers import ServerProcess, running_server, start_turn, wait_idle
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI
 from hermes_venv import HermesVenvError, build_hermes_venv, write_home
+
+from fake_openai import FakeOpenAI
 
 CONTEXT_LENGTH = 131072  # Hermes refuses models below 64K
 

@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI, reply, text
 
 from tether.runtimes.hermes.lineage import continuation_of
 from tether.runtimes.hermes.proofs import Proof, ProofStore
@@ -23,6 +22,8 @@ from tether.runtimes.hermes.reconcile import (
     reconcile,
     scalar_projection,
 )
+
+from fake_openai import FakeOpenAI, reply, text
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
 RICH = [{"type": "text", "text": "what is this"}, IMAGE]

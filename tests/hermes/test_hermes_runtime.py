@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_openai import FakeOpenAI, barrier, hang, reasoning, reply, text, tool_call
 from hermes_venv import write_home
 
 from tether.runtimes.base import (
@@ -30,6 +29,8 @@ from tether.runtimes.base import (
 )
 from tether.runtimes.hermes import HermesRuntime
 from tether.settings import Settings
+
+from fake_openai import FakeOpenAI, barrier, hang, reasoning, reply, text, tool_call
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

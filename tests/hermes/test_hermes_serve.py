@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from fake_openai import FakeOpenAI, barrier, hang, reasoning, reply, text, tool_call
 from helpers import (
     ServerProcess,

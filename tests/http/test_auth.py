@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from helpers import (
     ServerProcess,
     free_port,

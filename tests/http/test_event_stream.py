@@ -8,6 +8,7 @@ import threading
 import time
 
 import httpx
+
 from helpers import ServerProcess, iter_sse, read_events, seqs
 
 

@@ -7,6 +7,7 @@ import time
 
 import httpx
 import pytest
+
 from helpers import ServerProcess
 
 

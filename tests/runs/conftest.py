@@ -4,6 +4,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from fake_openai import FakeOpenAI
 from helpers import ServerProcess, running_server
 

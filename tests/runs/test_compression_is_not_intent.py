@@ -5,10 +5,11 @@ carried into an ordinary fresh chat. Layers: model context, transcript."""
 from __future__ import annotations
 
 import pytest
-from fake_openai import FakeOpenAI, reply, text
-from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle
 
 from tether.events import SUMMARY_PREFIX
+
+from fake_openai import FakeOpenAI, reply, text
+from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle
 
 pytestmark = pytest.mark.slow
 

@@ -5,6 +5,7 @@ a provider error, a restart and a compression."""
 from __future__ import annotations
 
 import pytest
+
 from fake_openai import FakeOpenAI, barrier, error, hang, reply, text
 from helpers import (
     ServerProcess,

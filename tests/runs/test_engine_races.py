@@ -10,10 +10,10 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from engine_harness import harness
-
 from tether.runs.maintenance import reclaim
 from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput
+
+from engine_harness import harness
 
 
 class StubbornRuntime:

@@ -9,6 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tether.runtimes.openai import OpenAIRuntime
+from tether.settings import Settings
+
 from engine_harness import harness
 from fake_openai import (
     FakeOpenAI,
@@ -30,9 +34,6 @@ from helpers import (
     start_turn,
     wait_idle,
 )
-
-from tether.runtimes.openai import OpenAIRuntime
-from tether.settings import Settings
 
 pytestmark = pytest.mark.slow
 

@@ -6,6 +6,7 @@ and enter the next model context (invariant 1); recovery never moves `updated_at
 from __future__ import annotations
 
 import pytest
+
 from helpers import (
     ServerProcess,
     new_session,

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from engine_harness import harness
 
 from tether.events import SUMMARY_PREFIX
 from tether.runs.queue import QueueService
@@ -19,6 +18,8 @@ from tether.runs.rotation import Rotator
 from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput, Usage
 from tether.sessions.service import SessionError
 from tether.settings import Settings
+
+from engine_harness import harness
 
 
 class FullContextRuntime:

@@ -9,10 +9,10 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from engine_harness import Harness, harness
-
 from tether.runs.maintenance import reclaim
 from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput
+
+from engine_harness import Harness, harness
 
 
 class BarrierHandle:

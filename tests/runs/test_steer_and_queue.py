@@ -6,6 +6,7 @@ next turn only after a completed run). No typed word is lost."""
 from __future__ import annotations
 
 import pytest
+
 from helpers import (
     ServerProcess,
     new_session,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 
 import pytest
+
 from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle
 
 PNG = base64.b64decode(

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_openai import FakeOpenAI, error, reply, text, tool_call
 
 from tether.events import SUMMARY_PREFIX
 from tether.runtimes import compression as comp
@@ -29,6 +28,8 @@ from tether.runtimes.base import (
 )
 from tether.runtimes.openai import OpenAIRuntime
 from tether.settings import Settings
+
+from fake_openai import FakeOpenAI, error, reply, text, tool_call
 
 
 def user(content: Any) -> dict[str, Any]:

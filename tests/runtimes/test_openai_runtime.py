@@ -14,20 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_openai import (
-    FakeOpenAI,
-    Text,
-    barrier,
-    drop_connection,
-    error,
-    hang,
-    malformed,
-    reasoning,
-    reply,
-    stream_error,
-    text,
-    tool_call,
-)
 
 from tether.runtimes.base import (
     AttachmentRef,
@@ -44,6 +30,21 @@ from tether.runtimes.base import (
 )
 from tether.runtimes.openai import MAX_TOOL_ITERATIONS, OpenAIRuntime
 from tether.settings import Settings
+
+from fake_openai import (
+    FakeOpenAI,
+    Text,
+    barrier,
+    drop_connection,
+    error,
+    hang,
+    malformed,
+    reasoning,
+    reply,
+    stream_error,
+    text,
+    tool_call,
+)
 
 USER = [{"role": "user", "content": "hi"}]
 PNG = base64.b64decode(

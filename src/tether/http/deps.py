@@ -31,7 +31,8 @@ class Services:
     queue: QueueService
 
 
-def _services(request: Request) -> Services:
+async def _services(request: Request) -> Services:
+    # async: a plain `def` dependency would be run in the thread pool on every request.
     return request.app.state.services
 
 

@@ -63,6 +63,8 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
         hub.on_deleted(feed.on_deleted)
         registry = RunRegistry(on_change=lambda sid: feed.notify(sid, "run.state"))
         sessions_service = SessionService(store, registry, attachments)
+        hub.on_batch(sessions_service.folds.on_batch)
+        hub.on_deleted(sessions_service.folds.forget)
         engine = RunEngine(store=store, sessions=sessions_service, registry=registry,
                            runtime=runtime, attachments=attachments)
         engine.rotator = Rotator(engine, settings)

@@ -1,7 +1,8 @@
 """One session's projections at one `seq`, kept warm in a small LRU cache.
 
-A cached fold is advanced by reading only the events after its `last_seq`, so a read costs
-what is new, not the session's size. Reads never write (ARCHITECTURE.md §1).
+A cached fold is advanced by the live tail as events are published, and otherwise by reading
+only the events after its `last_seq`, so a read costs what is new, not the session's size.
+Reads never write (ARCHITECTURE.md §1).
 """
 
 from __future__ import annotations
@@ -63,3 +64,12 @@ class FoldCache:
 
     def forget(self, session_id: str) -> None:
         self._folds.pop(session_id, None)
+
+    def on_batch(self, events: list[Event]) -> None:
+        """Keep cached folds current from the live tail (hub publication, after commit), so a
+        read of a hot session needs no database round trip. Only the next contiguous seq is
+        applied; after a gap the next `get` reads what is missing from the log."""
+        for event in events:
+            fold = self._folds.get(event.session_id)
+            if fold is not None and event.seq == fold.last_seq + 1:
+                fold.apply(event)

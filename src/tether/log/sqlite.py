@@ -65,6 +65,58 @@ def _connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
+# Every table a Tether database may hold (log/migrations.py); sqlite_* are SQLite's own.
+_TETHER_TABLES = frozenset({"migrations", "events", "session_index", "meta"})
+
+
+def _refuse_foreign(db: sqlite3.Connection, path: Path) -> None:
+    """Refuse a valid SQLite file that is not Tether's, before anything writes to it.
+
+    Fault found by tests/faults/test_corrupted_database.py: the store used to switch any
+    database to WAL and create its `migrations` table before the first migration failed on a
+    conflicting `events` table, so someone else's file was rewritten (WAL header, a new table)
+    and, without a conflict, silently adopted. A database is Tether's when it is empty, or
+    records Tether's first migration and holds no table Tether does not know. Only reads here.
+    """
+    tables = {name for (name,) in db.execute(
+        "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'")}
+    if tables <= {"migrations"} and not (tables and db.execute(
+            "SELECT 1 FROM migrations LIMIT 1").fetchone()):
+        return  # a new database (or one whose first start stopped before m001)
+    ours = "migrations" in tables and db.execute(
+        "SELECT 1 FROM migrations WHERE name='m001_events'").fetchone() is not None
+    unknown = sorted(tables - _TETHER_TABLES)
+    if not ours or unknown:
+        raise StorageError(
+            f"{path} is not a Tether database (it holds the tables "
+            f"{', '.join(sorted(tables))}). The file was left as it is; move it aside or "
+            "choose another --data-dir."
+        )
+
+
+def _refuse_cut_short(db: sqlite3.Connection, path: Path) -> None:
+    """Refuse a database file that ends inside a page.
+
+    Fault found by tests/faults/test_corrupted_database.py: SQLite notices a file shorter
+    than its header says only by whole pages (it rounds a partial last page up and reads it
+    zero-filled), so a database cut inside its last page could start and serve damaged
+    pages, or fail later on a read. SQLite writes whole pages, so with no write-ahead log
+    left to replay, a size that is not a multiple of the page size means the file was cut.
+    With a non-empty log, the last checkpoint may not have finished: SQLite replays the log.
+    """
+    wal = Path(f"{path}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        return
+    size = path.stat().st_size
+    page = db.execute("PRAGMA page_size").fetchone()[0]  # read from the header by now
+    if size % page:
+        raise StorageError(
+            f"Cannot open the Tether database {path}: the file is cut short (database disk "
+            f"image is malformed: {size:,} bytes is not a whole number of {page:,}-byte "
+            "pages). The file was left as it is; restore it from a backup or move it aside."
+        )
+
+
 class SQLiteEventStore:
     """See the module docstring. `index_fold` is the per-session fold (the sidebar row) that is
     kept in the same transaction as the events; `index_version` names its code, so a new fold
@@ -88,6 +140,8 @@ class SQLiteEventStore:
         self._closed_streams: dict[str, bool] = {}
         try:
             self._db = _connect(self.path)
+            _refuse_foreign(self._db, self.path)  # before anything below writes to the file
+            _refuse_cut_short(self._db, self.path)
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
                 raise StorageError(f"{self.path}: could not switch to WAL (got {mode})")
@@ -339,8 +393,24 @@ class SQLiteEventStore:
                 self._readers.append(conn)
         return conn
 
+    def _query(self, sql: str, params: tuple) -> list[tuple]:
+        """Rows of a read, fetched here so that a damaged page surfaces as StorageError.
+
+        Fault found by tests/faults/test_corrupted_database.py: a database cut short inside
+        its last page opened fine and then failed in start-up recovery with a bare
+        `sqlite3.DatabaseError` ("database disk image is malformed") that did not name the
+        file; at run time the same read was an anonymous 500.
+        """
+        try:
+            return self._reader().execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(
+                f"Cannot read the Tether database {self.path}: {exc}. "
+                "The file was left as it is; restore it from a backup or move it aside."
+            ) from exc
+
     def read_sync(self, session_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
-        rows = self._reader().execute(
+        rows = self._query(
             "SELECT session_id, seq, type, at, stream_id, turn_id, data FROM events "
             "WHERE session_id=? AND seq>? ORDER BY seq LIMIT ?",
             (session_id, after, -1 if limit is None else limit),
@@ -360,7 +430,7 @@ class SQLiteEventStore:
         return dict(self._visible_index)
 
     def _search_sync(self, needle: str) -> set[str]:
-        rows = self._reader().execute(
+        rows = self._query(
             "SELECT DISTINCT session_id FROM events WHERE type=? "
             "AND instr(lower(json_extract(data, '$.text')), lower(?)) > 0",
             (TURN_SUBMITTED, needle),
@@ -373,7 +443,7 @@ class SQLiteEventStore:
     def unfinished_streams(self) -> list[tuple[str, str, str | None]]:
         """(session_id, stream_id, turn_id) of every submitted turn without a `run.finished`:
         the runs a restart must settle."""
-        rows = self._reader().execute(
+        rows = self._query(
             "SELECT t.session_id, t.stream_id, t.turn_id FROM events t WHERE t.type=? "
             "AND t.stream_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM events f WHERE "
             "f.stream_id=t.stream_id AND f.type=?) ORDER BY t.id",
@@ -382,19 +452,19 @@ class SQLiteEventStore:
         return [tuple(row) for row in rows]
 
     def queue_session(self, queue_id: str) -> str | None:
-        row = self._reader().execute(
+        rows = self._query(
             "SELECT session_id FROM events WHERE type=? AND json_extract(data, '$.queue_id')=? "
             "LIMIT 1",
             (QUEUE_ADDED, queue_id),
-        ).fetchone()
-        return None if row is None else row[0]
+        )
+        return rows[0][0] if rows else None
 
     def attachment_in_use(self, attachment_id: str) -> bool:
-        row = self._reader().execute(
+        rows = self._query(
             "SELECT 1 FROM events WHERE type=? AND instr(data, ?) > 0 LIMIT 1",
             (TURN_SUBMITTED, attachment_id),
-        ).fetchone()
-        return row is not None
+        )
+        return bool(rows)
 
     def close(self) -> None:
         if self._thread.is_alive():

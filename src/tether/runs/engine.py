@@ -173,10 +173,9 @@ class RunEngine:
             run.resolved = True
             leftovers = run.steer.close()
             if state:
-                with contextlib.suppress(StreamClosed, StorageError, SessionNotFound):
-                    await self.store.append(run.session_id, [
-                        *normalizer.end_item(), *self._leftover_drafts(run, leftovers),
-                        normalizer.finish(state, **extra)])
+                await self._append_ending(run, [
+                    *normalizer.end_item(), *self._leftover_drafts(run, leftovers),
+                    normalizer.finish(state, **extra)])
             run.channel_open = False
             run.handle = None  # a final steer drain can never reach a successor's handle
             next_session = run.session_id
@@ -185,6 +184,39 @@ class RunEngine:
             await self._unwind(run)
         if self.queue is not None and state == "completed" and not self.closing:
             await self.queue.start_next(next_session)
+
+    async def _append_ending(self, run: Run, drafts: list[Draft]) -> None:
+        """Write the run's one `run.finished`, retrying while storage fails.
+
+        Fault found by tests/faults/test_storage_faults.py: this append used to swallow a
+        `StorageError` (disk full, database read-only), so the worker unregistered a run whose
+        ending was never written. The log then showed the turn as live forever (until a
+        restart), while the registry already admitted a successor on top of it. Now the run
+        keeps the session (busy) and its model request is stopped, since nothing it says can
+        be recorded; the ending is retried with backoff until the database takes it. Once
+        space returns, the user sees the row settle with its state (`error` and the storage
+        message when the failure cut the run). Shutdown stops retrying: start-up recovery
+        then settles the run as interrupted.
+        """
+        pause = 0.05
+        while True:
+            try:
+                await self.store.append(run.session_id, drafts)
+                return
+            except (StreamClosed, SessionNotFound):
+                return  # someone else ended it, or the session is gone
+            except StorageError as exc:
+                if self.closing:
+                    log.error("run %s: could not record its end at shutdown: %s",
+                              run.stream_id, exc)
+                    return
+                if pause == 0.05:  # the first failure: say it once, not every retry
+                    log.warning("run %s: could not record its end, retrying: %s",
+                                run.stream_id, exc)
+                if run.producer is not None:
+                    run.producer.cancel()
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
 
     def _leftover_drafts(self, run: Run, leftovers: list[tuple[str, str]]) -> list[Draft]:
         if not leftovers:

@@ -1,0 +1,279 @@
+"""Layers: run journal (the log), worker lifecycle registry, visible transcript, model context.
+
+`kill -9` of the server at each phase of a run, then a restart. Whatever the phase:
+
+- the log is intact (seqs 1..N, contiguous, no duplicates) and every run ends exactly once
+  (one `run.finished` per stream, `interrupted` for the killed one, written by recovery);
+- nothing already shown is lost: every event a client saw before the kill is in the log
+  with the same content, and the settled assistant row's timeline starts with the live
+  timeline seen before the kill (contract invariant 3; invariant 6 for the compression
+  divider, which is live-only);
+- the user turn that started the run is visible before its output (invariant 2) and in
+  `GET /api/session/context` (invariant 1), and it reaches the model with the next turn,
+  which the session accepts at once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tether.projections.context import UNFINISHED_TOOL_RESULT
+
+from fake_openai import FakeOpenAI, barrier, reasoning, reply, text, tool_call
+from faultkit import (
+    assert_each_run_ends_once,
+    assert_log_intact,
+    assert_visible_turns_in_context,
+    live_text,
+    live_timeline,
+    openai_flags,
+    wait_until,
+    whole_log,
+)
+from helpers import ServerProcess, new_session, running_server, session_body, start_turn, wait_idle
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def server(tmp_path: Path, fake: FakeOpenAI, workspace: Path) -> Iterator[ServerProcess]:
+    os.mkfifo(workspace / "pipe")  # read_file blocks opening it: a tool stays in flight
+    with running_server(tmp_path / "data", *openai_flags(fake, workspace)) as srv:
+        yield srv
+
+
+@pytest.fixture
+def bare_server(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
+    """No workspace, so no tool schemas count against a tiny context window."""
+    with running_server(tmp_path / "data", *openai_flags(fake)) as srv:
+        yield srv
+
+
+@dataclass
+class Seen:
+    """What a client had been shown when the server died."""
+
+    session_id: str
+    stream_id: str
+    message: str
+    log: list[dict[str, Any]]  # every event it had received, from seq 1
+    live: list[dict[str, Any]]  # the live timeline `GET /api/session` showed
+
+
+def observe(client: httpx.Client, session_id: str, run: dict, message: str) -> Seen:
+    log = whole_log(client, session_id)
+    body = session_body(client, session_id)
+    assert body["live"] is not None and body["live"]["stream_id"] == run["stream_id"]
+    assert body["pending_user_message"] == message
+    assert not [e for e in log if e["type"] == "run.finished"
+                and e["envelope"]["stream_id"] == run["stream_id"]]
+    return Seen(session_id, run["stream_id"], message, log, body["live"]["timeline"])
+
+
+def kill_and_restart(server: ServerProcess) -> None:
+    server.kill()
+    server.start()
+
+
+def assert_recovered(client: httpx.Client, seen: Seen) -> tuple[dict, dict, list]:
+    """The checks every phase shares; returns (assistant row, context, log)."""
+    log = whole_log(client, seen.session_id)
+    assert_log_intact(log)
+    assert log[:len(seen.log)] == seen.log  # nothing shown is lost or changed
+    endings = assert_each_run_ends_once(log)
+    ending = endings[seen.stream_id]
+    assert ending["state"] == "interrupted" and ending["maintenance"] is True
+
+    body = session_body(client, seen.session_id)
+    assert body["busy"] is False and body["live"] is None
+    assert body["pending_user_message"] is None
+    user, assistant = body["messages"][-2:]
+    assert user["role"] == "user" and user["content"] == seen.message  # the owner comes first
+    assert assistant["role"] == "assistant" and assistant["stream_id"] == seen.stream_id
+    assert assistant["turn_id"] == user["turn_id"]
+    assert assistant["state"] == "interrupted"
+    assert assistant["timeline"][-1]["type"] == "notice"
+    shown = [i for i in seen.live if i["type"] != "compression"]  # the divider is live-only
+    assert assistant["timeline"][:len(shown)] == shown
+    assert len(assistant["timeline"]) == len(shown) + 1  # plus the notice, nothing invented
+
+    context = assert_visible_turns_in_context(client, seen.session_id)
+    assert {"role": "user", "content": seen.message} in context["context_messages"]
+    return assistant, context, log
+
+
+def assert_accepts_a_new_turn(client: httpx.Client, fake: FakeOpenAI, seen: Seen) -> list:
+    """The next turn runs to completion, and the model receives the interrupted turn with
+    it. Returns the messages the model received."""
+    fake.reset()  # frees anything the dead process left blocked, forgets old requests
+    fake.script(reply(text("Back again.")))
+    start_turn(client, seen.session_id, "Are you still there?")
+    body = wait_idle(client, seen.session_id)
+    assert body["messages"][-1]["state"] == "completed"
+    assert body["messages"][-1]["content"] == "Back again."
+    sent = fake.requests[-1]["messages"]
+    users = [m["content"] for m in sent if m["role"] == "user"]
+    assert users[-2:] == [seen.message, "Are you still there?"]
+    return sent
+
+
+def test_kill_right_after_the_start_returns_keeps_the_turn(
+        server: ServerProcess, fake: FakeOpenAI) -> None:
+    fake.script(reply(barrier("never"), text("never shown")))  # the run cannot end by itself
+    message = "Kill me before I get going"
+    with server.client() as client:
+        sid = new_session(client)
+        run = start_turn(client, sid, message)
+    server.kill()  # no await in between: the model call may not even have started
+    server.start()
+    with server.client() as client:
+        log = whole_log(client, sid)
+        submitted = [e["envelope"] for e in log if e["type"] == "turn.submitted"]
+        assert len(submitted) == 1  # what the start answered is exactly what was kept
+        assert submitted[0]["data"]["stream_id"] == run["stream_id"]
+        assert submitted[0]["data"]["turn_id"] == run["turn_id"]
+        assert submitted[0]["data"]["submitted_at"] == run["pending_started_at"]
+        assert not [e for e in log if e["type"].endswith(".delta")]
+        seen = Seen(sid, run["stream_id"], message, log[:2], [])
+        assistant, _, _ = assert_recovered(client, seen)
+        assert assistant["content"] == ""
+        user = session_body(client, sid)["messages"][0]
+        assert user["created_at"] == run["pending_started_at"]
+        assert_accepts_a_new_turn(client, fake, seen)
+
+
+def test_kill_after_the_model_got_the_request_but_sent_nothing(
+        server: ServerProcess, fake: FakeOpenAI) -> None:
+    fake.script(reply(barrier("first"), text("never shown")))
+    message = "Think quietly"
+    with server.client() as client:
+        sid = new_session(client)
+        run = start_turn(client, sid, message)
+        assert fake.wait_reached("first", 10)
+        seen = observe(client, sid, run, message)
+        assert [e["type"] for e in seen.log] == ["session.created", "turn.submitted",
+                                                 "run.started"]
+        assert seen.live == []
+    kill_and_restart(server)
+    with server.client() as client:
+        assistant, context, _ = assert_recovered(client, seen)
+        assert [i["type"] for i in assistant["timeline"]] == ["notice"]
+        assert assistant["content"] == ""
+        assert context["context_messages"][0] == {"role": "user", "content": message}
+        assert_accepts_a_new_turn(client, fake, seen)
+
+
+def test_kill_mid_stream_keeps_the_streamed_reasoning_and_text(
+        server: ServerProcess, fake: FakeOpenAI) -> None:
+    fake.script(reply(reasoning("Weighing the options."), text("Partial "), text("answer, "),
+                      barrier("mid"), text("never shown")))
+    message = "Tell me slowly"
+    with server.client() as client:
+        sid = new_session(client)
+        run = start_turn(client, sid, message)
+        assert fake.wait_reached("mid", 10)
+        wait_until(lambda: live_text(client, sid) == "Partial answer, ", what="the text")
+        seen = observe(client, sid, run, message)
+        assert [i["type"] for i in seen.live] == ["reasoning", "text"]
+    kill_and_restart(server)
+    with server.client() as client:
+        assistant, context, _ = assert_recovered(client, seen)
+        assert assistant["content"] == "Partial answer, "
+        assert assistant["timeline"][0]["text"] == "Weighing the options."
+        replies = [m for m in context["context_messages"] if m["role"] == "assistant"]
+        assert replies[0]["content"].startswith("Partial answer, ")
+        sent = assert_accepts_a_new_turn(client, fake, seen)
+        assert sent[1]["role"] == "assistant"
+        assert sent[1]["content"].startswith("Partial answer, ")
+
+
+def test_kill_mid_tool_call_leaves_the_tool_unfinished_and_answered_with_no_result(
+        server: ServerProcess, fake: FakeOpenAI) -> None:
+    fake.script(reply(text("Reading the pipe."),
+                      tool_call("call_pipe", "read_file", {"path": "pipe"})),
+                reply(text("never requested")))
+    message = "What is in the pipe?"
+    with server.client() as client:
+        sid = new_session(client)
+        run = start_turn(client, sid, message)
+        wait_until(lambda: [i for i in live_timeline(client, sid) if i["type"] == "tool"],
+                   what="tool.started")
+        seen = observe(client, sid, run, message)
+        types = [e["type"] for e in seen.log]
+        assert "tool.started" in types and "tool.completed" not in types
+        assert fake.requests_count == 1  # the tool is still in flight: no second request
+        tool = seen.live[-1]
+        assert tool["name"] == "read_file" and tool["done"] is False
+    kill_and_restart(server)
+    with server.client() as client:
+        assistant, context, log = assert_recovered(client, seen)
+        assert "tool.completed" not in [e["type"] for e in log]
+        tool = [i for i in assistant["timeline"] if i["type"] == "tool"]
+        assert len(tool) == 1 and tool[0]["done"] is False and tool[0]["call_id"] == "call_pipe"
+        call = {"role": "tool", "tool_call_id": "call_pipe", "content": UNFINISHED_TOOL_RESULT}
+        messages = context["context_messages"]
+        asked = messages.index(call) - 1
+        assert messages[asked]["role"] == "assistant"
+        assert [c["id"] for c in messages[asked]["tool_calls"]] == ["call_pipe"]
+        sent = assert_accepts_a_new_turn(client, fake, seen)
+        assert call in sent  # the model is told the tool never returned
+
+
+def test_kill_during_compression_drops_the_divider_and_keeps_the_history(
+        bare_server: ServerProcess, fake: FakeOpenAI) -> None:
+    fake.context_length = 400  # compress above 320 tokens
+    with bare_server.client() as client:
+        sid = new_session(client)
+        fake.script(reply(text("A short first answer."),
+                          usage={"prompt_tokens": 20, "completion_tokens": 350}))
+        start_turn(client, sid, "First question")
+        assert wait_idle(client, sid)["messages"][-1]["state"] == "completed"
+        fake.script(reply(barrier("summary"), text("never returned")))  # the summary request
+        message = "Second question, past the threshold"
+        run = start_turn(client, sid, message)
+        assert fake.wait_reached("summary", 10)
+        wait_until(lambda: live_timeline(client, sid), what="compression.started")
+        seen = observe(client, sid, run, message)
+        assert "compression.started" in [e["type"] for e in seen.log]
+        assert [(i["type"], i["done"]) for i in seen.live] == [("compression", False)]
+        assert "stream" not in fake.requests[-1]  # it is the non-streaming summary request
+    kill_and_restart(bare_server)
+    with bare_server.client() as client:
+        assistant, context, log = assert_recovered(client, seen)
+        assert "compression.completed" not in [e["type"] for e in log]
+        assert [i["type"] for i in assistant["timeline"]] == ["notice"]  # no divider
+        assert context["compressions"] == 0 and context["excluded"] == []
+        first = session_body(client, sid)["messages"][:2]
+        assert [m["content"] for m in first] == ["First question", "A short first answer."]
+        assert_accepts_a_new_turn(client, fake, seen)
+
+
+def test_kill_while_finishing_keeps_the_whole_answer_and_ends_the_run_once(
+        server: ServerProcess, fake: FakeOpenAI) -> None:
+    answer = "The whole answer, every word."
+    fake.script(reply(reasoning("Almost there."), text("The whole answer, "),
+                      text("every word."), barrier("end")))  # before the finish chunk
+    message = "Finish this"
+    with server.client() as client:
+        sid = new_session(client)
+        run = start_turn(client, sid, message)
+        assert fake.wait_reached("end", 10)
+        wait_until(lambda: live_text(client, sid) == answer, what="the whole answer")
+        seen = observe(client, sid, run, message)
+    kill_and_restart(server)
+    with server.client() as client:
+        assistant, _, _ = assert_recovered(client, seen)
+        assert assistant["content"] == answer
+    server.restart()  # a second start finds nothing left to settle
+    with server.client() as client:
+        log = whole_log(client, sid)
+        assert_each_run_ends_once(log)
+        assert len([e for e in log if e["type"] == "run.finished"]) == 1
+        assert_accepts_a_new_turn(client, fake, seen)

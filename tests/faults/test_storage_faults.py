@@ -1,0 +1,262 @@
+"""Layers: run journal (the log's writer), worker lifecycle registry, visible transcript.
+
+The database stops taking writes in the middle of a run: the disk is full, a file-size limit
+is hit, or the database files become read-only. What the user sees:
+
+- during the fault: every read keeps working (`/api/health`, `GET /api/sessions`, every
+  session, and the log replayed from seq 1 exactly as it was shown); a write answers 503
+  `storage_unavailable`, naming the database, and leaves no trace; the cut run keeps its
+  session busy with its live scene as last recorded, and its model request is closed;
+- once the database takes writes again: the run settles as exactly one `run.finished`
+  `{state: "error", error: {code: "internal", message: "could not write to <db>: ..."}}`, so
+  its assistant row keeps the text shown before the fault and ends with an error notice; the
+  log is contiguous (the refused batch left no gap); new turns complete, here and elsewhere;
+- a shutdown during the fault exits 0, and the next start settles the run as interrupted.
+
+How the fault is injected, as root: "full" mounts a small tmpfs on the data directory and
+fills it (ENOSPC), then deletes the filler; "fsize" lowers RLIMIT_FSIZE of the server
+process to the size of its files (EFBIG; Python ignores SIGXFSZ), then lifts it; "readonly"
+sets the immutable attribute on the database files (EPERM even for root and for open file
+descriptors, where the file system supports it), then clears it. Where mounting is not
+possible, or the immutable attribute does not stop writes, the file-size limit stands in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import resource
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fake_openai import FakeOpenAI, barrier, hang, reply, text
+from faultkit import (
+    assert_each_run_ends_once,
+    assert_log_intact,
+    live_text,
+    openai_flags,
+    wait_until,
+    whole_log,
+)
+from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle
+
+pytestmark = pytest.mark.slow
+
+
+def _succeeds(*command: str) -> bool:
+    try:
+        return subprocess.run(command, capture_output=True).returncode == 0
+    except OSError:  # the tool is not installed
+        return False
+
+
+class Fault:
+    """Stops the server's database writes (`inject`) and lets them through again (`lift`)."""
+
+    def __init__(self, kind: str, data_dir: Path):
+        self.kind = kind
+        self.data_dir = data_dir
+        self.mounted = False
+        self.filler = data_dir / "filler"
+        self.server: ServerProcess | None = None
+        self.active = False
+        data_dir.mkdir(parents=True)
+        if kind == "full":
+            self.mounted = _succeeds("mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs",
+                                     str(data_dir))
+            if not self.mounted:
+                self.kind = "fsize"
+        if kind == "readonly" and not self._immutable_stops_writes():
+            self.kind = "fsize"
+
+    def _immutable_stops_writes(self) -> bool:
+        """Does the immutable attribute refuse writes through a descriptor opened before it
+        was set? (ext4 and XFS check it on every write; tmpfs, for one, does not.)"""
+        probe = self.data_dir / "probe"
+        stopped = False
+        with open(probe, "wb") as handle:
+            if _succeeds("chattr", "+i", str(probe)):
+                try:
+                    handle.write(b"x")
+                    handle.flush()
+                except OSError:
+                    stopped = True
+                finally:
+                    _succeeds("chattr", "-i", str(probe))
+        probe.unlink()
+        return stopped
+
+    def _db_files(self) -> list[str]:
+        return [str(p) for p in self.data_dir.glob("tether.db*")]
+
+    def inject(self) -> None:
+        assert self.server is not None and self.server.proc is not None
+        self.active = True
+        if self.kind == "full":
+            fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT)
+            chunk = 1 << 20
+            try:
+                while chunk >= 512:
+                    try:
+                        os.write(fd, bytes(chunk))
+                    except OSError as exc:
+                        assert exc.errno == errno.ENOSPC
+                        chunk //= 2
+            finally:
+                os.close(fd)
+        elif self.kind == "fsize":  # the write-ahead log may not grow any more
+            size = os.path.getsize(self.data_dir / "tether.db-wal")
+            _, hard = resource.prlimit(self.server.proc.pid, resource.RLIMIT_FSIZE)
+            resource.prlimit(self.server.proc.pid, resource.RLIMIT_FSIZE, (size, hard))
+        else:
+            subprocess.run(["chattr", "+i", *self._db_files()], check=True)
+
+    def lift(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        if self.kind == "full":
+            self.filler.unlink()
+        elif self.kind == "fsize":
+            proc = self.server.proc if self.server else None
+            if proc is not None and proc.poll() is None:
+                _, hard = resource.prlimit(proc.pid, resource.RLIMIT_FSIZE)
+                resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (hard, hard))
+        else:
+            subprocess.run(["chattr", "-i", *self._db_files()], check=True)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, subprocess.CalledProcessError):
+            self.lift()
+        if self.mounted and subprocess.run(["umount", str(self.data_dir)]).returncode:
+            subprocess.run(["umount", "-l", str(self.data_dir)])  # still busy: detach it
+
+
+@pytest.fixture
+def fault(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fault]:
+    injector = Fault(request.param, tmp_path / "data")
+    try:
+        yield injector
+    finally:
+        injector.close()  # after the server fixture stopped the server
+
+
+@pytest.fixture
+def server(fault: Fault, fake: FakeOpenAI, workspace: Path) -> Iterator[ServerProcess]:
+    srv = ServerProcess(fault.data_dir, *openai_flags(fake, workspace)).start()
+    fault.server = srv
+    try:
+        yield srv
+    finally:
+        if srv.proc is not None and srv.proc.poll() is None:
+            fault.lift()  # let the shutdown record what it can
+            srv.stop()
+
+
+def cut_a_run(client: httpx.Client, fake: FakeOpenAI, fault: Fault) -> tuple[str, dict, list]:
+    """Start a run, let it show some text, stop the database's writes, let the model send
+    more. Returns (session id, run, the log as shown before the fault)."""
+    fake.script(reply(text("Shown before the fault. "), barrier("fault"),
+                      text("Never recorded."), hang()))
+    sid = new_session(client, "the cut one")
+    run = start_turn(client, sid, "Write this down")
+    assert fake.wait_reached("fault", 10)
+    wait_until(lambda: live_text(client, sid) == "Shown before the fault. ")
+    shown = whole_log(client, sid)
+    fault.inject()
+    fake.release("fault")
+    return sid, run, shown
+
+
+@pytest.mark.parametrize("fault", ["full", "fsize", "readonly"], indirect=True)
+def test_a_write_fault_mid_run_ends_it_with_a_visible_error_and_the_server_recovers(
+        server: ServerProcess, fake: FakeOpenAI, fault: Fault) -> None:
+    with server.client() as client:
+        other = new_session(client, "untouched")
+        fake.script(reply(text("An earlier answer.")))
+        start_turn(client, other, "Earlier question")
+        other_before = wait_idle(client, other)
+        other_log = whole_log(client, other)
+        sid, run, shown = cut_a_run(client, fake, fault)
+
+        # the model request of the cut run is closed: nothing it says can be recorded
+        assert fake.wait_disconnects(1, 10)
+        body = session_body(client, sid)
+        assert body["busy"] is True and body["live"]["stream_id"] == run["stream_id"]
+        assert live_text(client, sid) == "Shown before the fault. "
+        # reads keep working, and show what they showed before
+        assert client.get("/api/health").status_code == 200
+        listed = client.get("/api/sessions")
+        assert listed.status_code == 200
+        assert {r["session_id"] for r in listed.json()["sessions"]} == {sid, other}
+        assert session_body(client, other)["messages"] == other_before["messages"]
+        assert whole_log(client, other) == other_log
+        assert whole_log(client, sid) == shown
+        # writes are refused, clearly and without a trace
+        for refused in (client.post("/api/sessions", json={"title": "new"}),
+                        client.post("/api/chat/start", json={"session_id": other,
+                                                             "message": "Lost?"}),
+                        client.patch("/api/session", json={"session_id": other,
+                                                           "title": "renamed"})):
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["code"] == "storage_unavailable"
+            assert str(fault.data_dir / "tether.db") in refused.json()["message"]
+        assert client.post("/api/chat/start", json={"session_id": sid, "message": "x"}
+                           ).json()["code"] == "session_busy"  # the run is not over yet
+
+        fault.lift()
+        body = wait_idle(client, sid)
+        user, assistant = body["messages"]
+        assert user["content"] == "Write this down"
+        assert assistant["state"] == "error" and assistant["stream_id"] == run["stream_id"]
+        assert assistant["content"] == "Shown before the fault. "
+        assert assistant["error"]["code"] == "internal"
+        assert assistant["error"]["message"].startswith(
+            f"could not write to {fault.data_dir / 'tether.db'}")
+        assert assistant["timeline"][-1] == {
+            "id": f"{run['stream_id']}.notice", "type": "notice", "kind": "error",
+            "text": f"Error (internal): {assistant['error']['message']}"}
+        log = whole_log(client, sid)
+        assert_log_intact(log)
+        assert log[:len(shown)] == shown
+        assert [e["type"] for e in log[len(shown):]] == ["run.finished"]
+        assert_each_run_ends_once(log)
+        assert "Never recorded." not in str(log)
+        assert session_body(client, other)["title"] == "untouched"
+        assert len(client.get("/api/sessions").json()["sessions"]) == 2
+
+        for session_id in (sid, other):
+            fake.script(reply(text("Writing again.")))
+            start_turn(client, session_id, "Are we back?")
+            assert wait_idle(client, session_id)["messages"][-1]["state"] == "completed"
+        sent = fake.requests[-2]["messages"]  # the cut turn and its partial text go along
+        assert sent[0] == {"role": "user", "content": "Write this down"}
+        assert sent[1]["content"].startswith("Shown before the fault. ")
+
+
+@pytest.mark.parametrize("fault", ["full"], indirect=True)
+def test_a_shutdown_during_the_fault_leaves_the_run_for_recovery(
+        server: ServerProcess, fake: FakeOpenAI, fault: Fault) -> None:
+    with server.client() as client:
+        sid, run, shown = cut_a_run(client, fake, fault)
+        assert fake.wait_disconnects(1, 10)
+    assert server.stop() == 0  # the ending cannot be written: shutdown still completes
+    assert "could not record its end at shutdown" in server.log()
+    fault.lift()
+    server.start()
+    with server.client() as client:
+        log = whole_log(client, sid)
+        assert_log_intact(log)
+        assert log[:len(shown)] == shown
+        ending = assert_each_run_ends_once(log)[run["stream_id"]]
+        assert ending["state"] == "interrupted" and ending["maintenance"] is True
+        assistant = session_body(client, sid)["messages"][-1]
+        assert assistant["content"] == "Shown before the fault. "
+        fake.script(reply(text("Back.")))
+        start_turn(client, sid, "Still here?")
+        assert wait_idle(client, sid)["messages"][-1]["state"] == "completed"

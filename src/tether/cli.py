@@ -128,7 +128,12 @@ def serve(log_level: str, **options: object) -> None:
                    "other users; consider chmod 600.", err=True)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
 
-    from tether.http.app import create_app
+    from tether.http.app import create_app, open_store
+
+    try:  # a database that cannot be opened is a clear one-line error, not a traceback
+        open_store(settings).close()
+    except StorageError as exc:
+        raise click.ClickException(str(exc)) from exc
 
     try:
         auth = Authenticator(settings.data_dir, password)  # keeps only the argon2 hash
@@ -150,10 +155,7 @@ def serve(log_level: str, **options: object) -> None:
     # durable, so that re-raise lands on a no-op and the process exits 0 (API.md §1).
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    try:
-        server.run()
-    except StorageError as exc:
-        raise click.ClickException(str(exc)) from exc
+    server.run()
     if not server.started:
         raise SystemExit(1)
 

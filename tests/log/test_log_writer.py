@@ -190,3 +190,23 @@ def test_a_corrupted_database_is_a_clear_error_naming_the_file(tmp_path: Path) -
         open_store(db)
     assert str(db) in str(info.value)
     assert db.read_bytes().startswith(b"this is not a database")  # left untouched
+
+
+def test_unstorable_data_fails_only_its_own_append_and_the_writer_lives_on(
+        tmp_path: Path) -> None:
+    """Found by fuzzing: a lone surrogate used to kill the writer thread, freezing all writes."""
+    from tether.log.errors import InvalidEvent
+
+    async def main() -> None:
+        store = open_store(tmp_path / "t.db")
+        await store.create_session("s1", created())
+        bad = store.submit_append("s1", [Draft("a"), Draft("x", {"text": "\ud800"})])
+        good = store.submit_append("s1", [Draft("b")])
+        with pytest.raises(InvalidEvent):
+            await asyncio.wrap_future(bad)
+        assert [e.seq for e in await asyncio.wrap_future(good)] == [2]
+        assert [e.type for e in await store.read("s1")] == ["session.created", "b"]
+        assert [e.seq for e in await store.append("s1", [Draft("c")])] == [3]
+        store.close()
+
+    asyncio.run(main())

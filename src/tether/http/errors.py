@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tether.http.schemas import ErrorBody
 from tether.log import SessionNotFound, StorageError
+from tether.log.errors import InvalidEvent
 from tether.sessions.service import SessionError
 
 log = logging.getLogger("tether.http")
@@ -129,13 +130,17 @@ def install(app: FastAPI) -> None:
     async def _session(_: Request, exc: SessionError) -> JSONResponse:
         return error(_SESSION_ERROR_STATUS.get(exc.code, 400), exc.code, exc.message, **exc.extra)
 
+    @app.exception_handler(InvalidEvent)
+    async def _invalid(_: Request, exc: InvalidEvent) -> JSONResponse:
+        return error(400, "invalid_request", f"This cannot be stored: {exc}")
+
     @app.exception_handler(StorageError)
     async def _storage(_: Request, exc: StorageError) -> JSONResponse:
         log.error("storage error: %s", exc)
         return error(
             503,
             "storage_unavailable",
-            f"Tether could not write to its database; nothing was changed. Details: {exc}",
+            f"Tether could not use its database; nothing was changed. Details: {exc}",
         )
 
     @app.exception_handler(Exception)

@@ -25,3 +25,7 @@ class StreamClosed(LogError):
 
 class StorageError(LogError):
     """The database could not be opened or written (corrupt file, disk full, read-only)."""
+
+
+class InvalidEvent(LogError):
+    """The event's data cannot be stored (not JSON, or text UTF-8 cannot encode)."""

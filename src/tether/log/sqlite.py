@@ -17,6 +17,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import logging
 import queue
 import sqlite3
 import threading
@@ -28,6 +29,7 @@ from typing import Any
 
 from tether.events import QUEUE_ADDED, RUN_FINISHED, TURN_SUBMITTED, Event
 from tether.log.errors import (
+    InvalidEvent,
     LogError,
     SessionExists,
     SessionNotFound,
@@ -37,6 +39,8 @@ from tether.log.errors import (
 from tether.log.migrations import apply_migrations
 from tether.log.store import Draft, IndexFold
 from tether.log.subscriptions import Hub
+
+log = logging.getLogger("tether.log")
 
 _MAX_BATCH = 1000
 _CLOSED_STREAM_CACHE = 50_000
@@ -52,6 +56,17 @@ class _Op:
 
 def _dumps(data: dict[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def _encode(draft: Draft) -> str:
+    """The row's JSON, or InvalidEvent for data that JSON or UTF-8 cannot carry (a lone
+    surrogate would otherwise fail inside SQLite, mid-batch)."""
+    try:
+        payload = _dumps(draft.data)
+        payload.encode("utf-8")
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+        raise InvalidEvent(f"{draft.type}: {exc}") from exc
+    return payload
 
 
 def _row_to_event(row: tuple) -> Event:
@@ -280,8 +295,10 @@ class SQLiteEventStore:
                         (sid, self._last_seq[sid], _dumps(state)),
                     )
             self._db.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except Exception as exc:  # anything: the batch is rolled back whole, the writer lives on
             self._rollback(undo_seq, undo_index)
+            if not isinstance(exc, sqlite3.Error):
+                log.exception("log writer: batch failed")
             error = StorageError(f"could not write to {self.path}: {exc}")
             for op in batch:
                 op.future.set_exception(error)
@@ -340,16 +357,17 @@ class SQLiteEventStore:
                     raise StreamClosed(draft.stream_id)
                 if draft.type == RUN_FINISHED:
                     finishing.add(draft.stream_id)
+        payloads = [_encode(draft) for draft in op.drafts]  # refuse before writing anything
         now = self._clock()
         state = self._index.get(sid)
         events = []
-        for draft in op.drafts:
+        for draft, payload in zip(op.drafts, payloads, strict=True):
             last += 1
             event = Event(sid, last, draft.type, now, draft.data, draft.stream_id, draft.turn_id)
             self._db.execute(
                 "INSERT INTO events (session_id, seq, type, at, stream_id, turn_id, data) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (sid, last, draft.type, now, draft.stream_id, draft.turn_id, _dumps(draft.data)),
+                (sid, last, draft.type, now, draft.stream_id, draft.turn_id, payload),
             )
             state = self._fold(state, event)
             events.append(event)

@@ -95,6 +95,20 @@ def main() -> None:
     help="Idle SSE heartbeat interval.",
 )
 @option(
+    "--sse-write-deadline-seconds",
+    type=click.FloatRange(min=0.5),
+    default=30.0,
+    show_default=True,
+    help="Disconnect a stream subscriber that has not taken a frame for this long.",
+)
+@option(
+    "--max-streams-per-client",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Open event streams one client address may hold.",
+)
+@option(
     "--cancel-reclaim-seconds",
     type=click.FloatRange(min=0.1),
     default=180.0,

@@ -21,6 +21,7 @@ from tether.http import auth_routes, errors, health, pages, runs, sessions, stre
 from tether.http.auth import Authenticator, AuthGate
 from tether.http.deps import Services
 from tether.http.limits import BodyLimit
+from tether.http.stream_slots import StreamSlots
 from tether.log import Hub
 from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
@@ -72,7 +73,7 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
         app.state.services = Services(
             settings=settings, store=store, hub=hub, registry=registry,
             sessions=sessions_service, feed=feed, attachments=attachments, engine=engine,
-            queue=engine.queue,
+            queue=engine.queue, stream_slots=StreamSlots(settings.max_streams_per_client),
         )
         recovered = await maintenance.recover(engine)
         if recovered:

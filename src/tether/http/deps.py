@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from tether.http.stream_slots import StreamSlots
 from tether.log import Hub
 from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
@@ -29,6 +30,7 @@ class Services:
     attachments: AttachmentStore
     engine: RunEngine
     queue: QueueService
+    stream_slots: StreamSlots
 
 
 async def _services(request: Request) -> Services:

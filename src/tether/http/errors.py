@@ -44,6 +44,7 @@ _DESCRIPTIONS = {
     409: "State conflict: `session_busy` (with `active_stream_id`) or `session_rotated` "
          "(with `continuation_session_id`).",
     413: "Too large (`payload_too_large`): the request body, an attachment or the message.",
+    429: "Too many (`too_many_streams`: this client's open event streams are at the limit).",
     503: "`storage_unavailable` or `server_closing`; nothing was changed.",
 }
 _ERROR_REF = "#/components/schemas/ErrorBody"

@@ -30,4 +30,5 @@ async def health(app: App) -> dict:
             1 for r in runs if app.registry.attachable_stream(r.session_id) == r.stream_id
         ),
         "oldest_run_age_seconds": max((now - r.started_at for r in runs), default=0.0),
+        "open_streams": app.stream_slots.total,
     }

@@ -17,12 +17,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query
+from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
 
 from tether.events import ID_PATTERN, Event
 from tether.http.deps import App, Services
-from tether.http.errors import documented
+from tether.http.errors import documented, error
 from tether.log import SessionDeleted, SessionNotFound
 from tether.log.subscriptions import Overflowed, Subscription
 from tether.sessions.feed import FeedClient
@@ -30,7 +32,6 @@ from tether.sessions.feed import FeedClient
 router = APIRouter(tags=["events"])
 
 _REPLAY_PAGE = 500
-_WRITE_DEADLINE_SECONDS = 30.0
 
 
 def _dumps(obj: object) -> str:
@@ -156,8 +157,9 @@ _EVENT_STREAM = {"text/event-stream": {"schema": {
 
 @router.get("/api/sessions/{session_id}/events", summary="Follow one session (SSE)",
             response_class=EventSourceResponse, response_model=None,
-            responses=documented(400, 404, content=_EVENT_STREAM))
+            responses=documented(400, 404, 429, content=_EVENT_STREAM))
 async def session_events(
+    request: Request,
     app: App,
     session_id: Annotated[str, Path(pattern=ID_PATTERN, description="A session id")],
     after: Annotated[str | None, Query(
@@ -168,18 +170,41 @@ async def session_events(
         description="Also carry the sidebar feed's `session.changed` frames")] = False,
     last_event_id: Annotated[str | None, Header(
         alias="Last-Event-ID", description="The standard SSE resume cursor")] = None,
-) -> EventSourceResponse:
+) -> EventSourceResponse | JSONResponse:
     """Every durable event of the session as one frame (`id: <seq>`, `event: <type>`,
     `data: <envelope>`), replayed after the cursor and then live, with no gap and no
     duplicate; `heartbeat` frames while idle. No cursor means "from now"."""
     if app.store.last_seq(session_id) is None:
         raise SessionNotFound(session_id)
     cursor = after if after is not None else last_event_id
+    return _stream(request, app, _session_frames(app, session_id, cursor, sidebar))
+
+
+def _stream(request: Request, app: Services,
+            frames: AsyncIterator[ServerSentEvent]) -> EventSourceResponse | JSONResponse:
+    """An SSE response holding one of the client's stream slots, with a write deadline: a
+    subscriber that stops reading is disconnected without slowing the run or the others."""
+    client = request.client.host if request.client else "unknown"
+    slot = app.stream_slots.acquire(client)
+    if slot is None:
+        return error(429, "too_many_streams",
+                     f"This client already has {app.stream_slots.per_client} event streams "
+                     "open; close some tabs or connections and retry.",
+                     limit=app.stream_slots.per_client)
+
+    async def held() -> AsyncIterator[ServerSentEvent]:
+        try:
+            async for frame in frames:
+                yield frame
+        finally:
+            slot.release()
+
     return EventSourceResponse(
-        _session_frames(app, session_id, cursor, sidebar),
+        held(),
         ping=max(app.settings.heartbeat_seconds * 3, 15),
-        send_timeout=_WRITE_DEADLINE_SECONDS,
+        send_timeout=app.settings.sse_write_deadline_seconds,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        background=BackgroundTask(slot.release),  # also when the stream never started
     )
 
 
@@ -199,13 +224,8 @@ async def _sidebar_frames(app: Services) -> AsyncIterator[ServerSentEvent]:
 
 @router.get("/api/events", summary="Follow the sidebar (SSE)",
             response_class=EventSourceResponse, response_model=None,
-            responses=documented(content=_EVENT_STREAM))
-async def sidebar_events(app: App) -> EventSourceResponse:
+            responses=documented(429, content=_EVENT_STREAM))
+async def sidebar_events(request: Request, app: App) -> EventSourceResponse | JSONResponse:
     """`session.changed` frames (`{session_id, reason, row}`, row null when deleted) and
     heartbeats; a reconnecting client refetches `GET /api/sessions`."""
-    return EventSourceResponse(
-        _sidebar_frames(app),
-        ping=max(app.settings.heartbeat_seconds * 3, 15),
-        send_timeout=_WRITE_DEADLINE_SECONDS,
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+    return _stream(request, app, _sidebar_frames(app))

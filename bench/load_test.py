@@ -858,6 +858,8 @@ def main(argv: list[str] | None = None) -> int:
         server = ServerProcess(
             data_dir, "--runtime", "openai", "--base-url", fake.base_url, "--model", MODEL,
             "--heartbeat-seconds", "5",  # the default; the test helper's 0.3 s is for tests
+            # every subscriber comes from this one loopback address
+            "--max-streams-per-client", str(args.subscribers + 10),
             env={"OPENAI_API_KEY": "load-test"},
         )
         try:

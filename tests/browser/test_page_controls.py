@@ -31,6 +31,7 @@ def test_three_display_modes_show_one_scene(context: BrowserContext,
     assert activity.last.evaluate("(d) => d.open") is False
     # Transparent Stream: every item is its own row, in order
     page.select_option("#display-mode", "stream")
+    expect(row.locator(".items > [data-key]")).to_have_count(6)  # re-rendered on the next frame
     kinds = row.locator(".items > [data-key]").evaluate_all(
         "(els) => els.map((e) => e.classList[1])")
     assert kinds == ["thinking", "markdown", "tool-card", "tool-card", "thinking", "markdown"]

@@ -111,10 +111,15 @@ def _parse_args(raw: str) -> tuple[dict[str, Any], str | None]:
     return value, None
 
 
+def _get(obj: Any, key: str) -> Any:
+    """A field of a streamed chunk, parsed as plain JSON (a dict) or as an SDK object."""
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
 def _reasoning_of(delta: Any) -> str | None:
-    extra = getattr(delta, "model_extra", None) or {}
+    extra = {} if isinstance(delta, dict) else (getattr(delta, "model_extra", None) or {})
     for key in ("reasoning_content", "reasoning"):
-        value = getattr(delta, key, None)
+        value = _get(delta, key)
         if value is None:
             value = extra.get(key)
         if isinstance(value, str) and value:
@@ -147,30 +152,30 @@ class _Accumulator:
 
     def feed(self, chunk: Any) -> list[RuntimeEvent]:
         events: list[RuntimeEvent] = []
-        usage = getattr(chunk, "usage", None)
+        usage = _get(chunk, "usage")
         if usage is not None:
             self.saw_completion = True
-            events.append(Usage(int(getattr(usage, "prompt_tokens", 0) or 0),
-                                int(getattr(usage, "completion_tokens", 0) or 0)))
-        for choice in getattr(chunk, "choices", None) or []:
-            delta = getattr(choice, "delta", None)
+            events.append(Usage(int(_get(usage, "prompt_tokens") or 0),
+                                int(_get(usage, "completion_tokens") or 0)))
+        for choice in _get(chunk, "choices") or []:
+            delta = _get(choice, "delta")
             if delta is None:
                 continue
             self.saw_completion = True
             if reasoning := _reasoning_of(delta):
                 events.append(ReasoningDelta(reasoning))
-            content = getattr(delta, "content", None) or getattr(delta, "refusal", None)
+            content = _get(delta, "content") or _get(delta, "refusal")
             if isinstance(content, str) and content:
                 self.text.append(content)
                 events.append(TextDelta(content))
-            for fragment in getattr(delta, "tool_calls", None) or []:
+            for fragment in _get(delta, "tool_calls") or []:
                 self._add_fragment(fragment)
         return events
 
     def _add_fragment(self, fragment: Any) -> None:
-        index = getattr(fragment, "index", None)
-        call_id = getattr(fragment, "id", None)
-        function = getattr(fragment, "function", None)
+        index = _get(fragment, "index")
+        call_id = _get(fragment, "id")
+        function = _get(fragment, "function")
         key = self._slot_for.get(index)
         # Some servers reuse one index for several complete calls: a new id starts a new call.
         if key is None or (call_id and self.calls[key]["id"] and call_id != self.calls[key]["id"]):
@@ -180,15 +185,21 @@ class _Accumulator:
         slot = self.calls[key]
         if call_id:
             slot["id"] = call_id
-        name = getattr(function, "name", None)
+        name = _get(function, "name") if function is not None else None
         if name:
             slot["name"] = name
-        arguments = getattr(function, "arguments", None)
+        arguments = _get(function, "arguments") if function is not None else None
         if arguments:
             slot["arguments"] += arguments if isinstance(arguments, str) else json.dumps(arguments)
 
     def tool_calls(self) -> list[dict[str, str]]:
         return [self.calls[k] for k in sorted(self.calls)]
+
+
+def _stream_error(error: Any, response: Any) -> openai.APIError:
+    """An error the provider sent inside the stream, as the SDK itself would raise it."""
+    message = (error.get("message") if isinstance(error, dict) else None) or str(error)
+    return openai.APIError(message, response.http_request, body=error)
 
 
 class OpenAIRuntime:
@@ -312,20 +323,38 @@ class OpenAIRuntime:
         }
         if self.tools is not None:
             kwargs["tools"] = self.tools.schemas
+        # The raw stream, parsed with json.loads: the SDK's typed chunk objects cost about
+        # half of the server's event loop under load (bench/load_test.py profile).
+        opened = self._client.chat.completions.with_streaming_response.create(**kwargs)
         try:
-            stream = await self._client.chat.completions.create(**kwargs)
+            response = await opened.__aenter__()
         except Exception as exc:
             self._raise_classified(exc, model, streaming=False)
-        async with stream:
+        try:
+            lines = response.iter_lines()
             while True:
                 try:
-                    chunk = await anext(stream)
+                    line = await anext(lines)
                 except StopAsyncIteration:
                     break
                 except Exception as exc:
                     self._raise_classified(exc, model, streaming=True)
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(payload)
+                except ValueError as exc:
+                    self._raise_classified(exc, model, streaming=True)
+                if isinstance(chunk, dict) and chunk.get("error") is not None:
+                    self._raise_classified(_stream_error(chunk["error"], response), model,
+                                           streaming=True)
                 for event in acc.feed(chunk):
                     yield event
+        finally:
+            await opened.__aexit__(None, None, None)
         if not acc.saw_completion:
             raise ProviderError("bad_response",
                                 f"The model provider at {self._where()} ended the stream "

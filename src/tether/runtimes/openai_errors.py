@@ -84,7 +84,7 @@ def classify(exc: Exception, *, model: str, where: str, streaming: bool, key_env
     if isinstance(exc, json.JSONDecodeError):
         return ProviderError("bad_response", f"The model provider at {where} sent data "
                              f"that is not valid JSON ({exc}).")
-    if isinstance(exc, _TRANSPORT_ERRORS | OSError):
+    if isinstance(exc, (*_TRANSPORT_ERRORS, OSError)):
         return ProviderError("network", f"The connection to the model provider at {where} "
                              f"failed ({type(exc).__name__}: {exc}).")
     if isinstance(exc, httpx.HTTPError):

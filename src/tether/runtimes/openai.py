@@ -27,7 +27,6 @@ Automatic context compression (`runtimes.compression` counts, estimates and spli
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import os
@@ -39,8 +38,8 @@ from typing import Any, NoReturn
 
 import openai
 
+from tether.runtimes.attachments import accepts_mime, expand_part
 from tether.runtimes.base import (
-    AttachmentRef,
     CompressionCompleted,
     CompressionStarted,
     Finished,
@@ -71,29 +70,6 @@ TIMEOUT = openai.Timeout(600.0, connect=10.0)
 MODELS_TIMEOUT = openai.Timeout(15.0, connect=5.0)  # the context-window lookup
 WINDOW_KEYS = ("context_length", "context_window", "max_context_length", "max_model_len")
 MAX_REMEMBERED_SESSIONS = 256  # provider counts kept for the first request of the next turn
-
-IMAGE_MIMES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
-_MIME_ALIASES = {"image/jpg": "image/jpeg", "image/pjpeg": "image/jpeg"}
-TEXT_APPLICATION_MIMES = frozenset({
-    "application/json", "application/x-ndjson", "application/ndjson", "application/xml",
-    "application/x-yaml", "application/yaml", "application/toml", "application/x-toml",
-    "application/javascript", "application/x-javascript", "application/ecmascript",
-    "application/typescript", "application/x-typescript", "application/sql",
-    "application/x-sh", "application/x-shellscript", "application/x-python",
-    "application/x-httpd-php", "application/x-tex", "application/x-latex",
-    "application/graphql", "application/csv", "application/x-csv",
-})
-
-def base_mime(mime: str) -> str:
-    base = mime.split(";", 1)[0].strip().lower()
-    return _MIME_ALIASES.get(base, base)
-
-
-def is_text_mime(mime: str) -> bool:
-    mime = base_mime(mime)
-    return (mime.startswith("text/") or mime in TEXT_APPLICATION_MIMES
-            or mime.endswith(("+json", "+xml", "+yaml")))
-
 
 def _parse_args(raw: str) -> tuple[dict[str, Any], str | None]:
     """`(args, problem)`: the arguments as a dict, or a problem to report as the result."""
@@ -235,7 +211,7 @@ class OpenAIRuntime:
         )
 
     def accepts(self, mime: str) -> bool:
-        return base_mime(mime) in IMAGE_MIMES or is_text_mime(mime)
+        return accepts_mime(mime)
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -480,33 +456,12 @@ class OpenAIRuntime:
             content = message.get("content")
             if message.get("role") == "user" and isinstance(content, list):
                 message = {**message, "content": [
-                    self._expand_part(part, turn.attachments) for part in content]}
+                    expand_part(part, turn.attachments) for part in content]}
             else:
                 message = dict(message)
             out.append(message)
         return out
 
-    def _expand_part(self, part: Any, attachments: dict[str, AttachmentRef]) -> Any:
-        if not (isinstance(part, dict) and part.get("type") == "attachment"):
-            return part
-        attachment_id = part.get("attachment_id")
-        ref = attachments.get(attachment_id) if isinstance(attachment_id, str) else None
-        if ref is None:
-            return {"type": "text", "text": f"[Attachment {attachment_id} is not available.]"}
-        mime = base_mime(ref.mime)
-        try:
-            if mime in IMAGE_MIMES:
-                data = base64.b64encode(ref.path.read_bytes()).decode("ascii")
-                return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}}
-            if is_text_mime(mime):
-                body = ref.path.read_bytes().decode("utf-8", errors="replace")
-                return {"type": "text", "text": f"Attached file {ref.name}:\n{body}"}
-        except OSError as exc:
-            return {"type": "text",
-                    "text": f"[Attached file {ref.name} could not be read: "
-                            f"{exc.strerror or exc}]"}
-        return {"type": "text",
-                "text": f"[Attached file {ref.name} ({ref.mime}) cannot be sent to this model.]"}
 
     # ---- errors ------------------------------------------------------------------------------
 

@@ -10,46 +10,19 @@ own system prompt, and keeps its own summaries in user-role messages too.
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
+from tether.runtimes.attachments import expand_part
 from tether.runtimes.base import AttachmentRef, TurnInput
-from tether.runtimes.openai import IMAGE_MIMES, base_mime, is_text_mime
 
 HISTORY_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
-
-
-def accepts_mime(mime: str) -> bool:
-    return base_mime(mime) in IMAGE_MIMES or is_text_mime(mime)
-
-
-def _expand_part(part: Any, attachments: dict[str, AttachmentRef]) -> Any:
-    if not (isinstance(part, dict) and part.get("type") == "attachment"):
-        return part
-    attachment_id = part.get("attachment_id")
-    ref = attachments.get(attachment_id) if isinstance(attachment_id, str) else None
-    if ref is None:
-        return {"type": "text", "text": f"[Attachment {attachment_id} is not available.]"}
-    mime = base_mime(ref.mime)
-    try:
-        if mime in IMAGE_MIMES:
-            data = base64.b64encode(ref.path.read_bytes()).decode("ascii")
-            return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}}
-        if is_text_mime(mime):
-            body = ref.path.read_bytes().decode("utf-8", errors="replace")
-            return {"type": "text", "text": f"Attached file {ref.name}:\n{body}"}
-    except OSError as exc:
-        return {"type": "text", "text": f"[Attached file {ref.name} could not be read: "
-                                        f"{exc.strerror or exc}]"}
-    return {"type": "text",
-            "text": f"[Attached file {ref.name} ({ref.mime}) cannot be sent to this model.]"}
 
 
 def _content(content: Any, attachments: dict[str, AttachmentRef]) -> Any:
     """Attachment parts resolved; a list of only text parts becomes one string."""
     if not isinstance(content, list):
         return content if content is not None else ""
-    parts = [_expand_part(p, attachments) for p in content]
+    parts = [expand_part(p, attachments) for p in content]
     if all(isinstance(p, dict) and p.get("type") == "text" for p in parts):
         return "\n\n".join(p.get("text", "") for p in parts if p.get("text"))
     return parts

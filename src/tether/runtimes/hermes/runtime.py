@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from tether.runtimes.attachments import accepts_mime
 from tether.runtimes.base import ProviderError, RuntimeEvent, RuntimeUnavailable, TurnInput
 from tether.runtimes.hermes.client import SidecarError, SidecarProcess
 from tether.runtimes.hermes.lineage import live_tip
-from tether.runtimes.hermes.messages import accepts_mime
 from tether.runtimes.hermes.proofs import ProofStore
 from tether.settings import Settings
 

@@ -58,9 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-TESTS_DIR = Path(__file__).resolve().parent.parent / "tests"
-sys.path.insert(0, str(TESTS_DIR))
+from benchkit import machine_busy_ticks, percentile, write_results  # noqa: E402 - puts tests/ on sys.path
 
 from fake_openai import FakeOpenAI, Reply, delay, reasoning, reply, text  # noqa: E402
 from helpers import ServerProcess  # noqa: E402
@@ -343,14 +341,6 @@ def _cpu_ticks(stat_path: str) -> int | None:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
-def _machine_busy_ticks() -> int | None:
-    """CPU ticks all cores spent on anything but idle and I/O wait, machine-wide."""
-    try:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    except OSError:
-        return None
-    values = [int(v) for v in fields[:8]]
-    return sum(values) - values[3] - values[4]
 
 
 def _rss_kib(pid: int) -> int | None:
@@ -396,7 +386,7 @@ class Monitor:
                 paths[name] = f"/proc/{me}/task/{tid}/stat"
         cpu = {name: ticks for name, path in paths.items()
                if (ticks := _cpu_ticks(path)) is not None}
-        machine = _machine_busy_ticks()
+        machine = machine_busy_ticks()
         if machine is not None:
             cpu["machine"] = machine
         sample = Sample(time.monotonic(), rss, cpu)
@@ -435,15 +425,6 @@ class Monitor:
 # -- statistics -----------------------------------------------------------------------------
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def dist_ms(values: list[float]) -> dict[str, float]:
@@ -927,9 +908,7 @@ def main(argv: list[str] | None = None) -> int:
         "server_log_errors": len(errors_in_log),
         "sanity": "ok" if delivery["ok"] else "failed",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"results written to {args.out}")
+    write_results(args.out, payload)
     if not delivery["ok"]:
         print("SANITY CHECK FAILED: events were lost or duplicated:", file=sys.stderr)
         for problem in delivery["problems"]:

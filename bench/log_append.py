@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchkit import write_results  # noqa: E402 - puts tests/ on sys.path
+
 from tether.events import SESSION_CREATED, TEXT_DELTA
 from tether.log import Draft
 from tether.log.migrations import apply_migrations
@@ -426,9 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "sanity": "ok",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"results written to {args.out}")
+    write_results(args.out, payload)
     return 0
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import sqlite3
@@ -38,14 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from benchkit import write_results  # noqa: E402 - puts tests/ on sys.path
 
 from tether.events import SESSION_CREATED, SESSION_UPDATED
 from tether.log import Draft
 from tether.log.sqlite import SQLiteEventStore
 from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
-
-TESTS_DIR = Path(__file__).resolve().parent.parent / "tests"
-sys.path.insert(0, str(TESTS_DIR))
 
 from helpers import ServerProcess  # noqa: E402
 
@@ -258,9 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                    "met": ratio <= TARGET_RATIO},
         "sanity": "ok",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"results written to {args.out}")
+    write_results(args.out, payload)
     return 0
 
 

@@ -52,9 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-TESTS_DIR = Path(__file__).resolve().parent.parent / "tests"
-sys.path.insert(0, str(TESTS_DIR))
+from benchkit import machine_busy_ticks, percentile, write_results  # noqa: E402 - puts tests/ on sys.path
 
 from fake_openai import FakeOpenAI, Reply, delay, reply, text  # noqa: E402
 from helpers import ServerProcess  # noqa: E402
@@ -313,14 +311,6 @@ class Bench:
 # -- other work on the machine ----------------------------------------------------------------
 
 
-def _machine_busy_ticks() -> int | None:
-    """CPU ticks spent busy on the whole machine so far (Linux; None elsewhere)."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-        user, nice, system, idle, iowait, irq, softirq, steal = map(int, fields[1:9])
-    except (OSError, ValueError):
-        return None
-    return user + nice + system + irq + softirq + steal
 
 
 def _process_ticks(pid: int) -> int | None:
@@ -341,7 +331,7 @@ class ForeignCpu:
         self.start = self._sample()
 
     def _sample(self) -> tuple[float, int | None, list[int | None]]:
-        return time.monotonic(), _machine_busy_ticks(), [_process_ticks(p) for p in self.pids]
+        return time.monotonic(), machine_busy_ticks(), [_process_ticks(p) for p in self.pids]
 
     def share(self) -> float | None:
         (t0, busy0, own0), (t1, busy1, own1) = self.start, self._sample()
@@ -355,13 +345,6 @@ class ForeignCpu:
 # -- statistics and reporting -----------------------------------------------------------------
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def summarize(path: str, concurrency: int, runs: list[RunResult],
@@ -541,9 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                    "value_ms": added["concurrent"]["p99_ms"], "met": met},
         "sanity": "ok",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"results written to {args.out}")
+    write_results(args.out, payload)
     return 0
 
 

@@ -151,6 +151,37 @@ def test_reasoning_and_text_stream_in_order(tmp_path: Path, workspace: Path,
         "list_files", "read_file", "search_files"}
 
 
+def test_request_cost_on_the_event_loop_does_not_grow_with_the_history(
+        fake: FakeOpenAI, tmp_path: Path) -> None:
+    """Contract invariant 7 (ordinary requests do not stall behind runs): the SDK's recursive
+    param transform cost ~13 ms of event loop per request for a 90-message history and was a
+    third of the server's loop under load. The history goes out as it is, so a 600-message
+    turn costs about what a 2-message turn does (a ratio within one process)."""
+    long_history = [{"role": "user" if k % 2 == 0 else "assistant", "content": f"line {k} " * 8}
+                    for k in range(599)] + USER
+    rt = make_runtime(fake.base_url, tmp_path, None)
+
+    async def timed(messages: list[dict[str, Any]]) -> float:
+        started = time.perf_counter()
+        async for _ in rt.stream(turn(messages)):
+            pass
+        return time.perf_counter() - started
+
+    async def main() -> tuple[float, float]:
+        short, long = [], []
+        try:
+            for _ in range(7):
+                short.append(await timed(USER))
+                long.append(await timed(long_history))
+        finally:
+            await rt.aclose()
+        return sorted(short)[3], sorted(long)[3]
+
+    short, long = asyncio.run(main())
+    assert fake.last_request["messages"] == long_history
+    assert long < 4 * short, f"600 messages {long * 1000:.1f} ms vs 1 message {short * 1000:.1f} ms"
+
+
 def test_no_tools_without_workspace_and_model_override(fake: FakeOpenAI,
                                                        tmp_path: Path) -> None:
     rt = make_runtime(fake.base_url, tmp_path, None)

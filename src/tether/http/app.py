@@ -9,6 +9,7 @@ shutdown, so we do not hand-roll any of that.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -46,6 +47,15 @@ def open_store(settings: Settings) -> SQLiteEventStore:
     )
 
 
+def _freeze_startup_heap() -> None:
+    """Leave everything alive once the server is ready (modules, the app, the runtime's client)
+    out of later garbage collections. Each full collection walked it all again: a stall of the
+    event loop of about 100 ms every few seconds under bench/load_test.py, the p99 of every
+    request (contract invariant 7)."""
+    gc.collect()
+    gc.freeze()
+
+
 def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI:
     """The app. `auth` carries the hashed password; without it, it is loaded from settings
     (auth.PasswordError when the configured password cannot be read)."""
@@ -81,6 +91,7 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
                         recovered)
         reclaimer = asyncio.create_task(
             maintenance.reclaim_forever(engine, settings.cancel_reclaim_seconds))
+        _freeze_startup_heap()
         log.info("Tether %s ready (%s runtime): data in %s", __version__, runtime.name,
                  settings.data_dir)
         try:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
 
 from tether.http.deps import App
 from tether.http.errors import documented
+from tether.http.responses import plain_json
 from tether.http.schemas import (
     CreateSession,
     Ok,
@@ -43,19 +45,20 @@ async def list_sessions(
     = False,
     q: Annotated[str | None, Query(
         description="Case-insensitive search in titles and message text")] = None,
-) -> dict:
+) -> JSONResponse:
     """Sidebar rows, pinned first, then most recent meaningful activity first. The default
     list omits archived sessions and rotated parents."""
     query = q.strip() if q else None
-    return {"sessions": await app.sessions.list_rows(archived=archived, query=query or None)}
+    return plain_json(
+        {"sessions": await app.sessions.list_rows(archived=archived, query=query or None)})
 
 
 @router.get("/api/session", summary="Get a session", response_model=None,
             responses=documented(400, 404, ok=SessionViewOut))
-async def get_session(app: App, session_id: SessionIdQuery) -> dict:
+async def get_session(app: App, session_id: SessionIdQuery) -> JSONResponse:
     """The row plus the visible transcript, the pending turn, the live run's scene and
     `last_seq`, the log position it reflects. A read never writes."""
-    return {"session": await app.sessions.view(session_id)}
+    return plain_json({"session": await app.sessions.view(session_id)})
 
 
 @router.patch("/api/session", summary="Rename, pin or archive a session", response_model=None,
@@ -78,10 +81,10 @@ async def delete_session(app: App, session_id: SessionIdQuery) -> dict:
 
 @router.get("/api/session/context", summary="The model context of a session",
             response_model=None, responses=documented(400, 404, ok=SessionContext))
-async def session_context(app: App, session_id: SessionIdQuery) -> dict:
+async def session_context(app: App, session_id: SessionIdQuery) -> JSONResponse:
     """Exactly what the next model call of this session would receive, in the OpenAI message
     shape, compression summaries included, with the turns left out and why."""
-    return await app.sessions.context(session_id)
+    return plain_json(await app.sessions.context(session_id))
 
 
 @router.post("/api/session/truncate", summary="Truncate the transcript", response_model=None,

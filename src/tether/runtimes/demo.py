@@ -4,11 +4,15 @@ It exists so that a newcomer sees every part of the UI working at once (reasonin
 progress, two harmless tool calls, a Markdown answer with code) and so that tests have a
 deterministic runtime. Everything it says is labelled as the demo's.
 A message that starts with `/slow` streams ten times slower (handy for trying Stop).
+`/stubborn N` plays an agent stuck in a tool that ignores Stop for N seconds (default 10,
+at most 60): Stop still ends the turn at once, and the session stays busy until the worker
+lets go or `--cancel-reclaim-seconds` reclaims it (docs/runs.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import time
@@ -27,6 +31,9 @@ from tether.runtimes.base import (
 from tether.settings import Settings
 
 DEFAULT_DELAY_SECONDS = 0.03
+STUBBORN_DEFAULT_SECONDS = 10.0
+STUBBORN_MAX_SECONDS = 60.0
+STUBBORN_TICK_SECONDS = 0.2
 
 
 def _last_user_text(messages: list[dict[str, Any]]) -> str:
@@ -44,6 +51,30 @@ def _pieces(text: str) -> list[str]:
     return re.findall(r"\s*\S+|\s+", text)
 
 
+def _stubborn_seconds(prompt: str) -> float:
+    words = prompt.split()
+    try:
+        seconds = float(words[1]) if len(words) > 1 else STUBBORN_DEFAULT_SECONDS
+    except ValueError:
+        seconds = STUBBORN_DEFAULT_SECONDS
+    return min(max(seconds, 0.0), STUBBORN_MAX_SECONDS)
+
+
+async def _stubborn(prompt: str) -> AsyncIterator[RuntimeEvent]:
+    """A worker that does not honour an interrupt, as a hung tool would: cancellation is
+    swallowed and output keeps coming until its time is up. Tether must fence that output
+    off the log once the run has finished (contract invariant 9)."""
+    seconds = _stubborn_seconds(prompt)
+    yield ReasoningDelta(f"Demo: this turn ignores Stop for {seconds:g} seconds, like an "
+                         "agent stuck in a tool.")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with contextlib.suppress(asyncio.CancelledError):  # the interrupt it does not honour
+            await asyncio.sleep(STUBBORN_TICK_SECONDS)
+        yield TextDelta(" still working")
+    yield TextDelta(" done.")
+
+
 class DemoRuntime:
     name = "demo"
     model = "tether-demo"
@@ -57,6 +88,10 @@ class DemoRuntime:
 
     async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
         prompt = _last_user_text(turn.messages).strip()
+        if prompt.startswith("/stubborn"):
+            async for e in _stubborn(prompt):
+                yield e
+            return
         delay = self.delay * (10 if prompt.startswith("/slow") else 1)
         words = len(prompt.split())
         preview = prompt[:60] + ("…" if len(prompt) > 60 else "")

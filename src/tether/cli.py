@@ -116,6 +116,14 @@ def main() -> None:
     help="How long a stopped worker may take to unwind.",
 )
 @option(
+    "--agent-sync-seconds",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="How often to look for turns other clients of the agent wrote (hermes runtime; "
+    "0: only before each turn).",
+)
+@option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",

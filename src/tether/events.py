@@ -34,6 +34,9 @@ QUEUE_UPDATED = "queue.updated"
 QUEUE_REMOVED = "queue.removed"
 RUN_FINISHED = "run.finished"
 TRANSCRIPT_TRUNCATED = "transcript.truncated"
+# extension: what another client of the agent wrote into the agent's own store (Hermes
+# state.db), reconciled into this session: turns to show, and a compaction done elsewhere.
+AGENT_IMPORTED = "agent.imported"
 
 # Terminal states of a run (API.md §4): every run ends in exactly one of these.
 RUN_STATES = (

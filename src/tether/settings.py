@@ -47,6 +47,7 @@ class Settings:
     sse_write_deadline_seconds: float = 30.0
     max_streams_per_client: int = 32
     cancel_reclaim_seconds: float = 180.0
+    agent_sync_seconds: float = 5.0
     max_body_bytes: int = 25 * MiB
     max_attachment_bytes: int = 20 * MiB
     max_attachments: int = 10

@@ -27,7 +27,7 @@ from tether.log import Hub
 from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
 from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
-from tether.runs import maintenance
+from tether.runs import agent_sync, maintenance
 from tether.runs.engine import RunEngine
 from tether.runs.queue import QueueService
 from tether.runs.registry import RunRegistry
@@ -80,6 +80,8 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
                            runtime=runtime, attachments=attachments)
         engine.rotator = Rotator(engine, settings)
         engine.queue = QueueService(engine)
+        if agent_sync.supported(runtime):
+            engine.agent_sync = agent_sync.AgentSync(engine)
         app.state.services = Services(
             settings=settings, store=store, hub=hub, registry=registry,
             sessions=sessions_service, feed=feed, attachments=attachments, engine=engine,
@@ -91,6 +93,8 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
                         recovered)
         reclaimer = asyncio.create_task(
             maintenance.reclaim_forever(engine, settings.cancel_reclaim_seconds))
+        syncer = (asyncio.create_task(engine.agent_sync.forever(settings.agent_sync_seconds))
+                  if engine.agent_sync is not None and settings.agent_sync_seconds > 0 else None)
         _freeze_startup_heap()
         log.info("Tether %s ready (%s runtime): data in %s", __version__, runtime.name,
                  settings.data_dir)
@@ -98,6 +102,8 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
             yield
         finally:
             reclaimer.cancel()
+            if syncer is not None:
+                syncer.cancel()
             await maintenance.shutdown(engine)
             await runtime.aclose()
             store.attach_hub(None)

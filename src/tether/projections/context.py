@@ -97,20 +97,31 @@ def _boundary(messages: list[dict[str, Any]], compressions: Sequence[dict[str, A
 
 def context_messages(messages: list[dict[str, Any]],
                      compressions: Sequence[dict[str, Any]] = (),
-                     handoff: dict[str, Any] | None = None) -> dict[str, Any]:
+                     handoff: dict[str, Any] | None = None,
+                     agent_compactions: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """`{context_messages, excluded, compressions}` for the visible transcript `messages`,
-    the session's compression passes and, for a rotated child, its parent's handoff."""
+    the session's compression passes, for a rotated child its parent's handoff, and the
+    compactions another client of the agent did in place (`agent.imported`)."""
     start, compression = _boundary(messages, compressions)
-    out: list[dict[str, Any]] = []
     summary = compression["summary"] if compression else (handoff or {}).get("summary")
+    carried: list[dict[str, Any]] = []
+    # The agent's own compaction wins when it came after Tether's.
+    compaction = next((c for c in reversed(agent_compactions) if c["at"] >= start), None)
+    if compaction is not None:
+        start, summary, carried = compaction["at"], compaction["summary"], compaction["carried"]
+    out: list[dict[str, Any]] = []
     if summary:
         out.append(summary_message(summary))
+    out.extend(carried)
     excluded = [{"turn_id": row["turn_id"], "reason": SUMMARIZED_REASON}
                 for row in messages[:start] if row["role"] == "user"]
     for row in messages[start:]:
-        if row["role"] == "user":
+        if "agent_context" in row:  # a turn another client wrote: the agent's own messages
+            out.extend(row["agent_context"])
+        elif row["role"] == "user":
             out.append(_user_message(row))
         elif row["role"] == "assistant":
             out.extend(_assistant_messages(row))
     return {"context_messages": out, "excluded": excluded,
-            "compressions": len(compressions) + (1 if handoff else 0)}
+            "compressions": len(compressions) + (1 if handoff else 0)
+            + len(agent_compactions)}

@@ -13,7 +13,7 @@ from tether import events as ev
 from tether.events import Event
 
 # Bump when the fold changes: the store then rebuilds every persisted row from the log.
-SIDEBAR_FOLD_VERSION = "sidebar-2"
+SIDEBAR_FOLD_VERSION = "sidebar-3"
 
 DEFAULT_TITLE = "New chat"
 TITLE_MAX = 80
@@ -27,6 +27,7 @@ ROW_EVENT_TYPES = frozenset(
         ev.RUN_FINISHED,
         ev.TRANSCRIPT_TRUNCATED,
         ev.SESSION_ROTATED,
+        ev.AGENT_IMPORTED,
     }
 )
 
@@ -90,7 +91,26 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
         row["transcript_generation_baseline"] = data["keep_count"]
     elif event.type == ev.SESSION_ROTATED:
         row["continuation_session_id"] = data.get("continuation_session_id")
+    elif event.type == ev.AGENT_IMPORTED:
+        _fold_imported(row, data)
     return row
+
+
+def _fold_imported(row: dict[str, Any], data: dict[str, Any]) -> None:
+    """Turns another client of the agent wrote are the user's activity, at the time they
+    were written there (never later than that: importing them is not activity)."""
+    for entry in data.get("entries") or []:
+        rows = entry.get("rows") or [] if entry.get("kind") == "turn" else []
+        if not rows:
+            continue
+        user = rows[0]["role"] == "user"
+        row["message_count"] += int(user) + int(len(rows) > int(user))  # user row, reply row
+        written = max(r["timestamp"] for r in rows)
+        if written > (row["last_message_at"] or 0):
+            row["last_message_at"] = written
+        row["updated_at"] = max(row["updated_at"], written)
+        if user and row["title_from_message"] is None:
+            row["title_from_message"] = title_from_message(rows[0].get("content") or "") or None
 
 
 def public_row(state: dict[str, Any], *, busy: bool, active_stream_id: str | None) -> dict:

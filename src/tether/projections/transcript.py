@@ -13,15 +13,9 @@ from typing import Any
 
 from tether import events as ev
 from tether.events import Event
+from tether.projections.agent_rows import imported_rows
 from tether.projections.context import context_messages
-
-_BARRIER_TYPES = {"tool", "compression", "steer"}
-
-
-def _is_barrier(item: dict[str, Any]) -> bool:
-    """Something the agent did after a text, which makes that text interim progress. A steer
-    that was never delivered is not: the agent never saw it."""
-    return item["type"] in _BARRIER_TYPES and not item.get("leftover")
+from tether.projections.timeline import timeline_view
 
 
 @dataclass
@@ -43,23 +37,6 @@ class RunScene:
             self.items.append(found)
             self.by_id[item_id] = found
         return found
-
-
-def timeline_view(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
-    """Copy the items, marking text that something later followed as interim progress; the
-    trailing text is the answer. Returns (timeline, final answer text)."""
-    last_barrier = max(
-        (i for i, it in enumerate(items) if _is_barrier(it)), default=-1
-    )
-    timeline, answer = [], []
-    for index, item in enumerate(items):
-        copy = dict(item)
-        if copy["type"] == "text":
-            copy["interim"] = index < last_barrier
-            if not copy["interim"]:
-                answer.append(copy["text"])
-        timeline.append(copy)
-    return timeline, "".join(answer)
 
 
 def notice_text(state: str, data: dict[str, Any]) -> str | None:
@@ -95,6 +72,10 @@ class TranscriptFold:
         # Agent-facing only (invariant 6): never part of `view()`.
         self.compressions: list[dict[str, Any]] = []
         self.handoff: dict[str, Any] | None = None
+        # What another client of the agent wrote (`agent.imported`): where the next pass
+        # starts, and compactions it did in place (the model context restarts there).
+        self.agent_watermark = 0
+        self.agent_compactions: list[dict[str, Any]] = []
 
     def apply(self, event: Event) -> None:
         if event.seq <= self.last_seq:
@@ -287,12 +268,29 @@ class TranscriptFold:
         self.messages.append(row)
 
     def _truncated(self, event: Event) -> None:
-        del self.messages[event.data["keep_count"] :]
+        keep = event.data["keep_count"]
+        del self.messages[keep:]
+        self.agent_compactions = [c for c in self.agent_compactions if c["at"] <= keep]
+
+    def _agent_imported(self, event: Event) -> None:
+        """Turns another client of the agent wrote, in the order it wrote them; a compaction
+        it did in place restarts the model context at that point (display unchanged)."""
+        data = event.data
+        self.agent_watermark = max(self.agent_watermark, int(data.get("watermark") or 0))
+        for entry in data.get("entries") or []:
+            if entry.get("kind") == "compaction":
+                self.agent_compactions.append({
+                    "at": len(self.messages), "summary": entry.get("summary") or "",
+                    "carried": list(entry.get("context") or []),
+                })
+            elif entry.get("kind") == "turn":
+                self.messages.extend(imported_rows(entry))
 
     # -- views ------------------------------------------------------------------------------
     def context(self) -> dict[str, Any]:
         """The model context of the next call (API.md §3, `GET /api/session/context`)."""
-        return context_messages(self.messages, self.compressions, self.handoff)
+        return context_messages(self.messages, self.compressions, self.handoff,
+                                self.agent_compactions)
 
     def view(self) -> dict[str, Any]:
         """`messages`, the pending turn and `live`, as fresh objects a caller may keep."""
@@ -329,6 +327,7 @@ class TranscriptFold:
 
 def _copy_row(row: dict[str, Any]) -> dict[str, Any]:
     copy = dict(row)
+    copy.pop("agent_context", None)  # model-facing only
     if "timeline" in copy:
         copy["timeline"] = [dict(item) for item in copy["timeline"]]
     if "attachments" in copy:
@@ -356,4 +355,5 @@ _HANDLERS = {
     ev.RUN_CANCEL_REQUESTED: TranscriptFold._cancel_requested,
     ev.RUN_FINISHED: TranscriptFold._run_finished,
     ev.TRANSCRIPT_TRUNCATED: TranscriptFold._truncated,
+    ev.AGENT_IMPORTED: TranscriptFold._agent_imported,
 }

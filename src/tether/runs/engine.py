@@ -54,6 +54,7 @@ class RunEngine:
         # once the session is free.
         self.rotator: Any = None
         self.queue: Any = None
+        self.agent_sync: Any = None  # runs.agent_sync.AgentSync, for runtimes that offer it
 
     # -- start ------------------------------------------------------------------------------
     async def start(self, session_id: str, text: str, uploads: Sequence[Upload] = (),
@@ -62,6 +63,8 @@ class RunEngine:
         """Admit and record a new turn. `uploads` are stored here, after every refusal;
         `refs` are attachments stored earlier (a queued message)."""
         async with self.sessions.locks(session_id):
+            if self.agent_sync is not None and self.store.last_seq(session_id) is not None:
+                await self.agent_sync.before_start(session_id)  # may reveal a continuation
             self.check_admissible(session_id, starting=True)
             stored = list(refs)
             for upload in uploads:
@@ -253,8 +256,9 @@ class RunEngine:
                 if path is not None:
                     refs[att["id"]] = AttachmentRef(att["id"], att["name"], att["mime"], path)
         run.steer.on_drain = lambda ids: run.inbox.put_nowait(SteerDelivered(ids))
+        user = fold.transcript.users.get(run.turn_id)
         return TurnInput(run.session_id, run.stream_id, run.turn_id, messages, refs, model,
-                         steer=run.steer)
+                         steer=run.steer, submitted_at=user["created_at"] if user else None)
 
     async def _produce(self, handle: RuntimeHandle, turn: TurnInput,
                        inbox: asyncio.Queue) -> None:

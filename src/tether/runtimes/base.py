@@ -115,6 +115,8 @@ class TurnInput:
     model: str | None = None
     steer: SteerInbox | None = None
     """Text the user sent to the running agent; a runtime drains it at its next step."""
+    submitted_at: float | None = None
+    """The turn's `submitted_at` in the log (the view's `pending_started_at`)."""
 
 
 class SteerInbox:
@@ -144,6 +146,20 @@ class SteerInbox:
         self.closed = True
         taken, self._pending = self._pending, []
         return taken
+
+
+@dataclass(frozen=True)
+class AgentNews:
+    """What an agent that keeps its own history (Hermes' state.db) holds for a session that
+    Tether's log does not: the payload of an `agent.imported` event, and a continuation
+    session the agent's lineage authorizes (contract: inactive compression continuation
+    recovery). Runtimes offering it implement `agent_news(session_id, watermark)`,
+    `agent_changed()` (sessions worth a look), `bind(session_id, agent_session_id)` and
+    `agent_owner(agent_session_id)`."""
+
+    watermark: int
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    continuation: str | None = None  # the agent's session id that continues this one
 
 
 class Runtime(Protocol):

@@ -51,6 +51,8 @@ class Row:
     tool_calls: Any = None
     tool_call_id: str | None = None
     provider: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    reasoning: str | None = None
+    archived: bool = False  # soft-archived by a compaction (`active = 0, compacted = 1`)
 
 
 def _loads(value: Any) -> Any:
@@ -63,24 +65,40 @@ def _loads(value: Any) -> Any:
 
 
 def read_rows(db_path: Path, session_ids: list[str], after_id: int = 0,
-              limit: int = DEFAULT_LIMIT) -> list[Row]:
-    """Active rows of these agent sessions with id > after_id, oldest first, at most limit."""
+              limit: int = DEFAULT_LIMIT, *, archived: bool = False) -> list[Row]:
+    """Rows of these agent sessions with id > after_id, oldest first, at most limit: the
+    active ones and, with `archived`, those a compaction soft-archived (never the rows an
+    undo removed)."""
     if not session_ids:
         return []
     marks = ",".join("?" * len(session_ids))
+    live = "(active = 1 OR compacted = 1)" if archived else "active = 1"
     with read_only(db_path) as db:
         if db is None:
             return []
         try:
             rows = db.execute(
                 "SELECT id, session_id, role, content, api_content, tool_calls, tool_call_id, "
-                f"timestamp FROM messages WHERE session_id IN ({marks}) AND id > ? "
-                "AND active = 1 ORDER BY id LIMIT ?", [*session_ids, after_id, limit]).fetchall()
+                f"timestamp, reasoning, active FROM messages WHERE session_id IN ({marks}) "
+                f"AND id > ? AND {live} ORDER BY id LIMIT ?",
+                [*session_ids, after_id, limit]).fetchall()
         except sqlite3.Error:
             return []
     return [Row(role=r[2], content=r[3], timestamp=float(r[7]), session_id=r[1], row_id=r[0],
-                api_content=_loads(r[4]), tool_calls=_loads(r[5]), tool_call_id=r[6])
+                api_content=_loads(r[4]), tool_calls=_loads(r[5]), tool_call_id=r[6],
+                reasoning=r[8] or None, archived=not r[9])
             for r in rows]
+
+
+def max_row_id(db_path: Path) -> int:
+    """The newest message row id in `state.db` (0 when there is none yet)."""
+    with read_only(db_path) as db:
+        if db is None:
+            return 0
+        try:
+            return int(db.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone()[0])
+        except sqlite3.Error:
+            return 0
 
 
 # -- native-image mirrors -----------------------------------------------------------------------

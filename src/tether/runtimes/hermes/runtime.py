@@ -18,10 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from tether.runtimes.attachments import accepts_mime
-from tether.runtimes.base import ProviderError, RuntimeEvent, RuntimeUnavailable, TurnInput
+from tether.runtimes.base import (
+    AgentNews,
+    ProviderError,
+    RuntimeEvent,
+    RuntimeUnavailable,
+    TurnInput,
+)
+from tether.runtimes.hermes.agent_view import agent_news, changes
 from tether.runtimes.hermes.client import SidecarError, SidecarProcess
 from tether.runtimes.hermes.lineage import live_tip
 from tether.runtimes.hermes.proofs import ProofStore
+from tether.runtimes.hermes.reconcile import max_row_id
 from tether.settings import Settings
 
 log = logging.getLogger("tether.hermes")
@@ -76,6 +84,7 @@ class HermesRuntime:
         self._utility: HermesHandle | None = None
         self._utility_lock = asyncio.Lock()
         self._last_ts = 0.0
+        self._fingerprints: dict[str, tuple] = {}
 
     @property
     def context_window(self) -> int | None:
@@ -129,7 +138,11 @@ class HermesRuntime:
 
     # -- the runtime protocol ---------------------------------------------------------------
     async def open_handle(self, session_id: str) -> HermesHandle:
-        tip = await asyncio.to_thread(live_tip, self.state_db, session_id, self.profile)
+        """The agent session is the Tether session's id, or the newest agent session bound to
+        it (a continuation: its own turns rotated into it, or one created from the lineage)."""
+        bound = await asyncio.to_thread(self.proofs.agent_sessions, session_id)
+        tip = await asyncio.to_thread(live_tip, self.state_db, bound[-1] if bound else session_id,
+                                      self.profile)
         handle = HermesHandle(self, session_id, tip)
         await handle.ensure_started()
         self._handles.add(handle)
@@ -159,6 +172,26 @@ class HermesRuntime:
                                 "summary when asked to compress the conversation.")
         return summary
 
+    # -- what other clients of the profile did (runs/agent_sync.py) ----------------------------
+    async def agent_news(self, session_id: str, watermark: int) -> AgentNews | None:
+        """None while one of the session's turns is still being written by the agent (an
+        interrupted turn finishes writing after Tether's run has ended)."""
+        if any(h.session_id == session_id and h.turn_open for h in self._handles):
+            return None
+        return await asyncio.to_thread(agent_news, self.state_db, self.proofs, session_id,
+                                       watermark, self.profile)
+
+    async def agent_changed(self) -> list[str]:
+        bindings = await asyncio.to_thread(self.proofs.bindings)
+        return await asyncio.to_thread(changes, self.state_db, bindings, self._fingerprints)
+
+    async def bind(self, session_id: str, agent_session_id: str) -> bool:
+        return await asyncio.to_thread(self.proofs.bind, session_id, agent_session_id)
+
+    async def agent_owner(self, agent_session_id: str) -> str | None:
+        """The Tether session bound to this agent session, if any."""
+        return await asyncio.to_thread(self.proofs.tether_session_of, agent_session_id)
+
     async def aclose(self) -> None:
         handles = list(self._handles) + ([self._utility] if self._utility else [])
         await asyncio.gather(*(h.close() for h in handles), return_exceptions=True)
@@ -175,6 +208,7 @@ class HermesHandle:
         self.agent_session_id = agent_session_id
         self.process: SidecarProcess | None = None
         self.turn_open = False  # a turn was sent and its `done` not read yet
+        self.turn_stream_id: str | None = None  # the last turn sent
         self.closed = False
         self._requests = 0
 
@@ -225,9 +259,28 @@ class HermesHandle:
             except TimeoutError:
                 continue
             if event.get("ev") in ("done", "eof"):
-                self.turn_open = False
-                if event.get("session_id"):
-                    self.agent_session_id = event["session_id"]
+                await self.turn_done(event)
+
+    def turn_begins(self, stream_id: str) -> None:
+        """Note where `state.db` stands: the rows after it, until the turn is done, are this
+        turn's (its user row, its replies, a compaction it did)."""
+        self.turn_stream_id = stream_id
+        self.runtime.proofs.turn_started(self.session_id, stream_id,
+                                         max_row_id(self.runtime.state_db))
+
+    async def turn_done(self, event: dict[str, Any]) -> None:
+        """The agent finished the turn (also an interrupted one, later): everything it wrote
+        is in `state.db` now."""
+        self.turn_open = False
+        if event.get("session_id"):
+            self.agent_session_id = str(event["session_id"])
+            await asyncio.to_thread(self.runtime.proofs.bind, self.session_id,
+                                    self.agent_session_id)
+        if self.turn_stream_id is not None:
+            await asyncio.to_thread(self._record_turn_end, self.turn_stream_id)
+
+    def _record_turn_end(self, stream_id: str) -> None:
+        self.runtime.proofs.turn_ended(stream_id, max_row_id(self.runtime.state_db))
 
     async def complete(self, messages: list[dict[str, Any]], model: str | None) -> str:
         process = await self.ensure_started()

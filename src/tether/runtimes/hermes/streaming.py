@@ -102,8 +102,10 @@ async def run_turn(handle: HermesHandle, turn: TurnInput) -> AsyncIterator[Runti
     process = await handle.ensure_started()
     history, message, persist_text = await asyncio.to_thread(split_turn, turn)
     runtime = handle.runtime
-    timestamp = runtime.next_timestamp()
+    # The contract's proof value: the turn's exact `pending_started_at`.
+    timestamp = turn.submitted_at if turn.submitted_at is not None else runtime.next_timestamp()
     steers = _Steers(turn.steer)
+    await asyncio.to_thread(handle.turn_begins, turn.stream_id)
     process.send({"op": "turn", "id": turn.turn_id, "history": history, "message": message,
                   "persist_user_message": persist_text, "persist_user_timestamp": timestamp,
                   "model": turn.model, "task_id": turn.stream_id})
@@ -126,6 +128,8 @@ async def run_turn(handle: HermesHandle, turn: TurnInput) -> AsyncIterator[Runti
             if kind == "accepted":
                 handle.agent_session_id = str(event.get("session_id") or
                                               handle.agent_session_id)
+                await asyncio.to_thread(runtime.proofs.bind, turn.session_id,
+                                        handle.agent_session_id)
                 await asyncio.to_thread(runtime.proofs.record, Proof(
                     turn.session_id, turn.stream_id, turn.turn_id, handle.agent_session_id,
                     float(event.get("persist_user_timestamp") or timestamp)))
@@ -135,11 +139,11 @@ async def run_turn(handle: HermesHandle, turn: TurnInput) -> AsyncIterator[Runti
                 continue
             if kind == "compression_completed" and event.get("session_id"):
                 handle.agent_session_id = str(event["session_id"])
+                await asyncio.to_thread(runtime.proofs.bind, turn.session_id,
+                                        handle.agent_session_id)
             if kind == "done":
-                handle.turn_open = False
                 done = True
-                if event.get("session_id"):
-                    handle.agent_session_id = str(event["session_id"])
+                await handle.turn_done(event)
                 steers.give_back()
                 if event.get("failed"):
                     raise ProviderError(event.get("error_code") or "internal",

@@ -1,0 +1,94 @@
+"""Bring what other clients of the agent did into the log (issue 7, items 3-4).
+
+A runtime whose agent keeps its own history (Hermes: `state.db`) can be driven from
+elsewhere too: its CLI adds turns, compacts, or compresses the session into a continuation.
+The log is Tether's only source of truth, so those facts enter it as ordinary events:
+
+- `agent.imported` with the turns to show and the messages the model gets (the model sees
+  what the user sees, contract invariant 1), and compactions done elsewhere;
+- a continuation that the agent's lineage authorizes becomes a Tether continuation:
+  `session.rotated` on the session, a child session driving the agent's continuation.
+  A stale `POST /api/chat/start` then gets 409 `session_rotated` before any mutation
+  (the engine syncs before it admits a turn).
+
+A pass runs only while no run occupies the session (the agent's rows of a running turn are
+Tether's own), under the session's lock, before every turn and every `--agent-sync-seconds`
+for the sessions whose agent rows moved. Reads never trigger one: a read never writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from tether import events as ev
+from tether.events import new_id
+from tether.log import Draft, SessionNotFound, StorageError
+from tether.runs.engine import RunEngine
+from tether.runs.rotation import continue_in
+
+log = logging.getLogger("tether.runs")
+
+
+class AgentSync:
+    """Wired only for a runtime that offers `agent_news` (runtimes/base.py, `AgentNews`)."""
+
+    def __init__(self, engine: RunEngine):
+        self.engine = engine
+
+    async def before_start(self, session_id: str) -> None:
+        """The engine calls this under the session's lock, before it admits a turn."""
+        await sync_locked(self.engine, session_id)
+
+    async def forever(self, interval: float) -> None:
+        """Every `interval` seconds, a pass for each session whose agent rows moved."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                for session_id in await self.engine.runtime.agent_changed():
+                    async with self.engine.sessions.locks(session_id):
+                        await sync_locked(self.engine, session_id)
+            except (StorageError, SessionNotFound) as exc:
+                log.warning("agent sync skipped a pass: %s", exc)
+            except Exception:  # a bug here must not stop later passes
+                log.exception("agent sync failed")
+
+
+def supported(runtime: object) -> bool:
+    return hasattr(runtime, "agent_news")
+
+
+async def sync_locked(engine: RunEngine, session_id: str) -> None:
+    """One pass for one session; the caller holds the session's lock."""
+    state = engine.store.index_state(session_id)
+    if state is None or state["continuation_session_id"] or engine.registry.busy(session_id):
+        return
+    fold = await engine.sessions.folds.get(session_id)
+    watermark = fold.transcript.agent_watermark
+    news = await engine.runtime.agent_news(session_id, watermark)
+    if news is None:
+        return
+    if news.entries or news.watermark > watermark:
+        await engine.store.append(session_id, [Draft(ev.AGENT_IMPORTED, {
+            "source": engine.runtime.name, "watermark": news.watermark,
+            "entries": news.entries})])
+    if news.continuation is not None:
+        await _continue(engine, session_id, news.continuation)
+
+
+async def _continue(engine: RunEngine, session_id: str, agent_session_id: str) -> None:
+    """Bound first, created second: a crash in between leaves a binding to a session that
+    does not exist yet, which the next pass completes, never a child driving nothing."""
+    owner = await engine.runtime.agent_owner(agent_session_id)
+    if owner == session_id:
+        return
+    if owner is not None and engine.store.last_seq(owner) is not None:
+        await continue_in(engine, session_id, owner, create=False)  # it exists already
+        return
+    child_id = owner or new_id("s")
+    if owner is None and not await engine.runtime.bind(child_id, agent_session_id):
+        return  # bound elsewhere meanwhile: the next pass links to that session
+    await continue_in(engine, session_id, child_id, create=True,
+                      agent_session_id=agent_session_id)
+    log.info("the agent continued %s in its session %s: Tether session %s", session_id,
+             agent_session_id, child_id)

@@ -1,0 +1,139 @@
+"""Layers: agent-store reconciliation -> run journal -> visible transcript, model context and
+sidebar (issue 7, items 3-4), end to end: `tether serve --runtime hermes` while the real
+hermes CLI (or hermes-agent's own `SessionDB`) writes into the same profile.
+
+- a turn the CLI adds to a session Tether drives shows up in Tether (display and model
+  context, contract invariant 1) without Tether's own turns coming back twice;
+- a compression continuation the agent's lineage authorizes is exposed as
+  `continuation_session_id`, a stale `POST /api/chat/start` gets 409 `session_rotated`
+  before any mutation, and the continuation is a Tether session that drives the agent's
+  continuation.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from statedb import write_state
+
+from fake_openai import FakeOpenAI, reply, text
+from helpers import ServerProcess, new_session, running_server, session_body, start_turn, wait_idle
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+SUMMARY = "[CONTEXT COMPACTION — REFERENCE ONLY] Earlier turns were compacted: a greeting."
+
+
+@pytest.fixture
+def server(tmp_path: Path, fake: FakeOpenAI, hermes_env: Path,
+           hermes_python: Path) -> Iterator[ServerProcess]:
+    with running_server(tmp_path / "data", "--runtime", "hermes", "--hermes-python",
+                        str(hermes_python), "--base-url", fake.base_url, "--model", fake.model,
+                        "--api-key-env", "TETHER_TEST_HERMES_KEY",
+                        "--agent-sync-seconds", "0.3") as running:
+        yield running
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def user_texts(request: dict[str, Any]) -> list[str]:
+    return [str(m["content"]) for m in request["messages"] if m["role"] == "user"]
+
+
+def test_a_turn_the_cli_wrote_is_shown_and_sent_to_the_model(
+        server: ServerProcess, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path,
+        tmp_path: Path) -> None:
+    fake.script(reply(text("answer to tether")), reply(text("answer to the cli")),
+                reply(text("third answer")))
+    with server.client() as client:
+        sid = new_session(client)
+        start_turn(client, sid, "from tether")
+        wait_idle(client, sid, timeout=90)
+        cli = subprocess.run(
+            [str(hermes_python.parent / "hermes"), "chat", "-q", "from the cli", "-Q",
+             "--resume", sid, "-t", "terminal"], capture_output=True, text=True, timeout=180,
+            stdin=subprocess.DEVNULL,
+            env={"HERMES_HOME": str(hermes_env), "PATH": "/usr/bin:/bin",
+                 "HOME": str(tmp_path), "OPENAI_API_KEY": "test-key"})
+        assert cli.returncode == 0, cli.stdout + cli.stderr
+
+        body = wait_for(lambda: (b := session_body(client, sid)) and len(b["messages"]) == 4
+                        and b, 30, "the CLI turn in Tether")
+        assert [(m["role"], m["content"], m.get("origin")) for m in body["messages"]] == [
+            ("user", "from tether", None), ("assistant", "answer to tether", None),
+            ("user", "from the cli", "agent"), ("assistant", "answer to the cli", "agent")]
+        assert body["message_count"] == 4
+
+        start_turn(client, sid, "third")
+        body = wait_idle(client, sid, timeout=90)
+        assert body["messages"][-1]["content"] == "third answer"
+        # The model saw what the user sees, each turn once, in order.
+        assert user_texts(fake.requests[-1]) == ["from tether", "from the cli", "third"]
+        time.sleep(1.0)  # several sync passes: Tether's own turn is not imported back
+        assert len(session_body(client, sid)["messages"]) == 6
+
+
+def test_a_continuation_from_the_agents_lineage_is_followed_not_forked(
+        server: ServerProcess, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path) -> None:
+    fake.script(reply(text("hello there")), reply(text("continuing in the continuation")))
+    with server.client() as client:
+        sid = new_session(client)
+        start_turn(client, sid, "first")
+        wait_idle(client, sid, timeout=90)
+        # The CLI compresses the session into a continuation and talks on there.
+        write_state(hermes_python, hermes_env, [
+            ["end", sid, "compression"],
+            ["sleep", 0.05],
+            ["create", "cli_cont", "cli", {"parent_session_id": sid}],
+            ["replace", "cli_cont", [{"role": "user", "content": SUMMARY},
+                                     {"role": "assistant", "content": "hello there"}]],
+            ["sleep", 0.05],
+            ["append", "cli_cont", "user", "asked in the cli", {}],
+            ["append", "cli_cont", "assistant", "answered in the cli", {}],
+        ])
+        before = session_body(client, sid)
+
+        stale = client.post("/api/chat/start", json={"session_id": sid, "message": "stale"})
+        assert stale.status_code == 409, stale.text
+        assert stale.json()["code"] == "session_rotated"
+        child = stale.json()["continuation_session_id"]
+        assert child and child != sid
+        parent = session_body(client, sid)
+        assert parent["continuation_session_id"] == child
+        assert parent["messages"] == before["messages"]  # no turn, no pending, no worker
+        assert parent["pending_user_message"] is None and parent["busy"] is False
+
+        body = wait_for(lambda: (b := session_body(client, child)) and len(b["messages"]) == 2
+                        and b, 30, "the continuation's CLI turn")
+        assert body["parent_session_id"] == sid
+        assert [m["content"] for m in body["messages"]] == ["asked in the cli",
+                                                            "answered in the cli"]
+        assert [m["content"] for m in body["inherited_messages"]] == ["first", "hello there"]
+        context = client.get("/api/session/context", params={"session_id": child}).json()
+        messages = context["context_messages"]
+        assert messages[0]["role"] == "system" and "a greeting" in messages[0]["content"]
+        assert [m["content"] for m in messages[1:]] == [
+            "hello there", "asked in the cli", "answered in the cli"]
+        listed = [r["session_id"] for r in client.get("/api/sessions").json()["sessions"]]
+        assert child in listed and sid not in listed
+
+        start_turn(client, child, "go on")
+        wait_idle(client, child, timeout=90)
+        assert user_texts(fake.requests[-1])[-2:] == ["asked in the cli", "go on"]
+    db = sqlite3.connect(hermes_env / "state.db")
+    rows = db.execute("SELECT session_id FROM messages WHERE content = 'go on'").fetchall()
+    assert rows == [("cli_cont",)]  # the agent continued its own continuation

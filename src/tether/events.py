@@ -29,6 +29,9 @@ RUN_CANCEL_REQUESTED = "run.cancel_requested"
 STEER_ACCEPTED = "steer.accepted"
 STEER_DELIVERED = "steer.delivered"  # extension: where the agent took the steer in
 STEER_LEFTOVER = "steer.leftover"
+# extensions: the agent asked before running something flagged dangerous, and the answer
+APPROVAL_REQUESTED = "approval.requested"
+APPROVAL_RESOLVED = "approval.resolved"
 QUEUE_ADDED = "queue.added"
 QUEUE_UPDATED = "queue.updated"
 QUEUE_REMOVED = "queue.removed"

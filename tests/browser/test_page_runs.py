@@ -112,3 +112,26 @@ def test_a_run_started_elsewhere_appears_live_and_marks_the_sidebar(
         "aria-current", "page")
     expect(page.locator(".row.assistant")).to_have_count(1)
     expect(page.get_by_role("link", name="Background job, unread")).to_have_count(0)
+
+
+def test_an_approval_prompt_is_answered_from_the_page(context: BrowserContext,
+                                                      web_server: ServerProcess) -> None:
+    """Layers: live UI scene -> `POST /api/chat/approve` -> the runtime. The question shows
+    with the command (as text), both answers are offered while the run waits, and once
+    answered the card says what was decided, in this tab and in a second one."""
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    send(page, "/approve")
+    card = page.locator(".item.approval")
+    expect(card).to_have_count(1)
+    expect(card.locator(".approval-command")).to_have_text("rm -rf ./demo-scratch")
+    second = context.new_page()
+    open_app(second, web_server.base_url, f"/s/{session_id_of(page)}")
+    expect(second.get_by_role("button", name="Allow once")).to_be_visible()
+    page.get_by_role("button", name="Deny").click()
+    wait_settled(page)
+    for tab in (page, second):
+        outcome = tab.locator(".item.approval .approval-outcome")
+        expect(outcome).to_have_text("Denied.")
+        expect(tab.get_by_role("button", name="Allow once")).to_have_count(0)
+        expect(tab.locator(".row.assistant").last).to_contain_text("You denied it")

@@ -135,7 +135,7 @@ def generate(seed: int) -> list[Event]:
         for step in range(rnd.randint(0, 14)):
             kind = rnd.choice(["text", "text", "reasoning", "reasoning", "tool", "done",
                                "compress", "compressed", "steer", "deliver", "trim", "queue",
-                               "cancel", "meta", "stray", "truncate"])
+                               "cancel", "meta", "stray", "truncate", "ask", "answer"])
             if kind in ("text", "reasoning"):
                 item_id = rnd.choice([f"{kind[0]}{step // 4}", f"{kind[0]}0", "shared"])
                 items.append(item_id)
@@ -181,6 +181,16 @@ def generate(seed: int) -> list[Event]:
                                                      "length": rnd.randint(-2, 6)}, sid_of()))
             elif kind == "queue":
                 queue_event()
+            elif kind == "ask":
+                drafts.append(("approval.requested", {
+                    "stream_id": stream, "approval_id": rnd.choice(["ap1", f"ap{step}"]),
+                    "command": rnd.choice(TEXTS), "description": rnd.choice([*TEXTS, None])},
+                    sid_of()))
+            elif kind == "answer":
+                drafts.append(("approval.resolved", {
+                    "stream_id": stream, "approval_id": rnd.choice(["ap1", f"ap{step}x"]),
+                    "choice": rnd.choice(["once", "deny"]),
+                    "reason": rnd.choice(["user", "timeout", "stopped"])}, sid_of()))
             elif kind == "cancel":
                 drafts.append(("run.cancel_requested", {"stream_id": stream}, sid_of()))
             elif kind == "meta":
@@ -311,7 +321,9 @@ def test_reducer_view_equals_the_python_fold(page: Page) -> None:
                for item in m.get("timeline", []))
     assert any("error" in m and "usage" in m for v in views for m in v["messages"])
     kinds = {item["type"] for v in views for m in v["messages"] for item in m.get("timeline", [])}
-    assert kinds == {"reasoning", "text", "tool", "compression", "steer", "notice"}
+    assert kinds == {"reasoning", "text", "tool", "compression", "steer", "notice", "approval"}
+    assert any(item.get("choice") for v in views for m in v["messages"]
+               for item in m.get("timeline", []) if item["type"] == "approval")
 
 
 def test_events_of_another_session_are_ignored(page: Page) -> None:
@@ -424,4 +436,19 @@ def test_the_module_stays_small_and_standalone() -> None:
     source = (Path(__file__).parents[2] / "src/tether/web/js/reducer.js").read_text()
     assert not re.search(r"^\s*import\b|\bimport\(|\brequire\(|\bdocument\.|\bwindow\.",
                          source, re.MULTILINE)
-    assert len(source.splitlines()) < 480
+    assert len(source.splitlines()) < 500
+
+
+def test_the_page_listens_to_every_durable_event_type() -> None:
+    """An SSE frame whose `event:` name the page does not listen to is silently dropped by
+    EventSource: each type in `tether/events.py` must be in `stream.js`'s EVENT_TYPES (found
+    missing for `approval.*` and `agent.imported` when they were added)."""
+    from tether import events
+
+    declared = {value for name, value in vars(events).items()
+                if name.isupper() and isinstance(value, str)
+                and re.fullmatch(r"[a-z_]+\.[a-z_]+", value)}
+    source = (Path(__file__).parents[2] / "src/tether/web/js/stream.js").read_text()
+    listed = set(re.findall(r'"([a-z_]+\.[a-z_]+)"',
+                            source[source.index("EVENT_TYPES"):source.index("];")]))
+    assert declared == listed

@@ -9,6 +9,8 @@ from tether.events import ID_PATTERN
 from tether.http.deps import App
 from tether.http.errors import documented, error
 from tether.http.schemas import (
+    ApproveResult,
+    ApproveRun,
     CancelResult,
     CancelRun,
     EditQueued,
@@ -48,6 +50,15 @@ async def steer_run(app: App, body: SteerRun) -> dict:
     """Text for the running agent to see at its next step; `accepted` is false (with a
     `reason`) when the run is no longer running."""
     return await app.engine.steer(body.stream_id, check_message(body.text, app.settings))
+
+
+@router.post("/api/chat/approve", summary="Answer an approval prompt", response_model=None,
+             responses=documented(400, 413, ok=ApproveResult))
+async def approve_run(app: App, body: ApproveRun) -> dict:
+    """Allow (`once`) or refuse (`deny`) the command a running agent asked about
+    (`approval.requested`). `accepted` is false when that prompt was already answered, timed
+    out, or its run ended; nothing changes then."""
+    return await app.engine.approve(body.stream_id, body.approval_id, body.choice)
 
 
 @router.post("/api/chat/queue", summary="Queue a message", response_model=None,

@@ -4,7 +4,7 @@ ignored so newer clients keep working. The response models below document the AP
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Query
 from pydantic import (
@@ -94,6 +94,13 @@ class CancelRun(Body):
 class SteerRun(Body):
     stream_id: Id
     text: StrictStr
+
+
+class ApproveRun(Body):
+    stream_id: Id
+    approval_id: Id
+    choice: Literal["once", "deny"] = Field(
+        description="`once`: run this command this time; `deny`: refuse it")
 
 
 class QueueMessage(Body):
@@ -198,6 +205,12 @@ class SteerResult(Out):
     accepted: bool
     reason: str | None = None
     steer_id: str | None = None
+
+
+class ApproveResult(Out):
+    accepted: bool = Field(description="False when the prompt or the run is no longer open")
+    stream_id: str
+    approval_id: str
 
 
 class Queued(Out):

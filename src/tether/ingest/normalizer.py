@@ -18,6 +18,8 @@ from tether import events as ev
 from tether.ingest.echo import CompactEchoIndex, fold
 from tether.log import Draft
 from tether.runtimes.base import (
+    ApprovalRequested,
+    ApprovalResolved,
     CompressionCompleted,
     CompressionStarted,
     Finished,
@@ -135,6 +137,15 @@ class Normalizer:
                 "duration_ms": event.duration_ms,
             }))
             return out
+        if isinstance(event, ApprovalRequested):
+            return [self._draft(ev.APPROVAL_REQUESTED, {
+                "approval_id": event.approval_id, "command": _clip(event.command,
+                                                                   RESULT_PREVIEW_CHARS),
+                "description": event.description})]
+        if isinstance(event, ApprovalResolved):
+            return [self._draft(ev.APPROVAL_RESOLVED, {
+                "approval_id": event.approval_id, "choice": event.choice,
+                "reason": event.reason})]
         if isinstance(event, SteerDelivered):
             return [self._draft(ev.STEER_DELIVERED, {"steer_ids": event.steer_ids})]
         if isinstance(event, CompressionStarted):

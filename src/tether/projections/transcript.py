@@ -189,6 +189,22 @@ class TranscriptFold:
                     "tokens_after": data.get("tokens_after"),
                 })
 
+    def _approval(self, event: Event) -> None:
+        """The agent asked before running a flagged command; the item shows the question and,
+        once known, the answer (the tool result says what happened next)."""
+        scene = self._scene(event)
+        if scene is None:
+            return
+        data = event.data
+        item = scene.item(
+            f"{scene.stream_id}.approval.{data['approval_id']}",
+            {"type": "approval", "approval_id": data["approval_id"],
+             "command": data.get("command", ""), "description": data.get("description", ""),
+             "choice": None, "reason": None},
+        )
+        if event.type == ev.APPROVAL_RESOLVED:
+            item.update(choice=data.get("choice"), reason=data.get("reason"))
+
     def _reasoning_trimmed(self, event: Event) -> None:
         scene = self._scene(event)
         if scene is None:
@@ -353,6 +369,8 @@ _HANDLERS = {
     ev.COMPRESSION_STARTED: TranscriptFold._compression,
     ev.COMPRESSION_COMPLETED: TranscriptFold._compression,
     ev.RUN_CANCEL_REQUESTED: TranscriptFold._cancel_requested,
+    ev.APPROVAL_REQUESTED: TranscriptFold._approval,
+    ev.APPROVAL_RESOLVED: TranscriptFold._approval,
     ev.RUN_FINISHED: TranscriptFold._run_finished,
     ev.TRANSCRIPT_TRUNCATED: TranscriptFold._truncated,
     ev.AGENT_IMPORTED: TranscriptFold._agent_imported,

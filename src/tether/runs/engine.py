@@ -141,6 +141,14 @@ class RunEngine:
             return {"accepted": False, "reason": "The run has just finished."}
         return {"accepted": True, "steer_id": steer_id}
 
+    async def approve(self, stream_id: str, approval_id: str, choice: str) -> dict[str, Any]:
+        """The user's answer to an approval prompt of a running agent. Not accepted when the
+        run or the prompt is no longer open (answered, timed out, stopped)."""
+        run = self.registry.get(stream_id)
+        accepted = (run is not None and not run.resolved and run.phase == RUNNING
+                    and run.approvals.answer(approval_id, choice))
+        return {"accepted": accepted, "stream_id": stream_id, "approval_id": approval_id}
+
     # -- the worker -------------------------------------------------------------------------
     async def _work(self, run: Run, model: str | None) -> None:
         normalizer = Normalizer(run.stream_id, run.turn_id)
@@ -175,6 +183,7 @@ class RunEngine:
         finally:
             run.resolved = True
             leftovers = run.steer.close()
+            run.approvals.close()  # an agent still asking gets "deny"
             if state:
                 await self._append_ending(run, [
                     *normalizer.end_item(), *self._leftover_drafts(run, leftovers),
@@ -258,7 +267,8 @@ class RunEngine:
         run.steer.on_drain = lambda ids: run.inbox.put_nowait(SteerDelivered(ids))
         user = fold.transcript.users.get(run.turn_id)
         return TurnInput(run.session_id, run.stream_id, run.turn_id, messages, refs, model,
-                         steer=run.steer, submitted_at=user["created_at"] if user else None)
+                         steer=run.steer, submitted_at=user["created_at"] if user else None,
+                         approvals=run.approvals)
 
     async def _produce(self, handle: RuntimeHandle, turn: TurnInput,
                        inbox: asyncio.Queue) -> None:

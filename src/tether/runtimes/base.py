@@ -7,6 +7,7 @@ and the single terminal event.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,8 +74,25 @@ class Finished:
     reason: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ApprovalRequested:
+    """The agent wants to run something its safety rules flag (Hermes' dangerous-command
+    patterns) and waits for the user's answer; its id is the runtime's."""
+
+    approval_id: str
+    command: str
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalResolved:
+    approval_id: str
+    choice: str  # "once" | "deny"
+    reason: str  # "user" | "timeout" | "stopped"
+
+
 RuntimeEvent = (ReasoningDelta | TextDelta | ToolStarted | ToolCompleted | CompressionStarted
-                | CompressionCompleted | Usage | Finished)
+                | CompressionCompleted | Usage | Finished | ApprovalRequested | ApprovalResolved)
 
 # Stable error codes of API.md §4.
 ERROR_CODES = ("auth", "rate_limit", "model_not_found", "context_overflow", "network",
@@ -117,6 +135,8 @@ class TurnInput:
     """Text the user sent to the running agent; a runtime drains it at its next step."""
     submitted_at: float | None = None
     """The turn's `submitted_at` in the log (the view's `pending_started_at`)."""
+    approvals: ApprovalDesk | None = None
+    """Where the user's answers to the run's approval prompts arrive."""
 
 
 class SteerInbox:
@@ -146,6 +166,41 @@ class SteerInbox:
         self.closed = True
         taken, self._pending = self._pending, []
         return taken
+
+
+class ApprovalDesk:
+    """A run's open approval prompts. The runtime opens one and waits for its answer; the
+    engine answers from `POST /api/chat/approve`; closing the desk (the run ended) denies
+    whatever is still open, so an agent never waits on a run that is gone."""
+
+    CHOICES = ("once", "deny")
+
+    def __init__(self) -> None:
+        self._open: dict[str, asyncio.Future[str]] = {}
+        self.closed = False
+
+    def open(self, approval_id: str) -> asyncio.Future[str]:
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        if self.closed:
+            future.set_result("deny")
+        else:
+            self._open[approval_id] = future
+        return future
+
+    def answer(self, approval_id: str, choice: str) -> bool:
+        """True when this prompt was open and now has the answer."""
+        future = self._open.pop(approval_id, None)
+        if future is None or future.done() or choice not in self.CHOICES:
+            return False
+        future.set_result(choice)
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+        for future in self._open.values():
+            if not future.done():
+                future.set_result("deny")
+        self._open.clear()
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ It exists so that a newcomer sees every part of the UI working at once (reasonin
 progress, two harmless tool calls, a Markdown answer with code) and so that tests have a
 deterministic runtime. Everything it says is labelled as the demo's.
 A message that starts with `/slow` streams ten times slower (handy for trying Stop).
+`/approve` asks the user's approval for a pretend dangerous command (nothing runs).
 `/stubborn N` plays an agent stuck in a tool that ignores Stop for N seconds (default 10,
 at most 60): Stop still ends the turn at once, and the session stays busy until the worker
 lets go or `--cancel-reclaim-seconds` reclaims it (docs/runs.md).
@@ -20,6 +21,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from tether.runtimes.base import (
+    ApprovalRequested,
+    ApprovalResolved,
     ReasoningDelta,
     RuntimeEvent,
     TextDelta,
@@ -31,6 +34,7 @@ from tether.runtimes.base import (
 from tether.settings import Settings
 
 DEFAULT_DELAY_SECONDS = 0.03
+APPROVAL_WAIT_SECONDS = 300.0
 STUBBORN_DEFAULT_SECONDS = 10.0
 STUBBORN_MAX_SECONDS = 60.0
 STUBBORN_TICK_SECONDS = 0.2
@@ -75,6 +79,32 @@ async def _stubborn(prompt: str) -> AsyncIterator[RuntimeEvent]:
     yield TextDelta(" done.")
 
 
+async def _ask_approval(turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+    """An approval prompt like Hermes Agent's for a command its rules flag; the pretend
+    command never runs, whatever the answer."""
+    command = "rm -rf ./demo-scratch"
+    call_id = f"{turn.stream_id}_demo_cleanup"
+    yield TextDelta("Demo: I would like to clear a scratch folder, which needs your approval.")
+    yield ToolStarted(call_id, "terminal", {"command": command})
+    started = time.monotonic()
+    yield ApprovalRequested("ap1", command, "recursive delete (demo: nothing is deleted)")
+    choice, reason = "deny", "stopped"
+    if turn.approvals is not None:
+        try:
+            choice, reason = await asyncio.wait_for(turn.approvals.open("ap1"),
+                                                    APPROVAL_WAIT_SECONDS), "user"
+        except TimeoutError:
+            reason = "timeout"
+    yield ApprovalResolved("ap1", choice, reason)
+    allowed = choice == "once"
+    yield ToolCompleted(call_id, "terminal",
+                        "(demo) ./demo-scratch would have been cleared" if allowed
+                        else "BLOCKED: the user did not approve this command", not allowed,
+                        int((time.monotonic() - started) * 1000))
+    yield TextDelta("You allowed it: the (pretend) folder is clear." if allowed
+                    else "You denied it, so I left the folder alone.")
+
+
 class DemoRuntime:
     name = "demo"
     model = "tether-demo"
@@ -88,6 +118,10 @@ class DemoRuntime:
 
     async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
         prompt = _last_user_text(turn.messages).strip()
+        if prompt.startswith("/approve"):
+            async for e in _ask_approval(turn):
+                yield e
+            return
         if prompt.startswith("/stubborn"):
             async for e in _stubborn(prompt):
                 yield e

@@ -40,6 +40,9 @@ STARTER_CONFIG = """\
 compression:
   # Tether models compression as an epoch inside one session.
   in_place: true
+approvals:
+  # Every command Hermes flags as dangerous is put to you in Tether's page.
+  mode: manual
 """
 
 
@@ -116,6 +119,9 @@ class HermesRuntime:
         delay = os.environ.get("TETHER_HERMES_TOOL_DELAY")
         if delay:
             config["tool_delay"] = float(delay)
+        approval_seconds = os.environ.get("TETHER_HERMES_APPROVAL_SECONDS")
+        if approval_seconds:
+            config["approval_seconds"] = float(approval_seconds)
         toolsets = os.environ.get("TETHER_HERMES_TOOLSETS")
         if toolsets is not None:
             config["toolsets"] = [t.strip() for t in toolsets.split(",") if t.strip()]

@@ -77,6 +77,11 @@ class Session:
         self.tool_meta: dict[str, dict[str, Any]] = {}
         self.after_tool = False
         self.last_usage: tuple[int, int] | None = None
+        # Approval prompts waiting on Tether: id -> (answered, [choice, reason]).
+        self.approvals: dict[str, tuple[threading.Event, list[str]]] = {}
+        self.approval_lock = threading.Lock()
+        self.approval_count = 0
+        self.approval_seconds = float(config.get("approval_seconds") or 300)
         self._patch_steer_marker()
         session = self
 
@@ -225,6 +230,38 @@ class Session:
         if taken:
             emit("steer_taken", steer_ids=taken)
 
+    # -- approvals (the agent's thread blocks here) ----------------------------------------
+    def on_approval(self, command: Any, description: Any, **_: Any) -> str:
+        """Hermes' prompt for a command its dangerous-command rules flag: ask Tether and wait
+        for the user's answer. No answer in time, or the turn stopped, is a denial."""
+        with self.approval_lock:
+            self.approval_count += 1
+            approval_id = f"ap{self.approval_count}"
+            answered, slot = threading.Event(), ["deny", "timeout"]
+            self.approvals[approval_id] = (answered, slot)
+        emit("approval_requested", approval_id=approval_id, command=str(command),
+             description=str(description))
+        answered.wait(self.approval_seconds)
+        with self.approval_lock:
+            self.approvals.pop(approval_id, None)
+            choice, reason = slot
+        emit("approval_resolved", approval_id=approval_id, choice=choice, reason=reason)
+        return choice
+
+    def answer_approval(self, approval_id: str, choice: str, reason: str = "user") -> None:
+        with self.approval_lock:
+            waiting = self.approvals.get(approval_id)
+            if waiting is None or waiting[0].is_set():
+                return
+            waiting[1][:] = [choice if choice in ("once", "deny") else "deny", reason]
+            waiting[0].set()
+
+    def deny_open_approvals(self) -> None:
+        with self.approval_lock:
+            open_ids = list(self.approvals)
+        for approval_id in open_ids:
+            self.answer_approval(approval_id, "deny", "stopped")
+
     # -- a turn -----------------------------------------------------------------------------
     def start_turn(self, cmd: dict[str, Any]) -> None:
         if self.turn_thread is not None and self.turn_thread.is_alive():
@@ -237,6 +274,13 @@ class Session:
         self.turn_thread.start()
 
     def _run_turn(self, cmd: dict[str, Any]) -> None:
+        # Ask the user through Tether before a flagged command (never auto-approve): an
+        # interactive context with our prompt; Hermes carries both to its tool threads.
+        from tools.approval import set_hermes_interactive_context
+        from tools.terminal_tool import set_approval_callback
+
+        set_hermes_interactive_context(True)
+        set_approval_callback(self.on_approval)
         self.after_tool = False
         self.last_usage = None
         self.tool_meta.clear()
@@ -387,7 +431,10 @@ def main() -> int:
             elif op == "steer":
                 session.steer(str(cmd.get("steer_id")), str(cmd.get("text") or ""))
             elif op == "interrupt":
+                session.deny_open_approvals()
                 session.agent.interrupt(cmd.get("message"))
+            elif op == "approve":
+                session.answer_approval(str(cmd.get("approval_id")), str(cmd.get("choice")))
             elif op == "complete":
                 threading.Thread(target=session.complete, args=(cmd,), daemon=True).start()
             elif op == "close":
@@ -400,6 +447,7 @@ def main() -> int:
             if op == "hello":
                 return 1
     if session is not None:
+        session.deny_open_approvals()
         session.agent.interrupt("Tether closed the session")
         if session.turn_thread is not None:
             session.turn_thread.join(5)

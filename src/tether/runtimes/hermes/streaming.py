@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from tether.runtimes.base import (
+    ApprovalRequested,
+    ApprovalResolved,
     CompressionCompleted,
     CompressionStarted,
     ProviderError,
@@ -91,6 +93,12 @@ def _map(event: dict[str, Any], turn: TurnInput) -> RuntimeEvent | None:
                                                                    or 0),
                                     int(event.get("tokens_after") or 0),
                                     str(event.get("summary") or ""), turn.turn_id)
+    if kind == "approval_requested":
+        return ApprovalRequested(str(event.get("approval_id")), str(event.get("command") or ""),
+                                 str(event.get("description") or ""))
+    if kind == "approval_resolved":
+        return ApprovalResolved(str(event.get("approval_id")), str(event.get("choice")),
+                                str(event.get("reason") or "user"))
     if kind == "usage":
         return Usage(int(event.get("prompt_tokens") or 0),
                      int(event.get("completion_tokens") or 0))
@@ -111,10 +119,16 @@ async def run_turn(handle: HermesHandle, turn: TurnInput) -> AsyncIterator[Runti
                   "model": turn.model, "task_id": turn.stream_id})
     handle.turn_open = True
     done = False
+    asked: dict[str, asyncio.Future[str]] = {}  # approval prompts the user has not answered
     try:
         while True:
             for steer_id, text in steers.take_new():
                 process.send({"op": "steer", "steer_id": steer_id, "text": text})
+            for approval_id, answer in list(asked.items()):
+                if answer.done():
+                    del asked[approval_id]
+                    process.send({"op": "approve", "approval_id": approval_id,
+                                  "choice": answer.result()})
             try:
                 event = await asyncio.wait_for(process.events.get(), STEER_POLL_SECONDS)
             except TimeoutError:
@@ -134,6 +148,13 @@ async def run_turn(handle: HermesHandle, turn: TurnInput) -> AsyncIterator[Runti
                     turn.session_id, turn.stream_id, turn.turn_id, handle.agent_session_id,
                     float(event.get("persist_user_timestamp") or timestamp)))
                 continue
+            if kind == "approval_requested":
+                approval_id = str(event.get("approval_id"))
+                if turn.approvals is not None:
+                    asked[approval_id] = turn.approvals.open(approval_id)
+                else:  # driven without a way to ask anyone: refuse
+                    process.send({"op": "approve", "approval_id": approval_id,
+                                  "choice": "deny"})
             if kind == "steer_taken":
                 steers.taken([str(i) for i in event.get("steer_ids") or []])
                 continue

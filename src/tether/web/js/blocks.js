@@ -41,6 +41,9 @@ export function blocksFor(row, mode, live) {
     return items.flatMap((item, index) => {
       if (item.type === "text" && !item.interim) return [itemBlock(item, index, items)];
       if (item.type === "notice") return [itemBlock(item, index, items)];
+      if (item.type === "approval" && live && item.choice == null) {
+        return [itemBlock(item, index, items)]; // a question waits for the user
+      }
       return [];
     });
   }

@@ -56,6 +56,7 @@ class App {
     window.addEventListener("popstate", () => this.route());
     document.addEventListener("visibilitychange", () => this.sidebar.render());
     setInterval(() => this.transcript.tick(), 1000);
+    $("transcript").addEventListener("click", (event) => this.onApprovalClick(event));
     await this.route();
   }
 
@@ -257,6 +258,19 @@ class App {
     close.addEventListener("click", () => { bar.hidden = true; });
     bar.append(" ", close);
     bar.hidden = false;
+  }
+
+  /** "Allow once" / "Deny" on an approval prompt (transcript.js renders them). */
+  async onApprovalClick(event) {
+    const button = event.target.closest(".approval-actions button");
+    if (!button) return;
+    const actions = button.parentElement;
+    for (const b of actions.querySelectorAll("button")) b.disabled = true;
+    const res = await this.call(() => post("/api/chat/approve", {
+      stream_id: actions.dataset.stream, approval_id: actions.dataset.approval,
+      choice: button.dataset.choice }));
+    for (const b of actions.querySelectorAll("button")) b.disabled = false;
+    if (res && !res.accepted) this.notify("That question is no longer open.");
   }
 
   async call(fn) {

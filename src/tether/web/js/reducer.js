@@ -222,6 +222,18 @@ on(["compression.started", "compression.completed"], (state, env, data) => {
   }
 });
 
+on(["approval.requested", "approval.resolved"], (state, env, data) => {
+  const scene = sceneOf(state, env);
+  if (scene === undefined) return;
+  const item = ensureItem(state, scene, `${scene.stream_id}.approval.${data.approval_id}`, {
+    type: "approval", approval_id: data.approval_id, command: get(data, "command", ""),
+    description: get(data, "description", ""), choice: null, reason: null });
+  if (env.type === "approval.resolved") {
+    Object.assign(item, { choice: get(data, "choice"), reason: get(data, "reason") });
+    touch(state, item);
+  }
+});
+
 on(["reasoning.trimmed"], (state, env, data) => {
   const scene = sceneOf(state, env);
   const item = scene?.byId.get(`${scene.stream_id}.${data.item_id}`);

@@ -9,7 +9,8 @@ export const EVENT_TYPES = [
   "reasoning.delta", "reasoning.trimmed", "text.delta", "tool.started", "tool.completed",
   "compression.started", "compression.completed", "run.cancel_requested", "steer.accepted",
   "steer.delivered", "steer.leftover", "queue.added", "queue.updated", "queue.removed",
-  "run.finished", "transcript.truncated",
+  "run.finished", "transcript.truncated", "approval.requested", "approval.resolved",
+  "agent.imported",
 ];
 
 const STALL_FACTOR = 2.5;

@@ -46,6 +46,17 @@ function toolStatus(item) {
   return (item.is_error ? "failed" : "done") + took;
 }
 
+const APPROVAL_OUTCOMES = {
+  user: "Denied.", timeout: "Denied: nobody answered in time.",
+  stopped: "Denied: the run ended before an answer.",
+};
+
+function approvalOutcome(item, live) {
+  if (item.choice === "once") return "Allowed once.";
+  if (item.choice === "deny") return APPROVAL_OUTCOMES[item.reason] ?? "Denied.";
+  return live ? "" : "Not answered.";
+}
+
 function buildBlock(block) {
   switch (block.kind) {
     case "text": return h("div", { class: "item markdown" });
@@ -63,6 +74,18 @@ function buildBlock(block) {
     case "steer":
       return h("div", { class: "item steer" }, h("span", { class: "steer-label" }),
                h("span", { class: "steer-text" }));
+    case "approval":
+      return h("div", { class: "item approval", role: "group", "aria-label": "Approval" },
+               h("div", { class: "approval-question" },
+                 h("strong", { text: "The agent asks to run this: " }),
+                 h("span", { class: "approval-description" })),
+               h("pre", { class: "approval-command" }),
+               h("div", { class: "approval-actions" },
+                 h("button", { type: "button", class: "btn approve", text: "Allow once",
+                               dataset: { choice: "once" } }),
+                 h("button", { type: "button", class: "btn deny", text: "Deny",
+                               dataset: { choice: "deny" } })),
+               h("div", { class: "approval-outcome", role: "status" }));
     case "notice": return h("div", { class: "item terminal", role: "status" });
     case "activity":
       return h("details", { class: "item activity" }, h("summary"),
@@ -100,6 +123,18 @@ function updateBlock(el, block, live) {
         item.leftover ? "Not delivered (back in the composer): " : "You steered: ";
       el.querySelector(".steer-text").textContent = item.text;
       break;
+    case "approval": {
+      // The item id is `<stream_id>.approval.<approval_id>` (projections/transcript.py).
+      const actions = el.querySelector(".approval-actions");
+      actions.dataset.stream = item.id.slice(0, item.id.lastIndexOf(".approval."));
+      actions.dataset.approval = item.approval_id;
+      actions.hidden = !(live && item.choice == null);
+      el.classList.toggle("pending", live && item.choice == null);
+      el.querySelector(".approval-description").textContent = item.description;
+      el.querySelector(".approval-command").textContent = item.command;
+      el.querySelector(".approval-outcome").textContent = approvalOutcome(item, live);
+      break;
+    }
     case "notice":
       el.className = `item terminal ${item.kind}`;
       el.textContent = item.text;

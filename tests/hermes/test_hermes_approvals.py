@@ -1,0 +1,95 @@
+"""Hermes' dangerous-command approvals go to the user through Tether (never auto-approved).
+Layers: runtime (the sidecar's approval prompt blocks the agent until Tether answers), run
+registry (`POST /api/chat/approve` answers a running run's open prompt once), run journal
+(`approval.requested` / `approval.resolved`), visible transcript (the approval item). End to
+end: `tether serve --runtime hermes` with the real hermes-agent and a real workspace."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from fake_openai import FakeOpenAI, reply, text, tool_call
+from helpers import ServerProcess, new_session, running_server, session_body, start_turn, wait_idle
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    (root / "scratch").mkdir(parents=True)
+    (root / "scratch" / "note.txt").write_text("keep me unless allowed")
+    return root
+
+
+@pytest.fixture
+def server(tmp_path: Path, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path,
+           workspace: Path) -> Iterator[ServerProcess]:
+    with running_server(tmp_path / "data", "--runtime", "hermes", "--hermes-python",
+                        str(hermes_python), "--base-url", fake.base_url, "--model", fake.model,
+                        "--api-key-env", "TETHER_TEST_HERMES_KEY", "--workspace",
+                        str(workspace)) as running:
+        yield running
+
+
+def asked(client: httpx.Client, sid: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        live = session_body(client, sid)["live"] or {"timeline": []}
+        item = next((i for i in live["timeline"] if i["type"] == "approval"), None)
+        if item is not None:
+            return item
+        time.sleep(0.1)
+    raise AssertionError("the agent never asked for approval")
+
+
+@pytest.mark.parametrize(("choice", "deleted"), [("once", True), ("deny", False)])
+def test_a_flagged_command_runs_only_when_the_user_allows_it(
+        server: ServerProcess, fake: FakeOpenAI, workspace: Path, choice: str,
+        deleted: bool) -> None:
+    fake.script(reply(text("Cleaning up."), tool_call("call_1", "terminal",
+                                                      {"command": "rm -r scratch"})),
+                reply(text("ESCALATE")),  # Hermes' smart approval asks its model first
+                reply(text("All done.")))
+    with server.client() as client:
+        sid = new_session(client)
+        run = start_turn(client, sid, "clear the scratch folder")
+        item = asked(client, sid)
+        assert item["command"] == "rm -r scratch" and "delete" in item["description"]
+        assert (workspace / "scratch").exists()  # nothing ran while the question was open
+        answer = client.post("/api/chat/approve", json={
+            "stream_id": run["stream_id"], "approval_id": item["approval_id"],
+            "choice": choice}).json()
+        assert answer["accepted"] is True
+        body = wait_idle(client, sid, timeout=90)
+        row = body["messages"][-1]
+        assert row["state"] == "completed" and row["content"].endswith("All done.")
+        approval = next(i for i in row["timeline"] if i["type"] == "approval")
+        assert (approval["choice"], approval["reason"]) == (choice, "user")
+        assert (workspace / "scratch").exists() is not deleted
+        tool = next(i for i in row["timeline"] if i["type"] == "tool")
+        assert ("BLOCKED" in (tool["result"] or "")) is not deleted
+
+
+def test_stop_while_the_agent_waits_denies_and_frees_it(server: ServerProcess,
+                                                       fake: FakeOpenAI,
+                                                       workspace: Path) -> None:
+    fake.script(reply(tool_call("call_1", "terminal", {"command": "rm -r scratch"})),
+                reply(text("ESCALATE")), reply(text("I will not.")), reply(text("Next answer.")))
+    with server.client() as client:
+        sid = new_session(client)
+        run = start_turn(client, sid, "clear it")
+        asked(client, sid)
+        client.post("/api/chat/cancel", json={"stream_id": run["stream_id"]})
+        body = wait_idle(client, sid, timeout=90)
+        assert body["messages"][-1]["state"] == "cancelled"
+        assert (workspace / "scratch" / "note.txt").exists()
+        start_turn(client, sid, "something else")  # the agent is not stuck on the question
+        body = wait_idle(client, sid, timeout=90)
+        assert body["messages"][-1]["state"] == "completed"

@@ -137,3 +137,39 @@ def test_a_continuation_from_the_agents_lineage_is_followed_not_forked(
     db = sqlite3.connect(hermes_env / "state.db")
     rows = db.execute("SELECT session_id FROM messages WHERE content = 'go on'").fetchall()
     assert rows == [("cli_cont",)]  # the agent continued its own continuation
+
+
+def test_a_session_started_in_the_cli_appears_and_continues_in_tether(
+        server: ServerProcess, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path,
+        tmp_path: Path) -> None:
+    fake.script(reply(text("hi from the cli")))  # later requests (titles, ...) get "ok"
+    cli = subprocess.run(
+        [str(hermes_python.parent / "hermes"), "chat", "-q", "hello from a new cli session",
+         "-Q", "-t", "terminal"], capture_output=True, text=True, timeout=180,
+        stdin=subprocess.DEVNULL,
+        env={"HERMES_HOME": str(hermes_env), "PATH": "/usr/bin:/bin",
+             "HOME": str(tmp_path), "OPENAI_API_KEY": "test-key"})
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    db = sqlite3.connect(hermes_env / "state.db")
+    [(agent_id,)] = db.execute("SELECT id FROM sessions WHERE source = 'cli'").fetchall()
+    with server.client() as client:
+        def adopted() -> list[dict[str, Any]]:
+            return [r for r in client.get("/api/sessions").json()["sessions"]
+                    if r["message_count"] >= 2]
+
+        [row] = wait_for(adopted, 30, "the CLI's session in the sidebar")
+        sid = row["session_id"]
+        body = session_body(client, sid)
+        assert [(m["role"], m["content"]) for m in body["messages"][:2]] == [
+            ("user", "hello from a new cli session"), ("assistant", "hi from the cli")]
+        time.sleep(1.0)  # later passes adopt it once
+        assert len(client.get("/api/sessions").json()["sessions"]) == 1
+
+        fake.script(reply(text("continued in tether")))
+        start_turn(client, sid, "and now from tether")
+        body = wait_idle(client, sid, timeout=90)
+        assert body["messages"][-1]["content"] == "continued in tether"
+        assert user_texts(fake.requests[-1]) == ["hello from a new cli session",
+                                                 "and now from tether"]  # each once
+    rows = db.execute("SELECT session_id FROM messages WHERE content = 'and now from tether'")
+    assert rows.fetchall() == [(agent_id,)]  # the agent continued the CLI's own session

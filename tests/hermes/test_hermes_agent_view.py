@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from statedb import write_state
 
-from tether.runtimes.hermes.agent_view import agent_news, changes
+from tether.runtimes.hermes.agent_view import agent_news, changes, started_elsewhere
 from tether.runtimes.hermes.proofs import Proof, ProofStore
 
 pytestmark = pytest.mark.slow
@@ -191,3 +191,21 @@ def test_changes_name_only_the_sessions_that_moved(hermes_python: Path, home: Pa
     assert changes(db, bindings, seen) == []
     write_state(hermes_python, home, [["append", "b1", "user", "two", {}]])
     assert changes(db, bindings, seen) == ["s_b"]
+
+
+def test_sessions_a_person_started_in_the_cli_are_found_once(hermes_python: Path,
+                                                            home: Path) -> None:
+    db = write_state(hermes_python, home, [
+        ["create", "cli1", "cli", {}],
+        ["create", "tui1", "tui", {}],
+        ["create", "own", "tether", {}],
+        ["create", "cron1", "cron", {}],
+        ["create", "child", "cli", {"parent_session_id": "cli1"}],
+        ["create", "helper", "cli", {"model_config": {"_delegate_from": "cli1"}}],
+        ["create", "work", "cli", {"profile_name": "work"}],
+        ["create", "known", "cli", {}],
+    ])
+    found = started_elsewhere(db, {"known"}, None)
+    assert [f["agent_session_id"] for f in found] == ["cli1", "tui1"]
+    assert all(f["started_at"] > 0 for f in found)
+    assert [f["agent_session_id"] for f in started_elsewhere(db, set(), "work")] == ["work"]

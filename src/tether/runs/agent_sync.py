@@ -26,6 +26,7 @@ from tether.events import new_id
 from tether.log import Draft, SessionNotFound, StorageError
 from tether.runs.engine import RunEngine
 from tether.runs.rotation import continue_in
+from tether.sessions.service import TITLE_MAX_CHARS
 
 log = logging.getLogger("tether.runs")
 
@@ -45,6 +46,7 @@ class AgentSync:
         while True:
             await asyncio.sleep(interval)
             try:
+                await adopt_sessions_started_elsewhere(self.engine)
                 for session_id in await self.engine.runtime.agent_changed():
                     async with self.engine.sessions.locks(session_id):
                         await sync_locked(self.engine, session_id)
@@ -52,6 +54,31 @@ class AgentSync:
                 log.warning("agent sync skipped a pass: %s", exc)
             except Exception:  # a bug here must not stop later passes
                 log.exception("agent sync failed")
+
+
+async def adopt_sessions_started_elsewhere(engine: RunEngine) -> None:
+    """Sessions a person started in the agent's own CLI show up in Tether too, with their
+    history, and continue there. Bound first, created second (a crash in between is
+    completed by the next pass); the row takes the agent session's start as its activity
+    time, so an old conversation does not jump to the top of the sidebar."""
+    finder = getattr(engine.runtime, "agent_started_elsewhere", None)
+    if finder is None:
+        return
+    for found in await finder(lambda sid: engine.store.last_seq(sid) is not None):
+        agent_id = found["agent_session_id"]
+        session_id = await engine.runtime.agent_owner(agent_id) or new_id("s")
+        if not await engine.runtime.bind(session_id, agent_id):
+            continue
+        await engine.store.create_session(session_id, [Draft(ev.SESSION_CREATED, {
+            "title": (found["title"] or "")[:TITLE_MAX_CHARS].strip() or None,
+            "agent_session_id": agent_id,
+            "inherited_updated_at": found["started_at"],
+            "inherited_last_message_at": None,
+        })])
+        async with engine.sessions.locks(session_id):
+            await sync_locked(engine, session_id)
+        log.info("the agent's session %s, started elsewhere, is Tether session %s",
+                 agent_id, session_id)
 
 
 def supported(runtime: object) -> bool:

@@ -21,6 +21,7 @@ agent session (`lineage.continuation_of`), unless a Tether session already drive
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -223,3 +224,44 @@ def changes(state_db: Path, bindings: dict[str, list[str]],
             return changed
         except sqlite3.Error:
             return []
+
+
+# Sources of sessions a person started in another Hermes client (its CLI and TUI): shown in
+# Tether too. Gateway chats, cron jobs, delegated agents and Tether's own are not.
+INTERACTIVE_SOURCES = ("cli", "tui")
+DISCOVER_LIMIT = 50
+
+
+def started_elsewhere(state_db: Path, known: set[str], profile: str | None,
+                      limit: int = DISCOVER_LIMIT) -> list[dict[str, Any]]:
+    """Root sessions (no parent) of the profile that a person started in the CLI or TUI
+    and that no Tether session drives yet, oldest first: `{agent_session_id, title,
+    started_at}`. Their compression continuations follow through the lineage, as for any
+    session. Blocking: call it in a thread."""
+    marks = ",".join("?" * len(INTERACTIVE_SOURCES))
+    with read_only(state_db) as db:
+        if db is None:
+            return []
+        try:
+            rows = db.execute(
+                "SELECT id, title, started_at, profile_name, model_config FROM sessions "
+                f"WHERE parent_session_id IS NULL AND source IN ({marks}) "
+                "ORDER BY started_at, id", INTERACTIVE_SOURCES).fetchall()
+        except sqlite3.Error:
+            return []
+    found = []
+    for agent_id, title, started_at, profile_name, model_config in rows:
+        if agent_id in known or (profile_name or None) != (profile or None):
+            continue
+        try:
+            config = json.loads(model_config or "{}")
+        except ValueError:
+            config = {}
+        if isinstance(config, dict) and (config.get("_delegate_from")
+                                         or config.get("_branched_from")):
+            continue
+        found.append({"agent_session_id": agent_id, "title": title or None,
+                      "started_at": float(started_at or 0)})
+        if len(found) >= limit:
+            break
+    return found

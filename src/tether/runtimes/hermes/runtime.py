@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from tether.runtimes.base import (
     RuntimeUnavailable,
     TurnInput,
 )
-from tether.runtimes.hermes.agent_view import agent_news, changes
+from tether.runtimes.hermes.agent_view import agent_news, changes, started_elsewhere
 from tether.runtimes.hermes.client import SidecarError, SidecarProcess
 from tether.runtimes.hermes.lineage import live_tip
 from tether.runtimes.hermes.proofs import ProofStore
@@ -190,6 +190,15 @@ class HermesRuntime:
     async def agent_changed(self) -> list[str]:
         bindings = await asyncio.to_thread(self.proofs.bindings)
         return await asyncio.to_thread(changes, self.state_db, bindings, self._fingerprints)
+
+    async def agent_started_elsewhere(self, exists: Callable[[str], bool]
+                                      ) -> list[dict[str, Any]]:
+        """Sessions a person started in the Hermes CLI/TUI that no existing Tether session
+        drives (`exists` says which Tether sessions exist)."""
+        bindings = await asyncio.to_thread(self.proofs.bindings)
+        known = {agent for tether_id, agents in bindings.items() if exists(tether_id)
+                 for agent in agents}
+        return await asyncio.to_thread(started_elsewhere, self.state_db, known, self.profile)
 
     async def bind(self, session_id: str, agent_session_id: str) -> bool:
         return await asyncio.to_thread(self.proofs.bind, session_id, agent_session_id)

@@ -191,6 +191,9 @@ def test_changes_name_only_the_sessions_that_moved(hermes_python: Path, home: Pa
     assert changes(db, bindings, seen) == []
     write_state(hermes_python, home, [["append", "b1", "user", "two", {}]])
     assert changes(db, bindings, seen) == ["s_b"]
+    bindings["s_c"] = ["a1"]  # newly bound, state.db unchanged: still worth a first look
+    assert changes(db, bindings, seen) == ["s_c"]
+    assert changes(db, bindings, seen) == []
 
 
 def test_sessions_a_person_started_in_the_cli_are_found_once(hermes_python: Path,

@@ -117,5 +117,7 @@ async def _continue(engine: RunEngine, session_id: str, agent_session_id: str) -
         return  # bound elsewhere meanwhile: the next pass links to that session
     await continue_in(engine, session_id, child_id, create=True,
                       agent_session_id=agent_session_id)
+    async with engine.sessions.locks(child_id):  # locks go parent -> child only
+        await sync_locked(engine, child_id)  # whoever follows the 409 finds its history
     log.info("the agent continued %s in its session %s: Tether session %s", session_id,
              agent_session_id, child_id)

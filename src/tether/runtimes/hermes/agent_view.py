@@ -206,7 +206,9 @@ def changes(state_db: Path, bindings: dict[str, list[str]],
             overall = db.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone() \
                 + db.execute("SELECT COUNT(*), COALESCE(MAX(started_at), 0), "
                              "COALESCE(MAX(ended_at), 0) FROM sessions").fetchone()
-            if seen.get("") == overall:
+            # A newly bound session (a continuation, an adopted CLI session) gets its first
+            # look even when state.db itself did not move since the last call.
+            if seen.get("") == overall and all(tether_id in seen for tether_id in bindings):
                 return []
             seen[""] = overall
             changed = []

@@ -166,6 +166,9 @@ function buildRow(row) {
 }
 
 function updateUserRow(el, row) {
+  // A turn another client of the agent wrote (its CLI): marked, so nobody wonders who sent it.
+  el.classList.toggle("elsewhere", row.origin === "agent");
+  el.title = row.origin === "agent" ? "Sent from another client of the agent (its CLI)" : "";
   const sig = JSON.stringify([row.content, row.attachments]);
   if (el.dataset.sig === sig) return;
   el.dataset.sig = sig;

@@ -94,13 +94,18 @@ def test_a_continuation_from_the_agents_lineage_is_followed_not_forked(
         sid = new_session(client)
         start_turn(client, sid, "first")
         wait_idle(client, sid, timeout=90)
-        # The CLI compresses the session into a continuation and talks on there.
+        # The CLI compresses the session into a continuation; Tether's poll finds it.
         write_state(hermes_python, hermes_env, [
             ["end", sid, "compression"],
             ["sleep", 0.05],
             ["create", "cli_cont", "cli", {"parent_session_id": sid}],
             ["replace", "cli_cont", [{"role": "user", "content": SUMMARY},
                                      {"role": "assistant", "content": "hello there"}]],
+        ])
+        wait_for(lambda: session_body(client, sid)["continuation_session_id"], 30,
+                 "the continuation from the lineage")
+        # The CLI talks on there; a stale tab sends at once, before the next poll.
+        write_state(hermes_python, hermes_env, [
             ["sleep", 0.05],
             ["append", "cli_cont", "user", "asked in the cli", {}],
             ["append", "cli_cont", "assistant", "answered in the cli", {}],

@@ -38,8 +38,14 @@ class AgentSync:
         self.engine = engine
 
     async def before_start(self, session_id: str) -> None:
-        """The engine calls this under the session's lock, before it admits a turn."""
+        """The engine calls this under the session's lock, before it admits a turn. When the
+        session turns out to continue elsewhere (the start will get 409), the continuation
+        is brought up to date too: whoever follows the 409 finds its whole history."""
         await sync_locked(self.engine, session_id)
+        newest = self.engine.sessions.newest_continuation(session_id)
+        if newest is not None and self.engine.store.last_seq(newest) is not None:
+            async with self.engine.sessions.locks(newest):  # locks go parent -> child only
+                await sync_locked(self.engine, newest)
 
     async def forever(self, interval: float) -> None:
         """Every `interval` seconds, a pass for each session whose agent rows moved."""

@@ -17,7 +17,6 @@ from tether.runtimes.hermes.proofs import Proof, ProofStore
 from tether.runtimes.hermes.reconcile import (
     Row,
     is_mirror,
-    merge_mirrors,
     read_rows,
     reconcile,
     scalar_projection,
@@ -57,28 +56,6 @@ def test_literal_screenshot_text_alone_is_never_evidence() -> None:
     typed = Row("user", "look\n[screenshot]", 100.0)  # the user typed the marker
     other = scalar_row(content="look\n[screenshot]", api_content=None)
     assert not is_mirror(typed, other)
-    display, context = merge_mirrors([], [typed, other])
-    assert display == [typed, other] and len(context) == 2
-
-
-def test_a_pair_shows_the_rich_row_and_keeps_the_agents_payload_in_context() -> None:
-    rich, scalar = rich_row(), scalar_row()
-    display, context = merge_mirrors([rich], [scalar])
-    assert display == [rich]
-    assert context == [RICH]  # the agent's expanded row
-    # a missing payload is filled from the other copy
-    display, context = merge_mirrors([rich], [scalar_row(api_content=None)])
-    assert display == [rich] and context == [RICH]
-    # conflicting payloads: both kept, unmodified
-    other = [{"type": "text", "text": "what is this"}, {"type": "input_image", "image": "x"}]
-    display, context = merge_mirrors([rich], [scalar_row(api_content=other)])
-    assert display == [rich] and context == [RICH, other]
-
-
-def test_an_ambiguous_pairing_keeps_every_row() -> None:
-    a, b = scalar_row(row_id=None), scalar_row(row_id=None, session_id="a2")
-    display, context = merge_mirrors([rich_row()], [a, b])
-    assert len(display) == 3 and len(context) == 3
 
 
 # -- proofs ----------------------------------------------------------------------------------------

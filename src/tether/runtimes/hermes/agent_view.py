@@ -33,10 +33,10 @@ from tether.runtimes.hermes.reconcile import (
     DEFAULT_LIMIT,
     IMAGE_PART_TYPES,
     Row,
-    _turns,
     is_mirror,
     read_rows,
     reconcile,
+    turns,
 )
 
 COMPACTION_PREFIX = "[CONTEXT COMPACTION"
@@ -148,7 +148,7 @@ def _entries(rows: list[Row], proofs: list, watermark: int) -> list[dict[str, An
     """Entries in the order the rows were written."""
     entries: list[tuple[int, dict[str, Any]]] = []
     archived = [r for r in rows if r.archived]
-    for turn in _turns(archived):  # summarized already: shown, not in the context
+    for turn in turns(archived):  # summarized already: shown, not in the context
         entry = _turn_entry(turn, in_context=False)
         if entry is not None:
             entries.append((turn[0].row_id or 0, entry))
@@ -168,7 +168,7 @@ def _entries(rows: list[Row], proofs: list, watermark: int) -> list[dict[str, An
             "kind": "compaction", "summary": str(live[index].content), "context": carried}))
         index = end
     result = reconcile(plain, proofs, watermark=watermark, limit=len(plain) or 1)
-    for turn in _turns(result.display):
+    for turn in turns(result.display):
         entry = _turn_entry(turn, in_context=True)
         if entry is not None:
             entries.append((turn[0].row_id or 0, entry))

@@ -11,10 +11,11 @@ Tether's private proofs (`proofs.py`). What they decide:
   bucket: while the proven stream is active the whole bucket is omitted from display; once
   settled its rows are all kept (no durable row identity proves which one is Tether's).
   Either way every row stays in the model context.
-- **Native-image mirrors**: a rich multipart user row and a scalar row that replaces each
-  image part with `[screenshot]` are one turn only with all the evidence (`is_mirror`);
-  the rich row is displayed, the agent's expanded row stays in the model context. Anything
-  missing or contradictory keeps both rows. Literal `[screenshot]` text alone proves nothing.
+- **Native-image mirrors**: a rich multipart value and a scalar one that replaces each
+  image part with `[screenshot]` are one message only with all the evidence (`is_mirror`);
+  `agent_view` then shows the rich form and sends the agent's expanded payload. Anything
+  missing or contradictory shows the row as written. Literal `[screenshot]` text alone
+  proves nothing.
 - **Bounded and idempotent**: a pass reads at most `limit` rows after a watermark (the
   highest row id seen) and returns the next watermark; the same input gives the same output,
   and a second pass from the returned watermark imports nothing already imported.
@@ -146,42 +147,6 @@ def is_mirror(rich: Row, scalar: Row) -> bool:
     return True
 
 
-def pair_mirrors(rich_rows: list[Row], scalar_rows: list[Row]) -> list[tuple[Row, Row]]:
-    """Only unambiguous pairs: each side matches exactly one row of the other."""
-    candidates = {(i, j) for i, r in enumerate(rich_rows) for j, s in enumerate(scalar_rows)
-                  if is_mirror(r, s)}
-    per_rich: dict[int, int] = defaultdict(int)
-    per_scalar: dict[int, int] = defaultdict(int)
-    for i, j in candidates:
-        per_rich[i] += 1
-        per_scalar[j] += 1
-    return [(rich_rows[i], scalar_rows[j]) for i, j in sorted(candidates)
-            if per_rich[i] == 1 and per_scalar[j] == 1]
-
-
-def merge_mirrors(rich_rows: list[Row], scalar_rows: list[Row]
-                  ) -> tuple[list[Row], list[Any]]:
-    """`(display, context)`. A pair shows its rich row; the model context keeps the agent's
-    expanded payload (its `api_content`, else the rich value: a missing payload is filled
-    from the other copy); conflicting non-empty payloads are both kept, unmodified."""
-    pairs = pair_mirrors(rich_rows, scalar_rows)
-    paired = {id(s) for _, s in pairs}
-    rich_of = {id(s): r for r, s in pairs}
-    display = list(rich_rows) + [s for s in scalar_rows if id(s) not in paired]
-    context: list[Any] = [r.content for r in rich_rows if not any(r is p for p, _ in pairs)]
-    for s in scalar_rows:
-        rich = rich_of.get(id(s))
-        if rich is None:
-            context.append(s.api_content or s.content)
-            continue
-        agent_payload, other = s.api_content, _rich_value(rich)
-        if agent_payload and other and agent_payload != other:
-            context.extend([other, agent_payload])
-        else:
-            context.append(agent_payload or other)
-    return display, context
-
-
 # -- proofs and foreign turns -------------------------------------------------------------------
 @dataclass
 class Reconciled:
@@ -192,7 +157,7 @@ class Reconciled:
     watermark: int
 
 
-def _turns(rows: list[Row]) -> list[list[Row]]:
+def turns(rows: list[Row]) -> list[list[Row]]:
     """Rows split at each user row (per agent session), oldest first."""
     turns: list[list[Row]] = []
     current: dict[str, list[Row]] = {}
@@ -220,7 +185,7 @@ def reconcile(rows: list[Row], proofs: list[Proof], *, active_stream_ids: set[st
         if proof.source == SOURCE:
             proven[(proof.agent_session_id, proof.persist_user_timestamp)].append(proof)
     out = Reconciled([], [], [], [], max([watermark, *(r.row_id or 0 for r in fresh)]))
-    for turn in _turns(fresh):
+    for turn in turns(fresh):
         head = turn[0]
         key = (head.session_id, head.timestamp)
         matching = proven.get(key, []) if head.role == "user" else []

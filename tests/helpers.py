@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -204,3 +204,20 @@ def fold_frames(frames: list[SSEFrame]) -> dict:
         if frame.get("id"):
             fold.apply(Event.from_envelope(frame.json))
     return fold.view()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10, what: str = "") -> Any:
+    """Poll until `predicate()` is truthy; return its value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        time.sleep(0.02)
+
+
+def live_timeline(client: httpx.Client, session_id: str) -> list[dict[str, Any]]:
+    live = session_body(client, session_id)["live"]
+    return [] if live is None else live["timeline"]

@@ -4,15 +4,13 @@ after a fault, whichever fault it was."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from fake_openai import FakeOpenAI
-from helpers import SSEFrame, read_events, session_body
+from helpers import SSEFrame, live_timeline, read_events, session_body
 
 
 def openai_flags(fake: FakeOpenAI, workspace: Path | None = None) -> list[str]:
@@ -70,23 +68,6 @@ def assert_visible_turns_in_context(client: httpx.Client, session_id: str) -> di
     assert sent == [m["content"] for m in body["messages"]
                     if m["role"] == "user" and m["turn_id"] not in excluded]
     return context
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 10, what: str = "") -> Any:
-    """Poll until `predicate()` is truthy; return its value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(0.02)
-
-
-def live_timeline(client: httpx.Client, session_id: str) -> list[dict[str, Any]]:
-    live = session_body(client, session_id)["live"]
-    return [] if live is None else live["timeline"]
 
 
 def live_text(client: httpx.Client, session_id: str) -> str:

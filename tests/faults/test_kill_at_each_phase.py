@@ -34,10 +34,17 @@ from faultkit import (
     live_text,
     live_timeline,
     openai_flags,
-    wait_until,
     whole_log,
 )
-from helpers import ServerProcess, new_session, running_server, session_body, start_turn, wait_idle
+from helpers import (
+    ServerProcess,
+    new_session,
+    running_server,
+    session_body,
+    start_turn,
+    wait_idle,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from fake_openai import FakeOpenAI, barrier, delay, reasoning, reply, text, tool_call
-from faultkit import live_text, openai_flags, wait_until
+from faultkit import live_text, openai_flags
 from helpers import (
     ServerProcess,
     SSEFrame,
@@ -35,6 +35,7 @@ from helpers import (
     session_body,
     start_turn,
     wait_idle,
+    wait_until,
 )
 
 pytestmark = pytest.mark.slow

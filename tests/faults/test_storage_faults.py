@@ -40,10 +40,16 @@ from faultkit import (
     assert_log_intact,
     live_text,
     openai_flags,
-    wait_until,
     whole_log,
 )
-from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle
+from helpers import (
+    ServerProcess,
+    new_session,
+    session_body,
+    start_turn,
+    wait_idle,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 

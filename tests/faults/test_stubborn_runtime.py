@@ -24,10 +24,16 @@ from faultkit import (
     assert_each_run_ends_once,
     assert_log_intact,
     live_text,
-    wait_until,
     whole_log,
 )
-from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle
+from helpers import (
+    ServerProcess,
+    new_session,
+    session_body,
+    start_turn,
+    wait_idle,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 

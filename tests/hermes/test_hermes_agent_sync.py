@@ -23,7 +23,15 @@ import pytest
 from statedb import write_state
 
 from fake_openai import FakeOpenAI, reply, text
-from helpers import ServerProcess, new_session, running_server, session_body, start_turn, wait_idle
+from helpers import (
+    ServerProcess,
+    new_session,
+    running_server,
+    session_body,
+    start_turn,
+    wait_idle,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -38,16 +46,6 @@ def server(tmp_path: Path, fake: FakeOpenAI, hermes_env: Path,
                         "--api-key-env", "TETHER_TEST_HERMES_KEY",
                         "--agent-sync-seconds", "0.3") as running:
         yield running
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def user_texts(request: dict[str, Any]) -> list[str]:
@@ -71,7 +69,7 @@ def test_a_turn_the_cli_wrote_is_shown_and_sent_to_the_model(
                  "HOME": str(tmp_path), "OPENAI_API_KEY": "test-key"})
         assert cli.returncode == 0, cli.stdout + cli.stderr
 
-        body = wait_for(lambda: (b := session_body(client, sid)) and len(b["messages"]) == 4
+        body = wait_until(lambda: (b := session_body(client, sid)) and len(b["messages"]) == 4
                         and b, 30, "the CLI turn in Tether")
         assert [(m["role"], m["content"], m.get("origin")) for m in body["messages"]] == [
             ("user", "from tether", None), ("assistant", "answer to tether", None),
@@ -102,7 +100,7 @@ def test_a_continuation_from_the_agents_lineage_is_followed_not_forked(
             ["replace", "cli_cont", [{"role": "user", "content": SUMMARY},
                                      {"role": "assistant", "content": "hello there"}]],
         ])
-        wait_for(lambda: session_body(client, sid)["continuation_session_id"], 30,
+        wait_until(lambda: session_body(client, sid)["continuation_session_id"], 30,
                  "the continuation from the lineage")
         # The CLI talks on there; a stale tab sends at once, before the next poll.
         write_state(hermes_python, hermes_env, [
@@ -161,7 +159,7 @@ def test_a_session_started_in_the_cli_appears_and_continues_in_tether(
             return [r for r in client.get("/api/sessions").json()["sessions"]
                     if r["message_count"] >= 2]
 
-        [row] = wait_for(adopted, 30, "the CLI's session in the sidebar")
+        [row] = wait_until(adopted, 30, "the CLI's session in the sidebar")
         sid = row["session_id"]
         body = session_body(client, sid)
         assert [(m["role"], m["content"]) for m in body["messages"][:2]] == [

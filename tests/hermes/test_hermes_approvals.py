@@ -6,7 +6,6 @@ end: `tether serve --runtime hermes` with the real hermes-agent and a real works
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,15 @@ import httpx
 import pytest
 
 from fake_openai import FakeOpenAI, reply, text, tool_call
-from helpers import ServerProcess, new_session, running_server, session_body, start_turn, wait_idle
+from helpers import (
+    ServerProcess,
+    live_timeline,
+    new_session,
+    running_server,
+    start_turn,
+    wait_idle,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -39,14 +46,9 @@ def server(tmp_path: Path, fake: FakeOpenAI, hermes_env: Path, hermes_python: Pa
 
 
 def asked(client: httpx.Client, sid: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        live = session_body(client, sid)["live"] or {"timeline": []}
-        item = next((i for i in live["timeline"] if i["type"] == "approval"), None)
-        if item is not None:
-            return item
-        time.sleep(0.1)
-    raise AssertionError("the agent never asked for approval")
+    return wait_until(lambda: next((i for i in live_timeline(client, sid)
+                                    if i["type"] == "approval"), None), 90,
+                      "the agent's approval question")
 
 
 @pytest.mark.parametrize(("choice", "deleted"), [("once", True), ("deny", False)])

@@ -6,25 +6,26 @@ happened). The demo runtime's `/approve` asks like Hermes Agent does for a flagg
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
 import pytest
 
-from helpers import ServerProcess, new_session, read_events, session_body, start_turn, wait_idle
+from helpers import (
+    ServerProcess,
+    live_timeline,
+    new_session,
+    read_events,
+    start_turn,
+    wait_idle,
+    wait_until,
+)
 
 
 def _pending(client: httpx.Client, sid: str) -> dict[str, Any]:
     """The live scene's approval item, once the agent has asked."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        live = session_body(client, sid)["live"] or {"timeline": []}
-        item = next((i for i in live["timeline"] if i["type"] == "approval"), None)
-        if item is not None:
-            return item
-        time.sleep(0.02)
-    raise AssertionError("the agent never asked")
+    return wait_until(lambda: next((i for i in live_timeline(client, sid)
+                                    if i["type"] == "approval"), None), what="the question")
 
 
 def _approve(client: httpx.Client, stream_id: str, choice: str,

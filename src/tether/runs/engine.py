@@ -63,7 +63,7 @@ class RunEngine:
         """Admit and record a new turn. `uploads` are stored here, after every refusal;
         `refs` are attachments stored earlier (a queued message)."""
         async with self.sessions.locks(session_id):
-            if self.agent_sync is not None and self.store.last_seq(session_id) is not None:
+            if self.agent_sync is not None:  # an unknown session: nothing to sync, 404 below
                 await self.agent_sync.before_start(session_id)  # may reveal a continuation
             self.check_admissible(session_id, starting=True)
             stored = list(refs)

@@ -169,8 +169,9 @@ def parse_frame(raw: bytes) -> tuple[str, str | None, str]:
     return event, ident, "\n".join(data)
 
 
-async def subscribe(client: httpx.AsyncClient, sub: Subscriber, session: Session,
-                    live_after: list[float]) -> None:
+async def subscribe(
+    client: httpx.AsyncClient, sub: Subscriber, session: Session, live_after: list[float]
+) -> None:
     """Follow the session's stream from `after=0`; reconnect from the last seq received if
     the server closes it (counted: it should not happen). Parses the raw bytes itself, which
     costs this process less than line iteration."""
@@ -197,8 +198,9 @@ async def subscribe(client: httpx.AsyncClient, sub: Subscriber, session: Session
         await asyncio.sleep(0.05)
 
 
-def handle_frame(sub: Subscriber, session: Session, raw: bytes, now: float,
-                 live_after: float) -> None:
+def handle_frame(
+    sub: Subscriber, session: Session, raw: bytes, now: float, live_after: float
+) -> None:
     event, ident, data = parse_frame(raw)
     if ident is None:
         if event == "session.snapshot":
@@ -234,7 +236,8 @@ async def start_turn(client: httpx.AsyncClient, session_id: str, n: int, turns: 
     session_busy: its `run.finished` is in the log before the worker lets go of the session)."""
     for _ in range(2000):
         response = await client.post(
-            "/api/chat/start", json={"session_id": session_id, "message": f"load turn {n}"})
+            "/api/chat/start", json={"session_id": session_id, "message": f"load turn {n}"}
+        )
         if response.status_code == 200:
             turns.started += 1
             return response.json()["stream_id"]
@@ -242,13 +245,13 @@ async def start_turn(client: httpx.AsyncClient, session_id: str, n: int, turns: 
             turns.busy_retries += 1
             await asyncio.sleep(0.01)
             continue
-        raise SanityError(f"POST /api/chat/start answered {response.status_code}: "
-                          f"{response.text[:300]}")
+        raise SanityError(
+            f"POST /api/chat/start answered {response.status_code}: {response.text[:300]}"
+        )
     raise SanityError(f"session {session_id} stayed busy")
 
 
-async def drive(client: httpx.AsyncClient, session: Session, deadline: float,
-                turns: Turns) -> None:
+async def drive(client: httpx.AsyncClient, session: Session, deadline: float, turns: Turns) -> None:
     """Keep one run going in the session until the deadline, then let the last one finish."""
     n = 0
     while time.monotonic() < deadline:
@@ -297,10 +300,12 @@ class Prober:
 
     async def _main(self) -> None:
         rng = random.Random(7)
-        limits = httpx.Limits(max_connections=4, max_keepalive_connections=4,
-                             keepalive_expiry=KEEPALIVE_EXPIRY)
-        async with httpx.AsyncClient(base_url=self.base_url, timeout=TIMEOUT,
-                                     limits=limits) as client:
+        limits = httpx.Limits(
+            max_connections=4, max_keepalive_connections=4, keepalive_expiry=KEEPALIVE_EXPIRY
+        )
+        async with httpx.AsyncClient(
+            base_url=self.base_url, timeout=TIMEOUT, limits=limits
+        ) as client:
             lag = asyncio.create_task(loop_lag(self.lag, self.stop))
             next_tick = time.monotonic()
             while not self.stop.is_set():
@@ -337,10 +342,8 @@ def _cpu_ticks(stat_path: str) -> int | None:
         raw = Path(stat_path).read_text()
     except OSError:
         return None
-    fields = raw[raw.rindex(")") + 2:].split()
+    fields = raw[raw.rindex(")") + 2 :].split()
     return int(fields[11]) + int(fields[12])  # utime + stime
-
-
 
 
 def _rss_kib(pid: int) -> int | None:
@@ -384,8 +387,9 @@ class Monitor:
         for name, tid in self.threads.items():
             if tid is not None:
                 paths[name] = f"/proc/{me}/task/{tid}/stat"
-        cpu = {name: ticks for name, path in paths.items()
-               if (ticks := _cpu_ticks(path)) is not None}
+        cpu = {
+            name: ticks for name, path in paths.items() if (ticks := _cpu_ticks(path)) is not None
+        }
         machine = machine_busy_ticks()
         if machine is not None:
             cpu["machine"] = machine
@@ -413,8 +417,11 @@ class Monitor:
             return {}
         first, last = inside[0], inside[-1]
         wall = last.t - first.t
-        out = {name: 100.0 * (last.cpu[name] - first.cpu[name]) / CLK_TCK / wall
-               for name in last.cpu if name in first.cpu}
+        out = {
+            name: 100.0 * (last.cpu[name] - first.cpu[name]) / CLK_TCK / wall
+            for name in last.cpu
+            if name in first.cpu
+        }
         if "server" in out and "server_loop" in out:
             out["server_other_threads"] = out["server"] - out["server_loop"]
         if {"machine", "server", "client"} <= out.keys():
@@ -423,8 +430,6 @@ class Monitor:
 
 
 # -- statistics -----------------------------------------------------------------------------
-
-
 
 
 def dist_ms(values: list[float]) -> dict[str, float]:
@@ -455,14 +460,18 @@ class Outcome:
     fake_requests: int
 
 
-async def load(args: argparse.Namespace, base_url: str, server_pid: int,
-               fake: LoadFake) -> Outcome:
+async def load(args: argparse.Namespace, base_url: str, server_pid: int, fake: LoadFake) -> Outcome:
     runs = args.runs
-    limits = httpx.Limits(max_connections=args.subscribers + 8,
-                          max_keepalive_connections=args.subscribers + 8,
-                          keepalive_expiry=KEEPALIVE_EXPIRY)
-    driver_limits = httpx.Limits(max_connections=runs + 8, max_keepalive_connections=runs + 8,
-                                 keepalive_expiry=KEEPALIVE_EXPIRY)
+    limits = httpx.Limits(
+        max_connections=args.subscribers + 8,
+        max_keepalive_connections=args.subscribers + 8,
+        keepalive_expiry=KEEPALIVE_EXPIRY,
+    )
+    driver_limits = httpx.Limits(
+        max_connections=runs + 8,
+        max_keepalive_connections=runs + 8,
+        keepalive_expiry=KEEPALIVE_EXPIRY,
+    )
     async with (
         httpx.AsyncClient(base_url=base_url, timeout=TIMEOUT, limits=limits) as sse,
         httpx.AsyncClient(base_url=base_url, timeout=TIMEOUT, limits=driver_limits) as api,
@@ -478,13 +487,15 @@ async def load(args: argparse.Namespace, base_url: str, server_pid: int,
         # Subscribers round-robin over the sessions: 200 over 50 is 4 each.
         subs = [Subscriber(i, session_ids[i % runs]) for i in range(args.subscribers)]
         live_after = [float("inf")]  # latencies count from the load start
-        readers = [asyncio.create_task(subscribe(sse, s, sessions[s.session_id], live_after))
-                   for s in subs]
+        readers = [
+            asyncio.create_task(subscribe(sse, s, sessions[s.session_id], live_after)) for s in subs
+        ]
         stop_lag = asyncio.Event()
         client_lag: list[tuple[float, float]] = []
         lag_task = asyncio.create_task(loop_lag(client_lag, stop_lag))
-        monitor = Monitor(server_pid, {"fake_model": fake._thread.native_id if fake._thread
-                                       else None})
+        monitor = Monitor(
+            server_pid, {"fake_model": fake._thread.native_id if fake._thread else None}
+        )
         prober = Prober(base_url, session_ids, args.probe_ms / 1000.0)
         try:
             waiting = asyncio.gather(*(s.connected.wait() for s in subs))
@@ -510,8 +521,10 @@ async def load(args: argparse.Namespace, base_url: str, server_pid: int,
             t_load = time.monotonic()
             live_after[0] = time.time()
             deadline = t_load + args.seconds
-            drivers = [asyncio.create_task(drive(api, sessions[sid], deadline, turns))
-                       for sid in session_ids]
+            drivers = [
+                asyncio.create_task(drive(api, sessions[sid], deadline, turns))
+                for sid in session_ids
+            ]
             await asyncio.wait_for(asyncio.gather(*drivers), args.seconds + DRAIN_TIMEOUT)
             t_drained = time.monotonic()
             prober.stop.set()
@@ -545,11 +558,23 @@ async def load(args: argparse.Namespace, base_url: str, server_pid: int,
 
     appended = sum(last_seqs[s] - start_seqs[s] for s in session_ids)
     return Outcome(
-        window={"baseline_start": t_baseline, "load_start": t_load, "deadline": deadline,
-                "drained": t_drained, "end": t_end, "appended": appended,
-                "view_bytes": view_bytes},
-        sessions=session_ids, last_seqs=last_seqs, subscribers=subs, turns=turns,
-        probes=prober.samples, prober_lag=prober.lag, client_lag=client_lag, monitor=monitor,
+        window={
+            "baseline_start": t_baseline,
+            "load_start": t_load,
+            "deadline": deadline,
+            "drained": t_drained,
+            "end": t_end,
+            "appended": appended,
+            "view_bytes": view_bytes,
+        },
+        sessions=session_ids,
+        last_seqs=last_seqs,
+        subscribers=subs,
+        turns=turns,
+        probes=prober.samples,
+        prober_lag=prober.lag,
+        client_lag=client_lag,
+        monitor=monitor,
         fake_requests=fake.requests_count - requests_before,
     )
 
@@ -598,7 +623,8 @@ def check_delivery(outcome: Outcome) -> dict[str, Any]:
                     f"subscriber {sub.index} ({sub.session_id}): expected 1..{expected}, got "
                     f"{len(got)} frames, {sub_lost} lost, {sub_dup} duplicated, {extra} beyond "
                     f"last_seq, {disorder} out of order, {sub.snapshots} snapshots, "
-                    f"{sub.mismatched_ids} id/seq mismatches")
+                    f"{sub.mismatched_ids} id/seq mismatches"
+                )
     return {
         "subscribers": len(outcome.subscribers),
         "subscribers_with_problems": bad_subs,
@@ -657,8 +683,10 @@ def summarize(outcome: Outcome, args: argparse.Namespace) -> dict[str, Any]:
     latencies = [v for sub in outcome.subscribers for v in sub.latencies]
     delivered = sum(len(sub.latencies) for sub in outcome.subscribers)
     turns = outcome.turns
-    lag_load = lambda samples: [v for t, v in samples  # noqa: E731
-                                if w["load_start"] <= t <= w["deadline"]]
+
+    def lag_load(samples):
+        return [v for t, v in samples if w["load_start"] <= t <= w["deadline"]]
+
     cpu = outcome.monitor.cpu_percent(w["load_start"], w["deadline"])
     in_deadline = w["deadline"] - w["load_start"]
     # CPU cost of the work itself, independent of how much CPU other processes left over.
@@ -666,7 +694,8 @@ def summarize(outcome: Outcome, args: argparse.Namespace) -> dict[str, Any]:
     if "server" in cpu and turns.durations:
         cost = {
             "server_cpu_ms_per_turn": cpu["server"] * 10.0 / (turns.started / duration),
-            "server_loop_cpu_ms_per_turn": cpu.get("server_loop", 0) * 10.0
+            "server_loop_cpu_ms_per_turn": cpu.get("server_loop", 0)
+            * 10.0
             / (turns.started / duration),
             "client_cpu_ms_per_turn": cpu.get("client", 0) * 10.0 / (turns.started / duration),
             "window_s": in_deadline,
@@ -703,29 +732,37 @@ def fmt_dist(d: dict[str, float]) -> str:
     return f"{d['p50_ms']:>8.1f} {d['p90_ms']:>8.1f} {d['p99_ms']:>8.1f} {d['max_ms']:>8.1f}"
 
 
-def report(s: dict[str, Any], delivery: dict[str, Any], targets: dict[str, Any],
-           header: str) -> str:
+def report(
+    s: dict[str, Any], delivery: dict[str, Any], targets: dict[str, Any], header: str
+) -> str:
     t, th = s["turns"], s["throughput"]
     lines = [header, ""]
     lines.append(
-        f"{'load window (first start .. last run finished)':<48} {s['duration_s']:>9.1f} s")
-    lines.append(f"{'turns started / completed':<48} {t['started']:>9} / {t['completed']}"
-                 + (f"   other states: {t['states']}" if len(t["states"]) > 1 else ""))
+        f"{'load window (first start .. last run finished)':<48} {s['duration_s']:>9.1f} s"
+    )
+    lines.append(
+        f"{'turns started / completed':<48} {t['started']:>9} / {t['completed']}"
+        + (f"   other states: {t['states']}" if len(t["states"]) > 1 else "")
+    )
     lines.append(f"{'turns per second':<48} {t['per_s']:>9.1f}")
-    lines.append(f"{'events appended (last_seq growth)':<48} {th['appended_events']:>9}"
-                 f"   {th['appended_per_s']:>8.0f} /s   ({th['events_per_turn']:.1f} per turn)")
-    lines.append(f"{'events delivered (all subscribers)':<48} {th['delivered_events']:>9}"
-                 f"   {th['delivered_per_s']:>8.0f} /s")
+    lines.append(
+        f"{'events appended (last_seq growth)':<48} {th['appended_events']:>9}"
+        f"   {th['appended_per_s']:>8.0f} /s   ({th['events_per_turn']:.1f} per turn)"
+    )
+    lines.append(
+        f"{'events delivered (all subscribers)':<48} {th['delivered_events']:>9}"
+        f"   {th['delivered_per_s']:>8.0f} /s"
+    )
     lines += ["", f"{'latency':<48} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8}"]
     lines.append(f"{'event: arrival - envelope.at':<48} {fmt_dist(s['event_latency'])}")
-    lines.append(f"{'turn: start request -> run.finished received':<48} "
-                 f"{fmt_dist(t['duration'])}")
+    lines.append(f"{'turn: start request -> run.finished received':<48} {fmt_dist(t['duration'])}")
     for key, d in s["probes"].items():
         label = f"GET {key.split(' ', 1)[1]} ({key.split(' ', 1)[0]})"
         err = f"  {d['errors']} errors" if d["errors"] else ""
         lines.append(f"{label:<48} {fmt_dist(d)}{err}")
-    lines.append(f"{'client event loop lag (SSE readers, drivers)':<48} "
-                 f"{fmt_dist(s['client_loop_lag'])}")
+    lines.append(
+        f"{'client event loop lag (SSE readers, drivers)':<48} {fmt_dist(s['client_loop_lag'])}"
+    )
     lines.append(f"{'prober event loop lag':<48} {fmt_dist(s['prober_loop_lag'])}")
     rss = s["rss"]
     slices = ", ".join(f"{v:.0f}" for v in rss["peak_per_slice_mib"])
@@ -743,21 +780,29 @@ def report(s: dict[str, Any], delivery: dict[str, Any], targets: dict[str, Any],
     if cpu:
         cores = os.cpu_count() or 1
         lines += ["", f"CPU during the load, % of one core ({cores} cores = {100 * cores}%):"]
-        server = (f"  server {cpu.get('server', 0):.0f}% (event loop thread "
-                  f"{cpu.get('server_loop', 0):.0f}%, other threads "
-                  f"{cpu.get('server_other_threads', 0):.0f}%)")
-        client = (f"  client {cpu.get('client', 0):.0f}% (main loop: SSE readers + drivers "
-                  f"{cpu.get('client_loop', 0):.0f}%, fake model {cpu.get('fake_model', 0):.0f}%,"
-                  f" prober {cpu.get('prober', 0):.0f}%)")
+        server = (
+            f"  server {cpu.get('server', 0):.0f}% (event loop thread "
+            f"{cpu.get('server_loop', 0):.0f}%, other threads "
+            f"{cpu.get('server_other_threads', 0):.0f}%)"
+        )
+        client = (
+            f"  client {cpu.get('client', 0):.0f}% (main loop: SSE readers + drivers "
+            f"{cpu.get('client_loop', 0):.0f}%, fake model {cpu.get('fake_model', 0):.0f}%,"
+            f" prober {cpu.get('prober', 0):.0f}%)"
+        )
         lines += [server, client]
         if "machine" in cpu:
-            lines.append(f"  whole machine {cpu['machine']:.0f}%, of which other processes "
-                         f"{cpu.get('other_processes', 0):.0f}%")
+            lines.append(
+                f"  whole machine {cpu['machine']:.0f}%, of which other processes "
+                f"{cpu.get('other_processes', 0):.0f}%"
+            )
         cost = s["cpu_cost"]
         if cost:
-            lines.append(f"  CPU per turn: server {cost['server_cpu_ms_per_turn']:.1f} ms (event "
-                         f"loop {cost['server_loop_cpu_ms_per_turn']:.1f} ms), client "
-                         f"{cost['client_cpu_ms_per_turn']:.1f} ms")
+            lines.append(
+                f"  CPU per turn: server {cost['server_cpu_ms_per_turn']:.1f} ms (event "
+                f"loop {cost['server_loop_cpu_ms_per_turn']:.1f} ms), client "
+                f"{cost['client_cpu_ms_per_turn']:.1f} ms"
+            )
     lines += ["", f"{'target':<48} {'p99 ms':>8}  verdict"]
     for key, target in targets.items():
         verdict = "MET" if target["met"] else "NOT MET"
@@ -774,34 +819,67 @@ def report(s: dict[str, Any], delivery: dict[str, Any], targets: dict[str, Any],
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Concurrent runs and SSE subscribers against one tether serve: delivery, "
-                    "latency, memory.")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"{QUICK_RUNS} runs, {QUICK_SUBSCRIBERS} subscribers, "
-                             f"{QUICK_SECONDS:g} s: for smoke tests")
-    parser.add_argument("--seconds", type=float,
-                        help=f"load duration (default {DEFAULT_SECONDS:g}; "
-                             f"{QUICK_SECONDS:g} with --quick)")
-    parser.add_argument("--runs", type=int,
-                        help=f"concurrent runs = sessions (default {DEFAULT_RUNS}; "
-                             f"{QUICK_RUNS} with --quick)")
-    parser.add_argument("--subscribers", type=int,
-                        help=f"SSE subscribers, spread over the sessions (default "
-                             f"{DEFAULT_SUBSCRIBERS}; {QUICK_SUBSCRIBERS} with --quick)")
-    parser.add_argument("--deltas", type=int, default=DEFAULT_DELTAS,
-                        help=f"text deltas per model reply (default {DEFAULT_DELTAS})")
-    parser.add_argument("--reasoning-deltas", type=int, default=DEFAULT_REASONING_DELTAS,
-                        help=f"reasoning deltas before the text (default "
-                             f"{DEFAULT_REASONING_DELTAS})")
-    parser.add_argument("--interval-ms", type=float, default=DEFAULT_INTERVAL_MS,
-                        help=f"delay between deltas (default {DEFAULT_INTERVAL_MS:g})")
-    parser.add_argument("--probe-ms", type=float, default=DEFAULT_PROBE_MS,
-                        help=f"prober period (default {DEFAULT_PROBE_MS:g})")
-    parser.add_argument("--baseline-seconds", type=float,
-                        help=f"idle probing before the load (default "
-                             f"{DEFAULT_BASELINE_SECONDS:g}; {QUICK_BASELINE_SECONDS:g} with "
-                             "--quick)")
-    parser.add_argument("--target-ms", type=float, default=TARGET_P99_MS,
-                        help=f"p99 target of the two GETs (default {TARGET_P99_MS:g})")
+        "latency, memory."
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_RUNS} runs, {QUICK_SUBSCRIBERS} subscribers, "
+        f"{QUICK_SECONDS:g} s: for smoke tests",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        help=f"load duration (default {DEFAULT_SECONDS:g}; {QUICK_SECONDS:g} with --quick)",
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        help=f"concurrent runs = sessions (default {DEFAULT_RUNS}; {QUICK_RUNS} with --quick)",
+    )
+    parser.add_argument(
+        "--subscribers",
+        type=int,
+        help=f"SSE subscribers, spread over the sessions (default "
+        f"{DEFAULT_SUBSCRIBERS}; {QUICK_SUBSCRIBERS} with --quick)",
+    )
+    parser.add_argument(
+        "--deltas",
+        type=int,
+        default=DEFAULT_DELTAS,
+        help=f"text deltas per model reply (default {DEFAULT_DELTAS})",
+    )
+    parser.add_argument(
+        "--reasoning-deltas",
+        type=int,
+        default=DEFAULT_REASONING_DELTAS,
+        help=f"reasoning deltas before the text (default {DEFAULT_REASONING_DELTAS})",
+    )
+    parser.add_argument(
+        "--interval-ms",
+        type=float,
+        default=DEFAULT_INTERVAL_MS,
+        help=f"delay between deltas (default {DEFAULT_INTERVAL_MS:g})",
+    )
+    parser.add_argument(
+        "--probe-ms",
+        type=float,
+        default=DEFAULT_PROBE_MS,
+        help=f"prober period (default {DEFAULT_PROBE_MS:g})",
+    )
+    parser.add_argument(
+        "--baseline-seconds",
+        type=float,
+        help=f"idle probing before the load (default "
+        f"{DEFAULT_BASELINE_SECONDS:g}; {QUICK_BASELINE_SECONDS:g} with "
+        "--quick)",
+    )
+    parser.add_argument(
+        "--target-ms",
+        type=float,
+        default=TARGET_P99_MS,
+        help=f"p99 target of the two GETs (default {TARGET_P99_MS:g})",
+    )
     parser.add_argument("--dir", help="where the server's data directory goes (default: temp)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     args = parser.parse_args(argv)
@@ -828,19 +906,33 @@ def main(argv: list[str] | None = None) -> int:
     cpus = os.cpu_count() or 1
     load_before = os.getloadavg()[0]
     if load_before > cpus / 2:
-        print(f"warning: load average {load_before:.2f} on {cpus} CPUs: other work on this "
-              "machine shows up as latency", file=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix="tether-load-", dir=args.dir) as tmp, \
-            LoadFake(model=MODEL) as fake:
-        fake.default_reply = default_reply(args.deltas, args.reasoning_deltas,
-                                           args.interval_ms / 1000.0)
+        print(
+            f"warning: load average {load_before:.2f} on {cpus} CPUs: other work on this "
+            "machine shows up as latency",
+            file=sys.stderr,
+        )
+    with (
+        tempfile.TemporaryDirectory(prefix="tether-load-", dir=args.dir) as tmp,
+        LoadFake(model=MODEL) as fake,
+    ):
+        fake.default_reply = default_reply(
+            args.deltas, args.reasoning_deltas, args.interval_ms / 1000.0
+        )
         data_dir = Path(tmp) / "data"
         data_dir.mkdir()
         server = ServerProcess(
-            data_dir, "--runtime", "openai", "--base-url", fake.base_url, "--model", MODEL,
-            "--heartbeat-seconds", "5",  # the default; the test helper's 0.3 s is for tests
+            data_dir,
+            "--runtime",
+            "openai",
+            "--base-url",
+            fake.base_url,
+            "--model",
+            MODEL,
+            "--heartbeat-seconds",
+            "5",  # the default; the test helper's 0.3 s is for tests
             # every subscriber comes from this one loopback address
-            "--max-streams-per-client", str(args.subscribers + 10),
+            "--max-streams-per-client",
+            str(args.subscribers + 10),
             env={"OPENAI_API_KEY": "load-test"},
         )
         try:
@@ -867,8 +959,11 @@ def main(argv: list[str] | None = None) -> int:
     targets = {}
     for path in ("/api/sessions", "/api/session"):
         p99 = summary["probes"][f"load {path}"]["p99_ms"]
-        targets[f"GET {path} under load"] = {"p99_ms": p99, "max_ms": args.target_ms,
-                                             "met": p99 < args.target_ms}
+        targets[f"GET {path} under load"] = {
+            "p99_ms": p99,
+            "max_ms": args.target_ms,
+            "met": p99 < args.target_ms,
+        }
     config = {
         "seconds": args.seconds,
         "runs": args.runs,
@@ -914,8 +1009,10 @@ def main(argv: list[str] | None = None) -> int:
         for problem in delivery["problems"]:
             print(f"  {problem}", file=sys.stderr)
         return 1
-    print(f"sanity: every subscriber received exactly 1..last_seq of its session, in order "
-          f"({elapsed:.0f} s in all)")
+    print(
+        f"sanity: every subscriber received exactly 1..last_seq of its session, in order "
+        f"({elapsed:.0f} s in all)"
+    )
     return 0
 
 

@@ -107,8 +107,10 @@ def resume(client: httpx.Client, sid: str, last_seq: int, missing: int) -> float
             raise SanityError(f"{sid}: events stream answered {r.status_code}")
         for line in r.iter_lines():  # heartbeats arrive every 5 s even when nothing else does
             if time.perf_counter() - start > RESUME_TIMEOUT:
-                raise SanityError(f"{sid}: seq {last_seq} did not arrive within "
-                                  f"{RESUME_TIMEOUT:g} s ({len(got)} frames)")
+                raise SanityError(
+                    f"{sid}: seq {last_seq} did not arrive within "
+                    f"{RESUME_TIMEOUT:g} s ({len(got)} frames)"
+                )
             if line.startswith("id: "):
                 seq = int(line[4:])
                 got.append(seq)
@@ -125,8 +127,9 @@ def resume(client: httpx.Client, sid: str, last_seq: int, missing: int) -> float
     return elapsed
 
 
-def measure(base_url: str, last: dict[str, int], sizes: list[int], repeat: int,
-            missing: int) -> dict[int, list[float]]:
+def measure(
+    base_url: str, last: dict[str, int], sizes: list[int], repeat: int, missing: int
+) -> dict[int, list[float]]:
     times: dict[int, list[float]] = {n: [] for n in sizes}
     with httpx.Client(base_url=base_url, timeout=30) as client:
         for i in range(WARMUP + repeat):
@@ -157,16 +160,23 @@ def summarize(events: int, samples: list[float], missing: int) -> dict[str, Any]
 
 def report(rows: list[dict[str, Any]], ratio: float, header: str) -> str:
     lines = [header, ""]
-    lines.append(f"{'session events':>14} {'missing':>8} {'repeat':>7} {'median ms':>10} "
-                 f"{'min ms':>8} {'max ms':>8}")
+    lines.append(
+        f"{'session events':>14} {'missing':>8} {'repeat':>7} {'median ms':>10} "
+        f"{'min ms':>8} {'max ms':>8}"
+    )
     for r in rows:
-        lines.append(f"{r['session_events']:>14,} {r['missing']:>8} {r['repeat']:>7} "
-                     f"{r['median_ms']:>10.2f} {r['min_ms']:>8.2f} {r['max_ms']:>8.2f}")
+        lines.append(
+            f"{r['session_events']:>14,} {r['missing']:>8} {r['repeat']:>7} "
+            f"{r['median_ms']:>10.2f} {r['min_ms']:>8.2f} {r['max_ms']:>8.2f}"
+        )
     verdict = "MET" if ratio <= TARGET_RATIO else "NOT MET"
     small, large = rows[0]["session_events"], rows[1]["session_events"]
-    lines += ["", f"{'ratio':<44} {'value':>6}  target",
-              f"{f'median {large:,} / median {small:,}':<44} {ratio:>6.2f}  "
-              f"<= {TARGET_RATIO:g}  {verdict}"]
+    lines += [
+        "",
+        f"{'ratio':<44} {'value':>6}  target",
+        f"{f'median {large:,} / median {small:,}':<44} {ratio:>6.2f}  "
+        f"<= {TARGET_RATIO:g}  {verdict}",
+    ]
     return "\n".join(lines)
 
 
@@ -176,15 +186,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="small run for smoke tests")
     parser.add_argument(
-        "--repeat", type=int,
+        "--repeat",
+        type=int,
         help=f"measured resumes per session, median reported (default {DEFAULT_REPEAT}; "
-             f"{QUICK_REPEAT} with --quick)")
-    parser.add_argument("--missing", type=int, default=MISSING,
-                        help=f"events missing at resume (default {MISSING})")
-    parser.add_argument("--small", type=int, default=SMALL,
-                        help=f"events in the short session (default {SMALL})")
-    parser.add_argument("--large", type=int, default=LARGE,
-                        help=f"events in the long session (default {LARGE})")
+        f"{QUICK_REPEAT} with --quick)",
+    )
+    parser.add_argument(
+        "--missing", type=int, default=MISSING, help=f"events missing at resume (default {MISSING})"
+    )
+    parser.add_argument(
+        "--small", type=int, default=SMALL, help=f"events in the short session (default {SMALL})"
+    )
+    parser.add_argument(
+        "--large", type=int, default=LARGE, help=f"events in the long session (default {LARGE})"
+    )
     parser.add_argument("--dir", help="where the server's data directory goes (default: temp)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     args = parser.parse_args(argv)
@@ -242,17 +257,22 @@ def main(argv: list[str] | None = None) -> int:
         f"Python {config['python']}, {config['cpus']} CPUs"
     )
     print(report(rows, ratio, header))
-    print(f"\nsanity: every resume delivered exactly seqs last_seq-{args.missing - 1}..last_seq "
-          f"in order, no snapshot (sessions built in {build_seconds:.1f} s, {elapsed:.0f} s "
-          "in all)")
+    print(
+        f"\nsanity: every resume delivered exactly seqs last_seq-{args.missing - 1}..last_seq "
+        f"in order, no snapshot (sessions built in {build_seconds:.1f} s, {elapsed:.0f} s "
+        "in all)"
+    )
 
     payload = {
         "benchmark": "resume_cost",
         "config": config,
         "sessions": rows,
         "ratio": ratio,
-        "target": {"ratio": "large_median / small_median", "max": TARGET_RATIO,
-                   "met": ratio <= TARGET_RATIO},
+        "target": {
+            "ratio": "large_median / small_median",
+            "max": TARGET_RATIO,
+            "met": ratio <= TARGET_RATIO,
+        },
         "sanity": "ok",
     }
     write_results(args.out, payload)

@@ -251,8 +251,7 @@ class Bench:
     async def direct_round(self, client: httpx.AsyncClient, runs: int) -> list[RunResult]:
         expected, requests = self.script(runs), self.fake.requests_count
         url = self.fake.base_url + "/chat/completions"
-        results = await asyncio.gather(*(direct_run(client, url, self.deltas)
-                                         for _ in range(runs)))
+        results = await asyncio.gather(*(direct_run(client, url, self.deltas) for _ in range(runs)))
         self.check_round(results, expected, requests)
         return results
 
@@ -265,12 +264,15 @@ class Bench:
                 raise SanityError(f"POST /api/sessions answered {response.status_code}")
             sessions.append(response.json()["session"]["session_id"])
         ready = [asyncio.Event() for _ in sessions]
-        readers = [asyncio.create_task(tether_run(client, sid, ev, self.deltas))
-                   for sid, ev in zip(sessions, ready, strict=True)]
+        readers = [
+            asyncio.create_task(tether_run(client, sid, ev, self.deltas))
+            for sid, ev in zip(sessions, ready, strict=True)
+        ]
         try:
             waiting = asyncio.gather(*(ev.wait() for ev in ready))
-            done, _ = await asyncio.wait([*readers, waiting], timeout=20,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                [*readers, waiting], timeout=20, return_when=asyncio.FIRST_COMPLETED
+            )
             if waiting not in done:
                 waiting.cancel()
                 for task in done:
@@ -279,10 +281,12 @@ class Bench:
 
             async def start(session_id: str) -> None:
                 response = await client.post(
-                    "/api/chat/start", json={"session_id": session_id, "message": "bench"})
+                    "/api/chat/start", json={"session_id": session_id, "message": "bench"}
+                )
                 if response.status_code != 200:
-                    raise SanityError(f"POST /api/chat/start answered {response.status_code}: "
-                                      f"{response.text}")
+                    raise SanityError(
+                        f"POST /api/chat/start answered {response.status_code}: {response.text}"
+                    )
 
             await asyncio.gather(*(start(sid) for sid in sessions))
             results = await asyncio.wait_for(asyncio.gather(*readers), timeout=120)
@@ -309,8 +313,6 @@ class Bench:
 
 
 # -- other work on the machine ----------------------------------------------------------------
-
-
 
 
 def _process_ticks(pid: int) -> int | None:
@@ -345,15 +347,15 @@ class ForeignCpu:
 # -- statistics and reporting -----------------------------------------------------------------
 
 
-
-
-def summarize(path: str, concurrency: int, runs: list[RunResult],
-              emitted: dict[tuple[int, int], float]) -> dict[str, Any]:
+def summarize(
+    path: str, concurrency: int, runs: list[RunResult], emitted: dict[tuple[int, int], float]
+) -> dict[str, Any]:
     ms = [v * 1000.0 for v in latencies(runs, emitted)]
     events = [run.events for run in runs]
-    rounds = [runs[i:i + concurrency] for i in range(0, len(runs), concurrency)]
-    round_p99 = [percentile([v * 1000.0 for v in latencies(chunk, emitted)], 99)
-                 for chunk in rounds]
+    rounds = [runs[i : i + concurrency] for i in range(0, len(runs), concurrency)]
+    round_p99 = [
+        percentile([v * 1000.0 for v in latencies(chunk, emitted)], 99) for chunk in rounds
+    ]
     return {
         "path": path,
         "concurrency": concurrency,
@@ -372,8 +374,9 @@ def summarize(path: str, concurrency: int, runs: list[RunResult],
     }
 
 
-def report(rows: list[dict[str, Any]], added: dict[str, dict[str, float]], header: str,
-           deltas: int) -> str:
+def report(
+    rows: list[dict[str, Any]], added: dict[str, dict[str, float]], header: str, deltas: int
+) -> str:
     lines = [header, ""]
     lines.append(
         f"{'path':<8} {'concurrent':>10} {'runs':>5} {'deltas':>7} {'events/run':>11} "
@@ -385,8 +388,11 @@ def report(rows: list[dict[str, Any]], added: dict[str, dict[str, float]], heade
             f"{r['events_per_run']:>11.1f} {r['p50_ms']:>7.2f} {r['p90_ms']:>7.2f} "
             f"{r['p99_ms']:>7.2f} {r['max_ms']:>7.2f}"
         )
-    lines += ["", f"(the model sent {deltas} deltas per run; events/run below that means "
-                  "Tether coalesced some)"]
+    lines += [
+        "",
+        f"(the model sent {deltas} deltas per run; events/run below that means "
+        "Tether coalesced some)",
+    ]
     for r in rows:
         if len(r["round_p99_ms"]) > 1 and r["concurrency"] > 1:
             spread = ", ".join(f"{v:.1f}" for v in r["round_p99_ms"])
@@ -411,22 +417,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="small run for smoke tests")
     parser.add_argument(
-        "--deltas", type=int,
-        help=f"deltas per run (default {DEFAULT_DELTAS}; {QUICK_DELTAS} with --quick)")
+        "--deltas",
+        type=int,
+        help=f"deltas per run (default {DEFAULT_DELTAS}; {QUICK_DELTAS} with --quick)",
+    )
     parser.add_argument(
-        "--interval-ms", type=float, default=DEFAULT_INTERVAL_MS,
-        help=f"delay between deltas (default {DEFAULT_INTERVAL_MS:g})")
+        "--interval-ms",
+        type=float,
+        default=DEFAULT_INTERVAL_MS,
+        help=f"delay between deltas (default {DEFAULT_INTERVAL_MS:g})",
+    )
     parser.add_argument(
-        "--concurrency", type=int, default=DEFAULT_CONCURRENCY,
-        help=f"runs started at once in the concurrent scenario (default {DEFAULT_CONCURRENCY})")
+        "--concurrency",
+        type=int,
+        default=DEFAULT_CONCURRENCY,
+        help=f"runs started at once in the concurrent scenario (default {DEFAULT_CONCURRENCY})",
+    )
     parser.add_argument(
-        "--single-rounds", type=int,
+        "--single-rounds",
+        type=int,
         help=f"measured rounds of 1 run per path (default {DEFAULT_SINGLE_ROUNDS}; "
-             f"{QUICK_SINGLE_ROUNDS} with --quick)")
+        f"{QUICK_SINGLE_ROUNDS} with --quick)",
+    )
     parser.add_argument(
-        "--concurrent-rounds", type=int,
+        "--concurrent-rounds",
+        type=int,
         help=f"measured rounds of --concurrency runs per path (default "
-             f"{DEFAULT_CONCURRENT_ROUNDS}; {QUICK_CONCURRENT_ROUNDS} with --quick)")
+        f"{DEFAULT_CONCURRENT_ROUNDS}; {QUICK_CONCURRENT_ROUNDS} with --quick)",
+    )
     parser.add_argument("--dir", help="where the server's data directory goes (default: temp)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     args = parser.parse_args(argv)
@@ -435,8 +453,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.single_rounds is None:
         args.single_rounds = QUICK_SINGLE_ROUNDS if args.quick else DEFAULT_SINGLE_ROUNDS
     if args.concurrent_rounds is None:
-        args.concurrent_rounds = (QUICK_CONCURRENT_ROUNDS if args.quick
-                                  else DEFAULT_CONCURRENT_ROUNDS)
+        args.concurrent_rounds = (
+            QUICK_CONCURRENT_ROUNDS if args.quick else DEFAULT_CONCURRENT_ROUNDS
+        )
     if min(args.deltas, args.concurrency, args.single_rounds, args.concurrent_rounds) < 1:
         parser.error("--deltas, --concurrency and the round counts must be at least 1")
     if args.interval_ms < 0:
@@ -450,21 +469,32 @@ def main(argv: list[str] | None = None) -> int:
     cpus = os.cpu_count() or 1
     rows: list[dict[str, Any]] = []
     foreign: float | None = None
-    with tempfile.TemporaryDirectory(prefix="tether-bench-", dir=args.dir) as tmp, \
-            StampingFake() as fake:
+    with (
+        tempfile.TemporaryDirectory(prefix="tether-bench-", dir=args.dir) as tmp,
+        StampingFake() as fake,
+    ):
         data_dir = Path(tmp) / "data"
         data_dir.mkdir()
         server = ServerProcess(
-            data_dir, "--runtime", "openai", "--base-url", fake.base_url, "--model", MODEL,
-            "--heartbeat-seconds", "5",  # the default; the test helper's 0.3 s is for tests
+            data_dir,
+            "--runtime",
+            "openai",
+            "--base-url",
+            fake.base_url,
+            "--model",
+            MODEL,
+            "--heartbeat-seconds",
+            "5",  # the default; the test helper's 0.3 s is for tests
         )
         try:
             server.start()
             assert server.proc is not None
             watch = ForeignCpu(server.proc.pid)
             bench = Bench(fake, server.base_url, args)
-            for concurrency, rounds in ((1, args.single_rounds),
-                                        (args.concurrency, args.concurrent_rounds)):
+            for concurrency, rounds in (
+                (1, args.single_rounds),
+                (args.concurrency, args.concurrent_rounds),
+            ):
                 runs = asyncio.run(bench.scenario(concurrency, rounds))
                 for path in ("direct", "tether"):
                     rows.append(summarize(path, concurrency, runs[path], fake.emitted))
@@ -510,18 +540,27 @@ def main(argv: list[str] | None = None) -> int:
     if foreign is not None:
         print(f"\nother processes used {foreign:.0%} of the machine's CPU while measuring")
         if foreign > FOREIGN_WARN:
-            print(f"warning: other work on this machine ({foreign:.0%} of its CPU) shows up as "
-                  "latency here; rerun on an idle machine", file=sys.stderr)
-    print(f"\nsanity: every run delivered its {args.deltas} markers exactly once, in order, and "
-          f"every Tether stream had gap-free seqs ({elapsed:.0f} s in all)")
+            print(
+                f"warning: other work on this machine ({foreign:.0%} of its CPU) shows up as "
+                "latency here; rerun on an idle machine",
+                file=sys.stderr,
+            )
+    print(
+        f"\nsanity: every run delivered its {args.deltas} markers exactly once, in order, and "
+        f"every Tether stream had gap-free seqs ({elapsed:.0f} s in all)"
+    )
 
     payload = {
         "benchmark": "stream_latency",
         "config": config,
         "scenarios": rows,
         "added": added,
-        "target": {"metric": "added p99 at concurrency", "max_ms": TARGET_P99_ADDED_MS,
-                   "value_ms": added["concurrent"]["p99_ms"], "met": met},
+        "target": {
+            "metric": "added p99 at concurrency",
+            "max_ms": TARGET_P99_ADDED_MS,
+            "value_ms": added["concurrent"]["p99_ms"],
+            "met": met,
+        },
         "sanity": "ok",
     }
     write_results(args.out, payload)

@@ -315,15 +315,16 @@ def _coerce_reply(item: AnyReply | Step | str | Sequence[Step | str]) -> AnyRepl
 
 
 class _IntentionalDropFilter(logging.Filter):
-    _MESSAGES = frozenset({
-        "ASGI callable returned without completing response.",
-        "ASGI callable returned without starting response.",
-    })
+    _MESSAGES = frozenset(
+        {
+            "ASGI callable returned without completing response.",
+            "ASGI callable returned without starting response.",
+        }
+    )
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (
-            (record.threadName or "").startswith(_THREAD_PREFIX)
-            and record.msg in self._MESSAGES
+            (record.threadName or "").startswith(_THREAD_PREFIX) and record.msg in self._MESSAGES
         )
 
 
@@ -367,8 +368,7 @@ class _FastServer(uvicorn.Server):
             connection.shutdown()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self.config.timeout_graceful_shutdown or 3)
-        while (self.server_state.connections or self.server_state.tasks) \
-                and loop.time() < deadline:
+        while (self.server_state.connections or self.server_state.tasks) and loop.time() < deadline:
             await asyncio.sleep(0.005)
         for task in list(self.server_state.tasks):
             task.cancel()
@@ -394,8 +394,13 @@ class _Response:
         self.started = False
         self.finished = False
 
-    async def start(self, status: int, content_type: str, extra: dict[str, str] | None = None,
-                    content_length: int | None = None) -> None:
+    async def start(
+        self,
+        status: int,
+        content_type: str,
+        extra: dict[str, str] | None = None,
+        content_length: int | None = None,
+    ) -> None:
         headers = [(b"content-type", content_type.encode())]
         if content_length is not None:
             headers.append((b"content-length", str(content_length).encode()))
@@ -658,8 +663,9 @@ class FakeOpenAI:
                 parsed = None
             seq = self._record(parsed, headers)
             if not self._authorized(headers):
-                await resp.json(401, error(401, "Incorrect API key provided",
-                                           code="invalid_api_key").body)
+                await resp.json(
+                    401, error(401, "Incorrect API key provided", code="invalid_api_key").body
+                )
                 return
             if not isinstance(parsed, dict):
                 await resp.json(400, error(400, "request body is not a JSON object").body)
@@ -667,20 +673,26 @@ class FakeOpenAI:
             await self._guarded(self._chat(parsed, seq, resp), receive, resp)
         elif path == "/v1/models" and method == "GET":
             if not self._authorized(headers):
-                await resp.json(401, error(401, "Incorrect API key provided",
-                                           code="invalid_api_key").body)
+                await resp.json(
+                    401, error(401, "Incorrect API key provided", code="invalid_api_key").body
+                )
                 return
             await resp.json(200, {"object": "list", "data": [self._model_card()]})
         elif path.startswith("/v1/models/") and method == "GET":
-            model_id = path[len("/v1/models/"):]
+            model_id = path[len("/v1/models/") :]
             if model_id == self.model:
                 await resp.json(200, self._model_card())
             else:
-                await resp.json(404, error(404, f"The model '{model_id}' does not exist",
-                                           code="model_not_found").body)
+                await resp.json(
+                    404,
+                    error(
+                        404, f"The model '{model_id}' does not exist", code="model_not_found"
+                    ).body,
+                )
         else:
-            await resp.json(404, error(404, f"Unknown route {method} {path}",
-                                       code="unknown_url").body)
+            await resp.json(
+                404, error(404, f"Unknown route {method} {path}", code="unknown_url").body
+            )
 
     def _authorized(self, headers: dict[str, str]) -> bool:
         return self.api_key is None or headers.get("authorization") == f"Bearer {self.api_key}"
@@ -772,8 +784,15 @@ class FakeOpenAI:
         usage.setdefault("total_tokens", usage["prompt_tokens"] + usage["completion_tokens"])
         return usage
 
-    async def _stream(self, rep: Reply, seq: int, model: str, usage: dict[str, Any],
-                      include_usage: bool, resp: _Response) -> None:
+    async def _stream(
+        self,
+        rep: Reply,
+        seq: int,
+        model: str,
+        usage: dict[str, Any],
+        include_usage: bool,
+        resp: _Response,
+    ) -> None:
         created = int(time.time())
         cid = f"chatcmpl-fake-{seq}"
 
@@ -784,9 +803,9 @@ class FakeOpenAI:
                 "created": created,
                 "model": model,
                 "system_fingerprint": "fake",
-                "choices": [] if delta is None else [
-                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-                ],
+                "choices": []
+                if delta is None
+                else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
             }
             if include_usage:
                 obj["usage"] = usage if delta is None else None
@@ -801,20 +820,43 @@ class FakeOpenAI:
             elif isinstance(step, Text):
                 await resp.body(chunk({"content": step.text}))
             elif isinstance(step, ToolCall):
-                await resp.body(chunk({"tool_calls": [{
-                    "index": tool_index,
-                    "id": step.id,
-                    "type": "function",
-                    "function": {"name": step.name, "arguments": ""},
-                }]}))
+                await resp.body(
+                    chunk(
+                        {
+                            "tool_calls": [
+                                {
+                                    "index": tool_index,
+                                    "id": step.id,
+                                    "type": "function",
+                                    "function": {"name": step.name, "arguments": ""},
+                                }
+                            ]
+                        }
+                    )
+                )
                 for piece in _split(step.arguments_json, step.pieces):
-                    await resp.body(chunk({"tool_calls": [{
-                        "index": tool_index, "function": {"arguments": piece},
-                    }]}))
+                    await resp.body(
+                        chunk(
+                            {
+                                "tool_calls": [
+                                    {
+                                        "index": tool_index,
+                                        "function": {"arguments": piece},
+                                    }
+                                ]
+                            }
+                        )
+                    )
                 tool_index += 1
             elif isinstance(step, StreamError):
-                err = {"error": {"message": step.message, "type": step.type, "param": None,
-                                 "code": step.code}}
+                err = {
+                    "error": {
+                        "message": step.message,
+                        "type": step.type,
+                        "param": None,
+                        "code": step.code,
+                    }
+                }
                 await resp.finish(f"data: {json.dumps(err)}\n\n".encode())
                 return
             elif isinstance(step, Drop):
@@ -826,12 +868,19 @@ class FakeOpenAI:
             await resp.body(chunk(None))
         await resp.finish(b"data: [DONE]\n\n")
 
-    async def _complete(self, rep: Reply, seq: int, model: str, usage: dict[str, Any],
-                        resp: _Response) -> None:
+    async def _complete(
+        self, rep: Reply, seq: int, model: str, usage: dict[str, Any], resp: _Response
+    ) -> None:
         for step in rep.steps:
             if isinstance(step, StreamError):
-                err = {"error": {"message": step.message, "type": step.type, "param": None,
-                                 "code": step.code}}
+                err = {
+                    "error": {
+                        "message": step.message,
+                        "type": step.type,
+                        "param": None,
+                        "code": step.code,
+                    }
+                }
                 await resp.json(step.status, err)
                 return
             if isinstance(step, Drop):
@@ -845,24 +894,32 @@ class FakeOpenAI:
             message[self.reasoning_field] = rep.reasoning
         if rep.tool_calls:
             message["tool_calls"] = [
-                {"id": t.id, "type": "function",
-                 "function": {"name": t.name, "arguments": t.arguments_json}}
+                {
+                    "id": t.id,
+                    "type": "function",
+                    "function": {"name": t.name, "arguments": t.arguments_json},
+                }
                 for t in rep.tool_calls
             ]
-        await resp.json(200, {
-            "id": f"chatcmpl-fake-{seq}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model,
-            "system_fingerprint": "fake",
-            "choices": [{
-                "index": 0,
-                "message": message,
-                "logprobs": None,
-                "finish_reason": rep.resolved_finish_reason(),
-            }],
-            "usage": usage,
-        })
+        await resp.json(
+            200,
+            {
+                "id": f"chatcmpl-fake-{seq}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "system_fingerprint": "fake",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "logprobs": None,
+                        "finish_reason": rep.resolved_finish_reason(),
+                    }
+                ],
+                "usage": usage,
+            },
+        )
 
 
 def _split(s: str, pieces: int) -> Iterable[str]:
@@ -870,4 +927,4 @@ def _split(s: str, pieces: int) -> Iterable[str]:
     if not s:
         return [""]
     size = max(1, -(-len(s) // pieces))
-    return [s[i:i + size] for i in range(0, len(s), size)]
+    return [s[i : i + size] for i in range(0, len(s), size)]

@@ -39,12 +39,26 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 20) -> ServerProcess:
-        args = [sys.executable, "-m", "tether", "serve", "--port", str(self.port),
-                "--data-dir", str(self.data_dir), "--no-browser",
-                "--heartbeat-seconds", "0.3", "--log-level", "warning", *self.extra]
+        args = [
+            sys.executable,
+            "-m",
+            "tether",
+            "serve",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            "--no-browser",
+            "--heartbeat-seconds",
+            "0.3",
+            "--log-level",
+            "warning",
+            *self.extra,
+        ]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **self.env})
+        self.proc = subprocess.Popen(
+            args, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -106,8 +120,9 @@ def iter_sse(response: httpx.Response) -> Iterator[SSEFrame]:
     for line in response.iter_lines():
         if line == "":
             if data or frame:
-                yield SSEFrame(event=frame.get("event", "message"), id=frame.get("id"),
-                               data="\n".join(data))
+                yield SSEFrame(
+                    event=frame.get("event", "message"), id=frame.get("id"), data="\n".join(data)
+                )
             frame, data = {}, []
         elif line.startswith(":"):
             continue
@@ -120,17 +135,29 @@ def iter_sse(response: httpx.Response) -> Iterator[SSEFrame]:
                 frame[name] = value
 
 
-def read_events(client: httpx.Client, session_id: str, *, until_seq: int | None = None,
-                after: str | None = None, headers: dict[str, str] | None = None,
-                stop_on: str | None = None, max_frames: int = 100_000,
-                timeout: float = 10) -> list[SSEFrame]:
+def read_events(
+    client: httpx.Client,
+    session_id: str,
+    *,
+    until_seq: int | None = None,
+    after: str | None = None,
+    headers: dict[str, str] | None = None,
+    stop_on: str | None = None,
+    max_frames: int = 100_000,
+    timeout: float = 10,
+) -> list[SSEFrame]:
     """Frames of the session stream until one with seq >= until_seq (or a frame of type
     stop_on) arrives."""
     params = {} if after is None else {"after": after}
     frames: list[SSEFrame] = []
     deadline = time.monotonic() + timeout
-    with client.stream("GET", f"/api/sessions/{session_id}/events", params=params,
-                       headers=headers or {}, timeout=timeout) as response:
+    with client.stream(
+        "GET",
+        f"/api/sessions/{session_id}/events",
+        params=params,
+        headers=headers or {},
+        timeout=timeout,
+    ) as response:
         assert response.status_code == 200, response.read()
         for frame in iter_sse(response):
             frames.append(frame)
@@ -138,8 +165,11 @@ def read_events(client: httpx.Client, session_id: str, *, until_seq: int | None 
                 break
             if until_seq is not None and frame.get("id") and int(frame["id"]) >= until_seq:
                 break
-            if until_seq is not None and frame.event == "session.snapshot" and \
-                    frame.json["session"]["last_seq"] >= until_seq:
+            if (
+                until_seq is not None
+                and frame.event == "session.snapshot"
+                and frame.json["session"]["last_seq"] >= until_seq
+            ):
                 break
             if len(frames) >= max_frames or time.monotonic() > deadline:
                 break
@@ -157,8 +187,9 @@ def new_session(client: httpx.Client, title: str | None = None) -> str:
 
 
 def start_turn(client: httpx.Client, session_id: str, message: str, **extra: Any) -> dict:
-    response = client.post("/api/chat/start", json={"session_id": session_id,
-                                                    "message": message, **extra})
+    response = client.post(
+        "/api/chat/start", json={"session_id": session_id, "message": message, **extra}
+    )
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -180,12 +211,14 @@ def wait_idle(client: httpx.Client, session_id: str, timeout: float = 20) -> dic
     raise AssertionError(f"session {session_id} still busy after {timeout} s")
 
 
-def run_events(client: httpx.Client, session_id: str, stream_id: str,
-               timeout: float = 20) -> list[SSEFrame]:
+def run_events(
+    client: httpx.Client, session_id: str, stream_id: str, timeout: float = 20
+) -> list[SSEFrame]:
     """Every frame of the session from the start until this stream's run.finished."""
     frames = []
-    with client.stream("GET", f"/api/sessions/{session_id}/events", params={"after": "0"},
-                       timeout=timeout) as response:
+    with client.stream(
+        "GET", f"/api/sessions/{session_id}/events", params={"after": "0"}, timeout=timeout
+    ) as response:
         for frame in iter_sse(response):
             frames.append(frame)
             if frame.event == "run.finished" and frame.json["stream_id"] == stream_id:

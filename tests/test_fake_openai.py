@@ -58,8 +58,15 @@ def test_base_url_and_models(fake: FakeOpenAI, client: openai.OpenAI) -> None:
     raw = httpx.get(f"{fake.base_url}/models").json()
     assert raw == {
         "object": "list",
-        "data": [{"id": "fake-model", "object": "model", "created": 0,
-                  "owned_by": "fake", "context_length": 4096}],
+        "data": [
+            {
+                "id": "fake-model",
+                "object": "model",
+                "created": 0,
+                "owned_by": "fake",
+                "context_length": 4096,
+            }
+        ],
     }
     assert client.models.retrieve("fake-model").id == "fake-model"
     with pytest.raises(openai.NotFoundError):
@@ -71,7 +78,9 @@ def test_base_url_and_models(fake: FakeOpenAI, client: openai.OpenAI) -> None:
 def test_streaming_text_and_reasoning(fake: FakeOpenAI, client: openai.OpenAI) -> None:
     fake.script(reply(reasoning("thinking..."), text("Hello "), text("world")))
     stream = client.chat.completions.create(
-        model="fake-model", messages=MESSAGES, stream=True,
+        model="fake-model",
+        messages=MESSAGES,
+        stream=True,
         stream_options={"include_usage": True},
     )
     content, thoughts, finish, usage = [], [], None, None
@@ -96,11 +105,15 @@ def test_streaming_text_and_reasoning(fake: FakeOpenAI, client: openai.OpenAI) -
     assert fake.requests[0]["messages"] == MESSAGES
 
 
-def test_streamed_tool_call_arguments_reassemble(fake: FakeOpenAI,
-                                                 client: openai.OpenAI) -> None:
+def test_streamed_tool_call_arguments_reassemble(fake: FakeOpenAI, client: openai.OpenAI) -> None:
     args = {"path": "a.txt", "options": {"lines": [1, 2, 3], "note": "x" * 40}}
-    fake.script(reply(text("Let me look."), tool_call("call_1", "read_file", args),
-                      tool_call("call_2", "list_dir", {"path": "."})))
+    fake.script(
+        reply(
+            text("Let me look."),
+            tool_call("call_1", "read_file", args),
+            tool_call("call_2", "list_dir", {"path": "."}),
+        )
+    )
     calls: dict[int, dict[str, str]] = {}
     fragments = 0
     finish = None
@@ -126,8 +139,13 @@ def test_streamed_tool_call_arguments_reassemble(fake: FakeOpenAI,
 
 def test_non_streaming_reply(fake: FakeOpenAI, client: openai.OpenAI) -> None:
     fake.script(
-        reply(reasoning("hmm"), text("Hello "), text("world"),
-              tool_call("call_9", "grep", {"q": "x"}), usage={"prompt_tokens": 11}),
+        reply(
+            reasoning("hmm"),
+            text("Hello "),
+            text("world"),
+            tool_call("call_9", "grep", {"q": "x"}),
+            usage={"prompt_tokens": 11},
+        ),
         reply(text("plain")),
     )
     resp = client.chat.completions.create(model="m", messages=MESSAGES)
@@ -160,8 +178,10 @@ def test_default_reply_requests_and_reset(fake: FakeOpenAI, client: openai.OpenA
     fake.reset()
     assert (fake.requests_count, fake.requests, fake.pending, fake.disconnects) == (0, [], 0, 0)
     fake.default_reply = reply(text("changed"))
-    assert client.chat.completions.create(model="m", messages=MESSAGES) \
-        .choices[0].message.content == "changed"
+    assert (
+        client.chat.completions.create(model="m", messages=MESSAGES).choices[0].message.content
+        == "changed"
+    )
 
 
 @pytest.mark.parametrize(
@@ -176,8 +196,12 @@ def test_default_reply_requests_and_reset(fake: FakeOpenAI, client: openai.OpenA
 )
 @pytest.mark.parametrize("stream", [False, True])
 def test_error_statuses_map_to_sdk_exceptions(
-    fake: FakeOpenAI, client: openai.OpenAI, status: int, code: str | None,
-    exc_type: type[openai.APIStatusError], stream: bool,
+    fake: FakeOpenAI,
+    client: openai.OpenAI,
+    status: int,
+    code: str | None,
+    exc_type: type[openai.APIStatusError],
+    stream: bool,
 ) -> None:
     fake.script(error(status, f"boom {status}", code=code))
     with pytest.raises(exc_type) as info:
@@ -228,8 +252,9 @@ def test_release_before_reach_does_not_block(fake: FakeOpenAI, client: openai.Op
     assert fake.reached("early")
 
 
-def test_closing_a_hanging_stream_counts_as_disconnect(fake: FakeOpenAI,
-                                                       client: openai.OpenAI) -> None:
+def test_closing_a_hanging_stream_counts_as_disconnect(
+    fake: FakeOpenAI, client: openai.OpenAI
+) -> None:
     fake.script(reply(text("partial"), hang()))
     stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
     it = iter(stream)
@@ -244,10 +269,14 @@ def test_closing_a_hanging_stream_counts_as_disconnect(fake: FakeOpenAI,
 
 def test_disconnect_while_blocked_on_barrier_with_httpx(fake: FakeOpenAI) -> None:
     fake.script(reply(barrier("never"), text("x")))
-    with httpx.Client(timeout=5) as http, http.stream(
-        "POST", f"{fake.base_url}/chat/completions",
-        json={"model": "m", "messages": MESSAGES, "stream": True},
-    ) as r:
+    with (
+        httpx.Client(timeout=5) as http,
+        http.stream(
+            "POST",
+            f"{fake.base_url}/chat/completions",
+            json={"model": "m", "messages": MESSAGES, "stream": True},
+        ) as r,
+    ):
         assert r.status_code == 200
         assert fake.wait_reached("never", timeout=5)
         closed_at = time.monotonic()
@@ -266,14 +295,20 @@ def test_completed_streams_are_not_disconnects(fake: FakeOpenAI, client: openai.
 
 def test_raw_sse_wire_format(fake: FakeOpenAI) -> None:
     fake.script(reply(text("hi")))
-    r = httpx.post(f"{fake.base_url}/chat/completions",
-                   json={"model": "m", "messages": MESSAGES, "stream": True,
-                         "stream_options": {"include_usage": True}})
+    r = httpx.post(
+        f"{fake.base_url}/chat/completions",
+        json={
+            "model": "m",
+            "messages": MESSAGES,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert r.headers["content-type"].startswith("text/event-stream")
     events = [e for e in r.text.split("\n\n") if e]
     assert all(e.startswith("data: ") for e in events)
     assert events[-1] == "data: [DONE]"
-    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    chunks = [json.loads(e[len("data: ") :]) for e in events[:-1]]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] > 0
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
@@ -324,8 +359,10 @@ def test_api_key_is_enforced_when_configured() -> None:
         with pytest.raises(openai.AuthenticationError):
             wrong.chat.completions.create(model="m", messages=MESSAGES)
         right = openai.OpenAI(base_url=fake.base_url, api_key="sk-right", max_retries=0)
-        assert right.chat.completions.create(model="m", messages=MESSAGES) \
-            .choices[0].message.content == "ok"
+        assert (
+            right.chat.completions.create(model="m", messages=MESSAGES).choices[0].message.content
+            == "ok"
+        )
 
 
 def test_stop_cuts_off_hanging_responses_quickly() -> None:

@@ -146,8 +146,11 @@ def serve(log_level: str, **options: object) -> None:
             "really mean it."
         )
     if settings.password_file and settings.password_file.stat().st_mode & 0o077:
-        click.echo(f"Warning: the password file {settings.password_file} is readable by "
-                   "other users; consider chmod 600.", err=True)
+        click.echo(
+            f"Warning: the password file {settings.password_file} is readable by "
+            "other users; consider chmod 600.",
+            err=True,
+        )
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
 
     from tether.http.app import create_app, open_store

@@ -11,9 +11,16 @@ from playwright.sync_api import Browser, BrowserContext, Playwright, sync_playwr
 
 from helpers import ServerProcess, running_server
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-dev-shm-usage"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 
 # Module scope, not session: sync Playwright keeps an event loop running in the main thread,
@@ -28,8 +35,9 @@ def playwright() -> Iterator[Playwright]:
 def browser(playwright: Playwright) -> Iterator[Browser]:
     executable = shutil.which("chromium")
     assert executable, "Debian's chromium package is required (apt-get install chromium)"
-    browser = playwright.chromium.launch(executable_path=executable, headless=True,
-                                         args=CHROMIUM_ARGS)
+    browser = playwright.chromium.launch(
+        executable_path=executable, headless=True, args=CHROMIUM_ARGS
+    )
     yield browser
     browser.close()
 

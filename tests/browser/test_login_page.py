@@ -20,8 +20,12 @@ PW = "correct horse"
 
 @pytest.fixture
 def locked_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    with running_server(tmp_path / "data", "--password-env", "TETHER_TEST_PW",
-                        env={"TETHER_TEST_PW": PW, "TETHER_DEMO_DELAY": "0.01"}) as srv:
+    with running_server(
+        tmp_path / "data",
+        "--password-env",
+        "TETHER_TEST_PW",
+        env={"TETHER_TEST_PW": PW, "TETHER_DEMO_DELAY": "0.01"},
+    ) as srv:
         yield srv
 
 
@@ -59,8 +63,9 @@ def test_login_logout_round_trip(context: BrowserContext, locked_server: ServerP
     assert not [e for e in errors if "Content Security Policy" in e], errors
 
 
-def test_login_returns_to_the_page_asked_for(context: BrowserContext,
-                                             locked_server: ServerProcess) -> None:
+def test_login_returns_to_the_page_asked_for(
+    context: BrowserContext, locked_server: ServerProcess
+) -> None:
     with locked_server.client() as client:
         assert client.post("/api/auth/login", json={"password": PW}).status_code == 200
         sid = new_session(client, "Deep link")
@@ -73,8 +78,9 @@ def test_login_returns_to_the_page_asked_for(context: BrowserContext,
     expect(page.get_by_role("heading", name="Deep link")).to_be_visible()
 
 
-def test_no_logout_button_without_a_password(context: BrowserContext,
-                                             web_server: ServerProcess) -> None:
+def test_no_logout_button_without_a_password(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
     page = context.new_page()
     page.goto(web_server.base_url + "/")
     expect(page.get_by_role("textbox", name="Message")).to_be_visible()

@@ -16,8 +16,9 @@ from pagekit import open_app, send, session_id_of, wait_settled
 pytestmark = pytest.mark.slow
 
 
-def test_three_display_modes_show_one_scene(context: BrowserContext,
-                                            web_server: ServerProcess) -> None:
+def test_three_display_modes_show_one_scene(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
     page = context.new_page()
     open_app(page, web_server.base_url)
     send(page, "modes please")
@@ -33,7 +34,8 @@ def test_three_display_modes_show_one_scene(context: BrowserContext,
     page.select_option("#display-mode", "stream")
     expect(row.locator(".items > [data-key]")).to_have_count(6)  # re-rendered on the next frame
     kinds = row.locator(".items > [data-key]").evaluate_all(
-        "(els) => els.map((e) => e.classList[1])")
+        "(els) => els.map((e) => e.classList[1])"
+    )
     assert kinds == ["thinking", "markdown", "tool-card", "tool-card", "thinking", "markdown"]
     # Final answer only
     page.select_option("#display-mode", "final")
@@ -44,8 +46,7 @@ def test_three_display_modes_show_one_scene(context: BrowserContext,
     expect(page.locator("#display-mode")).to_have_value("final")
 
 
-def test_composer_keys_steer_and_queue(context: BrowserContext,
-                                       web_server: ServerProcess) -> None:
+def test_composer_keys_steer_and_queue(context: BrowserContext, web_server: ServerProcess) -> None:
     page = context.new_page()
     open_app(page, web_server.base_url)
     box = page.get_by_role("textbox", name="Message")
@@ -79,8 +80,9 @@ def test_composer_keys_steer_and_queue(context: BrowserContext,
     expect(page.locator("#queue li")).to_have_count(0)
 
 
-def test_sidebar_is_keyboard_navigable_and_names_state(context: BrowserContext,
-                                                       web_server: ServerProcess) -> None:
+def test_sidebar_is_keyboard_navigable_and_names_state(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
     with httpx.Client(base_url=web_server.base_url) as client:
         first = new_session(client, "Alpha")
         new_session(client, "Beta")
@@ -105,8 +107,9 @@ def test_sidebar_is_keyboard_navigable_and_names_state(context: BrowserContext,
     expect(page.get_by_role("link", name="Gamma")).to_have_count(0)
 
 
-def test_mobile_width_opens_the_sidebar_from_a_menu(browser: Browser,
-                                                   web_server: ServerProcess) -> None:
+def test_mobile_width_opens_the_sidebar_from_a_menu(
+    browser: Browser, web_server: ServerProcess
+) -> None:
     ctx = browser.new_context(viewport={"width": 390, "height": 844})
     page = ctx.new_page()
     open_app(page, web_server.base_url)
@@ -121,17 +124,23 @@ def test_mobile_width_opens_the_sidebar_from_a_menu(browser: Browser,
 
 
 def test_a_stale_tab_on_a_rotated_session_restores_its_draft_in_the_continuation(
-        context: BrowserContext, tmp_path: Path) -> None:
-    with running_server(tmp_path / "data", "--context-window", "256", "--compression-mode",
-                        "rotate", env={"TETHER_DEMO_DELAY": "0.002"}) as server:
+    context: BrowserContext, tmp_path: Path
+) -> None:
+    with running_server(
+        tmp_path / "data",
+        "--context-window",
+        "256",
+        "--compression-mode",
+        "rotate",
+        env={"TETHER_DEMO_DELAY": "0.002"},
+    ) as server:
         with httpx.Client(base_url=server.base_url) as client:
             parent = new_session(client, "Long talk")
         stale = context.new_page()
         open_app(stale, server.base_url, f"/s/{parent}")
         with httpx.Client(base_url=server.base_url) as client:
             long_message = "hello " * 150  # the demo's usage then crosses 80% of 256
-            client.post("/api/chat/start", json={"session_id": parent,
-                                                 "message": long_message})
+            client.post("/api/chat/start", json={"session_id": parent, "message": long_message})
             for _ in range(200):
                 child = session_body(client, parent)["continuation_session_id"]
                 if child:
@@ -144,10 +153,13 @@ def test_a_stale_tab_on_a_rotated_session_restores_its_draft_in_the_continuation
         send(stale, "my carefully typed follow-up")
         expect(stale).to_have_url(f"{server.base_url}/s/{child}")
         expect(stale.get_by_role("textbox", name="Message")).to_have_value(
-            "my carefully typed follow-up")
+            "my carefully typed follow-up"
+        )
         expect(stale.locator("#notice-bar")).to_contain_text("continues here")
         with httpx.Client(base_url=server.base_url) as client:
             assert session_body(client, child)["last_seq"] == before_child  # never resent
             assert [m["role"] for m in session_body(client, parent)["messages"]] == [
-                "user", "assistant"]
+                "user",
+                "assistant",
+            ]
         expect(stale.locator(".inherited .row.user")).to_have_text(long_message)

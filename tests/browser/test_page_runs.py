@@ -21,8 +21,9 @@ from pagekit import (
 pytestmark = pytest.mark.slow
 
 
-def test_live_reload_switch_and_settled_views_agree(context: BrowserContext,
-                                                    web_server: ServerProcess) -> None:
+def test_live_reload_switch_and_settled_views_agree(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
     base = web_server.base_url
     with httpx.Client(base_url=base) as client:
         other = new_session(client, "Another session")
@@ -38,8 +39,11 @@ def test_live_reload_switch_and_settled_views_agree(context: BrowserContext,
     expect(reloaded.locator(".tool-card").first).to_be_attached(timeout=20_000)
     reloaded.reload()  # a mid-run reload
     expect(reloaded.locator(".row.live")).to_have_count(1)
-    assert reloaded.locator("#transcript .rows > [data-key]").first.get_attribute(
-        "class").startswith("row user")  # the turn stays before its output (invariant 2)
+    assert (
+        reloaded.locator("#transcript .rows > [data-key]")
+        .first.get_attribute("class")
+        .startswith("row user")
+    )  # the turn stays before its output (invariant 2)
 
     switcher = context.new_page()
     open_app(switcher, base, f"/s/{sid}")
@@ -62,7 +66,8 @@ def test_live_reload_switch_and_settled_views_agree(context: BrowserContext,
 
 
 def test_server_restart_mid_run_shows_the_interrupted_turn_once(
-        context: BrowserContext, web_server: ServerProcess) -> None:
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
     page = context.new_page()
     open_app(page, web_server.base_url)
     send(page, "/slow until the lights go out")
@@ -80,7 +85,8 @@ def test_server_restart_mid_run_shows_the_interrupted_turn_once(
 
 
 def test_stop_from_the_page_ends_the_run_in_a_second_tab(
-        context: BrowserContext, web_server: ServerProcess) -> None:
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
     first = context.new_page()
     open_app(first, web_server.base_url)
     send(first, "/slow a long one")
@@ -96,7 +102,8 @@ def test_stop_from_the_page_ends_the_run_in_a_second_tab(
 
 
 def test_a_run_started_elsewhere_appears_live_and_marks_the_sidebar(
-        context: BrowserContext, web_server: ServerProcess) -> None:
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
     page = context.new_page()
     open_app(page, web_server.base_url)
     with httpx.Client(base_url=web_server.base_url) as client:
@@ -105,17 +112,18 @@ def test_a_run_started_elsewhere_appears_live_and_marks_the_sidebar(
         expect(link).to_be_visible()
         start_turn(client, sid, "/slow in the background")
         expect(page.get_by_role("link", name="Background job, running")).to_be_visible()
-    expect(page.get_by_role("link", name="Background job, unread")).to_be_visible(
-        timeout=30_000)
+    expect(page.get_by_role("link", name="Background job, unread")).to_be_visible(timeout=30_000)
     page.get_by_role("link", name="Background job, unread").click()
     expect(page.get_by_role("link", name="Background job")).to_have_attribute(
-        "aria-current", "page")
+        "aria-current", "page"
+    )
     expect(page.locator(".row.assistant")).to_have_count(1)
     expect(page.get_by_role("link", name="Background job, unread")).to_have_count(0)
 
 
-def test_an_approval_prompt_is_answered_from_the_page(context: BrowserContext,
-                                                      web_server: ServerProcess) -> None:
+def test_an_approval_prompt_is_answered_from_the_page(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
     """Layers: live UI scene -> `POST /api/chat/approve` -> the runtime. The question shows
     with the command (as text), both answers are offered while the run waits, and once
     answered the card says what was decided, in this tab and in a second one."""

@@ -15,9 +15,11 @@ from pagekit import open_app, send, wait_settled
 
 pytestmark = pytest.mark.slow
 
-EVIL = ('<img src=x onerror="window.__xss=1"> <script>window.__xss=2</script> '
-        '[click me](javascript:window.__xss=3) <a href="javascript:window.__xss=4">x</a> '
-        '<svg onload="window.__xss=5"></svg> **bold**')
+EVIL = (
+    '<img src=x onerror="window.__xss=1"> <script>window.__xss=2</script> '
+    '[click me](javascript:window.__xss=3) <a href="javascript:window.__xss=4">x</a> '
+    '<svg onload="window.__xss=5"></svg> **bold**'
+)
 
 
 def transcript_of(page):  # noqa: ANN001, ANN201
@@ -35,16 +37,27 @@ def openai_web(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
     workspace = tmp_path / "ws"
     workspace.mkdir()
     (workspace / "evil.html").write_text(EVIL)
-    with running_server(tmp_path / "data", "--runtime", "openai", "--base-url", fake.base_url,
-                        "--model", "fake-model", "--workspace", str(workspace)) as srv:
+    with running_server(
+        tmp_path / "data",
+        "--runtime",
+        "openai",
+        "--base-url",
+        fake.base_url,
+        "--model",
+        "fake-model",
+        "--workspace",
+        str(workspace),
+    ) as srv:
         yield srv
 
 
-def test_model_tool_and_user_html_is_inert(context: BrowserContext, openai_web: ServerProcess,
-                                           fake: FakeOpenAI) -> None:
-    fake.script(reply(reasoning(EVIL), text(EVIL),
-                      tool_call("call_1", "read_file", {"path": "evil.html"})),
-                reply(text(EVIL)))
+def test_model_tool_and_user_html_is_inert(
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
+    fake.script(
+        reply(reasoning(EVIL), text(EVIL), tool_call("call_1", "read_file", {"path": "evil.html"})),
+        reply(text(EVIL)),
+    )
     page = context.new_page()
     dialogs: list[str] = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
@@ -66,16 +79,18 @@ def test_model_tool_and_user_html_is_inert(context: BrowserContext, openai_web: 
 
 
 def test_compression_shows_as_a_quiet_divider_then_leaves_settled_history(
-        context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI) -> None:
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
     fake.context_length = 400
-    fake.script(reply(text("word " * 300), usage={"prompt_tokens": 10,
-                                                  "completion_tokens": 330}))
+    fake.script(reply(text("word " * 300), usage={"prompt_tokens": 10, "completion_tokens": 330}))
     page = context.new_page()
     open_app(page, openai_web.base_url)
     send(page, "first")
     wait_settled(page)
-    fake.script(reply(barrier("summary"), text("handoff summary for the agent")),
-                reply(text("second answer")))
+    fake.script(
+        reply(barrier("summary"), text("handoff summary for the agent")),
+        reply(text("second answer")),
+    )
     send(page, "second")
     divider = page.locator(".row.live .divider")
     expect(divider).to_have_text("Compressing context")

@@ -63,23 +63,57 @@ def imported(rnd: random.Random, turn: int) -> dict[str, Any]:
         base = 100 * turn + 10 * k
         rows: list[dict[str, Any]] = []
         if rnd.random() < 0.8:
-            rows.append({"row_id": base, "role": "user", "content": rnd.choice(TEXTS),
-                         "timestamp": 2000.0 + base, "images": rnd.choice([0, 0, 1, 2])})
+            rows.append(
+                {
+                    "row_id": base,
+                    "role": "user",
+                    "content": rnd.choice(TEXTS),
+                    "timestamp": 2000.0 + base,
+                    "images": rnd.choice([0, 0, 1, 2]),
+                }
+            )
         for step in range(rnd.randint(0, 4)):
             row_id = base + 1 + step
             if rnd.random() < 0.6:
-                calls = [{"id": f"k{row_id}", "name": "terminal",
-                          "arguments": rnd.choice(['{"c": 1}', "not json", "[1, 2]"])}] \
-                    if rnd.random() < 0.5 else []
-                rows.append({"row_id": row_id, "role": "assistant", "timestamp": 2001.0 + base,
-                             "content": rnd.choice(TEXTS), "tool_calls": calls,
-                             "reasoning": rnd.choice([None, "", "hm"])})
+                calls = (
+                    [
+                        {
+                            "id": f"k{row_id}",
+                            "name": "terminal",
+                            "arguments": rnd.choice(['{"c": 1}', "not json", "[1, 2]"]),
+                        }
+                    ]
+                    if rnd.random() < 0.5
+                    else []
+                )
+                rows.append(
+                    {
+                        "row_id": row_id,
+                        "role": "assistant",
+                        "timestamp": 2001.0 + base,
+                        "content": rnd.choice(TEXTS),
+                        "tool_calls": calls,
+                        "reasoning": rnd.choice([None, "", "hm"]),
+                    }
+                )
             else:
-                rows.append({"row_id": row_id, "role": "tool", "timestamp": 2002.0 + base,
-                             "content": rnd.choice(TEXTS),
-                             "tool_call_id": rnd.choice([f"k{row_id - 1}", "zz"])})
-        entries.append({"kind": "turn", "turn_id": f"a_{base}", "rows": rows,
-                        "context": [{"role": "user", "content": "x"}]})
+                rows.append(
+                    {
+                        "row_id": row_id,
+                        "role": "tool",
+                        "timestamp": 2002.0 + base,
+                        "content": rnd.choice(TEXTS),
+                        "tool_call_id": rnd.choice([f"k{row_id - 1}", "zz"]),
+                    }
+                )
+        entries.append(
+            {
+                "kind": "turn",
+                "turn_id": f"a_{base}",
+                "rows": rows,
+                "context": [{"role": "user", "content": "x"}],
+            }
+        )
     if rnd.random() < 0.2:
         entries.append({"kind": "compaction", "summary": "s", "context": []})
     return {"source": "hermes", "watermark": 100 * turn + 50, "entries": entries}
@@ -88,8 +122,9 @@ def imported(rnd: random.Random, turn: int) -> dict[str, Any]:
 def generate(seed: int) -> list[Event]:
     """A plausible session log, with the odd stray or unknown id a real log can hold."""
     rnd = random.Random(seed)
-    drafts: list[tuple[str, dict[str, Any], str | None]] = [("session.created", {"title": None},
-                                                               None)]
+    drafts: list[tuple[str, dict[str, Any], str | None]] = [
+        ("session.created", {"title": None}, None)
+    ]
     queue_ids: list[str] = []
     visible = 0
     finished: list[str] = []
@@ -100,25 +135,43 @@ def generate(seed: int) -> list[Event]:
         if roll < 0.5 or not queue_ids:
             qid = f"q{len(queue_ids)}"
             queue_ids.append(qid)
-            atts = [{"id": f"a{qid}", "name": "n.txt", "mime": "text/plain", "size": 3}] \
-                if rnd.random() < 0.3 else []
-            drafts.append(("queue.added", {"queue_id": qid, "text": rnd.choice(TEXTS),
-                                           "attachments": atts}, None))
+            atts = (
+                [{"id": f"a{qid}", "name": "n.txt", "mime": "text/plain", "size": 3}]
+                if rnd.random() < 0.3
+                else []
+            )
+            drafts.append(
+                (
+                    "queue.added",
+                    {"queue_id": qid, "text": rnd.choice(TEXTS), "attachments": atts},
+                    None,
+                )
+            )
         elif roll < 0.75:
-            drafts.append(("queue.updated", {"queue_id": rnd.choice(queue_ids + ["qx"]),
-                                             "text": rnd.choice(TEXTS)}, None))
+            drafts.append(
+                (
+                    "queue.updated",
+                    {"queue_id": rnd.choice(queue_ids + ["qx"]), "text": rnd.choice(TEXTS)},
+                    None,
+                )
+            )
         else:
             drafts.append(("queue.removed", {"queue_id": rnd.choice(queue_ids + ["qx"])}, None))
 
     for turn in range(turns):
         stream, turn_id = f"r{turn}", f"u{turn}"
         submitted: dict[str, Any] = {
-            "turn_id": turn_id, "stream_id": stream, "text": rnd.choice(TEXTS),
-            "attachments": [{"id": f"att{turn}", "name": "p.png", "mime": "image/png",
-                             "size": 10}] if rnd.random() < 0.3 else []}
+            "turn_id": turn_id,
+            "stream_id": stream,
+            "text": rnd.choice(TEXTS),
+            "attachments": [{"id": f"att{turn}", "name": "p.png", "mime": "image/png", "size": 10}]
+            if rnd.random() < 0.3
+            else [],
+        }
         if rnd.random() < 0.8:
             submitted["submitted_at"] = 1000.5 + turn
         drafts.append(("turn.submitted", submitted, stream))
+
         # the envelope may omit stream_id: the fold falls back to data.stream_id
         def sid_of(stream: str = stream) -> str | None:
             return stream if rnd.random() < 0.8 else None
@@ -133,79 +186,168 @@ def generate(seed: int) -> list[Event]:
         steers: list[str] = []
         items: list[str] = []
         for step in range(rnd.randint(0, 14)):
-            kind = rnd.choice(["text", "text", "reasoning", "reasoning", "tool", "done",
-                               "compress", "compressed", "steer", "deliver", "trim", "queue",
-                               "cancel", "meta", "stray", "truncate", "ask", "answer"])
+            kind = rnd.choice(
+                [
+                    "text",
+                    "text",
+                    "reasoning",
+                    "reasoning",
+                    "tool",
+                    "done",
+                    "compress",
+                    "compressed",
+                    "steer",
+                    "deliver",
+                    "trim",
+                    "queue",
+                    "cancel",
+                    "meta",
+                    "stray",
+                    "truncate",
+                    "ask",
+                    "answer",
+                ]
+            )
             if kind in ("text", "reasoning"):
                 item_id = rnd.choice([f"{kind[0]}{step // 4}", f"{kind[0]}0", "shared"])
                 items.append(item_id)
-                drafts.append((f"{kind}.delta", {"stream_id": stream, "item_id": item_id,
-                                                 "text": rnd.choice(TEXTS)}, sid_of()))
+                drafts.append(
+                    (
+                        f"{kind}.delta",
+                        {"stream_id": stream, "item_id": item_id, "text": rnd.choice(TEXTS)},
+                        sid_of(),
+                    )
+                )
             elif kind == "tool":
                 call = f"c{step}"
                 tools.append(call)
-                drafts.append(("tool.started", {"stream_id": stream, "call_id": call,
-                                                "name": "read", "args": {"p": step, "q": [1]}},
-                               sid_of()))
+                drafts.append(
+                    (
+                        "tool.started",
+                        {
+                            "stream_id": stream,
+                            "call_id": call,
+                            "name": "read",
+                            "args": {"p": step, "q": [1]},
+                        },
+                        sid_of(),
+                    )
+                )
             elif kind == "done":
                 call = tools.pop(0) if tools and rnd.random() < 0.85 else f"c{step}x"
-                done = {"stream_id": stream, "call_id": call, "name": "read",
-                        "result_preview": rnd.choice(["x", None]),
-                        "is_error": rnd.choice([False, True, None]), "duration_ms": step}
+                done = {
+                    "stream_id": stream,
+                    "call_id": call,
+                    "name": "read",
+                    "result_preview": rnd.choice(["x", None]),
+                    "is_error": rnd.choice([False, True, None]),
+                    "duration_ms": step,
+                }
                 if rnd.random() < 0.5:
                     done["result"] = {"ok": step}
                 drafts.append(("tool.completed", done, sid_of()))
             elif kind == "compress":
                 passes.append(f"p{step}")
-                drafts.append(("compression.started", {"stream_id": stream,
-                                                       "pass_id": passes[-1]}, sid_of()))
+                drafts.append(
+                    ("compression.started", {"stream_id": stream, "pass_id": passes[-1]}, sid_of())
+                )
             elif kind == "compressed":
                 pass_id = passes.pop(0) if passes else f"p{step}x"
-                drafts.append(("compression.completed", {
-                    "stream_id": stream, "pass_id": pass_id, "tokens_before": 900,
-                    "tokens_after": 300, "summary": "s" if rnd.random() < 0.7 else None,
-                    "boundary_turn_id": rnd.choice([turn_id, None])}, sid_of()))
+                drafts.append(
+                    (
+                        "compression.completed",
+                        {
+                            "stream_id": stream,
+                            "pass_id": pass_id,
+                            "tokens_before": 900,
+                            "tokens_after": 300,
+                            "summary": "s" if rnd.random() < 0.7 else None,
+                            "boundary_turn_id": rnd.choice([turn_id, None]),
+                        },
+                        sid_of(),
+                    )
+                )
             elif kind == "steer":
                 steer_id = rnd.choice([f"st{step}", "st0"])
                 steers.append(steer_id)
-                drafts.append(("steer.accepted", {"stream_id": stream, "steer_id": steer_id,
-                                                  "text": rnd.choice([*TEXTS, None])},
-                               sid_of()))
+                drafts.append(
+                    (
+                        "steer.accepted",
+                        {
+                            "stream_id": stream,
+                            "steer_id": steer_id,
+                            "text": rnd.choice([*TEXTS, None]),
+                        },
+                        sid_of(),
+                    )
+                )
             elif kind == "deliver":
                 taken = rnd.sample(steers, min(len(steers), rnd.randint(0, 2))) + ["zz"]
-                drafts.append(("steer.delivered", {"stream_id": stream, "steer_ids": taken},
-                               sid_of()))
+                drafts.append(
+                    ("steer.delivered", {"stream_id": stream, "steer_ids": taken}, sid_of())
+                )
             elif kind == "trim":
                 item_id = rnd.choice(items) if items and rnd.random() < 0.8 else "nope"
-                drafts.append(("reasoning.trimmed", {"stream_id": stream, "item_id": item_id,
-                                                     "length": rnd.randint(-2, 6)}, sid_of()))
+                drafts.append(
+                    (
+                        "reasoning.trimmed",
+                        {"stream_id": stream, "item_id": item_id, "length": rnd.randint(-2, 6)},
+                        sid_of(),
+                    )
+                )
             elif kind == "queue":
                 queue_event()
             elif kind == "ask":
-                drafts.append(("approval.requested", {
-                    "stream_id": stream, "approval_id": rnd.choice(["ap1", f"ap{step}"]),
-                    "command": rnd.choice(TEXTS), "description": rnd.choice([*TEXTS, None])},
-                    sid_of()))
+                drafts.append(
+                    (
+                        "approval.requested",
+                        {
+                            "stream_id": stream,
+                            "approval_id": rnd.choice(["ap1", f"ap{step}"]),
+                            "command": rnd.choice(TEXTS),
+                            "description": rnd.choice([*TEXTS, None]),
+                        },
+                        sid_of(),
+                    )
+                )
             elif kind == "answer":
-                drafts.append(("approval.resolved", {
-                    "stream_id": stream, "approval_id": rnd.choice(["ap1", f"ap{step}x"]),
-                    "choice": rnd.choice(["once", "deny"]),
-                    "reason": rnd.choice(["user", "timeout", "stopped"])}, sid_of()))
+                drafts.append(
+                    (
+                        "approval.resolved",
+                        {
+                            "stream_id": stream,
+                            "approval_id": rnd.choice(["ap1", f"ap{step}x"]),
+                            "choice": rnd.choice(["once", "deny"]),
+                            "reason": rnd.choice(["user", "timeout", "stopped"]),
+                        },
+                        sid_of(),
+                    )
+                )
             elif kind == "cancel":
                 drafts.append(("run.cancel_requested", {"stream_id": stream}, sid_of()))
             elif kind == "meta":
                 drafts.append(("session.updated", {"pinned": rnd.random() < 0.5}, None))
             elif kind == "truncate":  # the fold does not forbid it mid-run
-                drafts.append(("transcript.truncated", {"keep_count": rnd.randint(0, visible),
-                                                        "transcript_generation": 99}, None))
+                drafts.append(
+                    (
+                        "transcript.truncated",
+                        {"keep_count": rnd.randint(0, visible), "transcript_generation": 99},
+                        None,
+                    )
+                )
                 visible = min(visible, drafts[-1][1]["keep_count"])
             elif kind == "stray" and finished:  # a late event for a settled run
-                drafts.append(("text.delta", {"stream_id": finished[-1], "item_id": "t0",
-                                              "text": "late"}, finished[-1]))
+                drafts.append(
+                    (
+                        "text.delta",
+                        {"stream_id": finished[-1], "item_id": "t0", "text": "late"},
+                        finished[-1],
+                    )
+                )
         if steers and rnd.random() < 0.6:
-            drafts.append(("steer.leftover", {"stream_id": stream,
-                                              "steer_ids": [*steers, "zz"]},
-                           sid_of()))
+            drafts.append(
+                ("steer.leftover", {"stream_id": stream, "steer_ids": [*steers, "zz"]}, sid_of())
+            )
         if rnd.random() < 0.3:  # another client of the agent wrote a turn meanwhile
             drafts.append(("agent.imported", imported(rnd, turn), None))
         if turn == turns - 1 and rnd.random() < 0.35:
@@ -213,8 +355,9 @@ def generate(seed: int) -> list[Event]:
         state = rnd.choice([*RUN_STATES, "mystery"])
         fin: dict[str, Any] = {"stream_id": stream, "turn_id": turn_id, "state": state}
         if state == "error":
-            fin["error"] = rnd.choice([{"code": "upstream", "message": "boom"},
-                                       {"code": "rate_limit"}, {}, None])
+            fin["error"] = rnd.choice(
+                [{"code": "upstream", "message": "boom"}, {"code": "rate_limit"}, {}, None]
+            )
         if state in ("cancelled", "interrupted") and rnd.random() < 0.5:
             fin["reason"] = "user asked"
         if rnd.random() < 0.3:
@@ -225,13 +368,20 @@ def generate(seed: int) -> list[Event]:
         finished.append(stream)
         visible += 2
         if rnd.random() < 0.2:
-            drafts.append(("transcript.truncated", {"keep_count": rnd.randint(0, visible),
-                                                    "transcript_generation": turn + 1}, None))
+            drafts.append(
+                (
+                    "transcript.truncated",
+                    {"keep_count": rnd.randint(0, visible), "transcript_generation": turn + 1},
+                    None,
+                )
+            )
             visible = min(visible, drafts[-1][1]["keep_count"])
         if rnd.random() < 0.3:
             queue_event()
-    return [Event(SID, seq, type_, 2000.25 + seq, data, stream, None)
-            for seq, (type_, data, stream) in enumerate(drafts, start=1)]
+    return [
+        Event(SID, seq, type_, 2000.25 + seq, data, stream, None)
+        for seq, (type_, data, stream) in enumerate(drafts, start=1)
+    ]
 
 
 def envelopes(events: list[Event]) -> list[dict[str, Any]]:
@@ -252,9 +402,13 @@ def snapshot(events: list[Event]) -> dict[str, Any]:
     for event in events:
         transcript.apply(event)
         row = fold_row(row, event)
-    body = public_row(row, busy=bool(transcript.active),
-                      active_stream_id=next(iter(transcript.active), None)) if row else {
-        "session_id": SID}
+    body = (
+        public_row(
+            row, busy=bool(transcript.active), active_stream_id=next(iter(transcript.active), None)
+        )
+        if row
+        else {"session_id": SID}
+    )
     body.update(transcript.view())
     body["last_seq"] = transcript.last_seq
     body["inherited_messages"] = []
@@ -274,8 +428,14 @@ def first_difference(a: Any, b: Any, path: str = "") -> str | None:
     if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
         return next((d for k in a if (d := first_difference(a[k], b[k], f"{path}.{k}"))), None)
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return next((d for i, (x, y) in enumerate(zip(a, b, strict=True))
-                     if (d := first_difference(x, y, f"{path}[{i}]"))), None)
+        return next(
+            (
+                d
+                for i, (x, y) in enumerate(zip(a, b, strict=True))
+                if (d := first_difference(x, y, f"{path}[{i}]"))
+            ),
+            None,
+        )
     return None if a == b else f"{path}: {a!r} != {b!r}"
 
 
@@ -287,8 +447,9 @@ def assert_same(js_view_json: str, py_view: dict[str, Any], label: str) -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with running_server(tmp_path_factory.mktemp("reducer") / "data",
-                        env={"TETHER_DEMO_DELAY": "0.01"}) as srv:
+    with running_server(
+        tmp_path_factory.mktemp("reducer") / "data", env={"TETHER_DEMO_DELAY": "0.01"}
+    ) as srv:
         yield srv
 
 
@@ -307,8 +468,7 @@ def fold_in_page(page: Page, logs: list[dict[str, Any]], mode: str) -> list[dict
 
 def test_reducer_view_equals_the_python_fold(page: Page) -> None:
     logs = [generate(seed) for seed in SEEDS]
-    results = fold_in_page(page, [{"sid": SID, "events": envelopes(log)} for log in logs],
-                           "once")
+    results = fold_in_page(page, [{"sid": SID, "events": envelopes(log)} for log in logs], "once")
     for seed, (log, result) in enumerate(zip(logs, results, strict=True)):
         assert all(result["applied"]), seed
         assert_same(result["view"], fold(log).view(), f"seed {seed}")
@@ -317,13 +477,19 @@ def test_reducer_view_equals_the_python_fold(page: Page) -> None:
     assert any(v["live"] and v["live"]["timeline"] for v in views)
     assert any(v["queued"] for v in views)
     assert any(v["live"] and v["live"]["pending_steers"] for v in views)
-    assert any(item.get("leftover") for v in views for m in v["messages"]
-               for item in m.get("timeline", []))
+    assert any(
+        item.get("leftover") for v in views for m in v["messages"] for item in m.get("timeline", [])
+    )
     assert any("error" in m and "usage" in m for v in views for m in v["messages"])
     kinds = {item["type"] for v in views for m in v["messages"] for item in m.get("timeline", [])}
     assert kinds == {"reasoning", "text", "tool", "compression", "steer", "notice", "approval"}
-    assert any(item.get("choice") for v in views for m in v["messages"]
-               for item in m.get("timeline", []) if item["type"] == "approval")
+    assert any(
+        item.get("choice")
+        for v in views
+        for m in v["messages"]
+        for item in m.get("timeline", [])
+        if item["type"] == "approval"
+    )
 
 
 def test_events_of_another_session_are_ignored(page: Page) -> None:
@@ -342,9 +508,14 @@ def test_prefix_then_snapshot_then_rest_equals_folding_everything(page: Page) ->
         for cut in sorted({0, len(events), *(rnd.randint(0, len(events)) for _ in range(3))}):
             stale = rnd.randint(0, cut)  # what the page had folded before the snapshot
             overlap = rnd.randint(0, min(cut, 3))  # the live stream may repeat a few events
-            logs.append({"sid": SID, "before": envelopes(events[:stale]),
-                         "snapshot": json.loads(json.dumps(snapshot(events[:cut]))),
-                         "after": envelopes(events[cut - overlap:])})
+            logs.append(
+                {
+                    "sid": SID,
+                    "before": envelopes(events[:stale]),
+                    "snapshot": json.loads(json.dumps(snapshot(events[:cut]))),
+                    "after": envelopes(events[cut - overlap :]),
+                }
+            )
             expected.append((seed, cut, overlap, len(events) - cut, whole))
     results = fold_in_page(page, logs, "split")
     for (seed, cut, overlap, rest, whole), result in zip(expected, results, strict=True):
@@ -354,8 +525,7 @@ def test_prefix_then_snapshot_then_rest_equals_folding_everything(page: Page) ->
 
 def test_applying_every_event_twice_equals_once(page: Page) -> None:
     logs = [generate(seed) for seed in SEEDS]
-    results = fold_in_page(page, [{"sid": SID, "events": envelopes(log)} for log in logs],
-                           "twice")
+    results = fold_in_page(page, [{"sid": SID, "events": envelopes(log)} for log in logs], "twice")
     for seed, (log, result) in enumerate(zip(logs, results, strict=True)):
         assert result["applied"] == [True] * len(log) + [False] * len(log)
         assert_same(result["view"], fold(log).view(), f"seed {seed}")
@@ -406,13 +576,20 @@ def test_rev_and_dirty_track_what_changed(page: Page) -> None:
     assert out["finished"] == [":live", ":messages", "r1", "r1.notice"]
     assert out["viewHasRev"] is False
     assert out["snapshotRevsFresh"]
-    assert out["snapshotDirty"] == [":live", ":messages", ":queued", "r1", "r1.notice",
-                                    "r1.t1", "r1.tool.c1", "u1"]
+    assert out["snapshotDirty"] == [
+        ":live",
+        ":messages",
+        ":queued",
+        "r1",
+        "r1.notice",
+        "r1.t1",
+        "r1.tool.c1",
+        "u1",
+    ]
     assert out["ignored"] is False
 
 
-def test_a_real_demo_run_folds_to_the_servers_transcript(page: Page,
-                                                         server: ServerProcess) -> None:
+def test_a_real_demo_run_folds_to_the_servers_transcript(page: Page, server: ServerProcess) -> None:
     with server.client() as client:
         sid = new_session(client)
         frames = []
@@ -434,8 +611,9 @@ def test_a_real_demo_run_folds_to_the_servers_transcript(page: Page,
 
 def test_the_module_stays_small_and_standalone() -> None:
     source = (Path(__file__).parents[2] / "src/tether/web/js/reducer.js").read_text()
-    assert not re.search(r"^\s*import\b|\bimport\(|\brequire\(|\bdocument\.|\bwindow\.",
-                         source, re.MULTILINE)
+    assert not re.search(
+        r"^\s*import\b|\bimport\(|\brequire\(|\bdocument\.|\bwindow\.", source, re.MULTILINE
+    )
     assert len(source.splitlines()) < 500
 
 
@@ -445,10 +623,15 @@ def test_the_page_listens_to_every_durable_event_type() -> None:
     missing for `approval.*` and `agent.imported` when they were added)."""
     from tether import events
 
-    declared = {value for name, value in vars(events).items()
-                if name.isupper() and isinstance(value, str)
-                and re.fullmatch(r"[a-z_]+\.[a-z_]+", value)}
+    declared = {
+        value
+        for name, value in vars(events).items()
+        if name.isupper() and isinstance(value, str) and re.fullmatch(r"[a-z_]+\.[a-z_]+", value)
+    }
     source = (Path(__file__).parents[2] / "src/tether/web/js/stream.js").read_text()
-    listed = set(re.findall(r'"([a-z_]+\.[a-z_]+)"',
-                            source[source.index("EVENT_TYPES"):source.index("];")]))
+    listed = set(
+        re.findall(
+            r'"([a-z_]+\.[a-z_]+)"', source[source.index("EVENT_TYPES") : source.index("];")]
+        )
+    )
     assert declared == listed

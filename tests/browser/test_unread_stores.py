@@ -56,8 +56,9 @@ HARNESS = """async (cfg) => {
   window.U = cfg.store ? window.make(cfg.listen) : null;
 }"""
 
-STORED = ("() => Object.fromEntries(Object.keys(localStorage)"
-          ".map(k => [k, localStorage.getItem(k)]))")
+STORED = (
+    "() => Object.fromEntries(Object.keys(localStorage).map(k => [k, localStorage.getItem(k)]))"
+)
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +69,16 @@ def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         yield srv
 
 
-def open_page(context: BrowserContext, server: ServerProcess, *, store: bool = True,
-              listen: bool = True, now: int | None = None, setup: str | None = None,
-              after: Page | None = None) -> Page:
+def open_page(
+    context: BrowserContext,
+    server: ServerProcess,
+    *,
+    store: bool = True,
+    listen: bool = True,
+    now: int | None = None,
+    setup: str | None = None,
+    after: Page | None = None,
+) -> Page:
     """A same-origin page with the harness; `after`: first wait to see that page's storage."""
     page = context.new_page()
     page.goto(server.base_url + "/api/health")
@@ -87,8 +95,9 @@ def dot(page: Page, sid: str, n: int, g: int = 0, b: int | None = None) -> bool:
 
 
 def wait_dot(page: Page, sid: str, n: int, expected: bool, g: int = 0) -> None:
-    page.wait_for_function("([s, n, g, e]) => U.hasUnread(row(s, n, g)) === e",
-                           arg=[sid, n, g, expected], timeout=5000)
+    page.wait_for_function(
+        "([s, n, g, e]) => U.hasUnread(row(s, n, g)) === e", arg=[sid, n, g, expected], timeout=5000
+    )
 
 
 def stored(page: Page) -> dict[str, str]:
@@ -101,7 +110,7 @@ def stored_map(page: Page, key: str) -> dict:
 
 def clear_stamps(page: Page, sid: str) -> list[int]:
     prefix = CLEARED + sid + ":"
-    return sorted(int(k[len(prefix):]) for k in stored(page) if k.startswith(prefix))
+    return sorted(int(k[len(prefix) :]) for k in stored(page) if k.startswith(prefix))
 
 
 SAME = """(snap) => {
@@ -138,14 +147,23 @@ INTERLEAVED = [
     # A stale client of the same origin writes back its empty whole maps.
     ("C", f"localStorage.setItem('{VC}', '{{}}'); localStorage.setItem('{CM}', '{{}}')"),
 ]
-VIEW_ROWS = [("s1", 7, 0), ("s1", 8, 0), ("s2", 4, 0), ("s4", 9, 0), ("s5", 2, 0),
-             ("s6", 3, 1), ("s6", 4, 1), ("s6", 9, 0)]
+VIEW_ROWS = [
+    ("s1", 7, 0),
+    ("s1", 8, 0),
+    ("s2", 4, 0),
+    ("s4", 9, 0),
+    ("s5", 2, 0),
+    ("s6", 3, 1),
+    ("s6", 4, 1),
+    ("s6", 9, 0),
+]
 EXPECTED_VIEW = [False, True, True, False, True, False, True, False]
 VIEW = "(rows) => rows.map(([s, n, g]) => U.hasUnread(row(s, n, g)))"
 
 
 def test_interleaved_writes_from_two_pages_converge_whatever_the_order(
-        browser: Browser, origin: ServerProcess) -> None:
+    browser: Browser, origin: ServerProcess
+) -> None:
     orders = [list(INTERLEAVED), list(reversed(INTERLEAVED))]
     rng = random.Random(7577)
     for _ in range(4):
@@ -153,8 +171,11 @@ def test_interleaved_writes_from_two_pages_converge_whatever_the_order(
     for order in orders:
         context = browser.new_context()
         try:
-            pages = {"A": open_page(context, origin), "B": open_page(context, origin),
-                     "C": open_page(context, origin, store=False)}
+            pages = {
+                "A": open_page(context, origin),
+                "B": open_page(context, origin),
+                "C": open_page(context, origin, store=False),
+            }
             for who, op in order:
                 pages[who].evaluate(op)
             a, b, c = pages["A"], pages["B"], pages["C"]
@@ -164,15 +185,19 @@ def test_interleaved_writes_from_two_pages_converge_whatever_the_order(
                   const cm = JSON.parse(localStorage.getItem('{CM}') || '{{}}');
                   return vc.s1?.message_count === 7 && vc.s6?.transcript_generation === 1
                     && 's2' in cm && 's5' in cm;
-                }}""", timeout=5000)
+                }}""",
+                timeout=5000,
+            )
             settle(a, b)
             # A write racing the deletion may leave a dead s4 entry behind (both views drop
             # it); the next merge by either page removes it.
             a.evaluate("U.acknowledge(row('s7', 1))")
             counts = stored_map(a, VC)
-            assert counts == {"s1": {"message_count": 7, "transcript_generation": 0},
-                              "s6": {"message_count": 3, "transcript_generation": 1},
-                              "s7": {"message_count": 1, "transcript_generation": 0}}, order
+            assert counts == {
+                "s1": {"message_count": 7, "transcript_generation": 0},
+                "s6": {"message_count": 3, "transcript_generation": 1},
+                "s7": {"message_count": 1, "transcript_generation": 0},
+            }, order
             assert set(stored_map(a, CM)) == {"s2", "s5"}, order
             propagate(a, b, c)
             c.evaluate("window.U = make(false)")
@@ -183,7 +208,8 @@ def test_interleaved_writes_from_two_pages_converge_whatever_the_order(
 
 
 def test_cleared_dot_is_never_resurrected_by_a_stale_page(
-        context: BrowserContext, origin: ServerProcess) -> None:
+    context: BrowserContext, origin: ServerProcess
+) -> None:
     stale = open_page(context, origin, listen=False)
     other = open_page(context, origin)
     stale.evaluate("U.markCompletion('s1', {message_count: 3})")
@@ -205,7 +231,8 @@ def test_cleared_dot_is_never_resurrected_by_a_stale_page(
 
 
 def test_same_millisecond_clear_and_mark_are_ordered_by_stamps(
-        context: BrowserContext, origin: ServerProcess) -> None:
+    context: BrowserContext, origin: ServerProcess
+) -> None:
     a = open_page(context, origin, now=T0)
     b = open_page(context, origin, now=T0)
     a.evaluate("U.acknowledge(row('s1', 2))")
@@ -262,7 +289,8 @@ def test_shrink_then_growth_shows_the_dot(context: BrowserContext, origin: Serve
 
 
 def test_older_generation_never_lowers_a_newer_count(
-        context: BrowserContext, origin: ServerProcess) -> None:
+    context: BrowserContext, origin: ServerProcess
+) -> None:
     stale = open_page(context, origin, listen=False)
     a = open_page(context, origin)
     assert dot(stale, "s1", 10) is False
@@ -285,7 +313,8 @@ def test_older_generation_never_lowers_a_newer_count(
 
 
 def test_deleted_session_count_cannot_be_reasserted_by_the_other_page(
-        context: BrowserContext, origin: ServerProcess) -> None:
+    context: BrowserContext, origin: ServerProcess
+) -> None:
     a = open_page(context, origin)
     stale = open_page(context, origin, listen=False)
     listening = open_page(context, origin)
@@ -314,16 +343,18 @@ def test_deleted_session_count_cannot_be_reasserted_by_the_other_page(
 
 
 def test_records_expire_after_seven_days_by_write_time(
-        context: BrowserContext, origin: ServerProcess) -> None:
+    context: BrowserContext, origin: ServerProcess
+) -> None:
     a = open_page(context, origin, now=T0)
     a.evaluate("U.markCompletion('s1', {message_count: 2}); U.clearCompletion('s1')")
     a.evaluate("U.deleteSession('s2')")
     # A record carrying a far-future logical stamp, written at T0.
     future = f"{CLEARED}s3:{10**15}"
-    a.evaluate("([k, t]) => localStorage.setItem(k, JSON.stringify({stamp: 1e15, recorded_at: t}))",
-               [future, T0])
-    records = {k: json.loads(v) for k, v in stored(a).items()
-               if k.startswith((CLEARED, DELETED))}
+    a.evaluate(
+        "([k, t]) => localStorage.setItem(k, JSON.stringify({stamp: 1e15, recorded_at: t}))",
+        [future, T0],
+    )
+    records = {k: json.loads(v) for k, v in stored(a).items() if k.startswith((CLEARED, DELETED))}
     assert len(records) == 3
     assert all(r["recorded_at"] == T0 for r in records.values())
     a.evaluate(f"window.now = {T0 + 7 * DAY - 1}; U.prune()")
@@ -341,19 +372,24 @@ def test_records_expire_after_seven_days_by_write_time(
 
 
 def test_legacy_unsuffixed_clear_map_is_migrated_once_and_removed(
-        context: BrowserContext, origin: ServerProcess) -> None:
+    context: BrowserContext, origin: ServerProcess
+) -> None:
     legacy = {"s1": T0 - 1000, "s2": T0 - 1000, "s_old": T0 - 8 * DAY, "a:b/c": T0 - 500}
-    markers = {"s1": {"message_count": 3, "completed_at": T0 - 2000},
-               "s2": {"message_count": 4, "completed_at": T0 - 10},
-               "s_old": {"message_count": 1, "completed_at": T0 - 9 * DAY}}
-    setup = (f"localStorage.setItem('{LEGACY}', {json.dumps(json.dumps(legacy))});"
-             f"localStorage.setItem('{CM}', {json.dumps(json.dumps(markers))});"
-             f"localStorage.setItem('{VC}', {json.dumps(json.dumps({'s9': 5}))});")
+    markers = {
+        "s1": {"message_count": 3, "completed_at": T0 - 2000},
+        "s2": {"message_count": 4, "completed_at": T0 - 10},
+        "s_old": {"message_count": 1, "completed_at": T0 - 9 * DAY},
+    }
+    setup = (
+        f"localStorage.setItem('{LEGACY}', {json.dumps(json.dumps(legacy))});"
+        f"localStorage.setItem('{CM}', {json.dumps(json.dumps(markers))});"
+        f"localStorage.setItem('{VC}', {json.dumps(json.dumps({'s9': 5}))});"
+    )
     a = open_page(context, origin, now=T0, setup=setup)
     after = stored(a)
     assert LEGACY not in after
     records = {k: json.loads(v) for k, v in after.items() if k.startswith(CLEARED)}
-    sids = {k[len(CLEARED):].rsplit(":", 1)[0] for k in records}
+    sids = {k[len(CLEARED) :].rsplit(":", 1)[0] for k in records}
     assert sids == {"s1", "s2", "a%3Ab%2Fc"}  # the expired fact is not imported
     assert all(r["recorded_at"] <= T0 - 500 for r in records.values())
     assert dot(a, "s1", 3) is False
@@ -373,7 +409,8 @@ def test_legacy_unsuffixed_clear_map_is_migrated_once_and_removed(
 
 
 def test_quota_full_still_clears_the_dot_in_this_page(
-        context: BrowserContext, origin: ServerProcess) -> None:
+    context: BrowserContext, origin: ServerProcess
+) -> None:
     a = open_page(context, origin)
     a.evaluate("U.acknowledge(row('s0', 1)); U.markCompletion('s1', {message_count: 5})")
     a.evaluate("U.clearCompletion('s1'); U.markCompletion('s1', {message_count: 5})")
@@ -393,7 +430,8 @@ def test_quota_full_still_clears_the_dot_in_this_page(
 
 
 def test_storage_events_repair_the_other_page_without_ping_pong(
-        context: BrowserContext, origin: ServerProcess) -> None:
+    context: BrowserContext, origin: ServerProcess
+) -> None:
     a = open_page(context, origin)
     b = open_page(context, origin)
     c = open_page(context, origin, store=False)
@@ -401,8 +439,9 @@ def test_storage_events_repair_the_other_page_without_ping_pong(
     b.wait_for_function("() => window.changes > 0", timeout=5000)
     wait_dot(b, "s2", 1, True)  # repainted from storage events, no reload
     b.evaluate("U.acknowledge(row('s2', 1)); U.acknowledge(row('s3', 6))")
-    a.wait_for_function("() => window.changes > 0 && U.hasUnread(row('s2', 1)) === false",
-                        timeout=5000)
+    a.wait_for_function(
+        "() => window.changes > 0 && U.hasUnread(row('s2', 1)) === false", timeout=5000
+    )
     settle(a, b)
     propagate(b, a, c)
     a.evaluate("window.writes = []")
@@ -413,7 +452,9 @@ def test_storage_events_repair_the_other_page_without_ping_pong(
         f"""() => {{
           const vc = JSON.parse(localStorage.getItem('{VC}') || '{{}}');
           return vc.s1?.message_count === 4 && vc.s3?.message_count === 6;
-        }}""", timeout=5000)
+        }}""",
+        timeout=5000,
+    )
     settle(a, b)
     writes = a.evaluate("window.writes") + b.evaluate("window.writes")
     assert 1 <= len(writes) <= 4, writes
@@ -426,11 +467,13 @@ def test_storage_events_repair_the_other_page_without_ping_pong(
 
 
 def test_hidden_filtered_row_keeps_its_cleared_state(
-        context: BrowserContext, origin: ServerProcess) -> None:
+    context: BrowserContext, origin: ServerProcess
+) -> None:
     a = open_page(context, origin, now=T0)
     b = open_page(context, origin, now=T0)
-    a.evaluate("U.markCompletion('s1', {message_count: 2});"
-               "U.markCompletion('s2', {message_count: 2})")
+    a.evaluate(
+        "U.markCompletion('s1', {message_count: 2});U.markCompletion('s2', {message_count: 2})"
+    )
     propagate(a, b)
     b.evaluate("U.refresh(); U.acknowledge(row('s1', 2))")
     # The sidebar filter now hides s1: only s2 is ever passed to hasUnread, for days.

@@ -33,8 +33,10 @@ def test_signal_exits_zero_even_with_open_streams(tmp_path: Path, sig: int) -> N
             except httpx.HTTPError:
                 pass
 
-        readers = [threading.Thread(target=follow, args=(p,), daemon=True)
-                   for p in (f"/api/sessions/{sid}/events", "/api/events")]
+        readers = [
+            threading.Thread(target=follow, args=(p,), daemon=True)
+            for p in (f"/api/sessions/{sid}/events", "/api/events")
+        ]
         for r in readers:
             r.start()
         assert opened.wait(5)
@@ -43,10 +45,18 @@ def test_signal_exits_zero_even_with_open_streams(tmp_path: Path, sig: int) -> N
 
 def test_environment_variables_configure_serve(tmp_path: Path) -> None:
     port = free_port()
-    env = {**os.environ, "TETHER_PORT": str(port), "TETHER_DATA_DIR": str(tmp_path / "d"),
-           "TETHER_NO_BROWSER": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "tether", "serve"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = {
+        **os.environ,
+        "TETHER_PORT": str(port),
+        "TETHER_DATA_DIR": str(tmp_path / "d"),
+        "TETHER_NO_BROWSER": "1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tether", "serve"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         for _ in range(200):
             try:
@@ -67,9 +77,12 @@ def test_default_data_dir_is_per_user(tmp_path: Path) -> None:
     server.extra = []
     port = free_port()
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg"), "HOME": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "tether", "serve", "--port", str(port),
-                             "--no-browser"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tether", "serve", "--port", str(port), "--no-browser"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(200):
             try:
@@ -84,9 +97,22 @@ def test_default_data_dir_is_per_user(tmp_path: Path) -> None:
 
 
 def test_non_loopback_without_password_is_refused(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "tether", "serve", "--host", "0.0.0.0",
-                             "--data-dir", str(tmp_path), "--no-browser"],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether",
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--data-dir",
+            str(tmp_path),
+            "--no-browser",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 2
     assert "without a password" in result.stderr
 
@@ -95,9 +121,22 @@ def test_corrupted_database_stops_start_with_the_file_named(tmp_path: Path) -> N
     data = tmp_path / "data"
     data.mkdir()
     (data / "tether.db").write_bytes(b"garbage" * 1000)
-    result = subprocess.run([sys.executable, "-m", "tether", "serve", "--data-dir", str(data),
-                             "--port", str(free_port()), "--no-browser"],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether",
+            "serve",
+            "--data-dir",
+            str(data),
+            "--port",
+            str(free_port()),
+            "--no-browser",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode != 0
     assert str(data / "tether.db") in result.stdout + result.stderr
     assert (data / "tether.db").read_bytes() == b"garbage" * 1000
@@ -107,7 +146,8 @@ def test_acknowledged_writes_survive_kill_minus_nine(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path / "data").start()
     with server.client() as client:
         sid = client.post("/api/sessions", json={"title": "durable"}).json()["session"][
-            "session_id"]
+            "session_id"
+        ]
         for i in range(20):
             client.patch("/api/session", json={"session_id": sid, "title": f"v{i}"})
     server.kill()

@@ -23,8 +23,11 @@ def openai_flags(fake: FakeOpenAI, workspace: Path | None = None) -> list[str]:
 
 def durable(frames: list[SSEFrame]) -> list[dict[str, Any]]:
     """The frames that carry a log event (heartbeats and snapshots have no id), parsed."""
-    return [{"seq": int(f["id"]), "type": f.event, "envelope": json.loads(f["data"])}
-            for f in frames if f.get("id")]
+    return [
+        {"seq": int(f["id"]), "type": f.event, "envelope": json.loads(f["data"])}
+        for f in frames
+        if f.get("id")
+    ]
 
 
 def whole_log(client: httpx.Client, session_id: str) -> list[dict[str, Any]]:
@@ -41,8 +44,14 @@ def assert_log_intact(log: list[dict[str, Any]]) -> None:
 def finished_by_stream(log: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """`run.finished` data of every submitted turn's stream (a list: it must hold one)."""
     streams = [e["envelope"]["data"]["stream_id"] for e in log if e["type"] == "turn.submitted"]
-    return {sid: [e["envelope"]["data"] for e in log if e["type"] == "run.finished"
-                  and e["envelope"]["data"]["stream_id"] == sid] for sid in streams}
+    return {
+        sid: [
+            e["envelope"]["data"]
+            for e in log
+            if e["type"] == "run.finished" and e["envelope"]["data"]["stream_id"] == sid
+        ]
+        for sid in streams
+    }
 
 
 def assert_each_run_ends_once(log: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -51,8 +60,12 @@ def assert_each_run_ends_once(log: list[dict[str, Any]]) -> dict[str, dict[str, 
     endings = finished_by_stream(log)
     assert all(len(found) == 1 for found in endings.values()), endings
     for stream_id in endings:
-        types = [e["type"] for e in log if e["envelope"].get("stream_id") == stream_id
-                 or e["envelope"]["data"].get("stream_id") == stream_id]
+        types = [
+            e["type"]
+            for e in log
+            if e["envelope"].get("stream_id") == stream_id
+            or e["envelope"]["data"].get("stream_id") == stream_id
+        ]
         assert types[-1] == "run.finished", (stream_id, types)
     return {sid: found[0] for sid, found in endings.items()}
 
@@ -65,8 +78,11 @@ def assert_visible_turns_in_context(client: httpx.Client, session_id: str) -> di
     excluded = {e["turn_id"]: e["reason"] for e in context["excluded"]}
     assert all(excluded.values())
     sent = [m["content"] for m in context["context_messages"] if m["role"] == "user"]
-    assert sent == [m["content"] for m in body["messages"]
-                    if m["role"] == "user" and m["turn_id"] not in excluded]
+    assert sent == [
+        m["content"]
+        for m in body["messages"]
+        if m["role"] == "user" and m["turn_id"] not in excluded
+    ]
     return context
 
 

@@ -62,9 +62,21 @@ def serve_refuses(data: Path) -> str:
     """Run `tether serve` on `data`; it must exit non-zero at once, naming the database.
     Returns what it printed."""
     result = subprocess.run(
-        [sys.executable, "-m", "tether", "serve", "--data-dir", str(data),
-         "--port", str(free_port()), "--no-browser"],
-        capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "tether",
+            "serve",
+            "--data-dir",
+            str(data),
+            "--port",
+            str(free_port()),
+            "--no-browser",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert str(data / "tether.db") in output, output
@@ -87,32 +99,39 @@ def put(tmp_path: Path, content: bytes) -> Path:
 
 @pytest.mark.parametrize("seed", [7, 8])
 def test_random_bytes_behind_a_valid_sqlite_header_are_refused_and_kept(
-        tmp_path: Path, seed: int) -> None:
+    tmp_path: Path, seed: int
+) -> None:
     content = b"SQLite format 3\x00" + random.Random(seed).randbytes(8 * PAGE - 16)
     data = put(tmp_path, content)
     assert "Cannot open the Tether database" in serve_refuses(data)
     assert_untouched(data, content)
 
 
-@pytest.mark.parametrize("cut", [
-    pytest.param(lambda size: PAGE, id="to-its-first-page"),
-    pytest.param(lambda size: size // 2 // PAGE * PAGE, id="to-half-its-pages"),
-    pytest.param(lambda size: size - PAGE // 2, id="inside-its-last-page"),
-])
+@pytest.mark.parametrize(
+    "cut",
+    [
+        pytest.param(lambda size: PAGE, id="to-its-first-page"),
+        pytest.param(lambda size: size // 2 // PAGE * PAGE, id="to-half-its-pages"),
+        pytest.param(lambda size: size - PAGE // 2, id="inside-its-last-page"),
+    ],
+)
 def test_a_tether_database_cut_short_is_refused_and_kept(
-        tmp_path: Path, tether_db: bytes, cut: Callable[[int], int]) -> None:
-    content = tether_db[:cut(len(tether_db))]
+    tmp_path: Path, tether_db: bytes, cut: Callable[[int], int]
+) -> None:
+    content = tether_db[: cut(len(tether_db))]
     assert damaged(content, tmp_path), "the cut must really damage the database"
     data = put(tmp_path, content)
     output = serve_refuses(data)
-    assert "Cannot open the Tether database" in output or \
-        "Cannot read the Tether database" in output
+    assert (
+        "Cannot open the Tether database" in output or "Cannot read the Tether database" in output
+    )
     assert "malformed" in output
     assert_untouched(data, content)
 
 
 def test_a_damaged_events_page_that_only_recovery_reads_is_refused_and_kept(
-        tmp_path: Path, tether_db: bytes) -> None:
+    tmp_path: Path, tether_db: bytes
+) -> None:
     """The header, the schema and the indexes opening reads are intact; the events table's
     root page is random bytes, found only when start-up recovery scans the table."""
     copy = tmp_path / "copy.db"
@@ -122,8 +141,7 @@ def test_a_damaged_events_page_that_only_recovery_reads_is_refused_and_kept(
     db.close()
     copy.unlink()
     start = (root - 1) * PAGE
-    content = (tether_db[:start] + random.Random(root).randbytes(PAGE)
-               + tether_db[start + PAGE:])
+    content = tether_db[:start] + random.Random(root).randbytes(PAGE) + tether_db[start + PAGE :]
     assert damaged(content, tmp_path)
     data = put(tmp_path, content)
     output = serve_refuses(data)
@@ -147,12 +165,16 @@ def foreign_without_conflict(path: Path) -> None:
     db.close()
 
 
-@pytest.mark.parametrize("make", [
-    pytest.param(foreign_with_events, id="with-a-conflicting-events-table"),
-    pytest.param(foreign_without_conflict, id="with-its-own-tables-only"),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(foreign_with_events, id="with-a-conflicting-events-table"),
+        pytest.param(foreign_without_conflict, id="with-its-own-tables-only"),
+    ],
+)
 def test_a_valid_sqlite_file_of_another_program_is_refused_and_kept(
-        tmp_path: Path, make: Callable[[Path], None]) -> None:
+    tmp_path: Path, make: Callable[[Path], None]
+) -> None:
     data = tmp_path / "data"
     data.mkdir()
     make(data / "tether.db")
@@ -166,7 +188,8 @@ def test_a_valid_sqlite_file_of_another_program_is_refused_and_kept(
 
 
 def test_a_healthy_database_still_opens_after_the_refusals(
-        tmp_path: Path, tether_db: bytes) -> None:
+    tmp_path: Path, tether_db: bytes
+) -> None:
     """The refusal is not a false alarm: the same checks let an intact database through."""
     data = put(tmp_path, tether_db)
     server = ServerProcess(data).start()

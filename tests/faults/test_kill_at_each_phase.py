@@ -79,8 +79,11 @@ def observe(client: httpx.Client, session_id: str, run: dict, message: str) -> S
     body = session_body(client, session_id)
     assert body["live"] is not None and body["live"]["stream_id"] == run["stream_id"]
     assert body["pending_user_message"] == message
-    assert not [e for e in log if e["type"] == "run.finished"
-                and e["envelope"]["stream_id"] == run["stream_id"]]
+    assert not [
+        e
+        for e in log
+        if e["type"] == "run.finished" and e["envelope"]["stream_id"] == run["stream_id"]
+    ]
     return Seen(session_id, run["stream_id"], message, log, body["live"]["timeline"])
 
 
@@ -93,7 +96,7 @@ def assert_recovered(client: httpx.Client, seen: Seen) -> tuple[dict, dict, list
     """The checks every phase shares; returns (assistant row, context, log)."""
     log = whole_log(client, seen.session_id)
     assert_log_intact(log)
-    assert log[:len(seen.log)] == seen.log  # nothing shown is lost or changed
+    assert log[: len(seen.log)] == seen.log  # nothing shown is lost or changed
     endings = assert_each_run_ends_once(log)
     ending = endings[seen.stream_id]
     assert ending["state"] == "interrupted" and ending["maintenance"] is True
@@ -108,7 +111,7 @@ def assert_recovered(client: httpx.Client, seen: Seen) -> tuple[dict, dict, list
     assert assistant["state"] == "interrupted"
     assert assistant["timeline"][-1]["type"] == "notice"
     shown = [i for i in seen.live if i["type"] != "compression"]  # the divider is live-only
-    assert assistant["timeline"][:len(shown)] == shown
+    assert assistant["timeline"][: len(shown)] == shown
     assert len(assistant["timeline"]) == len(shown) + 1  # plus the notice, nothing invented
 
     context = assert_visible_turns_in_context(client, seen.session_id)
@@ -132,7 +135,8 @@ def assert_accepts_a_new_turn(client: httpx.Client, fake: FakeOpenAI, seen: Seen
 
 
 def test_kill_right_after_the_start_returns_keeps_the_turn(
-        server: ServerProcess, fake: FakeOpenAI) -> None:
+    server: ServerProcess, fake: FakeOpenAI
+) -> None:
     fake.script(reply(barrier("never"), text("never shown")))  # the run cannot end by itself
     message = "Kill me before I get going"
     with server.client() as client:
@@ -157,7 +161,8 @@ def test_kill_right_after_the_start_returns_keeps_the_turn(
 
 
 def test_kill_after_the_model_got_the_request_but_sent_nothing(
-        server: ServerProcess, fake: FakeOpenAI) -> None:
+    server: ServerProcess, fake: FakeOpenAI
+) -> None:
     fake.script(reply(barrier("first"), text("never shown")))
     message = "Think quietly"
     with server.client() as client:
@@ -165,8 +170,7 @@ def test_kill_after_the_model_got_the_request_but_sent_nothing(
         run = start_turn(client, sid, message)
         assert fake.wait_reached("first", 10)
         seen = observe(client, sid, run, message)
-        assert [e["type"] for e in seen.log] == ["session.created", "turn.submitted",
-                                                 "run.started"]
+        assert [e["type"] for e in seen.log] == ["session.created", "turn.submitted", "run.started"]
         assert seen.live == []
     kill_and_restart(server)
     with server.client() as client:
@@ -178,9 +182,17 @@ def test_kill_after_the_model_got_the_request_but_sent_nothing(
 
 
 def test_kill_mid_stream_keeps_the_streamed_reasoning_and_text(
-        server: ServerProcess, fake: FakeOpenAI) -> None:
-    fake.script(reply(reasoning("Weighing the options."), text("Partial "), text("answer, "),
-                      barrier("mid"), text("never shown")))
+    server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    fake.script(
+        reply(
+            reasoning("Weighing the options."),
+            text("Partial "),
+            text("answer, "),
+            barrier("mid"),
+            text("never shown"),
+        )
+    )
     message = "Tell me slowly"
     with server.client() as client:
         sid = new_session(client)
@@ -202,16 +214,20 @@ def test_kill_mid_stream_keeps_the_streamed_reasoning_and_text(
 
 
 def test_kill_mid_tool_call_leaves_the_tool_unfinished_and_answered_with_no_result(
-        server: ServerProcess, fake: FakeOpenAI) -> None:
-    fake.script(reply(text("Reading the pipe."),
-                      tool_call("call_pipe", "read_file", {"path": "pipe"})),
-                reply(text("never requested")))
+    server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    fake.script(
+        reply(text("Reading the pipe."), tool_call("call_pipe", "read_file", {"path": "pipe"})),
+        reply(text("never requested")),
+    )
     message = "What is in the pipe?"
     with server.client() as client:
         sid = new_session(client)
         run = start_turn(client, sid, message)
-        wait_until(lambda: [i for i in live_timeline(client, sid) if i["type"] == "tool"],
-                   what="tool.started")
+        wait_until(
+            lambda: [i for i in live_timeline(client, sid) if i["type"] == "tool"],
+            what="tool.started",
+        )
         seen = observe(client, sid, run, message)
         types = [e["type"] for e in seen.log]
         assert "tool.started" in types and "tool.completed" not in types
@@ -234,12 +250,16 @@ def test_kill_mid_tool_call_leaves_the_tool_unfinished_and_answered_with_no_resu
 
 
 def test_kill_during_compression_drops_the_divider_and_keeps_the_history(
-        bare_server: ServerProcess, fake: FakeOpenAI) -> None:
+    bare_server: ServerProcess, fake: FakeOpenAI
+) -> None:
     fake.context_length = 400  # compress above 320 tokens
     with bare_server.client() as client:
         sid = new_session(client)
-        fake.script(reply(text("A short first answer."),
-                          usage={"prompt_tokens": 20, "completion_tokens": 350}))
+        fake.script(
+            reply(
+                text("A short first answer."), usage={"prompt_tokens": 20, "completion_tokens": 350}
+            )
+        )
         start_turn(client, sid, "First question")
         assert wait_idle(client, sid)["messages"][-1]["state"] == "completed"
         fake.script(reply(barrier("summary"), text("never returned")))  # the summary request
@@ -263,10 +283,17 @@ def test_kill_during_compression_drops_the_divider_and_keeps_the_history(
 
 
 def test_kill_while_finishing_keeps_the_whole_answer_and_ends_the_run_once(
-        server: ServerProcess, fake: FakeOpenAI) -> None:
+    server: ServerProcess, fake: FakeOpenAI
+) -> None:
     answer = "The whole answer, every word."
-    fake.script(reply(reasoning("Almost there."), text("The whole answer, "),
-                      text("every word."), barrier("end")))  # before the finish chunk
+    fake.script(
+        reply(
+            reasoning("Almost there."),
+            text("The whole answer, "),
+            text("every word."),
+            barrier("end"),
+        )
+    )  # before the finish chunk
     message = "Finish this"
     with server.client() as client:
         sid = new_session(client)

@@ -51,8 +51,9 @@ def fake_model() -> Iterator[FakeOpenAI]:
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory,
-           fake_model: FakeOpenAI) -> Iterator[ServerProcess]:
+def shared(
+    tmp_path_factory: pytest.TempPathFactory, fake_model: FakeOpenAI
+) -> Iterator[ServerProcess]:
     """One server for the seeds: each test uses its own session and run."""
     root = tmp_path_factory.mktemp("sse")
     workspace = root / "workspace"
@@ -71,8 +72,13 @@ def complete_frames(raw: bytes) -> list[SSEFrame]:
     for line in lines:
         if line == "":
             if data:
-                frames.append(SSEFrame(event=fields.get("event", "message"),
-                                       id=fields.get("id"), data="\n".join(data)))
+                frames.append(
+                    SSEFrame(
+                        event=fields.get("event", "message"),
+                        id=fields.get("id"),
+                        data="\n".join(data),
+                    )
+                )
             fields, data = {}, []
         elif not line.startswith(":"):
             name, _, value = line.partition(":")
@@ -106,15 +112,17 @@ class CuttingClient:
                 while not self._finished(stream_id):
                     headers = {} if cursor is None else {"Last-Event-ID": cursor}
                     params = {"after": "0"} if cursor is None else {}
-                    got = self._connection(client, headers, params, rng.randint(1, self.max_bytes),
-                                           stream_id)
+                    got = self._connection(
+                        client, headers, params, rng.randint(1, self.max_bytes), stream_id
+                    )
                     ids = [f["id"] for f in got if f.get("id")]
                     cursor = ids[-1] if ids else cursor
         except BaseException as exc:  # reported by the test thread
             self.error = exc
 
-    def _connection(self, client: httpx.Client, headers: dict, params: dict, budget: int,
-                    stream_id: str) -> list[SSEFrame]:
+    def _connection(
+        self, client: httpx.Client, headers: dict, params: dict, budget: int, stream_id: str
+    ) -> list[SSEFrame]:
         raw = b""
         path = f"/api/sessions/{self.session_id}/events"
         with client.stream("GET", path, headers=headers, params=params) as response:
@@ -144,19 +152,40 @@ def rich_run() -> list:
     clients follow it live rather than replay it afterwards."""
     pause = delay(0.03)
     return [
-        reply(reasoning("The user wants "), pause, reasoning("the launch date."), pause,
-              text("Let me check "), pause, text("the notes."), pause,
-              tool_call("call_notes", "read_file", {"path": "notes.txt"})),
-        reply(reasoning("Found it; "), pause, reasoning("list the folder too."), pause,
-              text("And the folder."), pause, tool_call("call_list", "list_files", {})),
-        reply(*[step for start in range(0, len(ANSWER), 6)
-                for step in (text(ANSWER[start:start + 6]), pause)]),
+        reply(
+            reasoning("The user wants "),
+            pause,
+            reasoning("the launch date."),
+            pause,
+            text("Let me check "),
+            pause,
+            text("the notes."),
+            pause,
+            tool_call("call_notes", "read_file", {"path": "notes.txt"}),
+        ),
+        reply(
+            reasoning("Found it; "),
+            pause,
+            reasoning("list the folder too."),
+            pause,
+            text("And the folder."),
+            pause,
+            tool_call("call_list", "list_files", {}),
+        ),
+        reply(
+            *[
+                step
+                for start in range(0, len(ANSWER), 6)
+                for step in (text(ANSWER[start : start + 6]), pause)
+            ]
+        ),
     ]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_clients_cut_at_random_bytes_fold_what_an_uncut_client_folds(
-        shared: ServerProcess, fake_model: FakeOpenAI, seed: int) -> None:
+    shared: ServerProcess, fake_model: FakeOpenAI, seed: int
+) -> None:
     fake_model.reset()
     fake_model.script(*rich_run())
     with shared.client() as client:
@@ -189,15 +218,23 @@ def test_clients_cut_at_random_bytes_fold_what_an_uncut_client_folds(
         assert cutter.error is None, cutter.error
         assert cutter.cuts >= 3 and cutter.cuts_mid_frame >= 1  # the faults did happen
         assert seqs(cutter.frames) == seqs(clean)  # 1..N: no gap, no duplicate
-        assert [f["data"] for f in cutter.frames if f.get("id")] == \
-            [f["data"] for f in clean if f.get("id")]
+        assert [f["data"] for f in cutter.frames if f.get("id")] == [
+            f["data"] for f in clean if f.get("id")
+        ]
         assert fold_frames(cutter.frames) == expected
 
 
 def test_a_cursor_kept_across_a_restart_mid_run_resumes_with_the_suffix(
-        tmp_path: Path, fake: FakeOpenAI, workspace: Path) -> None:
-    fake.script(reply(reasoning("Thinking first."), text("Before the restart "),
-                      barrier("mid"), text("never shown")))
+    tmp_path: Path, fake: FakeOpenAI, workspace: Path
+) -> None:
+    fake.script(
+        reply(
+            reasoning("Thinking first."),
+            text("Before the restart "),
+            barrier("mid"),
+            text("never shown"),
+        )
+    )
     with running_server(tmp_path / "data", *openai_flags(fake, workspace)) as server:
         with server.client() as client:
             sid = new_session(client)
@@ -209,8 +246,9 @@ def test_a_cursor_kept_across_a_restart_mid_run_resumes_with_the_suffix(
         server.kill()
         server.start()
         with server.client() as client:
-            resumed = read_events(client, sid, headers={"Last-Event-ID": str(cursor)},
-                                  stop_on="heartbeat")
+            resumed = read_events(
+                client, sid, headers={"Last-Event-ID": str(cursor)}, stop_on="heartbeat"
+            )
             fresh = read_events(client, sid, after="0", stop_on="heartbeat")
             body = session_body(client, sid)
     assert seqs(resumed) == list(range(cursor + 1, seqs(fresh)[-1] + 1))

@@ -73,8 +73,9 @@ class Fault:
         self.active = False
         data_dir.mkdir(parents=True)
         if kind == "full":
-            self.mounted = _succeeds("mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs",
-                                     str(data_dir))
+            self.mounted = _succeeds(
+                "mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(data_dir)
+            )
             if not self.mounted:
                 self.kind = "fsize"
         if kind == "readonly" and not self._immutable_stops_writes():
@@ -167,8 +168,9 @@ def server(fault: Fault, fake: FakeOpenAI, workspace: Path) -> Iterator[ServerPr
 def cut_a_run(client: httpx.Client, fake: FakeOpenAI, fault: Fault) -> tuple[str, dict, list]:
     """Start a run, let it show some text, stop the database's writes, let the model send
     more. Returns (session id, run, the log as shown before the fault)."""
-    fake.script(reply(text("Shown before the fault. "), barrier("fault"),
-                      text("Never recorded."), hang()))
+    fake.script(
+        reply(text("Shown before the fault. "), barrier("fault"), text("Never recorded."), hang())
+    )
     sid = new_session(client, "the cut one")
     run = start_turn(client, sid, "Write this down")
     assert fake.wait_reached("fault", 10)
@@ -181,7 +183,8 @@ def cut_a_run(client: httpx.Client, fake: FakeOpenAI, fault: Fault) -> tuple[str
 
 @pytest.mark.parametrize("fault", ["full", "fsize", "readonly"], indirect=True)
 def test_a_write_fault_mid_run_ends_it_with_a_visible_error_and_the_server_recovers(
-        server: ServerProcess, fake: FakeOpenAI, fault: Fault) -> None:
+    server: ServerProcess, fake: FakeOpenAI, fault: Fault
+) -> None:
     with server.client() as client:
         other = new_session(client, "untouched")
         fake.script(reply(text("An earlier answer.")))
@@ -204,16 +207,18 @@ def test_a_write_fault_mid_run_ends_it_with_a_visible_error_and_the_server_recov
         assert whole_log(client, other) == other_log
         assert whole_log(client, sid) == shown
         # writes are refused, clearly and without a trace
-        for refused in (client.post("/api/sessions", json={"title": "new"}),
-                        client.post("/api/chat/start", json={"session_id": other,
-                                                             "message": "Lost?"}),
-                        client.patch("/api/session", json={"session_id": other,
-                                                           "title": "renamed"})):
+        for refused in (
+            client.post("/api/sessions", json={"title": "new"}),
+            client.post("/api/chat/start", json={"session_id": other, "message": "Lost?"}),
+            client.patch("/api/session", json={"session_id": other, "title": "renamed"}),
+        ):
             assert refused.status_code == 503, refused.text
             assert refused.json()["code"] == "storage_unavailable"
             assert str(fault.data_dir / "tether.db") in refused.json()["message"]
-        assert client.post("/api/chat/start", json={"session_id": sid, "message": "x"}
-                           ).json()["code"] == "session_busy"  # the run is not over yet
+        assert (
+            client.post("/api/chat/start", json={"session_id": sid, "message": "x"}).json()["code"]
+            == "session_busy"
+        )  # the run is not over yet
 
         fault.lift()
         body = wait_idle(client, sid)
@@ -223,14 +228,18 @@ def test_a_write_fault_mid_run_ends_it_with_a_visible_error_and_the_server_recov
         assert assistant["content"] == "Shown before the fault. "
         assert assistant["error"]["code"] == "internal"
         assert assistant["error"]["message"].startswith(
-            f"could not write to {fault.data_dir / 'tether.db'}")
+            f"could not write to {fault.data_dir / 'tether.db'}"
+        )
         assert assistant["timeline"][-1] == {
-            "id": f"{run['stream_id']}.notice", "type": "notice", "kind": "error",
-            "text": f"Error (internal): {assistant['error']['message']}"}
+            "id": f"{run['stream_id']}.notice",
+            "type": "notice",
+            "kind": "error",
+            "text": f"Error (internal): {assistant['error']['message']}",
+        }
         log = whole_log(client, sid)
         assert_log_intact(log)
-        assert log[:len(shown)] == shown
-        assert [e["type"] for e in log[len(shown):]] == ["run.finished"]
+        assert log[: len(shown)] == shown
+        assert [e["type"] for e in log[len(shown) :]] == ["run.finished"]
         assert_each_run_ends_once(log)
         assert "Never recorded." not in str(log)
         assert session_body(client, other)["title"] == "untouched"
@@ -247,7 +256,8 @@ def test_a_write_fault_mid_run_ends_it_with_a_visible_error_and_the_server_recov
 
 @pytest.mark.parametrize("fault", ["full"], indirect=True)
 def test_a_shutdown_during_the_fault_leaves_the_run_for_recovery(
-        server: ServerProcess, fake: FakeOpenAI, fault: Fault) -> None:
+    server: ServerProcess, fake: FakeOpenAI, fault: Fault
+) -> None:
     with server.client() as client:
         sid, run, shown = cut_a_run(client, fake, fault)
         assert fake.wait_disconnects(1, 10)
@@ -258,7 +268,7 @@ def test_a_shutdown_during_the_fault_leaves_the_run_for_recovery(
     with server.client() as client:
         log = whole_log(client, sid)
         assert_log_intact(log)
-        assert log[:len(shown)] == shown
+        assert log[: len(shown)] == shown
         ending = assert_each_run_ends_once(log)[run["stream_id"]]
         assert ending["state"] == "interrupted" and ending["maintenance"] is True
         assistant = session_body(client, sid)["messages"][-1]

@@ -48,36 +48,50 @@ def _status(client, session_id: str) -> dict:
 
 
 def test_a_runtime_that_ignores_stop_is_reclaimed_and_fenced(tmp_path: Path) -> None:
-    server = ServerProcess(tmp_path / "data", "--runtime", "demo",
-                           "--cancel-reclaim-seconds", str(RECLAIM_SECONDS)).start()
+    server = ServerProcess(
+        tmp_path / "data", "--runtime", "demo", "--cancel-reclaim-seconds", str(RECLAIM_SECONDS)
+    ).start()
     try:
         with server.client() as client:
             sid = new_session(client)
             other = new_session(client)
             first = start_turn(client, sid, f"/stubborn {STUBBORN_SECONDS}")
-            wait_until(lambda: "still working" in live_text(client, sid),
-                       what="the stubborn turn's first output")
+            wait_until(
+                lambda: "still working" in live_text(client, sid),
+                what="the stubborn turn's first output",
+            )
 
             stopped_at = time.monotonic()
             response = client.post("/api/chat/cancel", json={"stream_id": first["stream_id"]})
             assert response.status_code == 200, response.text
-            ended = wait_until(lambda: [m for m in session_body(client, sid)["messages"]
-                                        if m["role"] == "assistant"], timeout=5,
-                               what="the cancelled turn's assistant row")
+            ended = wait_until(
+                lambda: [
+                    m for m in session_body(client, sid)["messages"] if m["role"] == "assistant"
+                ],
+                timeout=5,
+                what="the cancelled turn's assistant row",
+            )
             assert time.monotonic() - stopped_at < RECLAIM_SECONDS  # before any reclaim
             assert "still working" in ended[-1]["content"]  # what was shown is kept
 
             status = _status(client, sid)
-            assert status == {**status, "busy": True, "active_stream_id": None,
-                              "phase": "cancelling"}
+            assert status == {
+                **status,
+                "busy": True,
+                "active_stream_id": None,
+                "phase": "cancelling",
+            }
             refused = client.post("/api/chat/start", json={"session_id": sid, "message": "x"})
             assert refused.status_code == 409, refused.text
             assert refused.json()["code"] == "session_busy"
             start_turn(client, other, "elsewhere all is well")  # one wedged run blocks no other
             wait_idle(client, other)
 
-            wait_until(lambda: not _status(client, sid)["busy"], timeout=RECLAIM_SECONDS + 5,
-                       what="the reclaim")
+            wait_until(
+                lambda: not _status(client, sid)["busy"],
+                timeout=RECLAIM_SECONDS + 5,
+                what="the reclaim",
+            )
             assert time.monotonic() - stopped_at >= RECLAIM_SECONDS
             second = start_turn(client, sid, "and now a normal turn")
             wait_idle(client, sid)
@@ -88,10 +102,16 @@ def test_a_runtime_that_ignores_stop_is_reclaimed_and_fenced(tmp_path: Path) -> 
             endings = assert_each_run_ends_once(log)
             assert endings[first["stream_id"]]["state"] == "cancelled"
             assert endings[second["stream_id"]]["state"] == "completed"
-            first_end = next(e["seq"] for e in log if e["type"] == "run.finished"
-                             and e["envelope"]["stream_id"] == first["stream_id"])
-            late = [e for e in log if e["seq"] > first_end
-                    and "still working" in str(e["envelope"]["data"])]
+            first_end = next(
+                e["seq"]
+                for e in log
+                if e["type"] == "run.finished" and e["envelope"]["stream_id"] == first["stream_id"]
+            )
+            late = [
+                e
+                for e in log
+                if e["seq"] > first_end and "still working" in str(e["envelope"]["data"])
+            ]
             assert late == []
             assert "still working" not in session_body(client, sid)["messages"][-1]["content"]
     finally:

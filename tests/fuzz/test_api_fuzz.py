@@ -44,11 +44,20 @@ pytestmark = pytest.mark.slow
 EXAMPLES = int(os.environ.get("TETHER_FUZZ_EXAMPLES", "15"))
 # Streams never end: a 200 would hang the fuzzer (their 4xx paths are in test_sessions_api).
 SSE_PATHS = {"/api/sessions/{session_id}/events", "/api/events"}
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-          response_schema_conformance]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
 # Routes whose modules belong to other layers: their docstrings are tracked there.
-UNDESCRIBED_ELSEWHERE = {"GET /api/health", "POST /api/render", "POST /api/auth/login",
-                         "POST /api/auth/logout", "GET /api/auth/status"}
+UNDESCRIBED_ELSEWHERE = {
+    "GET /api/health",
+    "POST /api/render",
+    "POST /api/auth/login",
+    "POST /api/auth/logout",
+    "GET /api/auth/status",
+}
 
 
 @dataclass
@@ -60,8 +69,11 @@ class Target:
     attachment_id: str = ""
 
     def ids(self) -> dict[str, str]:
-        return {"session_id": self.session_id, "stream_id": self.stream_id,
-                "attachment_id": self.attachment_id}
+        return {
+            "session_id": self.session_id,
+            "stream_id": self.stream_id,
+            "attachment_id": self.attachment_id,
+        }
 
 
 @dataclass
@@ -82,23 +94,30 @@ class Fuzz:
             got = self.client.get("/api/session", params={"session_id": self.target.session_id})
             if got.status_code == 200:
                 body = got.json()["session"]
-                if body["message_count"] >= 2 and body["continuation_session_id"] is None \
-                        and self._attachment_id(body):
+                if (
+                    body["message_count"] >= 2
+                    and body["continuation_session_id"] is None
+                    and self._attachment_id(body)
+                ):
                     return
         created = self.client.post("/api/sessions", json={"title": "Fuzz target"})
         assert created.status_code == 201, created.text
         sid = created.json()["session"]["session_id"]
         note = base64.b64encode(b"fuzz attachment\n").decode()
-        started = start_turn(self.client, sid, "Count these five words please",
-                             attachments=[{"name": "note.txt", "mime": "text/plain",
-                                           "data_base64": note}])
+        started = start_turn(
+            self.client,
+            sid,
+            "Count these five words please",
+            attachments=[{"name": "note.txt", "mime": "text/plain", "data_base64": note}],
+        )
         body = wait_idle(self.client, sid)
         self.target = Target(sid, started["stream_id"], self._attachment_id(body))
 
     @staticmethod
     def _attachment_id(body: dict) -> str:
-        return next((a["id"] for m in body["messages"] if m["role"] == "user"
-                     for a in m["attachments"]), "")
+        return next(
+            (a["id"] for m in body["messages"] if m["role"] == "user" for a in m["attachments"]), ""
+        )
 
     # -- state -----------------------------------------------------------------------------
     def snapshot(self) -> tuple:
@@ -107,8 +126,9 @@ class Fuzz:
         while True:
             archived = self.client.get("/api/sessions", params={"archived": "1"}).json()
             listed = self.client.get("/api/sessions").json()
-            target = self.client.get("/api/session",
-                                     params={"session_id": self.target.session_id}).json()
+            target = self.client.get(
+                "/api/session", params={"session_id": self.target.session_id}
+            ).json()
             rows = archived["sessions"] + listed["sessions"]
             if not any(r["busy"] for r in rows) and target["session"]["live"] is None:
                 return archived, listed, target
@@ -134,14 +154,18 @@ class Fuzz:
             after = self.snapshot()
             assert after == before, (
                 f"{case.operation.label} answered {response.status_code} "
-                f"{response.text[:300]} but changed state.\nReproduce: {case.as_curl_command()}")
+                f"{response.text[:300]} but changed state.\nReproduce: {case.as_curl_command()}"
+            )
 
     def _aim(self, case: Any) -> bool:
         """Point string id fields at the seeded session's real ids."""
         done = False
         real = self.target.ids()
-        for container in (case.query, case.path_parameters,
-                          case.body if isinstance(case.body, dict) else None):
+        for container in (
+            case.query,
+            case.path_parameters,
+            case.body if isinstance(case.body, dict) else None,
+        ):
             if not container:
                 continue
             for name, value in real.items():
@@ -154,8 +178,10 @@ class Fuzz:
 @pytest.fixture(scope="module")
 def fuzz(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzz]:
     data: Path = tmp_path_factory.mktemp("fuzz") / "data"
-    with running_server(data, env={"TETHER_DEMO_DELAY": "0.001"}) as server, \
-            server.client() as client:
+    with (
+        running_server(data, env={"TETHER_DEMO_DELAY": "0.001"}) as server,
+        server.client() as client,
+    ):
         schema = schemathesis.openapi.from_url(f"{server.base_url}/api/openapi.json")
         yield Fuzz(server, client, schema)
 
@@ -170,6 +196,7 @@ def operations(fuzz: Fuzz) -> list[Any]:
 
 
 # -- the document ---------------------------------------------------------------------------
+
 
 def test_openapi_document_describes_every_route(fuzz: Fuzz) -> None:
     doc = fuzz.client.get("/api/openapi.json").json()
@@ -203,7 +230,8 @@ def test_openapi_document_describes_every_route(fuzz: Fuzz) -> None:
                     assert param["schema"]["pattern"] == "^[A-Za-z0-9_-]{1,64}$", (label, param)
     for path in SSE_PATHS:
         assert list(doc["paths"][path]["get"]["responses"]["200"]["content"]) == [
-            "text/event-stream"]
+            "text/event-stream"
+        ]
     assert {"GET /api/session", "POST /api/chat/start", "POST /api/chat/cancel"} <= seen
     assert "404" in doc["paths"]["/api/session"]["get"]["responses"]
     assert "409" in doc["paths"]["/api/chat/start"]["post"]["responses"]
@@ -211,10 +239,15 @@ def test_openapi_document_describes_every_route(fuzz: Fuzz) -> None:
 
 # -- the fuzzer -----------------------------------------------------------------------------
 
+
 def fuzz_operation(fuzz: Fuzz, operation: Any, mode: GenerationMode) -> None:
-    @settings(max_examples=EXAMPLES, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck),
-              phases=[Phase.explicit, Phase.generate, Phase.shrink])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate, Phase.shrink],
+    )
     @given(case=operation.as_strategy(generation_mode=mode), real=st.booleans())
     def run(case: Any, real: bool) -> None:
         fuzz.exercise(case, mode, real)
@@ -223,8 +256,7 @@ def fuzz_operation(fuzz: Fuzz, operation: Any, mode: GenerationMode) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_fuzzed_requests_never_fail_the_server_or_change_state_when_rejected(
-        fuzz: Fuzz) -> None:
+def test_fuzzed_requests_never_fail_the_server_or_change_state_when_rejected(fuzz: Fuzz) -> None:
     fuzz.seed()
     failures: list[str] = []
     ops = operations(fuzz)
@@ -239,15 +271,18 @@ def test_fuzzed_requests_never_fail_the_server_or_change_state_when_rejected(
             except Exception as exc:  # report every operation, not only the first failure
                 failures.append(f"--- {operation.label} ({mode.value}) ---\n{exc}")
     total = sum(fuzz.counts.values())
-    print(f"\nschemathesis {schemathesis.__version__}: {total} requests over {len(ops)} "
-          f"operations ({len(fuzz.counts)} operation x mode runs); statuses "
-          f"{dict(sorted(fuzz.statuses.items()))}; {fuzz.aimed} aimed at the seeded session; "
-          f"{fuzz.rejected_checked} rejections checked for state changes")
+    print(
+        f"\nschemathesis {schemathesis.__version__}: {total} requests over {len(ops)} "
+        f"operations ({len(fuzz.counts)} operation x mode runs); statuses "
+        f"{dict(sorted(fuzz.statuses.items()))}; {fuzz.aimed} aimed at the seeded session; "
+        f"{fuzz.rejected_checked} rejections checked for state changes"
+    )
     assert not failures, "\n\n".join(failures) + f"\n\nserver log:\n{fuzz.server.log()[-3000:]}"
     assert "Traceback" not in fuzz.server.log(), fuzz.server.log()[-3000:]
 
 
 # -- findings -------------------------------------------------------------------------------
+
 
 def surrogate_bodies(target: Target) -> list[tuple[str, str, dict, dict]]:
     """Every JSON body route, each with half a UTF-16 pair in one string field. Before the
@@ -260,8 +295,12 @@ def surrogate_bodies(target: Target) -> list[tuple[str, str, dict, dict]]:
         ("patch", "/api/session", {}, {"session_id": sid, "title": lone}),
         ("post", "/api/chat/start", {}, {"session_id": sid, "message": lone}),
         ("post", "/api/chat/start", {}, {"session_id": sid, "message": "hi", "model": lone}),
-        ("post", "/api/chat/start", {}, {"session_id": sid, "message": "hi",
-                                         "attachments": [note]}),
+        (
+            "post",
+            "/api/chat/start",
+            {},
+            {"session_id": sid, "message": "hi", "attachments": [note]},
+        ),
         ("post", "/api/chat/queue", {}, {"session_id": sid, "message": lone}),
         ("patch", "/api/chat/queue", {"queue_id": "q_unknown"}, {"text": lone}),
         ("post", "/api/chat/steer", {}, {"stream_id": stream, "text": lone}),
@@ -275,8 +314,13 @@ def test_lone_surrogates_are_a_400_and_leave_the_server_writable(fuzz: Fuzz) -> 
     for method, path, params, body in surrogate_bodies(fuzz.target):
         before = fuzz.snapshot()
         response = fuzz.client.request(
-            method, path, params=params, headers={"content-type": "application/json"},
-            content=json.dumps(body).encode(), timeout=5)  # ensure_ascii: sent as \ud800
+            method,
+            path,
+            params=params,
+            headers={"content-type": "application/json"},
+            content=json.dumps(body).encode(),
+            timeout=5,
+        )  # ensure_ascii: sent as \ud800
         assert response.status_code == 400, (path, body, response.text)
         assert response.json()["code"] == "invalid_request"
         assert "surrogate" in response.json()["message"]
@@ -288,15 +332,27 @@ def test_lone_surrogates_are_a_400_and_leave_the_server_writable(fuzz: Fuzz) -> 
 # (method, path, request kwargs, expected message fragment): all 400 invalid_request.
 NOT_JSON = [
     ("post", "/api/sessions", {"content": b'{"title": "x"}'}, "as JSON"),
-    ("post", "/api/sessions", {"content": b'{"title": "x"}',
-                               "headers": {"content-type": "text/plain"}}, "as JSON"),
+    (
+        "post",
+        "/api/sessions",
+        {"content": b'{"title": "x"}', "headers": {"content-type": "text/plain"}},
+        "as JSON",
+    ),
     ("patch", "/api/session", {"data": {"session_id": "{sid}", "title": "x"}}, "as JSON"),
     ("post", "/api/chat/start", {"json": ["{sid}", "hello"]}, "JSON object"),
     ("post", "/api/session/truncate", {"json": "{sid}"}, "JSON object"),
-    ("post", "/api/sessions", {"content": b'{"title": "\xff"}',
-                               "headers": {"content-type": "application/json"}}, ""),
-    ("post", "/api/sessions", {"content": b"[" * 5000 + b"]" * 5000,
-                               "headers": {"content-type": "application/json"}}, ""),
+    (
+        "post",
+        "/api/sessions",
+        {"content": b'{"title": "\xff"}', "headers": {"content-type": "application/json"}},
+        "",
+    ),
+    (
+        "post",
+        "/api/sessions",
+        {"content": b"[" * 5000 + b"]" * 5000, "headers": {"content-type": "application/json"}},
+        "",
+    ),
 ]
 
 
@@ -312,7 +368,8 @@ def _with_sid(value: Any, sid: str) -> Any:
 
 @pytest.mark.parametrize(("method", "path", "kwargs", "fragment"), NOT_JSON)
 def test_bodies_that_are_not_a_json_object_are_a_clear_400(
-        fuzz: Fuzz, method: str, path: str, kwargs: dict, fragment: str) -> None:
+    fuzz: Fuzz, method: str, path: str, kwargs: dict, fragment: str
+) -> None:
     fuzz.seed()
     kwargs = _with_sid(kwargs, fuzz.target.session_id)
     before = fuzz.snapshot()
@@ -340,8 +397,12 @@ def _replace(value: Any, path: tuple, new: str) -> None:
 
 
 def surrogate_in_generated_body(fuzz: Fuzz, operation: Any) -> None:
-    @settings(max_examples=max(3, EXAMPLES // 4), deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=max(3, EXAMPLES // 4),
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=operation.as_strategy(), real=st.booleans(), data=st.data())
     def run(case: Any, real: bool, data: st.DataObject) -> None:
         fuzz.seed()

@@ -35,8 +35,9 @@ def fake() -> Iterator[FakeOpenAI]:
 
 
 @pytest.fixture
-def hermes_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fake: FakeOpenAI,
-               hermes_python: Path) -> Path:
+def hermes_env(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fake: FakeOpenAI, hermes_python: Path
+) -> Path:
     """Environment for a HermesRuntime in this process; returns the Hermes home."""
     home = write_home(tmp_path / "hermes-home", fake)
     monkeypatch.setenv("TETHER_HERMES_HOME", str(home))

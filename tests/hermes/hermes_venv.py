@@ -30,12 +30,16 @@ def cache_dir() -> Path:
 
 
 def works(python: Path) -> bool:
-    probe = ("import importlib.metadata as m, importlib.util as u; "
-             f"assert m.version('hermes-agent') == '{HERMES_VERSION}'; "
-             "assert u.find_spec('run_agent')")
+    probe = (
+        "import importlib.metadata as m, importlib.util as u; "
+        f"assert m.version('hermes-agent') == '{HERMES_VERSION}'; "
+        "assert u.find_spec('run_agent')"
+    )
     try:
-        return subprocess.run([str(python), "-c", probe], capture_output=True,
-                              timeout=60).returncode == 0
+        return (
+            subprocess.run([str(python), "-c", probe], capture_output=True, timeout=60).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -45,8 +49,9 @@ def build_hermes_venv() -> Path:
     override = os.environ.get("TETHER_TEST_HERMES_PYTHON")
     if override:
         if not works(Path(override)):
-            raise HermesVenvError(f"TETHER_TEST_HERMES_PYTHON={override} has no hermes-agent "
-                                  f"{HERMES_VERSION}.")
+            raise HermesVenvError(
+                f"TETHER_TEST_HERMES_PYTHON={override} has no hermes-agent {HERMES_VERSION}."
+            )
         return Path(override)
     venv = cache_dir() / "hermes-venv"
     python = venv / "bin" / "python"
@@ -57,27 +62,37 @@ def build_hermes_venv() -> Path:
         if ready.exists() and works(python):
             return python
         log = venv.parent / "hermes-venv-build.log"
-        steps = [[sys.executable, "-m", "venv", "--clear", str(venv)],
-                 [str(python), "-m", "pip", "install", "--quiet",
-                  "--disable-pip-version-check", f"hermes-agent=={HERMES_VERSION}"]]
+        steps = [
+            [sys.executable, "-m", "venv", "--clear", str(venv)],
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                f"hermes-agent=={HERMES_VERSION}",
+            ],
+        ]
         with open(log, "w") as out:
             for step in steps:
-                result = subprocess.run(step, stdout=out, stderr=subprocess.STDOUT,
-                                        timeout=1800)
+                result = subprocess.run(step, stdout=out, stderr=subprocess.STDOUT, timeout=1800)
                 if result.returncode != 0:
                     raise HermesVenvError(
                         f"Could not build the hermes-agent virtualenv ({' '.join(step)} exited "
                         f"{result.returncode}); see {log}:\n"
-                        + log.read_text(errors="replace")[-3000:])
+                        + log.read_text(errors="replace")[-3000:]
+                    )
         if not works(python):
-            raise HermesVenvError(f"The virtualenv {venv} was built but cannot import "
-                                  f"hermes-agent {HERMES_VERSION}; see {log}.")
+            raise HermesVenvError(
+                f"The virtualenv {venv} was built but cannot import "
+                f"hermes-agent {HERMES_VERSION}; see {log}."
+            )
         ready.write_text(HERMES_VERSION)
     return python
 
 
-def write_home(home: Path, fake: Any, *, in_place: bool = True,
-               compression: bool = False) -> Path:
+def write_home(home: Path, fake: Any, *, in_place: bool = True, compression: bool = False) -> Path:
     """A Hermes home for the tests: no host probing, one retry, the fake as every endpoint."""
     home.mkdir(parents=True, exist_ok=True)
     lines = [

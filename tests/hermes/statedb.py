@@ -41,9 +41,13 @@ def write_state(hermes_python: Path, home: Path, ops: list[list[Any]]) -> Path:
     """Apply `ops` to `<home>/state.db` and return its path."""
     home.mkdir(parents=True, exist_ok=True)
     path = home / "state.db"
-    done = subprocess.run([str(hermes_python), "-c", _SCRIPT, str(path)], input=json.dumps(ops),
-                          capture_output=True, text=True, timeout=120,
-                          env={"HERMES_HOME": str(home), "PATH": "/usr/bin:/bin",
-                               "HOME": str(home)})
+    done = subprocess.run(
+        [str(hermes_python), "-c", _SCRIPT, str(path)],
+        input=json.dumps(ops),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"HERMES_HOME": str(home), "PATH": "/usr/bin:/bin", "HOME": str(home)},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return path

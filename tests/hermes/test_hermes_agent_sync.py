@@ -39,12 +39,24 @@ SUMMARY = "[CONTEXT COMPACTION — REFERENCE ONLY] Earlier turns were compacted:
 
 
 @pytest.fixture
-def server(tmp_path: Path, fake: FakeOpenAI, hermes_env: Path,
-           hermes_python: Path) -> Iterator[ServerProcess]:
-    with running_server(tmp_path / "data", "--runtime", "hermes", "--hermes-python",
-                        str(hermes_python), "--base-url", fake.base_url, "--model", fake.model,
-                        "--api-key-env", "TETHER_TEST_HERMES_KEY",
-                        "--agent-sync-seconds", "0.3") as running:
+def server(
+    tmp_path: Path, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path
+) -> Iterator[ServerProcess]:
+    with running_server(
+        tmp_path / "data",
+        "--runtime",
+        "hermes",
+        "--hermes-python",
+        str(hermes_python),
+        "--base-url",
+        fake.base_url,
+        "--model",
+        fake.model,
+        "--api-key-env",
+        "TETHER_TEST_HERMES_KEY",
+        "--agent-sync-seconds",
+        "0.3",
+    ) as running:
         yield running
 
 
@@ -53,27 +65,53 @@ def user_texts(request: dict[str, Any]) -> list[str]:
 
 
 def test_a_turn_the_cli_wrote_is_shown_and_sent_to_the_model(
-        server: ServerProcess, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path,
-        tmp_path: Path) -> None:
-    fake.script(reply(text("answer to tether")), reply(text("answer to the cli")),
-                reply(text("third answer")))
+    server: ServerProcess, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path, tmp_path: Path
+) -> None:
+    fake.script(
+        reply(text("answer to tether")),
+        reply(text("answer to the cli")),
+        reply(text("third answer")),
+    )
     with server.client() as client:
         sid = new_session(client)
         start_turn(client, sid, "from tether")
         wait_idle(client, sid, timeout=90)
         cli = subprocess.run(
-            [str(hermes_python.parent / "hermes"), "chat", "-q", "from the cli", "-Q",
-             "--resume", sid, "-t", "terminal"], capture_output=True, text=True, timeout=180,
+            [
+                str(hermes_python.parent / "hermes"),
+                "chat",
+                "-q",
+                "from the cli",
+                "-Q",
+                "--resume",
+                sid,
+                "-t",
+                "terminal",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
             stdin=subprocess.DEVNULL,
-            env={"HERMES_HOME": str(hermes_env), "PATH": "/usr/bin:/bin",
-                 "HOME": str(tmp_path), "OPENAI_API_KEY": "test-key"})
+            env={
+                "HERMES_HOME": str(hermes_env),
+                "PATH": "/usr/bin:/bin",
+                "HOME": str(tmp_path),
+                "OPENAI_API_KEY": "test-key",
+            },
+        )
         assert cli.returncode == 0, cli.stdout + cli.stderr
 
-        body = wait_until(lambda: (b := session_body(client, sid)) and len(b["messages"]) == 4
-                        and b, 30, "the CLI turn in Tether")
+        body = wait_until(
+            lambda: (b := session_body(client, sid)) and len(b["messages"]) == 4 and b,
+            30,
+            "the CLI turn in Tether",
+        )
         assert [(m["role"], m["content"], m.get("origin")) for m in body["messages"]] == [
-            ("user", "from tether", None), ("assistant", "answer to tether", None),
-            ("user", "from the cli", "agent"), ("assistant", "answer to the cli", "agent")]
+            ("user", "from tether", None),
+            ("assistant", "answer to tether", None),
+            ("user", "from the cli", "agent"),
+            ("assistant", "answer to the cli", "agent"),
+        ]
         assert body["message_count"] == 4
 
         start_turn(client, sid, "third")
@@ -86,28 +124,46 @@ def test_a_turn_the_cli_wrote_is_shown_and_sent_to_the_model(
 
 
 def test_a_continuation_from_the_agents_lineage_is_followed_not_forked(
-        server: ServerProcess, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path) -> None:
+    server: ServerProcess, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path
+) -> None:
     fake.script(reply(text("hello there")), reply(text("continuing in the continuation")))
     with server.client() as client:
         sid = new_session(client)
         start_turn(client, sid, "first")
         wait_idle(client, sid, timeout=90)
         # The CLI compresses the session into a continuation; Tether's poll finds it.
-        write_state(hermes_python, hermes_env, [
-            ["end", sid, "compression"],
-            ["sleep", 0.05],
-            ["create", "cli_cont", "cli", {"parent_session_id": sid}],
-            ["replace", "cli_cont", [{"role": "user", "content": SUMMARY},
-                                     {"role": "assistant", "content": "hello there"}]],
-        ])
-        wait_until(lambda: session_body(client, sid)["continuation_session_id"], 30,
-                 "the continuation from the lineage")
+        write_state(
+            hermes_python,
+            hermes_env,
+            [
+                ["end", sid, "compression"],
+                ["sleep", 0.05],
+                ["create", "cli_cont", "cli", {"parent_session_id": sid}],
+                [
+                    "replace",
+                    "cli_cont",
+                    [
+                        {"role": "user", "content": SUMMARY},
+                        {"role": "assistant", "content": "hello there"},
+                    ],
+                ],
+            ],
+        )
+        wait_until(
+            lambda: session_body(client, sid)["continuation_session_id"],
+            30,
+            "the continuation from the lineage",
+        )
         # The CLI talks on there; a stale tab sends at once, before the next poll.
-        write_state(hermes_python, hermes_env, [
-            ["sleep", 0.05],
-            ["append", "cli_cont", "user", "asked in the cli", {}],
-            ["append", "cli_cont", "assistant", "answered in the cli", {}],
-        ])
+        write_state(
+            hermes_python,
+            hermes_env,
+            [
+                ["sleep", 0.05],
+                ["append", "cli_cont", "user", "asked in the cli", {}],
+                ["append", "cli_cont", "assistant", "answered in the cli", {}],
+            ],
+        )
         before = session_body(client, sid)
 
         stale = client.post("/api/chat/start", json={"session_id": sid, "message": "stale"})
@@ -122,14 +178,19 @@ def test_a_continuation_from_the_agents_lineage_is_followed_not_forked(
 
         body = session_body(client, child)  # its history is there as soon as the 409 is
         assert body["parent_session_id"] == sid
-        assert [m["content"] for m in body["messages"]] == ["asked in the cli",
-                                                            "answered in the cli"]
+        assert [m["content"] for m in body["messages"]] == [
+            "asked in the cli",
+            "answered in the cli",
+        ]
         assert [m["content"] for m in body["inherited_messages"]] == ["first", "hello there"]
         context = client.get("/api/session/context", params={"session_id": child}).json()
         messages = context["context_messages"]
         assert messages[0]["role"] == "system" and "a greeting" in messages[0]["content"]
         assert [m["content"] for m in messages[1:]] == [
-            "hello there", "asked in the cli", "answered in the cli"]
+            "hello there",
+            "asked in the cli",
+            "answered in the cli",
+        ]
         listed = [r["session_id"] for r in client.get("/api/sessions").json()["sessions"]]
         assert child in listed and sid not in listed
 
@@ -142,28 +203,47 @@ def test_a_continuation_from_the_agents_lineage_is_followed_not_forked(
 
 
 def test_a_session_started_in_the_cli_appears_and_continues_in_tether(
-        server: ServerProcess, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path,
-        tmp_path: Path) -> None:
+    server: ServerProcess, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path, tmp_path: Path
+) -> None:
     fake.script(reply(text("hi from the cli")))  # later requests (titles, ...) get "ok"
     cli = subprocess.run(
-        [str(hermes_python.parent / "hermes"), "chat", "-q", "hello from a new cli session",
-         "-Q", "-t", "terminal"], capture_output=True, text=True, timeout=180,
+        [
+            str(hermes_python.parent / "hermes"),
+            "chat",
+            "-q",
+            "hello from a new cli session",
+            "-Q",
+            "-t",
+            "terminal",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
         stdin=subprocess.DEVNULL,
-        env={"HERMES_HOME": str(hermes_env), "PATH": "/usr/bin:/bin",
-             "HOME": str(tmp_path), "OPENAI_API_KEY": "test-key"})
+        env={
+            "HERMES_HOME": str(hermes_env),
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "OPENAI_API_KEY": "test-key",
+        },
+    )
     assert cli.returncode == 0, cli.stdout + cli.stderr
     db = sqlite3.connect(hermes_env / "state.db")
     [(agent_id,)] = db.execute("SELECT id FROM sessions WHERE source = 'cli'").fetchall()
     with server.client() as client:
+
         def adopted() -> list[dict[str, Any]]:
-            return [r for r in client.get("/api/sessions").json()["sessions"]
-                    if r["message_count"] >= 2]
+            return [
+                r for r in client.get("/api/sessions").json()["sessions"] if r["message_count"] >= 2
+            ]
 
         [row] = wait_until(adopted, 30, "the CLI's session in the sidebar")
         sid = row["session_id"]
         body = session_body(client, sid)
         assert [(m["role"], m["content"]) for m in body["messages"][:2]] == [
-            ("user", "hello from a new cli session"), ("assistant", "hi from the cli")]
+            ("user", "hello from a new cli session"),
+            ("assistant", "hi from the cli"),
+        ]
         time.sleep(1.0)  # later passes adopt it once
         assert len(client.get("/api/sessions").json()["sessions"]) == 1
 
@@ -171,7 +251,9 @@ def test_a_session_started_in_the_cli_appears_and_continues_in_tether(
         start_turn(client, sid, "and now from tether")
         body = wait_idle(client, sid, timeout=90)
         assert body["messages"][-1]["content"] == "continued in tether"
-        assert user_texts(fake.requests[-1]) == ["hello from a new cli session",
-                                                 "and now from tether"]  # each once
+        assert user_texts(fake.requests[-1]) == [
+            "hello from a new cli session",
+            "and now from tether",
+        ]  # each once
     rows = db.execute("SELECT session_id FROM messages WHERE content = 'and now from tether'")
     assert rows.fetchall() == [(agent_id,)]  # the agent continued the CLI's own session

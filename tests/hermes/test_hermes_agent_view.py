@@ -16,8 +16,11 @@ from tether.runtimes.hermes.proofs import Proof, ProofStore
 pytestmark = pytest.mark.slow
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
-CALL = {"id": "c1", "type": "function", "function": {"name": "terminal",
-                                                    "arguments": "{\"command\": \"ls\"}"}}
+CALL = {
+    "id": "c1",
+    "type": "function",
+    "function": {"name": "terminal", "arguments": '{"command": "ls"}'},
+}
 SUMMARY = "[CONTEXT COMPACTION — REFERENCE ONLY] Earlier turns were compacted: they listed files."
 
 
@@ -39,50 +42,76 @@ def tether_turn(ledger: ProofStore, stream: str, after: int, through: int, ts: f
     ledger.turn_ended(stream, through)
 
 
-def test_a_cli_turn_is_imported_and_tethers_own_is_not(hermes_python: Path, home: Path,
-                                                       ledger: ProofStore) -> None:
-    db = write_state(hermes_python, home, [
-        ["create", "a1", "tether", {}],
-        ["append", "a1", "user", "from tether", {"timestamp": 1000.0}],
-        ["append", "a1", "assistant", "answer to tether", {}],
-        ["append", "a1", "user", "from the cli", {}],
-        ["append", "a1", "assistant", "Let me look.", {"tool_calls": [CALL],
-                                                       "reasoning": "list them"}],
-        ["append", "a1", "tool", "a.txt\nb.txt", {"tool_call_id": "c1"}],
-        ["append", "a1", "assistant", "Two files.", {}],
-    ])
+def test_a_cli_turn_is_imported_and_tethers_own_is_not(
+    hermes_python: Path, home: Path, ledger: ProofStore
+) -> None:
+    db = write_state(
+        hermes_python,
+        home,
+        [
+            ["create", "a1", "tether", {}],
+            ["append", "a1", "user", "from tether", {"timestamp": 1000.0}],
+            ["append", "a1", "assistant", "answer to tether", {}],
+            ["append", "a1", "user", "from the cli", {}],
+            [
+                "append",
+                "a1",
+                "assistant",
+                "Let me look.",
+                {"tool_calls": [CALL], "reasoning": "list them"},
+            ],
+            ["append", "a1", "tool", "a.txt\nb.txt", {"tool_call_id": "c1"}],
+            ["append", "a1", "assistant", "Two files.", {}],
+        ],
+    )
     tether_turn(ledger, "r1", 0, 2, 1000.0)
     news = agent_news(db, ledger, "s_t", 0, None)
     assert news is not None and news.continuation is None and news.watermark == 6
     [entry] = news.entries
     assert entry["kind"] == "turn" and entry["turn_id"] == "a_3"
     assert [(r["role"], r["content"]) for r in entry["rows"]] == [
-        ("user", "from the cli"), ("assistant", "Let me look."), ("tool", "a.txt\nb.txt"),
-        ("assistant", "Two files.")]
+        ("user", "from the cli"),
+        ("assistant", "Let me look."),
+        ("tool", "a.txt\nb.txt"),
+        ("assistant", "Two files."),
+    ]
     assert entry["rows"][1]["reasoning"] == "list them"
-    assert entry["rows"][1]["tool_calls"] == [{"id": "c1", "name": "terminal",
-                                               "arguments": "{\"command\": \"ls\"}"}]
+    assert entry["rows"][1]["tool_calls"] == [
+        {"id": "c1", "name": "terminal", "arguments": '{"command": "ls"}'}
+    ]
     assert entry["context"] == [
         {"role": "user", "content": "from the cli"},
         {"role": "assistant", "content": "Let me look.", "tool_calls": [CALL]},
         {"role": "tool", "tool_call_id": "c1", "content": "a.txt\nb.txt"},
-        {"role": "assistant", "content": "Two files."}]
+        {"role": "assistant", "content": "Two files."},
+    ]
     again = agent_news(db, ledger, "s_t", news.watermark, None)  # bounded, idempotent
     assert again is not None and again.entries == [] and again.watermark == 6
 
 
-def test_rows_a_tether_turn_wrote_are_never_imported(hermes_python: Path, home: Path,
-                                                     ledger: ProofStore) -> None:
+def test_rows_a_tether_turn_wrote_are_never_imported(
+    hermes_python: Path, home: Path, ledger: ProofStore
+) -> None:
     """A compaction during Tether's own turn rewrites rows no proof covers: the turn's row
     range keeps them out (Tether's log holds that turn and its compression already)."""
-    db = write_state(hermes_python, home, [
-        ["create", "a1", "tether", {}],
-        ["append", "a1", "user", "old question", {"timestamp": 900.0}],
-        ["append", "a1", "user", "from tether", {"timestamp": 1000.0}],
-        ["compact", "a1", [{"role": "user", "content": SUMMARY},
-                           {"role": "user", "content": "from tether", "timestamp": 1000.0}]],
-        ["append", "a1", "assistant", "answer", {}],
-    ])
+    db = write_state(
+        hermes_python,
+        home,
+        [
+            ["create", "a1", "tether", {}],
+            ["append", "a1", "user", "old question", {"timestamp": 900.0}],
+            ["append", "a1", "user", "from tether", {"timestamp": 1000.0}],
+            [
+                "compact",
+                "a1",
+                [
+                    {"role": "user", "content": SUMMARY},
+                    {"role": "user", "content": "from tether", "timestamp": 1000.0},
+                ],
+            ],
+            ["append", "a1", "assistant", "answer", {}],
+        ],
+    )
     tether_turn(ledger, "r1", 1, 5, 1000.0)
     ledger.turn_started("s_t", "r0", 0)  # the turn before: its row is Tether's too
     ledger.turn_ended("r0", 1)
@@ -91,37 +120,57 @@ def test_rows_a_tether_turn_wrote_are_never_imported(hermes_python: Path, home: 
 
 
 def test_without_a_turn_range_the_proof_alone_hides_tethers_turn(
-        hermes_python: Path, home: Path, ledger: ProofStore) -> None:
-    db = write_state(hermes_python, home, [
-        ["create", "a1", "tether", {}],
-        ["append", "a1", "user", "from tether", {"timestamp": 1000.0}],
-        ["append", "a1", "assistant", "answer", {}],
-        ["append", "a1", "user", "same text, other turn", {"timestamp": 1000.5}],
-    ])
+    hermes_python: Path, home: Path, ledger: ProofStore
+) -> None:
+    db = write_state(
+        hermes_python,
+        home,
+        [
+            ["create", "a1", "tether", {}],
+            ["append", "a1", "user", "from tether", {"timestamp": 1000.0}],
+            ["append", "a1", "assistant", "answer", {}],
+            ["append", "a1", "user", "same text, other turn", {"timestamp": 1000.5}],
+        ],
+    )
     ledger.bind("s_t", "a1")  # the server died mid-turn: no range, but the proof stands
     ledger.record(Proof("s_t", "r1", "u_1", "a1", 1000.0))
     news = agent_news(db, ledger, "s_t", 0, None)
     assert news is not None
-    assert [[r["content"] for r in e["rows"]] for e in news.entries] == [
-        ["same text, other turn"]]
+    assert [[r["content"] for r in e["rows"]] for e in news.entries] == [["same text, other turn"]]
 
 
-def test_native_image_mirror_needs_the_rows_own_evidence(hermes_python: Path, home: Path,
-                                                         ledger: ProofStore) -> None:
+def test_native_image_mirror_needs_the_rows_own_evidence(
+    hermes_python: Path, home: Path, ledger: ProofStore
+) -> None:
     rich = [{"type": "text", "text": "what is this"}, IMAGE]
-    db = write_state(hermes_python, home, [
-        ["create", "a1", "cli", {}],
-        ["append", "a1", "user", "what is this\n[screenshot]", {"api_content": json.dumps(rich)}],
-        ["append", "a1", "assistant", "a cat", {}],
-        ["append", "a1", "user", "look\n[screenshot]", {}],  # typed: the marker proves nothing
-        ["append", "a1", "assistant", "at what?", {}],
-    ])
+    db = write_state(
+        hermes_python,
+        home,
+        [
+            ["create", "a1", "cli", {}],
+            [
+                "append",
+                "a1",
+                "user",
+                "what is this\n[screenshot]",
+                {"api_content": json.dumps(rich)},
+            ],
+            ["append", "a1", "assistant", "a cat", {}],
+            ["append", "a1", "user", "look\n[screenshot]", {}],  # typed: the marker proves nothing
+            ["append", "a1", "assistant", "at what?", {}],
+        ],
+    )
     ledger.bind("s_t", "a1")
     news = agent_news(db, ledger, "s_t", 0, None)
     assert news is not None
     first, second = news.entries
     assert first["rows"][0] | {"row_id": 0, "timestamp": 0} == {
-        "row_id": 0, "timestamp": 0, "role": "user", "content": "what is this", "images": 1}
+        "row_id": 0,
+        "timestamp": 0,
+        "role": "user",
+        "content": "what is this",
+        "images": 1,
+    }
     assert first["context"][0] == {"role": "user", "content": rich}  # the expanded payload
     assert second["rows"][0]["content"] == "look\n[screenshot]"
     assert second["rows"][0]["images"] == 0
@@ -129,25 +178,40 @@ def test_native_image_mirror_needs_the_rows_own_evidence(hermes_python: Path, ho
 
 
 def test_an_in_place_compaction_elsewhere_restarts_the_context(
-        hermes_python: Path, home: Path, ledger: ProofStore) -> None:
-    db = write_state(hermes_python, home, [
-        ["create", "a1", "cli", {}],
-        ["append", "a1", "user", "list files", {}],
-        ["append", "a1", "assistant", "a.txt", {}],
-    ])
+    hermes_python: Path, home: Path, ledger: ProofStore
+) -> None:
+    db = write_state(
+        hermes_python,
+        home,
+        [
+            ["create", "a1", "cli", {}],
+            ["append", "a1", "user", "list files", {}],
+            ["append", "a1", "assistant", "a.txt", {}],
+        ],
+    )
     ledger.bind("s_t", "a1")
     first = agent_news(db, ledger, "s_t", 0, None)
     assert first is not None and first.watermark == 2 and len(first.entries) == 1
-    write_state(hermes_python, home, [
-        ["append", "a1", "user", "and b?", {}],  # never seen by Tether before the compaction
-        ["append", "a1", "assistant", "no b.", {}],
-        ["compact", "a1", [{"role": "user", "content": "list files"},
-                           {"role": "user", "content": SUMMARY},
-                           {"role": "assistant", "content": "no b."}]],
-        ["sleep", 0.05],
-        ["append", "a1", "user", "after the compaction", {}],
-        ["append", "a1", "assistant", "noted", {}],
-    ])
+    write_state(
+        hermes_python,
+        home,
+        [
+            ["append", "a1", "user", "and b?", {}],  # never seen by Tether before the compaction
+            ["append", "a1", "assistant", "no b.", {}],
+            [
+                "compact",
+                "a1",
+                [
+                    {"role": "user", "content": "list files"},
+                    {"role": "user", "content": SUMMARY},
+                    {"role": "assistant", "content": "no b."},
+                ],
+            ],
+            ["sleep", 0.05],
+            ["append", "a1", "user", "after the compaction", {}],
+            ["append", "a1", "assistant", "noted", {}],
+        ],
+    )
     news = agent_news(db, ledger, "s_t", first.watermark, None)
     assert news is not None
     kinds = [e["kind"] for e in news.entries]
@@ -156,21 +220,28 @@ def test_an_in_place_compaction_elsewhere_restarts_the_context(
     assert [r["content"] for r in unseen["rows"]] == ["and b?", "no b."]
     assert unseen["context"] == []  # summarized: shown, not sent again
     assert compaction["summary"] == SUMMARY
-    assert compaction["context"] == [{"role": "user", "content": "list files"},
-                                     {"role": "assistant", "content": "no b."}]
+    assert compaction["context"] == [
+        {"role": "user", "content": "list files"},
+        {"role": "assistant", "content": "no b."},
+    ]
     assert [r["content"] for r in after["rows"]] == ["after the compaction", "noted"]
     assert after["context"][0] == {"role": "user", "content": "after the compaction"}
 
 
 def test_a_compression_continuation_is_offered_unless_tethers_own(
-        hermes_python: Path, home: Path, ledger: ProofStore) -> None:
-    db = write_state(hermes_python, home, [
-        ["create", "a1", "tether", {}],
-        ["append", "a1", "user", "hi", {}],
-        ["end", "a1", "compression"],
-        ["sleep", 0.01],
-        ["create", "c1", "cli", {"parent_session_id": "a1"}],
-    ])
+    hermes_python: Path, home: Path, ledger: ProofStore
+) -> None:
+    db = write_state(
+        hermes_python,
+        home,
+        [
+            ["create", "a1", "tether", {}],
+            ["append", "a1", "user", "hi", {}],
+            ["end", "a1", "compression"],
+            ["sleep", 0.01],
+            ["create", "c1", "cli", {"parent_session_id": "a1"}],
+        ],
+    )
     ledger.bind("s_t", "a1")
     news = agent_news(db, ledger, "s_t", 0, None)
     assert news is not None and news.continuation == "c1"
@@ -180,11 +251,18 @@ def test_a_compression_continuation_is_offered_unless_tethers_own(
     assert agent_news(db, ledger, "s_unbound", 0, None) is None
 
 
-def test_changes_name_only_the_sessions_that_moved(hermes_python: Path, home: Path,
-                                                   ledger: ProofStore) -> None:
-    db = write_state(hermes_python, home, [
-        ["create", "a1", "cli", {}], ["create", "b1", "cli", {}],
-        ["append", "a1", "user", "one", {}]])
+def test_changes_name_only_the_sessions_that_moved(
+    hermes_python: Path, home: Path, ledger: ProofStore
+) -> None:
+    db = write_state(
+        hermes_python,
+        home,
+        [
+            ["create", "a1", "cli", {}],
+            ["create", "b1", "cli", {}],
+            ["append", "a1", "user", "one", {}],
+        ],
+    )
     bindings = {"s_a": ["a1"], "s_b": ["b1"]}
     seen: dict[str, tuple] = {}
     assert sorted(changes(db, bindings, seen)) == ["s_a", "s_b"]  # first look: everything
@@ -196,18 +274,23 @@ def test_changes_name_only_the_sessions_that_moved(hermes_python: Path, home: Pa
     assert changes(db, bindings, seen) == []
 
 
-def test_sessions_a_person_started_in_the_cli_are_found_once(hermes_python: Path,
-                                                            home: Path) -> None:
-    db = write_state(hermes_python, home, [
-        ["create", "cli1", "cli", {}],
-        ["create", "tui1", "tui", {}],
-        ["create", "own", "tether", {}],
-        ["create", "cron1", "cron", {}],
-        ["create", "child", "cli", {"parent_session_id": "cli1"}],
-        ["create", "helper", "cli", {"model_config": {"_delegate_from": "cli1"}}],
-        ["create", "work", "cli", {"profile_name": "work"}],
-        ["create", "known", "cli", {}],
-    ])
+def test_sessions_a_person_started_in_the_cli_are_found_once(
+    hermes_python: Path, home: Path
+) -> None:
+    db = write_state(
+        hermes_python,
+        home,
+        [
+            ["create", "cli1", "cli", {}],
+            ["create", "tui1", "tui", {}],
+            ["create", "own", "tether", {}],
+            ["create", "cron1", "cron", {}],
+            ["create", "child", "cli", {"parent_session_id": "cli1"}],
+            ["create", "helper", "cli", {"model_config": {"_delegate_from": "cli1"}}],
+            ["create", "work", "cli", {"profile_name": "work"}],
+            ["create", "known", "cli", {}],
+        ],
+    )
     found = started_elsewhere(db, {"known"}, None)
     assert [f["agent_session_id"] for f in found] == ["cli1", "tui1"]
     assert all(f["started_at"] > 0 for f in found)

@@ -36,38 +36,58 @@ def workspace(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def server(tmp_path: Path, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path,
-           workspace: Path) -> Iterator[ServerProcess]:
-    with running_server(tmp_path / "data", "--runtime", "hermes", "--hermes-python",
-                        str(hermes_python), "--base-url", fake.base_url, "--model", fake.model,
-                        "--api-key-env", "TETHER_TEST_HERMES_KEY", "--workspace",
-                        str(workspace)) as running:
+def server(
+    tmp_path: Path, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path, workspace: Path
+) -> Iterator[ServerProcess]:
+    with running_server(
+        tmp_path / "data",
+        "--runtime",
+        "hermes",
+        "--hermes-python",
+        str(hermes_python),
+        "--base-url",
+        fake.base_url,
+        "--model",
+        fake.model,
+        "--api-key-env",
+        "TETHER_TEST_HERMES_KEY",
+        "--workspace",
+        str(workspace),
+    ) as running:
         yield running
 
 
 def asked(client: httpx.Client, sid: str) -> dict[str, Any]:
-    return wait_until(lambda: next((i for i in live_timeline(client, sid)
-                                    if i["type"] == "approval"), None), 90,
-                      "the agent's approval question")
+    return wait_until(
+        lambda: next((i for i in live_timeline(client, sid) if i["type"] == "approval"), None),
+        90,
+        "the agent's approval question",
+    )
 
 
 @pytest.mark.parametrize(("choice", "deleted"), [("once", True), ("deny", False)])
 def test_a_flagged_command_runs_only_when_the_user_allows_it(
-        server: ServerProcess, fake: FakeOpenAI, workspace: Path, choice: str,
-        deleted: bool) -> None:
-    fake.script(reply(text("Cleaning up."), tool_call("call_1", "terminal",
-                                                      {"command": "rm -r scratch"})),
-                reply(text("ESCALATE")),  # Hermes' smart approval asks its model first
-                reply(text("All done.")))
+    server: ServerProcess, fake: FakeOpenAI, workspace: Path, choice: str, deleted: bool
+) -> None:
+    fake.script(
+        reply(text("Cleaning up."), tool_call("call_1", "terminal", {"command": "rm -r scratch"})),
+        reply(text("ESCALATE")),  # Hermes' smart approval asks its model first
+        reply(text("All done.")),
+    )
     with server.client() as client:
         sid = new_session(client)
         run = start_turn(client, sid, "clear the scratch folder")
         item = asked(client, sid)
         assert item["command"] == "rm -r scratch" and "delete" in item["description"]
         assert (workspace / "scratch").exists()  # nothing ran while the question was open
-        answer = client.post("/api/chat/approve", json={
-            "stream_id": run["stream_id"], "approval_id": item["approval_id"],
-            "choice": choice}).json()
+        answer = client.post(
+            "/api/chat/approve",
+            json={
+                "stream_id": run["stream_id"],
+                "approval_id": item["approval_id"],
+                "choice": choice,
+            },
+        ).json()
         assert answer["accepted"] is True
         body = wait_idle(client, sid, timeout=90)
         row = body["messages"][-1]
@@ -79,11 +99,15 @@ def test_a_flagged_command_runs_only_when_the_user_allows_it(
         assert ("BLOCKED" in (tool["result"] or "")) is not deleted
 
 
-def test_stop_while_the_agent_waits_denies_and_frees_it(server: ServerProcess,
-                                                       fake: FakeOpenAI,
-                                                       workspace: Path) -> None:
-    fake.script(reply(tool_call("call_1", "terminal", {"command": "rm -r scratch"})),
-                reply(text("ESCALATE")), reply(text("I will not.")), reply(text("Next answer.")))
+def test_stop_while_the_agent_waits_denies_and_frees_it(
+    server: ServerProcess, fake: FakeOpenAI, workspace: Path
+) -> None:
+    fake.script(
+        reply(tool_call("call_1", "terminal", {"command": "rm -r scratch"})),
+        reply(text("ESCALATE")),
+        reply(text("I will not.")),
+        reply(text("Next answer.")),
+    )
     with server.client() as client:
         sid = new_session(client)
         run = start_turn(client, sid, "clear it")

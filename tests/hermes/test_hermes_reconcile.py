@@ -33,8 +33,17 @@ def rich_row(**kw: object) -> Row:
 
 
 def scalar_row(**kw: object) -> Row:
-    return Row(**{"role": "user", "content": "what is this\n[screenshot]", "timestamp": 100.0,
-                  "session_id": "a1", "row_id": 7, "api_content": RICH, **kw})  # type: ignore[arg-type]
+    return Row(
+        **{
+            "role": "user",
+            "content": "what is this\n[screenshot]",
+            "timestamp": 100.0,
+            "session_id": "a1",
+            "row_id": 7,
+            "api_content": RICH,
+            **kw,
+        }
+    )  # type: ignore[arg-type]
 
 
 # -- native-image mirrors -------------------------------------------------------------------------
@@ -60,8 +69,10 @@ def test_literal_screenshot_text_alone_is_never_evidence() -> None:
 
 # -- proofs ----------------------------------------------------------------------------------------
 def rows_for(session: str, ts: float, first_id: int, user: str = "hi") -> list[Row]:
-    return [Row("user", user, ts, session, first_id),
-            Row("assistant", "answer", ts + 1, session, first_id + 1)]
+    return [
+        Row("user", user, ts, session, first_id),
+        Row("assistant", "answer", ts + 1, session, first_id + 1),
+    ]
 
 
 def proof(ts: float, stream: str = "r_1", session: str = "a1", source: str = "tether") -> Proof:
@@ -106,48 +117,77 @@ def test_reconciliation_is_bounded_and_idempotent() -> None:
 # -- lineage ---------------------------------------------------------------------------------------
 def lineage_db(path: Path, rows: list[tuple]) -> Path:
     db = sqlite3.connect(path)
-    db.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT, parent_session_id TEXT, "
-               "started_at REAL, ended_at REAL, end_reason TEXT, profile_name TEXT, "
-               "model_config TEXT)")
+    db.execute(
+        "CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT, parent_session_id TEXT, "
+        "started_at REAL, ended_at REAL, end_reason TEXT, profile_name TEXT, "
+        "model_config TEXT)"
+    )
     db.executemany("INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
     db.commit()
     db.close()
     return path
 
 
-@pytest.mark.parametrize(("child_end", "found"), [
-    (None, "c"), ("idle_timeout", "c"), ("agent_close", "c"),
-    ("cli_close", None), ("session_reset", None), ("something_new", None),
-])
+@pytest.mark.parametrize(
+    ("child_end", "found"),
+    [
+        (None, "c"),
+        ("idle_timeout", "c"),
+        ("agent_close", "c"),
+        ("cli_close", None),
+        ("session_reset", None),
+        ("something_new", None),
+    ],
+)
 def test_continuation_reasons(tmp_path: Path, child_end: str | None, found: str | None) -> None:
-    db = lineage_db(tmp_path / "state.db", [
-        ("p", "tether", None, 1.0, 5.0, "compression", None, "{}"),
-        ("c", "cli", "p", 5.0, 9.0 if child_end else None, child_end, None, "{}"),
-    ])
+    db = lineage_db(
+        tmp_path / "state.db",
+        [
+            ("p", "tether", None, 1.0, 5.0, "compression", None, "{}"),
+            ("c", "cli", "p", 5.0, 9.0 if child_end else None, child_end, None, "{}"),
+        ],
+    )
     assert continuation_of(db, "p") == found
 
 
 def test_foreign_profile_delegated_and_branch_children_do_not_authorize(tmp_path: Path) -> None:
-    for i, (profile, config, source) in enumerate([
-            ("work", "{}", "cli"), (None, json.dumps({"_delegate_from": "p"}), "cli"),
-            (None, json.dumps({"_branched_from": "p"}), "cli"), (None, "{}", "tool")]):
-        db = lineage_db(tmp_path / f"state{i}.db", [
-            ("p", "tether", None, 1.0, 5.0, "compression", None, "{}"),
-            ("c", source, "p", 6.0, None, None, profile, config)])
+    for i, (profile, config, source) in enumerate(
+        [
+            ("work", "{}", "cli"),
+            (None, json.dumps({"_delegate_from": "p"}), "cli"),
+            (None, json.dumps({"_branched_from": "p"}), "cli"),
+            (None, "{}", "tool"),
+        ]
+    ):
+        db = lineage_db(
+            tmp_path / f"state{i}.db",
+            [
+                ("p", "tether", None, 1.0, 5.0, "compression", None, "{}"),
+                ("c", source, "p", 6.0, None, None, profile, config),
+            ],
+        )
         assert continuation_of(db, "p") is None
     # not a compression parent, or a child older than the parent's end
     for i, (end, started) in enumerate([("cli_close", 6.0), ("compression", 4.0)]):
-        db = lineage_db(tmp_path / f"edge{i}.db", [
-            ("p", "tether", None, 1.0, 5.0, end, None, "{}"),
-            ("c", "cli", "p", started, None, None, None, "{}")])
+        db = lineage_db(
+            tmp_path / f"edge{i}.db",
+            [
+                ("p", "tether", None, 1.0, 5.0, end, None, "{}"),
+                ("c", "cli", "p", started, None, None, None, "{}"),
+            ],
+        )
         assert continuation_of(db, "p") is None
 
 
 def test_chains_are_followed_to_the_newest_and_bounded(tmp_path: Path) -> None:
-    db = lineage_db(tmp_path / "state.db", [
-        ("a", "tether", None, 1.0, 2.0, "compression", None, "{}"),
-        ("b", "cli", "a", 2.0, 3.0, "compression", None, "{}"),
-        ("c", "cli", "b", 3.0, None, None, None, "{}")])
+    db = lineage_db(
+        tmp_path / "state.db",
+        [
+            ("a", "tether", None, 1.0, 2.0, "compression", None, "{}"),
+            ("b", "cli", "a", 2.0, 3.0, "compression", None, "{}"),
+            ("c", "cli", "b", 3.0, None, None, None, "{}"),
+        ],
+    )
     assert continuation_of(db, "a") == "c"
     assert continuation_of(db, "c") is None
     assert continuation_of(tmp_path / "missing.db", "a") is None
@@ -157,7 +197,8 @@ def test_chains_are_followed_to_the_newest_and_bounded(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_cli_written_turn_is_reconciled_and_tethers_own_is_hidden(
-        hermes_env: Path, hermes_python: Path, fake: FakeOpenAI, tmp_path: Path) -> None:
+    hermes_env: Path, hermes_python: Path, fake: FakeOpenAI, tmp_path: Path
+) -> None:
     from test_hermes_runtime import collect, make_runtime, turn
 
     fake.script(reply(text("answer to tether")), reply(text("answer to the cli")))
@@ -172,17 +213,36 @@ def test_a_cli_written_turn_is_reconciled_and_tethers_own_is_hidden(
 
     asyncio.run(tether_turn())
     cli = subprocess.run(
-        [str(hermes_python.parent / "hermes"), "chat", "-q", "from the cli", "-Q", "--resume",
-         "s_mix", "-t", "terminal"], capture_output=True, text=True, timeout=180,
+        [
+            str(hermes_python.parent / "hermes"),
+            "chat",
+            "-q",
+            "from the cli",
+            "-Q",
+            "--resume",
+            "s_mix",
+            "-t",
+            "terminal",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
         stdin=subprocess.DEVNULL,
-        env={"HERMES_HOME": str(hermes_env), "PATH": "/usr/bin:/bin",
-             "HOME": str(tmp_path), "OPENAI_API_KEY": "test-key"})
+        env={
+            "HERMES_HOME": str(hermes_env),
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "OPENAI_API_KEY": "test-key",
+        },
+    )
     assert cli.returncode == 0, cli.stdout + cli.stderr
     rows = read_rows(hermes_env / "state.db", ["s_mix"])
     assert [r.content for r in rows if r.role == "user"] == ["from tether", "from the cli"]
     proofs = ProofStore(hermes_env / "tether-proofs.sqlite").for_sessions(["s_mix"])
     out = reconcile(rows, proofs)
     assert [(r.role, r.content) for r in out.display] == [
-        ("user", "from the cli"), ("assistant", "answer to the cli")]
+        ("user", "from the cli"),
+        ("assistant", "answer to the cli"),
+    ]
     assert len(out.hidden) == 2  # Tether's own turn: its user row and the answer
     assert reconcile(rows, proofs, watermark=out.watermark).display == []

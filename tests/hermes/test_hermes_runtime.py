@@ -36,15 +36,31 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def make_runtime(fake: FakeOpenAI, tmp_path: Path) -> HermesRuntime:
-    return HermesRuntime(Settings(runtime="hermes", base_url=fake.base_url, model=fake.model,
-                                  api_key_env="TETHER_TEST_HERMES_KEY",
-                                  data_dir=tmp_path / "data"))
+    return HermesRuntime(
+        Settings(
+            runtime="hermes",
+            base_url=fake.base_url,
+            model=fake.model,
+            api_key_env="TETHER_TEST_HERMES_KEY",
+            data_dir=tmp_path / "data",
+        )
+    )
 
 
-def turn(session_id: str, text_: str, history: list[dict[str, Any]] | None = None,
-         steer: SteerInbox | None = None, n: int = 1) -> TurnInput:
-    return TurnInput(session_id, f"r_{session_id}_{n}", f"u_{session_id}_{n}",
-                     [*(history or []), {"role": "user", "content": text_}], steer=steer)
+def turn(
+    session_id: str,
+    text_: str,
+    history: list[dict[str, Any]] | None = None,
+    steer: SteerInbox | None = None,
+    n: int = 1,
+) -> TurnInput:
+    return TurnInput(
+        session_id,
+        f"r_{session_id}_{n}",
+        f"u_{session_id}_{n}",
+        [*(history or []), {"role": "user", "content": text_}],
+        steer=steer,
+    )
 
 
 async def collect(events: AsyncIterator[RuntimeEvent]) -> list[RuntimeEvent]:
@@ -61,20 +77,26 @@ def joined(events: list[RuntimeEvent], kind: type) -> str:
 
 def state_rows(home: Path, session_id: str) -> list[tuple]:
     with sqlite3.connect(home / "state.db") as db:
-        return db.execute("SELECT role, content, timestamp, active FROM messages "
-                          "WHERE session_id = ? ORDER BY id", (session_id,)).fetchall()
+        return db.execute(
+            "SELECT role, content, timestamp, active FROM messages "
+            "WHERE session_id = ? ORDER BY id",
+            (session_id,),
+        ).fetchall()
 
 
-def test_plain_turn_streams_reasoning_text_and_usage(hermes_env: Path, fake: FakeOpenAI,
-                                                     tmp_path: Path) -> None:
+def test_plain_turn_streams_reasoning_text_and_usage(
+    hermes_env: Path, fake: FakeOpenAI, tmp_path: Path
+) -> None:
     fake.script(reply(reasoning("Thinking it over. "), text("Hello "), text("from Hermes")))
 
     async def main() -> list[RuntimeEvent]:
         runtime = make_runtime(fake, tmp_path)
         try:
             handle = await runtime.open_handle("s_plain")
-            history = [{"role": "user", "content": "earlier"},
-                       {"role": "assistant", "content": "earlier answer"}]
+            history = [
+                {"role": "user", "content": "earlier"},
+                {"role": "assistant", "content": "earlier answer"},
+            ]
             return await collect(handle.stream(turn("s_plain", "hi", history)))
         finally:
             await runtime.aclose()
@@ -91,16 +113,22 @@ def test_plain_turn_streams_reasoning_text_and_usage(hermes_env: Path, fake: Fak
     # carries the turn's persist_user_timestamp, which the private proof records.
     rows = state_rows(hermes_env, "s_plain")
     assert [r[:2] for r in rows] == [("user", "hi"), ("assistant", "Hello from Hermes")]
-    proofs = sqlite3.connect(hermes_env / "tether-proofs.sqlite").execute(
-        "SELECT stream_id, agent_session_id, persist_user_timestamp FROM proofs").fetchall()
+    proofs = (
+        sqlite3.connect(hermes_env / "tether-proofs.sqlite")
+        .execute("SELECT stream_id, agent_session_id, persist_user_timestamp FROM proofs")
+        .fetchall()
+    )
     assert proofs == [("r_s_plain_1", "s_plain", rows[0][2])]
 
 
 def test_tool_calls_map_to_tool_events_and_the_loop_continues(
-        hermes_env: Path, fake: FakeOpenAI, tmp_path: Path) -> None:
+    hermes_env: Path, fake: FakeOpenAI, tmp_path: Path
+) -> None:
     fake.script(
-        reply(text("Let me run it."), tool_call("call_1", "terminal",
-                                                {"command": "echo tether-tool-ok"})),
+        reply(
+            text("Let me run it."),
+            tool_call("call_1", "terminal", {"command": "echo tether-tool-ok"}),
+        ),
         reply(text("It printed tether-tool-ok.")),
     )
 
@@ -128,7 +156,8 @@ def test_tool_calls_map_to_tool_events_and_the_loop_continues(
 
 
 def test_stop_mid_stream_interrupts_the_agent_and_the_handle_stays_usable(
-        hermes_env: Path, fake: FakeOpenAI, tmp_path: Path) -> None:
+    hermes_env: Path, fake: FakeOpenAI, tmp_path: Path
+) -> None:
     fake.script(reply(text("partial "), hang()), reply(text("second turn")))
 
     async def main() -> tuple[list[RuntimeEvent], list[RuntimeEvent]]:
@@ -162,8 +191,9 @@ def test_stop_mid_stream_interrupts_the_agent_and_the_handle_stays_usable(
     assert joined(second, TextDelta) == "second turn"
 
 
-def test_cancelling_the_consumer_alone_stops_the_agent(hermes_env: Path, fake: FakeOpenAI,
-                                                       tmp_path: Path) -> None:
+def test_cancelling_the_consumer_alone_stops_the_agent(
+    hermes_env: Path, fake: FakeOpenAI, tmp_path: Path
+) -> None:
     fake.script(reply(text("working "), hang()))
 
     async def main() -> None:
@@ -182,7 +212,8 @@ def test_cancelling_the_consumer_alone_stops_the_agent(hermes_env: Path, fake: F
 
 
 def test_steer_reaches_the_agent_after_a_tool_and_is_marked_delivered_there(
-        hermes_env: Path, fake: FakeOpenAI, tmp_path: Path) -> None:
+    hermes_env: Path, fake: FakeOpenAI, tmp_path: Path
+) -> None:
     fake.script(
         reply(text("Checking."), tool_call("call_1", "terminal", {"command": "echo one"})),
         reply(text("Done, in French as asked.")),
@@ -209,7 +240,8 @@ def test_steer_reaches_the_agent_after_a_tool_and_is_marked_delivered_there(
 
 
 def test_steer_the_agent_never_took_comes_back_as_leftover(
-        hermes_env: Path, fake: FakeOpenAI, tmp_path: Path) -> None:
+    hermes_env: Path, fake: FakeOpenAI, tmp_path: Path
+) -> None:
     fake.script(reply(text("Short answer"), barrier("final")))
     inbox = SteerInbox()
     delivered: list[list[str]] = []
@@ -235,9 +267,11 @@ def test_steer_the_agent_never_took_comes_back_as_leftover(
     assert inbox.close() == [("st_late", "too late")]
 
 
-def test_provider_failure_becomes_a_provider_error(hermes_env: Path, fake: FakeOpenAI,
-                                                   tmp_path: Path) -> None:
+def test_provider_failure_becomes_a_provider_error(
+    hermes_env: Path, fake: FakeOpenAI, tmp_path: Path
+) -> None:
     from fake_openai import error
+
     fake.script(*[error(401, "bad key", code="invalid_api_key")] * 4)
 
     async def main() -> None:
@@ -260,18 +294,22 @@ def test_the_package_never_imports_hermes_in_tethers_process() -> None:
 def _long_history(n: int = 12) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i in range(n // 2):
-        out += [{"role": "user", "content": f"question {i}: " + "words " * 200},
-                {"role": "assistant", "content": f"answer {i}: " + "more words " * 200}]
+        out += [
+            {"role": "user", "content": f"question {i}: " + "words " * 200},
+            {"role": "assistant", "content": f"answer {i}: " + "more words " * 200},
+        ]
     return out
 
 
-def _compression_turn(fake: FakeOpenAI, tmp_path: Path, session_id: str
-                      ) -> list[RuntimeEvent]:
+def _compression_turn(fake: FakeOpenAI, tmp_path: Path, session_id: str) -> list[RuntimeEvent]:
     """A turn whose first reply reports a prompt past the threshold, so Hermes compresses
     before its next request: the summary request is the fake's next (non-streaming) reply."""
     fake.script(
-        reply(text("Looking."), tool_call("call_1", "terminal", {"command": "echo x"}),
-              usage={"prompt_tokens": 100_000, "completion_tokens": 10}),
+        reply(
+            text("Looking."),
+            tool_call("call_1", "terminal", {"command": "echo x"}),
+            usage={"prompt_tokens": 100_000, "completion_tokens": 10},
+        ),
         reply(text("SUMMARY: the user asked six questions about words.")),
         reply(text("Answer after compression.")),
     )
@@ -290,7 +328,8 @@ def _compression_turn(fake: FakeOpenAI, tmp_path: Path, session_id: str
 
 
 def test_in_place_compression_maps_to_compression_events(
-        hermes_env: Path, fake: FakeOpenAI, tmp_path: Path) -> None:
+    hermes_env: Path, fake: FakeOpenAI, tmp_path: Path
+) -> None:
     write_home(hermes_env, fake, in_place=True, compression=True)
     events = _compression_turn(fake, tmp_path, "s_cmp")
     agent_session = events.pop()
@@ -306,17 +345,21 @@ def test_in_place_compression_maps_to_compression_events(
 
 
 def test_rotating_compression_continues_in_a_child_agent_session(
-        hermes_env: Path, fake: FakeOpenAI, tmp_path: Path) -> None:
+    hermes_env: Path, fake: FakeOpenAI, tmp_path: Path
+) -> None:
     write_home(hermes_env, fake, in_place=False, compression=True)
     events = _compression_turn(fake, tmp_path, "s_rot")
     agent_session = events.pop()
-    assert [type(e) for e in events if isinstance(e, CompressionStarted | CompressionCompleted)
-            ] == [CompressionStarted, CompressionCompleted]
+    assert [
+        type(e) for e in events if isinstance(e, CompressionStarted | CompressionCompleted)
+    ] == [CompressionStarted, CompressionCompleted]
     assert agent_session != "s_rot"
     with sqlite3.connect(hermes_env / "state.db") as db:
         parent = db.execute("SELECT end_reason FROM sessions WHERE id = 's_rot'").fetchone()
-        child = db.execute("SELECT parent_session_id FROM sessions WHERE id = ?",
-                           (agent_session,)).fetchone()
+        child = db.execute(
+            "SELECT parent_session_id FROM sessions WHERE id = ?", (agent_session,)
+        ).fetchone()
     assert parent == ("compression",) and child == ("s_rot",)
     from tether.runtimes.hermes.lineage import continuation_of
+
     assert continuation_of(hermes_env / "state.db", "s_rot") == agent_session

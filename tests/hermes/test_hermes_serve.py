@@ -22,22 +22,43 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture
-def hermes_server(tmp_path: Path, fake: FakeOpenAI, hermes_env: Path,
-                  hermes_python: Path) -> Iterator[ServerProcess]:
-    env = {"TETHER_HERMES_HOME": str(hermes_env), "TETHER_HERMES_MAX_TOKENS": "256",
-           "TETHER_HERMES_TOOLSETS": "terminal", "TETHER_HERMES_TOOL_DELAY": "0"}
-    with running_server(tmp_path / "data", "--runtime", "hermes", "--hermes-python",
-                        str(hermes_python), "--base-url", fake.base_url, "--model",
-                        fake.model, "--api-key-env", "TETHER_TEST_HERMES_KEY",
-                        "--cancel-reclaim-seconds", "5", env=env) as server:
+def hermes_server(
+    tmp_path: Path, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path
+) -> Iterator[ServerProcess]:
+    env = {
+        "TETHER_HERMES_HOME": str(hermes_env),
+        "TETHER_HERMES_MAX_TOKENS": "256",
+        "TETHER_HERMES_TOOLSETS": "terminal",
+        "TETHER_HERMES_TOOL_DELAY": "0",
+    }
+    with running_server(
+        tmp_path / "data",
+        "--runtime",
+        "hermes",
+        "--hermes-python",
+        str(hermes_python),
+        "--base-url",
+        fake.base_url,
+        "--model",
+        fake.model,
+        "--api-key-env",
+        "TETHER_TEST_HERMES_KEY",
+        "--cancel-reclaim-seconds",
+        "5",
+        env=env,
+    ) as server:
         yield server
 
 
-def test_turns_with_tools_land_in_the_log_and_the_context(hermes_server: ServerProcess,
-                                                          fake: FakeOpenAI) -> None:
+def test_turns_with_tools_land_in_the_log_and_the_context(
+    hermes_server: ServerProcess, fake: FakeOpenAI
+) -> None:
     fake.script(
-        reply(reasoning("Plan: run it."), text("Running."),
-              tool_call("call_1", "terminal", {"command": "echo served"})),
+        reply(
+            reasoning("Plan: run it."),
+            text("Running."),
+            tool_call("call_1", "terminal", {"command": "echo served"}),
+        ),
         reply(text("It said served.")),
         reply(text("Second answer.")),
     )
@@ -59,8 +80,9 @@ def test_turns_with_tools_land_in_the_log_and_the_context(hermes_server: ServerP
         assert "run echo" in contents and contents[-1] == "again"
 
 
-def test_stop_mid_stream_cancels_and_closes_the_request(hermes_server: ServerProcess,
-                                                        fake: FakeOpenAI) -> None:
+def test_stop_mid_stream_cancels_and_closes_the_request(
+    hermes_server: ServerProcess, fake: FakeOpenAI
+) -> None:
     fake.script(reply(text("partial answer"), barrier("b"), hang()), reply(text("after stop")))
     with hermes_server.client() as client:
         sid = new_session(client)
@@ -80,26 +102,30 @@ def test_stop_mid_stream_cancels_and_closes_the_request(hermes_server: ServerPro
         assert body["messages"][-1]["content"] == "after stop"
 
 
-def test_steer_is_delivered_where_the_agent_took_it(hermes_server: ServerProcess,
-                                                    fake: FakeOpenAI) -> None:
+def test_steer_is_delivered_where_the_agent_took_it(
+    hermes_server: ServerProcess, fake: FakeOpenAI
+) -> None:
     fake.script(
-        reply(text("Checking."), barrier("first"),
-              tool_call("call_1", "terminal", {"command": "echo one"})),
+        reply(
+            text("Checking."),
+            barrier("first"),
+            tool_call("call_1", "terminal", {"command": "echo one"}),
+        ),
         reply(text("Budget mentioned.")),
     )
     with hermes_server.client() as client:
         sid = new_session(client)
         run = start_turn(client, sid, "summarise")
         assert fake.wait_reached("first", 60)
-        steer = client.post("/api/chat/steer", json={"stream_id": run["stream_id"],
-                                                     "text": "mention the budget"}).json()
+        steer = client.post(
+            "/api/chat/steer", json={"stream_id": run["stream_id"], "text": "mention the budget"}
+        ).json()
         assert steer["accepted"] is True
         fake.release("first")
         body = wait_idle(client, sid, timeout=60)
         assistant = body["messages"][-1]
         steer_rows = [i for i in assistant["timeline"] if i["type"] == "steer"]
-        assert [(r["text"], r["leftover"]) for r in steer_rows] == [("mention the budget",
-                                                                    False)]
+        assert [(r["text"], r["leftover"]) for r in steer_rows] == [("mention the budget", False)]
         types = [i["type"] for i in assistant["timeline"]]
         assert types.index("tool") < types.index("steer")
         assert "mention the budget" in str(fake.requests[1]["messages"][-1]["content"])

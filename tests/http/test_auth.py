@@ -92,8 +92,9 @@ def session_count(client: httpx.Client) -> int:
 
 
 @pytest.mark.parametrize(("method", "path", "body"), PROTECTED)
-def test_every_api_route_needs_login(pw_server: ServerProcess, method: str, path: str,
-                                     body: dict | None) -> None:
+def test_every_api_route_needs_login(
+    pw_server: ServerProcess, method: str, path: str, body: dict | None
+) -> None:
     with pw_server.client() as client:
         response = client.request(method, path, json=body)
     assert response.status_code == 401, (path, response.text)
@@ -105,8 +106,12 @@ def test_real_session_and_attachment_need_login(pw_server: ServerProcess) -> Non
     with logged_in(pw_server) as client:
         sid = new_session(client, "private")
         data = base64.b64encode(b"secret notes").decode()
-        start_turn(client, sid, "read this", attachments=[
-            {"name": "notes.txt", "mime": "text/plain", "data_base64": data}])
+        start_turn(
+            client,
+            sid,
+            "read this",
+            attachments=[{"name": "notes.txt", "mime": "text/plain", "data_base64": data}],
+        )
         body = wait_idle(client, sid)
         url = body["messages"][0]["attachments"][0]["url"]
         served = client.get(url)
@@ -157,8 +162,7 @@ def test_wrong_password_is_refused_without_a_cookie(pw_server: ServerProcess) ->
         assert client.post("/api/auth/login", json={"password": 7}).status_code == 400
 
 
-def test_login_sets_a_strict_http_only_cookie_and_opens_the_api(
-        pw_server: ServerProcess) -> None:
+def test_login_sets_a_strict_http_only_cookie_and_opens_the_api(pw_server: ServerProcess) -> None:
     with pw_server.client() as client:
         response = login(client)
         assert response.status_code == 200 and response.json()["ok"] is True
@@ -168,8 +172,10 @@ def test_login_sets_a_strict_http_only_cookie_and_opens_the_api(
         assert "httponly" in attributes and "samesite=strict" in attributes
         assert "path=/" in attributes and f"max-age={30 * 24 * 3600}" in attributes
         assert "secure" not in attributes  # plain http here: a Secure cookie would be dropped
-        assert client.get("/api/auth/status").json() == {"authenticated": True,
-                                                         "password_required": True}
+        assert client.get("/api/auth/status").json() == {
+            "authenticated": True,
+            "password_required": True,
+        }
         sid = new_session(client, "after login")
         assert client.get("/api/session", params={"session_id": sid}).status_code == 200
         assert client.get("/").status_code == 200
@@ -190,8 +196,10 @@ def test_logout_refuses_the_same_cookie_afterwards(pw_server: ServerProcess) -> 
         value = client.cookies[COOKIE]
         response = client.post("/api/auth/logout")
         assert response.status_code == 200 and response.json()["ok"] is True
-        assert any(h.startswith(f'{COOKIE}=""') or "max-age=0" in h.lower()
-                   for h in set_cookie_headers(response))
+        assert any(
+            h.startswith(f'{COOKIE}=""') or "max-age=0" in h.lower()
+            for h in set_cookie_headers(response)
+        )
     with pw_server.client(cookies={COOKIE: value}) as replay:
         assert replay.get("/api/sessions").status_code == 401
         assert replay.get("/api/auth/status").json()["authenticated"] is False
@@ -244,8 +252,10 @@ def test_logout_and_password_change_survive_a_restart(tmp_path: Path) -> None:
 
 
 def test_failed_logins_are_rate_limited_and_success_resets(tmp_path: Path) -> None:
-    with running_server(tmp_path / "data", *PW_ARGS, env=PW_ENV) as server, \
-            server.client() as client:
+    with (
+        running_server(tmp_path / "data", *PW_ARGS, env=PW_ENV) as server,
+        server.client() as client,
+    ):
         for _ in range(4):
             assert login(client, "nope").status_code == 401
         assert login(client).status_code == 200  # resets the count
@@ -268,8 +278,13 @@ def test_failed_logins_are_rate_limited_and_success_resets(tmp_path: Path) -> No
 def _origin_checks(server: ServerProcess, client: httpx.Client) -> None:
     sid = new_session(client, "keep me")
     before = session_count(client)
-    evil_origins = ["http://evil.example", "null", f"http://127.0.0.1:{server.port + 1}",
-                    f"https://127.0.0.1:{server.port}", f"http://localhost:{server.port}"]
+    evil_origins = [
+        "http://evil.example",
+        "null",
+        f"http://127.0.0.1:{server.port + 1}",
+        f"https://127.0.0.1:{server.port}",
+        f"http://localhost:{server.port}",
+    ]
     for origin in evil_origins:
         headers = {"Origin": origin}
         for method, path, body in [
@@ -298,15 +313,18 @@ def _origin_checks(server: ServerProcess, client: httpx.Client) -> None:
 def test_origin_check_with_a_password(pw_server: ServerProcess) -> None:
     with logged_in(pw_server) as client:
         _origin_checks(pw_server, client)
-        refused = client.post("/api/auth/login", json={"password": PW},
-                              headers={"Origin": "http://evil.example"})
+        refused = client.post(
+            "/api/auth/login", json={"password": PW}, headers={"Origin": "http://evil.example"}
+        )
         assert refused.status_code == 403 and not set_cookie_headers(refused)
 
 
 def test_origin_check_without_a_password(server: ServerProcess) -> None:
     with server.client() as client:
-        assert client.get("/api/auth/status").json() == {"authenticated": True,
-                                                         "password_required": False}
+        assert client.get("/api/auth/status").json() == {
+            "authenticated": True,
+            "password_required": False,
+        }
         _origin_checks(server, client)
         assert client.get("/").status_code == 200
         to_app = client.get("/login")
@@ -340,13 +358,30 @@ def test_only_the_hash_is_kept(pw_server: ServerProcess) -> None:
 # -- the command line ----------------------------------------------------------------------
 
 
-def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
-          ) -> subprocess.CompletedProcess:
+def serve(
+    tmp_path: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
-    return subprocess.run([sys.executable, "-m", "tether", "serve", "--data-dir",
-                           str(tmp_path / "data"), "--port", str(free_port()), "--no-browser",
-                           *args], env={**environment, **(env or {})},
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether",
+            "serve",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--port",
+            str(free_port()),
+            "--no-browser",
+            *args,
+        ],
+        env={**environment, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_cli_password_errors_exit_2_naming_the_source(tmp_path: Path) -> None:
@@ -371,8 +406,10 @@ def test_password_file_reads_its_first_line(tmp_path: Path) -> None:
     secret = tmp_path / "pw"
     secret.write_text("s3cret words\nnot this line\n")
     secret.chmod(0o600)
-    with running_server(tmp_path / "data", env={"TETHER_PASSWORD_FILE": str(secret)}) as server, \
-            server.client() as client:
+    with (
+        running_server(tmp_path / "data", env={"TETHER_PASSWORD_FILE": str(secret)}) as server,
+        server.client() as client,
+    ):
         assert client.get("/api/sessions").status_code == 401
         assert login(client, "s3cret words\nnot this line").status_code == 401
         assert login(client, "s3cret words").status_code == 200
@@ -382,8 +419,10 @@ def test_password_file_reads_its_first_line(tmp_path: Path) -> None:
 def test_non_loopback_host_needs_a_password(tmp_path: Path) -> None:
     refused = serve(tmp_path, "--host", "0.0.0.0")
     assert refused.returncode == 2 and "without a password" in refused.stderr
-    with running_server(tmp_path / "data", "--host", "0.0.0.0", *PW_ARGS,
-                        env=PW_ENV) as server, server.client() as client:
+    with (
+        running_server(tmp_path / "data", "--host", "0.0.0.0", *PW_ARGS, env=PW_ENV) as server,
+        server.client() as client,
+    ):
         assert client.get("/api/sessions").status_code == 401
         assert login(client).status_code == 200
         assert client.get("/api/sessions").status_code == 200

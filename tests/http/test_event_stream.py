@@ -15,8 +15,10 @@ from helpers import ServerProcess, iter_sse, read_events, seqs
 def make_session_with_events(client: httpx.Client, total: int) -> str:
     sid = client.post("/api/sessions", json={"title": "t0"}).json()["session"]["session_id"]
     for i in range(1, total):
-        assert client.patch("/api/session", json={"session_id": sid,
-                                                   "title": f"t{i}"}).status_code == 200
+        assert (
+            client.patch("/api/session", json={"session_id": sid, "title": f"t{i}"}).status_code
+            == 200
+        )
     return sid
 
 
@@ -37,8 +39,7 @@ def test_last_event_id_header_resumes_and_the_query_wins(server: ServerProcess) 
         sid = make_session_with_events(client, 10)
         by_header = read_events(client, sid, headers={"Last-Event-ID": "7"}, until_seq=10)
         assert seqs(by_header) == [8, 9, 10]
-        both = read_events(client, sid, after="4", headers={"Last-Event-ID": "8"},
-                           until_seq=10)
+        both = read_events(client, sid, after="4", headers={"Last-Event-ID": "8"}, until_seq=10)
         assert seqs(both) == [5, 6, 7, 8, 9, 10]
 
 
@@ -61,8 +62,7 @@ def test_malformed_or_future_cursor_yields_one_snapshot_then_live(server: Server
             snapshot = frames[0].json
             assert frames[0].get("id") is None
             assert snapshot == client.get("/api/session", params={"session_id": sid}).json()
-        frames = read_events(client, sid, headers={"Last-Event-ID": "junk"},
-                             stop_on="heartbeat")
+        frames = read_events(client, sid, headers={"Last-Event-ID": "junk"}, stop_on="heartbeat")
         assert frames[0].event == "session.snapshot"
 
         # live events after the snapshot continue from its last_seq, without a gap
@@ -86,8 +86,9 @@ def test_no_cursor_means_from_now(server: ServerProcess) -> None:
     with server.client() as client:
         sid = make_session_with_events(client, 3)
         frames: list = []
-        reader = threading.Thread(target=lambda: frames.extend(
-            read_events(client, sid, until_seq=4)))
+        reader = threading.Thread(
+            target=lambda: frames.extend(read_events(client, sid, until_seq=4))
+        )
         reader.start()
         time.sleep(0.3)
         client.patch("/api/session", json={"session_id": sid, "title": "next"})
@@ -111,23 +112,28 @@ def test_idle_stream_sends_heartbeats_with_position(server: ServerProcess) -> No
         assert beats[0]["active_stream_id"] is None and "server_time" in beats[0]
 
 
-def test_fifty_concurrent_writers_reach_two_followers_identically(
-        server: ServerProcess) -> None:
+def test_fifty_concurrent_writers_reach_two_followers_identically(server: ServerProcess) -> None:
     with server.client() as client:
         sid = client.post("/api/sessions", json={}).json()["session"]["session_id"]
         total = 1 + 50 * 4
         followers: list[list] = [[], []]
-        threads = [threading.Thread(target=lambda out=out: out.extend(
-            read_events(client, sid, after="0", until_seq=total, timeout=30)))
-            for out in followers]
+        threads = [
+            threading.Thread(
+                target=lambda out=out: out.extend(
+                    read_events(client, sid, after="0", until_seq=total, timeout=30)
+                )
+            )
+            for out in followers
+        ]
         for t in threads:
             t.start()
 
         def writer(n: int) -> None:
             with server.client() as own:
                 for i in range(4):
-                    response = own.patch("/api/session", json={"session_id": sid,
-                                                                "title": f"w{n}-{i}"})
+                    response = own.patch(
+                        "/api/session", json={"session_id": sid, "title": f"w{n}-{i}"}
+                    )
                     assert response.status_code == 200
 
         writers = [threading.Thread(target=writer, args=(n,)) for n in range(50)]
@@ -168,8 +174,9 @@ def test_deleting_a_session_ends_its_stream(server: ServerProcess) -> None:
     with server.client() as client:
         sid = client.post("/api/sessions", json={}).json()["session"]["session_id"]
         frames: list = []
-        reader = threading.Thread(target=lambda: frames.extend(
-            read_events(client, sid, stop_on="session.deleted")))
+        reader = threading.Thread(
+            target=lambda: frames.extend(read_events(client, sid, stop_on="session.deleted"))
+        )
         reader.start()
         time.sleep(0.3)
         client.delete("/api/session", params={"session_id": sid})
@@ -180,15 +187,14 @@ def test_deleting_a_session_ends_its_stream(server: ServerProcess) -> None:
 def test_a_session_stream_can_carry_the_sidebar_feed(server: ServerProcess) -> None:
     """One connection per browser tab: `?sidebar=1` adds `session.changed` frames."""
     with server.client() as client:
-        sid = client.post("/api/sessions", json={"title": "open"}).json()["session"][
-            "session_id"]
-        other = client.post("/api/sessions", json={"title": "x"}).json()["session"][
-            "session_id"]
+        sid = client.post("/api/sessions", json={"title": "open"}).json()["session"]["session_id"]
+        other = client.post("/api/sessions", json={"title": "x"}).json()["session"]["session_id"]
         got: list = []
 
         def follow() -> None:
-            with client.stream("GET", f"/api/sessions/{sid}/events",
-                               params={"sidebar": "1"}) as response:
+            with client.stream(
+                "GET", f"/api/sessions/{sid}/events", params={"sidebar": "1"}
+            ) as response:
                 for frame in iter_sse(response):
                     got.append(frame)
                     if frame.event == "session.changed" and frame.json["session_id"] == other:

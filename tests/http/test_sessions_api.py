@@ -27,8 +27,9 @@ def test_create_get_patch_list_delete_round_trip(shared_server: ServerProcess) -
         body = client.get("/api/session", params={"session_id": sid}).json()["session"]
         assert body["messages"] == [] and body["live"] is None and body["last_seq"] == 1
         assert body["pending_user_message"] is None and body["pending_attachments"] == []
-        patched = client.patch("/api/session", json={"session_id": sid, "title": "  Food  ",
-                                                      "pinned": True}).json()["session"]
+        patched = client.patch(
+            "/api/session", json={"session_id": sid, "title": "  Food  ", "pinned": True}
+        ).json()["session"]
         assert patched["title"] == "Food" and patched["pinned"] is True
         listed = client.get("/api/sessions").json()["sessions"]
         assert listed[0]["session_id"] == sid  # pinned first
@@ -73,9 +74,13 @@ def test_truncate_without_messages_to_drop_changes_nothing(shared_server: Server
 
 
 BAD_REQUESTS = [
-    ("post", "/api/sessions", {"content": b"{not json", "headers": {"content-type":
-                                                                      "application/json"}},
-     400, "invalid_request"),
+    (
+        "post",
+        "/api/sessions",
+        {"content": b"{not json", "headers": {"content-type": "application/json"}},
+        400,
+        "invalid_request",
+    ),
     ("post", "/api/sessions", {"json": {"title": 12}}, 400, "invalid_request"),
     ("post", "/api/sessions", {"json": {"title": "   "}}, 400, "invalid_request"),
     ("post", "/api/sessions", {"json": {"title": "x" * 201}}, 400, "invalid_request"),
@@ -84,31 +89,75 @@ BAD_REQUESTS = [
     ("get", "/api/session", {"params": {"session_id": "x" * 65}}, 400, "invalid_request"),
     ("get", "/api/session", {}, 400, "invalid_request"),
     ("get", "/api/session", {"params": {"session_id": "unknown"}}, 404, "session_not_found"),
-    ("get", "/api/session/context", {"params": {"session_id": "unknown"}}, 404,
-     "session_not_found"),
-    ("get", "/api/session/status", {"params": {"session_id": "unknown"}}, 404,
-     "session_not_found"),
+    (
+        "get",
+        "/api/session/context",
+        {"params": {"session_id": "unknown"}},
+        404,
+        "session_not_found",
+    ),
+    ("get", "/api/session/status", {"params": {"session_id": "unknown"}}, 404, "session_not_found"),
     ("get", "/api/sessions/unknown/events", {}, 404, "session_not_found"),
     ("get", "/api/sessions/bad$id/events", {}, 400, "invalid_request"),
-    ("patch", "/api/session", {"json": {"session_id": "unknown", "title": "x"}}, 404,
-     "session_not_found"),
+    (
+        "patch",
+        "/api/session",
+        {"json": {"session_id": "unknown", "title": "x"}},
+        404,
+        "session_not_found",
+    ),
     ("patch", "/api/session", {"json": {"session_id": "{sid}"}}, 400, "invalid_request"),
-    ("patch", "/api/session", {"json": {"session_id": "{sid}", "pinned": "yes"}}, 400,
-     "invalid_request"),
-    ("patch", "/api/session", {"json": {"session_id": "{sid}", "title": " \n\t"}}, 400,
-     "invalid_request"),
+    (
+        "patch",
+        "/api/session",
+        {"json": {"session_id": "{sid}", "pinned": "yes"}},
+        400,
+        "invalid_request",
+    ),
+    (
+        "patch",
+        "/api/session",
+        {"json": {"session_id": "{sid}", "title": " \n\t"}},
+        400,
+        "invalid_request",
+    ),
     ("patch", "/api/session", {"json": {"session_id": 5, "title": "x"}}, 400, "invalid_request"),
     ("delete", "/api/session", {"params": {"session_id": "unknown"}}, 404, "session_not_found"),
-    ("post", "/api/session/truncate", {"json": {"session_id": "{sid}", "keep_count": -1}}, 400,
-     "invalid_request"),
-    ("post", "/api/session/truncate", {"json": {"session_id": "{sid}", "keep_count": 10**12}},
-     400, "invalid_request"),
-    ("post", "/api/session/truncate", {"json": {"session_id": "{sid}", "keep_count": 5}}, 400,
-     "invalid_request"),
-    ("post", "/api/session/truncate", {"json": {"session_id": "{sid}", "keep_count": "1"}}, 400,
-     "invalid_request"),
-    ("post", "/api/session/truncate", {"json": {"session_id": "unknown", "keep_count": 0}}, 404,
-     "session_not_found"),
+    (
+        "post",
+        "/api/session/truncate",
+        {"json": {"session_id": "{sid}", "keep_count": -1}},
+        400,
+        "invalid_request",
+    ),
+    (
+        "post",
+        "/api/session/truncate",
+        {"json": {"session_id": "{sid}", "keep_count": 10**12}},
+        400,
+        "invalid_request",
+    ),
+    (
+        "post",
+        "/api/session/truncate",
+        {"json": {"session_id": "{sid}", "keep_count": 5}},
+        400,
+        "invalid_request",
+    ),
+    (
+        "post",
+        "/api/session/truncate",
+        {"json": {"session_id": "{sid}", "keep_count": "1"}},
+        400,
+        "invalid_request",
+    ),
+    (
+        "post",
+        "/api/session/truncate",
+        {"json": {"session_id": "unknown", "keep_count": 0}},
+        404,
+        "session_not_found",
+    ),
     ("get", "/api/no-such-route", {}, 404, "not_found"),
     ("put", "/api/session", {}, 405, "method_not_allowed"),
 ]
@@ -116,15 +165,17 @@ BAD_REQUESTS = [
 
 @pytest.mark.parametrize(("method", "path", "kwargs", "status", "code"), BAD_REQUESTS)
 def test_bad_input_gets_a_clear_error_and_changes_nothing(
-        shared_server: ServerProcess, method: str, path: str, kwargs: dict, status: int,
-        code: str) -> None:
+    shared_server: ServerProcess, method: str, path: str, kwargs: dict, status: int, code: str
+) -> None:
     with shared_server.client() as client:
         sid = create(client, "Target")["session_id"]
         before_list = client.get("/api/sessions").json()
         before = client.get("/api/session", params={"session_id": sid}).json()
         if "json" in kwargs and isinstance(kwargs["json"], dict):
-            kwargs = {**kwargs, "json": {k: (sid if v == "{sid}" else v)
-                                         for k, v in kwargs["json"].items()}}
+            kwargs = {
+                **kwargs,
+                "json": {k: (sid if v == "{sid}" else v) for k, v in kwargs["json"].items()},
+            }
         response = client.request(method, path, **kwargs)
         assert response.status_code == status, response.text
         body = response.json()
@@ -136,8 +187,11 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(
 def test_oversized_body_is_413_and_changes_nothing(shared_server: ServerProcess) -> None:
     with shared_server.client() as client:
         before = client.get("/api/sessions").json()
-        response = client.post("/api/sessions", content=b'{"title": "' + b"x" * (26 * 2**20)
-                               + b'"}', headers={"content-type": "application/json"})
+        response = client.post(
+            "/api/sessions",
+            content=b'{"title": "' + b"x" * (26 * 2**20) + b'"}',
+            headers={"content-type": "application/json"},
+        )
         assert response.status_code == 413
         assert response.json()["code"] == "payload_too_large"
         assert client.get("/api/sessions").json() == before
@@ -152,8 +206,10 @@ def test_reads_renames_pins_and_restart_never_move_updated_at(server: ServerProc
 
         def observed() -> tuple[list[str], dict[str, tuple]]:
             rows = client.get("/api/sessions").json()["sessions"]
-            return ([r["session_id"] for r in rows],
-                    {r["session_id"]: (r["updated_at"], r["last_message_at"]) for r in rows})
+            return (
+                [r["session_id"] for r in rows],
+                {r["session_id"]: (r["updated_at"], r["last_message_at"]) for r in rows},
+            )
 
         order, stamps = observed()
         assert order == [newer, older]

@@ -20,11 +20,15 @@ def open_streams(client: httpx.Client) -> int:
 
 
 def test_a_client_over_its_stream_limit_gets_a_clear_429(tmp_path: Path) -> None:
-    with running_server(tmp_path / "data", "--max-streams-per-client", "2") as server, \
-            server.client() as client:
+    with (
+        running_server(tmp_path / "data", "--max-streams-per-client", "2") as server,
+        server.client() as client,
+    ):
         sid = client.post("/api/sessions", json={}).json()["session"]["session_id"]
-        with client.stream("GET", f"/api/sessions/{sid}/events"), \
-                client.stream("GET", "/api/events"):
+        with (
+            client.stream("GET", f"/api/sessions/{sid}/events"),
+            client.stream("GET", "/api/events"),
+        ):
             deadline = time.monotonic() + 5
             while open_streams(client) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -41,25 +45,32 @@ def test_a_client_over_its_stream_limit_gets_a_clear_429(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_a_subscriber_that_stops_reading_is_cut_off_without_slowing_others(
-        tmp_path: Path) -> None:
-    with running_server(tmp_path / "data", "--sse-write-deadline-seconds", "1") as server, \
-            server.client() as client:
+def test_a_subscriber_that_stops_reading_is_cut_off_without_slowing_others(tmp_path: Path) -> None:
+    with (
+        running_server(tmp_path / "data", "--sse-write-deadline-seconds", "1") as server,
+        server.client() as client,
+    ):
         sid = client.post("/api/sessions", json={}).json()["session"]["session_id"]
         client.post("/api/chat/start", json={"session_id": sid, "message": "/slow busy"})
-        queue_id = client.post("/api/chat/queue", json={"session_id": sid,
-                                                        "message": "x"}).json()["queue_id"]
+        queue_id = client.post("/api/chat/queue", json={"session_id": sid, "message": "x"}).json()[
+            "queue_id"
+        ]
         stuck = socket.socket()
         stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         stuck.connect(("127.0.0.1", server.port))
-        stuck.sendall(f"GET /api/sessions/{sid}/events?after=0 HTTP/1.1\r\n"
-                      f"Host: 127.0.0.1:{server.port}\r\n\r\n".encode())
+        stuck.sendall(
+            f"GET /api/sessions/{sid}/events?after=0 HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{server.port}\r\n\r\n".encode()
+        )
         received: list[int] = []
 
         def follow() -> None:
-            with server.client() as own, own.stream(
-                    "GET", f"/api/sessions/{sid}/events", params={"after": "0"},
-                    timeout=60) as response:
+            with (
+                server.client() as own,
+                own.stream(
+                    "GET", f"/api/sessions/{sid}/events", params={"after": "0"}, timeout=60
+                ) as response,
+            ):
                 for frame in iter_sse(response):
                     if frame.get("id"):
                         received.append(int(frame["id"]))
@@ -71,8 +82,12 @@ def test_a_subscriber_that_stops_reading_is_cut_off_without_slowing_others(
         big = "y" * 150_000
         started = time.monotonic()
         for i in range(60):  # ~9 MB of frames: far more than the stuck socket's buffers hold
-            assert client.patch("/api/chat/queue", params={"queue_id": queue_id},
-                                json={"text": f"{i}{big}"}).status_code == 200
+            assert (
+                client.patch(
+                    "/api/chat/queue", params={"queue_id": queue_id}, json={"text": f"{i}{big}"}
+                ).status_code
+                == 200
+            )
         writes_took = time.monotonic() - started
         client.delete("/api/chat/queue", params={"queue_id": queue_id})
         reader.join(30)

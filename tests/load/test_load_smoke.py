@@ -28,9 +28,25 @@ GET_P99_BOUND_MS = 250.0
 def test_quick_load_loses_nothing_and_keeps_gets_fast(tmp_path: Path) -> None:
     out = tmp_path / "load_test.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--seconds", "10", "--runs", "10",
-         "--subscribers", "40", "--dir", str(tmp_path), "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=80,
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--quick",
+            "--seconds",
+            "10",
+            "--runs",
+            "10",
+            "--subscribers",
+            "40",
+            "--dir",
+            str(tmp_path),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=80,
     )
     report = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert proc.returncode == 0, report
@@ -49,5 +65,6 @@ def test_quick_load_loses_nothing_and_keeps_gets_fast(tmp_path: Path) -> None:
     for path in ("/api/sessions", "/api/session"):
         probe = results["results"]["probes"][f"load {path}"]
         assert probe["n"] > 0 and probe["errors"] == 0, report
-        assert probe["p99_ms"] < GET_P99_BOUND_MS, f"GET {path} p99 {probe['p99_ms']:.0f} ms\n" \
-                                                   + report
+        assert probe["p99_ms"] < GET_P99_BOUND_MS, (
+            f"GET {path} p99 {probe['p99_ms']:.0f} ms\n" + report
+        )

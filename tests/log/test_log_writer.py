@@ -38,8 +38,9 @@ def test_fifty_concurrent_appenders_get_contiguous_seqs_in_disk_order(tmp_path: 
         async def appender(n: int) -> list[int]:
             got = []
             for i in range(per_task):
-                events = await store.append("s1", [Draft("text.delta", {"item_id": f"{n}",
-                                                                         "text": str(i)})])
+                events = await store.append(
+                    "s1", [Draft("text.delta", {"item_id": f"{n}", "text": str(i)})]
+                )
                 got.extend(e.seq for e in events)
             return got
 
@@ -54,8 +55,10 @@ def test_fifty_concurrent_appenders_get_contiguous_seqs_in_disk_order(tmp_path: 
     assert appended == list(range(2, 2 + 1000))
     assert published == appended  # live publication in seq order, each once
     with sqlite3.connect(db) as conn:
-        on_disk = [row[0] for row in conn.execute(
-            "SELECT seq FROM events WHERE session_id='s1' ORDER BY id")]
+        on_disk = [
+            row[0]
+            for row in conn.execute("SELECT seq FROM events WHERE session_id='s1' ORDER BY id")
+        ]
     assert on_disk == list(range(1, 1002))
 
 
@@ -97,8 +100,7 @@ def test_append_to_unknown_or_deleted_session_is_refused(tmp_path: Path) -> None
     asyncio.run(main())
 
 
-def test_events_of_a_finished_stream_are_refused_so_late_output_cannot_land(
-        tmp_path: Path) -> None:
+def test_events_of_a_finished_stream_are_refused_so_late_output_cannot_land(tmp_path: Path) -> None:
     async def main() -> None:
         store = open_store(tmp_path / "t.db")
         await store.create_session("s1", created())
@@ -106,8 +108,9 @@ def test_events_of_a_finished_stream_are_refused_so_late_output_cannot_land(
         with pytest.raises(StreamClosed):
             await store.append("s1", [Draft("text.delta", {"text": "late"}, stream_id="r1")])
         with pytest.raises(StreamClosed):  # exactly one terminal per stream
-            await store.append("s1", [Draft("run.finished", {"state": "completed"},
-                                            stream_id="r1")])
+            await store.append(
+                "s1", [Draft("run.finished", {"state": "completed"}, stream_id="r1")]
+            )
         store.close()
         reopened = open_store(tmp_path / "t.db")  # the rule survives a restart
         with pytest.raises(StreamClosed):
@@ -172,8 +175,10 @@ def test_an_old_database_is_migrated_forward(tmp_path: Path) -> None:
     first_name, first = MIGRATIONS[0]
     first(conn)
     conn.execute("INSERT INTO migrations VALUES (?, 0)", (first_name,))
-    conn.execute("INSERT INTO events (session_id, seq, type, at, data) VALUES "
-                 "('old', 1, 'session.created', 1.0, '{\"title\": \"From v0\"}')")
+    conn.execute(
+        "INSERT INTO events (session_id, seq, type, at, data) VALUES "
+        "('old', 1, 'session.created', 1.0, '{\"title\": \"From v0\"}')"
+    )
     conn.close()
     store = open_store(db)
     assert store.index_state("old")["title"] == "From v0"
@@ -192,8 +197,7 @@ def test_a_corrupted_database_is_a_clear_error_naming_the_file(tmp_path: Path) -
     assert db.read_bytes().startswith(b"this is not a database")  # left untouched
 
 
-def test_unstorable_data_fails_only_its_own_append_and_the_writer_lives_on(
-        tmp_path: Path) -> None:
+def test_unstorable_data_fails_only_its_own_append_and_the_writer_lives_on(tmp_path: Path) -> None:
     """Found by fuzzing: a lone surrogate used to kill the writer thread, freezing all writes."""
     from tether.log.errors import InvalidEvent
 

@@ -26,9 +26,19 @@ def openai_server(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
     workspace = tmp_path / "workspace"
     workspace.mkdir()
     (workspace / "notes.txt").write_text("The launch is on Tuesday.\n")
-    with running_server(tmp_path / "data", "--runtime", "openai", "--base-url", fake.base_url,
-                        "--model", "fake-model", "--workspace", str(workspace),
-                        "--cancel-reclaim-seconds", "2") as srv:
+    with running_server(
+        tmp_path / "data",
+        "--runtime",
+        "openai",
+        "--base-url",
+        fake.base_url,
+        "--model",
+        "fake-model",
+        "--workspace",
+        str(workspace),
+        "--cancel-reclaim-seconds",
+        "2",
+    ) as srv:
         yield srv
 
 

@@ -40,14 +40,16 @@ class Harness:
 
 @asynccontextmanager
 async def harness(tmp_path: Path, runtime: Runtime) -> AsyncIterator[Harness]:
-    store = SQLiteEventStore(tmp_path / "tether.db", index_fold=fold_row,
-                             index_version=SIDEBAR_FOLD_VERSION)
+    store = SQLiteEventStore(
+        tmp_path / "tether.db", index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION
+    )
     store.attach_hub(Hub(asyncio.get_running_loop()))
     registry = RunRegistry()
     attachments = AttachmentStore(tmp_path / "attachments")
     sessions = SessionService(store, registry, attachments)
-    engine = RunEngine(store=store, sessions=sessions, registry=registry, runtime=runtime,
-                       attachments=attachments)
+    engine = RunEngine(
+        store=store, sessions=sessions, registry=registry, runtime=runtime, attachments=attachments
+    )
     try:
         yield Harness(store, registry, sessions, engine)
     finally:

@@ -24,19 +24,25 @@ from helpers import (
 
 def _pending(client: httpx.Client, sid: str) -> dict[str, Any]:
     """The live scene's approval item, once the agent has asked."""
-    return wait_until(lambda: next((i for i in live_timeline(client, sid)
-                                    if i["type"] == "approval"), None), what="the question")
+    return wait_until(
+        lambda: next((i for i in live_timeline(client, sid) if i["type"] == "approval"), None),
+        what="the question",
+    )
 
 
-def _approve(client: httpx.Client, stream_id: str, choice: str,
-             approval_id: str = "ap1") -> httpx.Response:
-    return client.post("/api/chat/approve", json={"stream_id": stream_id,
-                                                  "approval_id": approval_id, "choice": choice})
+def _approve(
+    client: httpx.Client, stream_id: str, choice: str, approval_id: str = "ap1"
+) -> httpx.Response:
+    return client.post(
+        "/api/chat/approve",
+        json={"stream_id": stream_id, "approval_id": approval_id, "choice": choice},
+    )
 
 
 @pytest.mark.parametrize(("choice", "allowed"), [("once", True), ("deny", False)])
-def test_the_answer_reaches_the_agent_once_and_is_recorded(demo_server: ServerProcess,
-                                                           choice: str, allowed: bool) -> None:
+def test_the_answer_reaches_the_agent_once_and_is_recorded(
+    demo_server: ServerProcess, choice: str, allowed: bool
+) -> None:
     with demo_server.client() as client:
         sid = new_session(client)
         run = start_turn(client, sid, "/approve")

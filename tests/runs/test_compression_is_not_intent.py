@@ -17,16 +17,20 @@ STALE_TASK = "ACTIVE TASK: delete the staging database"
 
 
 def test_a_fresh_chat_never_resumes_a_stale_compressed_task(
-        openai_server: ServerProcess, fake: FakeOpenAI) -> None:
+    openai_server: ServerProcess, fake: FakeOpenAI
+) -> None:
     fake.context_length = 500
     with openai_server.client() as client:
         old = new_session(client)
-        fake.script(reply(text("word " * 350), usage={"prompt_tokens": 20,
-                                                      "completion_tokens": 420}))
+        fake.script(
+            reply(text("word " * 350), usage={"prompt_tokens": 20, "completion_tokens": 420})
+        )
         start_turn(client, old, "help me clean up staging")
         wait_idle(client, old)
-        fake.script(reply(text(f"Summary. {STALE_TASK}.")),  # the compression pass
-                    reply(text("Noted.")))
+        fake.script(
+            reply(text(f"Summary. {STALE_TASK}.")),  # the compression pass
+            reply(text("Noted.")),
+        )
         start_turn(client, old, "thanks, that's all for now")
         body = wait_idle(client, old)
         sent = fake.requests[-1]["messages"]

@@ -24,8 +24,11 @@ def assert_visible_turns_in_context(client, session_id: str) -> dict:  # noqa: A
     excluded = {e["turn_id"]: e["reason"] for e in context["excluded"]}
     assert all(reason for reason in excluded.values())
     sent = [m["content"] for m in context["context_messages"] if m["role"] == "user"]
-    expected = [m["content"] for m in body["messages"]
-                if m["role"] == "user" and m["turn_id"] not in excluded]
+    expected = [
+        m["content"]
+        for m in body["messages"]
+        if m["role"] == "user" and m["turn_id"] not in excluded
+    ]
     assert sent == expected
     current = [m for m in body["messages"] if m["role"] == "user"][-1]
     assert current["turn_id"] not in excluded  # the current turn is never left out
@@ -60,20 +63,31 @@ def test_after_a_restart_mid_run(demo_server: ServerProcess) -> None:
 @pytest.mark.slow
 def test_after_a_provider_error_and_a_compression(tmp_path, fake: FakeOpenAI) -> None:  # noqa: ANN001
     fake.context_length = 600
-    with running_server(tmp_path / "data", "--runtime", "openai", "--base-url", fake.base_url,
-                        "--model", "fake-model") as server, server.client() as client:
+    with (
+        running_server(
+            tmp_path / "data",
+            "--runtime",
+            "openai",
+            "--base-url",
+            fake.base_url,
+            "--model",
+            "fake-model",
+        ) as server,
+        server.client() as client,
+    ):
         sid = new_session(client)
         fake.script(error(500, "upstream exploded"))
         start_turn(client, sid, "one")
         assert wait_idle(client, sid)["messages"][-1]["state"] == "error"
         assert_visible_turns_in_context(client, sid)
         long_answer = "word " * 400  # ~500 tokens: the next request passes 80% of 600
-        fake.script(reply(text(long_answer), usage={"prompt_tokens": 20,
-                                                    "completion_tokens": 500}))
+        fake.script(reply(text(long_answer), usage={"prompt_tokens": 20, "completion_tokens": 500}))
         start_turn(client, sid, "two")
         wait_idle(client, sid)
-        fake.script(reply(text("a short handoff summary")),  # the summary request
-                    reply(text("three answered")))
+        fake.script(
+            reply(text("a short handoff summary")),  # the summary request
+            reply(text("three answered")),
+        )
         start_turn(client, sid, "three")
         body = wait_idle(client, sid)
         assert body["messages"][-1]["content"] == "three answered"
@@ -88,8 +102,18 @@ def test_after_a_provider_error_and_a_compression(tmp_path, fake: FakeOpenAI) ->
 
 @pytest.mark.slow
 def test_a_hanging_stop_keeps_the_turn(tmp_path, fake: FakeOpenAI) -> None:  # noqa: ANN001
-    with running_server(tmp_path / "data", "--runtime", "openai", "--base-url", fake.base_url,
-                        "--model", "fake-model") as server, server.client() as client:
+    with (
+        running_server(
+            tmp_path / "data",
+            "--runtime",
+            "openai",
+            "--base-url",
+            fake.base_url,
+            "--model",
+            "fake-model",
+        ) as server,
+        server.client() as client,
+    ):
         sid = new_session(client)
         fake.script(reply(text("partial"), barrier("b"), hang()))
         run = start_turn(client, sid, "hang on")

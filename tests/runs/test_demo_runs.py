@@ -66,8 +66,7 @@ def test_second_start_while_running_is_busy_then_admitted(demo_server: ServerPro
         assert status["phase"] in ("starting", "running")  # admitted, not cancelling
         health = client.get("/api/health").json()
         assert health["active_runs"] == 1 and health["attachable_runs"] == 1
-        truncate = client.post("/api/session/truncate", json={"session_id": sid,
-                                                              "keep_count": 0})
+        truncate = client.post("/api/session/truncate", json={"session_id": sid, "keep_count": 0})
         assert truncate.status_code == 409 and truncate.json()["code"] == "session_busy"
         client.post("/api/chat/cancel", json={"stream_id": first["stream_id"]})
         wait_idle(client, sid)
@@ -100,8 +99,7 @@ def test_stop_keeps_partial_output_visible_and_in_context(demo_server: ServerPro
         assert [f.event for f in events].count("run.cancel_requested") == 1
 
 
-def test_stop_after_completion_and_unknown_stop_change_nothing(
-        demo_server: ServerProcess) -> None:
+def test_stop_after_completion_and_unknown_stop_change_nothing(demo_server: ServerProcess) -> None:
     with demo_server.client() as client:
         sid = new_session(client)
         run = start_turn(client, sid, "quick")
@@ -109,10 +107,14 @@ def test_stop_after_completion_and_unknown_stop_change_nothing(
         last_seq = session_body(client, sid)["last_seq"]
         again = client.post("/api/chat/cancel", json={"stream_id": run["stream_id"]}).json()
         assert again["cancelled"] is False
-        assert client.post("/api/chat/cancel", json={"session_id": sid}).json()[
-            "cancelled"] is False
+        assert (
+            client.post("/api/chat/cancel", json={"session_id": sid}).json()["cancelled"] is False
+        )
         assert client.post("/api/chat/cancel", json={"stream_id": "r_unknown"}).json() == {
-            "ok": True, "cancelled": False, "stream_id": "r_unknown"}
+            "ok": True,
+            "cancelled": False,
+            "stream_id": "r_unknown",
+        }
         missing = client.post("/api/chat/cancel", json={})
         assert missing.status_code == 400 and missing.json()["code"] == "invalid_request"
         assert session_body(client, sid)["last_seq"] == last_seq
@@ -130,8 +132,9 @@ def test_two_concurrent_stops_cancel_once(demo_server: ServerProcess) -> None:
         def stop() -> None:
             with demo_server.client() as own:
                 barrier.wait()
-                results.append(own.post("/api/chat/cancel",
-                                        json={"stream_id": run["stream_id"]}).json())
+                results.append(
+                    own.post("/api/chat/cancel", json={"stream_id": run["stream_id"]}).json()
+                )
 
         threads = [threading.Thread(target=stop) for _ in range(2)]
         for t in threads:
@@ -170,8 +173,10 @@ def test_two_subscribers_receive_identical_sequences(demo_server: ServerProcess)
         results: list[list] = [[], []]
 
         def follow(out: list) -> None:
-            with demo_server.client() as own, own.stream(
-                    "GET", f"/api/sessions/{sid}/events", params={"after": "0"}) as response:
+            with (
+                demo_server.client() as own,
+                own.stream("GET", f"/api/sessions/{sid}/events", params={"after": "0"}) as response,
+            ):
                 for frame in iter_sse(response):
                     if frame.get("id"):
                         out.append((frame["id"], frame.event, frame["data"]))
@@ -188,8 +193,7 @@ def test_two_subscribers_receive_identical_sequences(demo_server: ServerProcess)
         assert results[0] == results[1] and len(results[0]) > 10
 
 
-def test_sse_cut_at_random_frames_then_resumed_folds_the_same(
-        demo_server: ServerProcess) -> None:
+def test_sse_cut_at_random_frames_then_resumed_folds_the_same(demo_server: ServerProcess) -> None:
     """Reconnect with Last-Event-ID after random cuts: the client's projection equals that of
     a client that never disconnected (and the server's own)."""
     rng = random.Random(7)
@@ -202,8 +206,7 @@ def test_sse_cut_at_random_frames_then_resumed_folds_the_same(
         while not done:
             budget = rng.randint(1, 25)
             headers = {"Last-Event-ID": cursor}
-            with client.stream("GET", f"/api/sessions/{sid}/events",
-                               headers=headers) as response:
+            with client.stream("GET", f"/api/sessions/{sid}/events", headers=headers) as response:
                 for frame in iter_sse(response):
                     if not frame.get("id"):
                         continue
@@ -221,8 +224,7 @@ def test_sse_cut_at_random_frames_then_resumed_folds_the_same(
         assert fold_frames(received)["messages"] == wait_idle(client, sid)["messages"]
 
 
-def test_reload_mid_run_shows_the_turn_before_its_live_output(
-        demo_server: ServerProcess) -> None:
+def test_reload_mid_run_shows_the_turn_before_its_live_output(demo_server: ServerProcess) -> None:
     """Invariant 2: a fresh GET during a run has the user turn, the pending fields and the live
     scene; the live timeline is a prefix of the settled one."""
     with demo_server.client() as client:
@@ -237,4 +239,4 @@ def test_reload_mid_run_shows_the_turn_before_its_live_output(
         assert body["live"]["phase"] == "running" and body["active_stream_id"] == run["stream_id"]
         live_ids = [item["id"] for item in body["live"]["timeline"]]
         settled = wait_idle(client, sid)["messages"][-1]
-        assert [item["id"] for item in settled["timeline"]][:len(live_ids)] == live_ids
+        assert [item["id"] for item in settled["timeline"]][: len(live_ids)] == live_ids

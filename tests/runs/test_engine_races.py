@@ -79,16 +79,19 @@ def test_stop_before_invocation_means_the_runtime_is_never_called(tmp_path: Path
             await h.wait_idle(sid)
             assert runtime.invocations == 0
             types = await h.types(sid)
-            assert types == ["session.created", "turn.submitted", "run.cancel_requested",
-                             "run.finished"]
+            assert types == [
+                "session.created",
+                "turn.submitted",
+                "run.cancel_requested",
+                "run.finished",
+            ]
             finished = (await h.store.read(sid))[-1]
             assert finished.data["state"] == "cancelled"
 
     asyncio.run(main())
 
 
-def test_wedged_worker_is_busy_not_attachable_then_reclaimed_and_fenced(
-        tmp_path: Path) -> None:
+def test_wedged_worker_is_busy_not_attachable_then_reclaimed_and_fenced(tmp_path: Path) -> None:
     async def main() -> None:
         runtime = StubbornRuntime()
         async with harness(tmp_path, runtime) as h:

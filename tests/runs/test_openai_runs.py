@@ -39,10 +39,14 @@ pytestmark = pytest.mark.slow
 
 
 def test_streamed_answer_with_reasoning_and_a_workspace_tool(
-        openai_server: ServerProcess, fake: FakeOpenAI) -> None:
+    openai_server: ServerProcess, fake: FakeOpenAI
+) -> None:
     fake.script(
-        reply(reasoning("Need the notes."), text("Checking the notes."),
-              tool_call("call_1", "read_file", {"path": "notes.txt"})),
+        reply(
+            reasoning("Need the notes."),
+            text("Checking the notes."),
+            tool_call("call_1", "read_file", {"path": "notes.txt"}),
+        ),
         reply(text("The launch is on **Tuesday**.")),
     )
     with openai_server.client() as client:
@@ -64,13 +68,17 @@ def test_streamed_answer_with_reasoning_and_a_workspace_tool(
         assert roles[-2:] == ["assistant", "tool"]
         assert "Tuesday" in second["messages"][-1]["content"]
         events = read_events(client, sid, after="0", stop_on="heartbeat")
-        assert events[2].json["data"] == {"stream_id": assistant["stream_id"],
-                                          "turn_id": assistant["turn_id"],
-                                          "runtime": "openai", "model": "fake-model"}
+        assert events[2].json["data"] == {
+            "stream_id": assistant["stream_id"],
+            "turn_id": assistant["turn_id"],
+            "runtime": "openai",
+            "model": "fake-model",
+        }
 
 
 def test_stop_mid_stream_closes_the_model_request_within_a_second(
-        openai_server: ServerProcess, fake: FakeOpenAI) -> None:
+    openai_server: ServerProcess, fake: FakeOpenAI
+) -> None:
     fake.script(reply(text("Partial answer "), barrier("mid"), text("never sent"), hang()))
     with openai_server.client() as client:
         sid = new_session(client)
@@ -79,7 +87,8 @@ def test_stop_mid_stream_closes_the_model_request_within_a_second(
         read_events(client, sid, after="0", stop_on="text.delta")
         stopped_at = time.monotonic()
         assert client.post("/api/chat/cancel", json={"stream_id": run["stream_id"]}).json()[
-            "cancelled"]
+            "cancelled"
+        ]
         assert fake.wait_disconnects(1, 5)
         assert fake.disconnect_times[0] - stopped_at < 1.0
         body = wait_idle(client, sid)
@@ -95,18 +104,28 @@ def test_stop_mid_stream_closes_the_model_request_within_a_second(
         assert sent[2] == {"role": "user", "content": "Go on"}
 
 
-@pytest.mark.parametrize(("script", "code"), [
-    (error(401, "Incorrect API key provided", code="invalid_api_key"), "auth"),
-    (error(429, "Rate limit reached", code="rate_limit_exceeded"), "rate_limit"),
-    (error(404, "The model does not exist", code="model_not_found"), "model_not_found"),
-    (error(400, "This model's maximum context length is 8192 tokens",
-           code="context_length_exceeded"), "context_overflow"),
-    (error(500, "The server had an error"), "bad_response"),
-    (malformed(), "bad_response"),
-    (drop_connection(text("half")), "network"),
-])
+@pytest.mark.parametrize(
+    ("script", "code"),
+    [
+        (error(401, "Incorrect API key provided", code="invalid_api_key"), "auth"),
+        (error(429, "Rate limit reached", code="rate_limit_exceeded"), "rate_limit"),
+        (error(404, "The model does not exist", code="model_not_found"), "model_not_found"),
+        (
+            error(
+                400,
+                "This model's maximum context length is 8192 tokens",
+                code="context_length_exceeded",
+            ),
+            "context_overflow",
+        ),
+        (error(500, "The server had an error"), "bad_response"),
+        (malformed(), "bad_response"),
+        (drop_connection(text("half")), "network"),
+    ],
+)
 def test_provider_failures_end_the_run_with_a_typed_error(
-        openai_server: ServerProcess, fake: FakeOpenAI, script: object, code: str) -> None:
+    openai_server: ServerProcess, fake: FakeOpenAI, script: object, code: str
+) -> None:
     fake.default_reply = script
     with openai_server.client() as client:
         sid = new_session(client)
@@ -124,8 +143,7 @@ def test_provider_failures_end_the_run_with_a_typed_error(
         assert len(finished) == 1 and finished[0]["error"]["code"] == code
 
 
-def test_the_tool_loop_stops_at_its_limit(openai_server: ServerProcess,
-                                          fake: FakeOpenAI) -> None:
+def test_the_tool_loop_stops_at_its_limit(openai_server: ServerProcess, fake: FakeOpenAI) -> None:
     fake.default_reply = reply(tool_call("call_again", "list_files", {"path": "."}))
     with openai_server.client() as client:
         sid = new_session(client)
@@ -137,10 +155,14 @@ def test_the_tool_loop_stops_at_its_limit(openai_server: ServerProcess,
 
 
 def test_stop_before_the_first_model_request_makes_no_request(
-        tmp_path: Path, fake: FakeOpenAI) -> None:
+    tmp_path: Path, fake: FakeOpenAI
+) -> None:
     async def main() -> None:
-        runtime = OpenAIRuntime(Settings(runtime="openai", base_url=fake.base_url,
-                                         model="fake-model", data_dir=tmp_path))
+        runtime = OpenAIRuntime(
+            Settings(
+                runtime="openai", base_url=fake.base_url, model="fake-model", data_dir=tmp_path
+            )
+        )
         async with harness(tmp_path, runtime) as h:
             sid = (await h.sessions.create(None))["session_id"]
             run = await h.engine.start(sid, "hi", [], None)
@@ -153,18 +175,23 @@ def test_stop_before_the_first_model_request_makes_no_request(
 
 
 def test_steer_joins_the_conversation_after_the_current_tool_result(
-        openai_server: ServerProcess, fake: FakeOpenAI) -> None:
+    openai_server: ServerProcess, fake: FakeOpenAI
+) -> None:
     fake.script(
-        reply(text("Looking."), barrier("before-tool"),
-              tool_call("call_1", "list_files", {"path": "."})),
+        reply(
+            text("Looking."),
+            barrier("before-tool"),
+            tool_call("call_1", "list_files", {"path": "."}),
+        ),
         reply(text("Done, and budget noted.")),
     )
     with openai_server.client() as client:
         sid = new_session(client)
         run = start_turn(client, sid, "Check the files")
         assert fake.wait_reached("before-tool", 10)
-        accepted = client.post("/api/chat/steer", json={"stream_id": run["stream_id"],
-                                                        "text": "also note the budget"})
+        accepted = client.post(
+            "/api/chat/steer", json={"stream_id": run["stream_id"], "text": "also note the budget"}
+        )
         assert accepted.json()["accepted"] is True
         fake.release("before-tool")
         body = wait_idle(client, sid)
@@ -173,25 +200,29 @@ def test_steer_joins_the_conversation_after_the_current_tool_result(
         assert [m["role"] for m in second][-3:] == ["assistant", "tool", "user"]
         assert second[-1] == {"role": "user", "content": "also note the budget"}
         context = client.get("/api/session/context", params={"session_id": sid}).json()
-        assert {"role": "user", "content": "also note the budget"} in context[
-            "context_messages"]
+        assert {"role": "user", "content": "also note the budget"} in context["context_messages"]
 
 
 @pytest.mark.parametrize("order", ["reasoning first", "progress first"])
 def test_an_echo_between_reasoning_and_progress_is_shown_once(
-        openai_server: ServerProcess, fake: FakeOpenAI, order: str) -> None:
+    openai_server: ServerProcess, fake: FakeOpenAI, order: str
+) -> None:
     """Contract invariant 5 (echo index): stripped once where output enters the log, so the
     settled transcript and a replay of the log both show the progress text once."""
     progress = "Let me check the notes file first."
     if order == "reasoning first":
-        steps = [reasoning("The user wants the date. Let me   check\nthe notes file first."),
-                 text(progress)]
+        steps = [
+            reasoning("The user wants the date. Let me   check\nthe notes file first."),
+            text(progress),
+        ]
         kept = "The user wants the date."
     else:
         steps = [text(progress), reasoning("Let me check the notes\n\nfile   first.")]
         kept = ""
-    fake.script(reply(*steps, tool_call("call_1", "read_file", {"path": "notes.txt"})),
-                reply(text("Tuesday.")))
+    fake.script(
+        reply(*steps, tool_call("call_1", "read_file", {"path": "notes.txt"})),
+        reply(text("Tuesday.")),
+    )
     with openai_server.client() as client:
         sid = new_session(client)
         run = start_turn(client, sid, "When?")

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("how", ["kill -9", "SIGTERM"])
 def test_a_run_cut_by_the_process_ending_is_interrupted_and_kept(
-        demo_server: ServerProcess, how: str) -> None:
+    demo_server: ServerProcess, how: str
+) -> None:
     with demo_server.client() as client:
         sid = new_session(client)
         start_turn(client, sid, "/slow survive this")
@@ -42,10 +43,9 @@ def test_a_run_cut_by_the_process_ending_is_interrupted_and_kept(
         assert assistant["state"] == "interrupted"
         assert assistant["timeline"][-1]["type"] == "notice"
         live_ids = [i["id"] for i in before["live"]["timeline"]]
-        assert [i["id"] for i in assistant["timeline"]][:len(live_ids)] == live_ids
+        assert [i["id"] for i in assistant["timeline"]][: len(live_ids)] == live_ids
         context = client.get("/api/session/context", params={"session_id": sid}).json()
-        assert context["context_messages"][0] == {"role": "user",
-                                                  "content": "/slow survive this"}
+        assert context["context_messages"][0] == {"role": "user", "content": "/slow survive this"}
         assert "Interrupted" in str(context["context_messages"][1:])
         events = read_events(client, sid, after="0", stop_on="heartbeat")
         assert [f.event for f in events].count("run.finished") == 1

@@ -77,19 +77,23 @@ def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) 
             assert child_row["parent_session_id"] == parent
             assert child_row["title"] == "Research"
             assert child_row["updated_at"] == parent_row["updated_at"]
-            listed = [r["session_id"] for r in await h.sessions.list_rows(archived=False,
-                                                                          query=None)]
+            listed = [
+                r["session_id"] for r in await h.sessions.list_rows(archived=False, query=None)
+            ]
             assert child in listed and parent not in listed
             # the child shows the parent's history (display only) ...
             child_view = await h.sessions.view(child)
             assert child_view["messages"] == []
             assert [m["content"] for m in child_view["inherited_messages"]] == [
-                "first question", "answer 1"]
+                "first question",
+                "answer 1",
+            ]
             assert {m["session_id"] for m in child_view["inherited_messages"]} == {parent}
             # ... while its model context starts from the summary, as reference material
             context = await h.sessions.context(child)
             assert context["context_messages"] == [
-                {"role": "system", "content": SUMMARY_PREFIX + "handoff #1"}]
+                {"role": "system", "content": SUMMARY_PREFIX + "handoff #1"}
+            ]
             # a stale start on the parent is refused before any mutation
             before = await h.store.read(parent)
             with pytest.raises(SessionError) as info:
@@ -113,7 +117,11 @@ def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) 
             assert info.value.extra["continuation_session_id"] == grandchild
             grandchild_view = await h.sessions.view(grandchild)
             assert [m["content"] for m in grandchild_view["inherited_messages"]] == [
-                "first question", "answer 1", "second question", "answer 2"]
+                "first question",
+                "answer 1",
+                "second question",
+                "answer 2",
+            ]
 
     asyncio.run(main())
 
@@ -122,8 +130,7 @@ def test_in_place_mode_never_rotates(tmp_path: Path) -> None:
     async def main() -> None:
         runtime = FullContextRuntime()
         async with harness(tmp_path, runtime) as h:
-            h.engine.rotator = Rotator(h.engine, Settings(data_dir=tmp_path,
-                                                          context_window=1000))
+            h.engine.rotator = Rotator(h.engine, Settings(data_dir=tmp_path, context_window=1000))
             sid = (await h.sessions.create(None))["session_id"]
             await h.engine.start(sid, "q")
             await h.wait_idle(sid)

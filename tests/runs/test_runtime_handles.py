@@ -77,8 +77,7 @@ async def completed_run(h: Harness, runtime: BarrierRuntime, sid: str) -> None:
     await h.wait_idle(sid)
 
 
-def test_stop_during_construction_never_calls_never_caches_and_cleans_up(
-        tmp_path: Path) -> None:
+def test_stop_during_construction_never_calls_never_caches_and_cleans_up(tmp_path: Path) -> None:
     async def main() -> None:
         runtime = BarrierRuntime()
         async with harness(tmp_path, runtime) as h:
@@ -116,8 +115,7 @@ def test_rejected_cache_hit_leaves_the_borrowed_handle_alone(tmp_path: Path) -> 
     asyncio.run(main())
 
 
-def test_stop_after_admission_before_invocation_retires_only_its_own_entry(
-        tmp_path: Path) -> None:
+def test_stop_after_admission_before_invocation_retires_only_its_own_entry(tmp_path: Path) -> None:
     async def main() -> None:
         runtime = BarrierRuntime()
         runtime.construct_gate.set()

@@ -22,15 +22,22 @@ def test_steer_reaches_the_running_agent_and_its_context(demo_server: ServerProc
         sid = new_session(client)
         run = start_turn(client, sid, "/slow summarise")
         read_events(client, sid, after="0", stop_on="reasoning.delta")
-        steer = client.post("/api/chat/steer", json={"stream_id": run["stream_id"],
-                                                     "text": "mention the budget"}).json()
+        steer = client.post(
+            "/api/chat/steer", json={"stream_id": run["stream_id"], "text": "mention the budget"}
+        ).json()
         assert steer["accepted"] is True
         body = wait_idle(client, sid)
         assistant = body["messages"][-1]
         assert "mention the budget" in assistant["content"]
         steer_rows = [i for i in assistant["timeline"] if i["type"] == "steer"]
-        assert steer_rows == [{"id": steer_rows[0]["id"], "type": "steer",
-                               "text": "mention the budget", "leftover": False}]
+        assert steer_rows == [
+            {
+                "id": steer_rows[0]["id"],
+                "type": "steer",
+                "text": "mention the budget",
+                "leftover": False,
+            }
+        ]
         context = client.get("/api/session/context", params={"session_id": sid}).json()
         users = [m["content"] for m in context["context_messages"] if m["role"] == "user"]
         assert users == ["/slow summarise", "mention the budget"]
@@ -45,11 +52,15 @@ def test_steer_the_run_never_saw_comes_back_as_leftover(demo_server: ServerProce
         while True:
             frames = read_events(client, sid, after=frames[-1]["id"], stop_on="text.delta")
             body = session_body(client, sid)
-            if body["live"] and body["live"]["timeline"][-1]["type"] == "text" and \
-                    len(body["live"]["timeline"]) > 4:
+            if (
+                body["live"]
+                and body["live"]["timeline"][-1]["type"] == "text"
+                and len(body["live"]["timeline"]) > 4
+            ):
                 break
-        assert client.post("/api/chat/steer", json={"stream_id": run["stream_id"],
-                                                    "text": "too late"}).json()["accepted"]
+        assert client.post(
+            "/api/chat/steer", json={"stream_id": run["stream_id"], "text": "too late"}
+        ).json()["accepted"]
         body = wait_idle(client, sid)
         events = read_events(client, sid, after="0", stop_on="heartbeat")
         leftover = [f.json["data"] for f in events if f.event == "steer.leftover"]
@@ -64,20 +75,23 @@ def test_steer_the_run_never_saw_comes_back_as_leftover(demo_server: ServerProce
         assert "too late" not in str(context["context_messages"])
 
 
-def test_steer_for_a_finished_or_unknown_run_is_not_accepted(
-        demo_server: ServerProcess) -> None:
+def test_steer_for_a_finished_or_unknown_run_is_not_accepted(demo_server: ServerProcess) -> None:
     with demo_server.client() as client:
         sid = new_session(client)
         run = start_turn(client, sid, "hi")
         wait_idle(client, sid)
         before = session_body(client, sid)["last_seq"]
-        late = client.post("/api/chat/steer", json={"stream_id": run["stream_id"],
-                                                    "text": "x"}).json()
+        late = client.post(
+            "/api/chat/steer", json={"stream_id": run["stream_id"], "text": "x"}
+        ).json()
         assert late["accepted"] is False and late["reason"]
-        assert client.post("/api/chat/steer", json={"stream_id": "r_nope", "text": "x"}).json()[
-            "accepted"] is False
-        empty = client.post("/api/chat/steer", json={"stream_id": run["stream_id"],
-                                                     "text": "  "})
+        assert (
+            client.post("/api/chat/steer", json={"stream_id": "r_nope", "text": "x"}).json()[
+                "accepted"
+            ]
+            is False
+        )
+        empty = client.post("/api/chat/steer", json={"stream_id": run["stream_id"], "text": "  "})
         assert empty.status_code == 400 and empty.json()["code"] == "invalid_request"
         assert session_body(client, sid)["last_seq"] == before
 
@@ -86,13 +100,17 @@ def test_queued_message_starts_when_the_run_completes(demo_server: ServerProcess
     with demo_server.client() as client:
         sid = new_session(client)
         start_turn(client, sid, "/slow first")
-        queued = client.post("/api/chat/queue", json={"session_id": sid,
-                                                      "message": "second"}).json()
+        queued = client.post(
+            "/api/chat/queue", json={"session_id": sid, "message": "second"}
+        ).json()
         assert queued["started"] is None
         body = session_body(client, sid)
         assert [q["text"] for q in body["queued"]] == ["second"]
-        edited = client.patch("/api/chat/queue", params={"queue_id": queued["queue_id"]},
-                              json={"text": "second, edited"})
+        edited = client.patch(
+            "/api/chat/queue",
+            params={"queue_id": queued["queue_id"]},
+            json={"text": "second, edited"},
+        )
         assert edited.status_code == 200
         assert session_body(client, sid)["queued"][0]["text"] == "second, edited"
         for _ in range(200):
@@ -100,17 +118,19 @@ def test_queued_message_starts_when_the_run_completes(demo_server: ServerProcess
             if len(body["messages"]) == 4:
                 break
         assert [m["content"] for m in body["messages"] if m["role"] == "user"] == [
-            "/slow first", "second, edited"]
+            "/slow first",
+            "second, edited",
+        ]
         assert body["queued"] == []
 
 
-def test_queue_survives_cancel_and_restart_and_can_be_removed(
-        demo_server: ServerProcess) -> None:
+def test_queue_survives_cancel_and_restart_and_can_be_removed(demo_server: ServerProcess) -> None:
     with demo_server.client() as client:
         sid = new_session(client)
         run = start_turn(client, sid, "/slow first")
-        queue_id = client.post("/api/chat/queue", json={"session_id": sid,
-                                                        "message": "later"}).json()["queue_id"]
+        queue_id = client.post(
+            "/api/chat/queue", json={"session_id": sid, "message": "later"}
+        ).json()["queue_id"]
         client.post("/api/chat/cancel", json={"stream_id": run["stream_id"]})
         body = wait_idle(client, sid)
         assert body["messages"][-1]["state"] == "cancelled"
@@ -128,22 +148,26 @@ def test_queue_survives_cancel_and_restart_and_can_be_removed(
 def test_queue_on_an_idle_session_starts_at_once(demo_server: ServerProcess) -> None:
     with demo_server.client() as client:
         sid = new_session(client)
-        queued = client.post("/api/chat/queue", json={"session_id": sid,
-                                                      "message": "now"}).json()
+        queued = client.post("/api/chat/queue", json={"session_id": sid, "message": "now"}).json()
         assert queued["started"]
         body = wait_idle(client, sid)
         assert body["messages"][0]["content"] == "now" and body["queued"] == []
 
 
-@pytest.mark.parametrize(("body", "status"), [
-    ({"message": ""}, 400), ({"message": 5}, 400), ({"session_id": "s_missing"}, 404),
-])
-def test_bad_queue_requests_change_nothing(demo_server: ServerProcess, body: dict,
-                                           status: int) -> None:
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"message": ""}, 400),
+        ({"message": 5}, 400),
+        ({"session_id": "s_missing"}, 404),
+    ],
+)
+def test_bad_queue_requests_change_nothing(
+    demo_server: ServerProcess, body: dict, status: int
+) -> None:
     with demo_server.client() as client:
         sid = new_session(client)
         before = session_body(client, sid)
-        response = client.post("/api/chat/queue", json={"session_id": sid, "message": "x",
-                                                        **body})
+        response = client.post("/api/chat/queue", json={"session_id": sid, "message": "x", **body})
         assert response.status_code == status
         assert session_body(client, sid) == before

@@ -10,7 +10,8 @@ import pytest
 from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle
 
 PNG = base64.b64decode(
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
 
 
 def upload(name: str, mime: str, data: bytes) -> dict:
@@ -22,15 +23,32 @@ BAD_STARTS = [
     ({"message": "  \n\t "}, 400, "invalid_request"),
     ({"message": 42}, 400, "invalid_request"),
     ({"message": "x" * 200_001}, 413, "payload_too_large"),
-    ({"message": "hi", "attachments": [upload("a.bin", "application/x-msdownload", b"MZ")]},
-     400, "invalid_request"),
-    ({"message": "hi", "attachments": [{"name": "a.txt", "mime": "text/plain",
-                                        "data_base64": "not base64!!"}]}, 400,
-     "invalid_request"),
-    ({"message": "hi", "attachments": [upload("../etc/passwd", "text/plain", b"x")]}, 400,
-     "invalid_request"),
-    ({"message": "hi", "attachments": [upload(f"f{i}.txt", "text/plain", b"x")
-                                       for i in range(11)]}, 400, "invalid_request"),
+    (
+        {"message": "hi", "attachments": [upload("a.bin", "application/x-msdownload", b"MZ")]},
+        400,
+        "invalid_request",
+    ),
+    (
+        {
+            "message": "hi",
+            "attachments": [{"name": "a.txt", "mime": "text/plain", "data_base64": "not base64!!"}],
+        },
+        400,
+        "invalid_request",
+    ),
+    (
+        {"message": "hi", "attachments": [upload("../etc/passwd", "text/plain", b"x")]},
+        400,
+        "invalid_request",
+    ),
+    (
+        {
+            "message": "hi",
+            "attachments": [upload(f"f{i}.txt", "text/plain", b"x") for i in range(11)],
+        },
+        400,
+        "invalid_request",
+    ),
     ({"message": "hi", "model": ""}, 400, "invalid_request"),
     ({"message": "hi", "session_id": "no such"}, 400, "invalid_request"),
     ({"message": "hi", "session_id": "s_unknown"}, 404, "session_not_found"),
@@ -39,7 +57,8 @@ BAD_STARTS = [
 
 @pytest.mark.parametrize(("body", "status", "code"), BAD_STARTS)
 def test_bad_start_is_refused_before_anything_is_recorded(
-        shared_demo_server: ServerProcess, body: dict, status: int, code: str) -> None:
+    shared_demo_server: ServerProcess, body: dict, status: int, code: str
+) -> None:
     attachments = shared_demo_server.data_dir / "attachments"
     stored_before = sorted(attachments.rglob("*"))
     with shared_demo_server.client() as client:
@@ -56,19 +75,23 @@ def test_attachment_too_large_is_413(shared_demo_server: ServerProcess) -> None:
     with shared_demo_server.client() as client:
         sid = new_session(client)
         big = upload("big.txt", "text/plain", b"a" * (20 * 2**20 + 1))
-        response = client.post("/api/chat/start", json={"session_id": sid, "message": "hi",
-                                                        "attachments": [big]})
+        response = client.post(
+            "/api/chat/start", json={"session_id": sid, "message": "hi", "attachments": [big]}
+        )
         assert response.status_code == 413
         assert response.json()["code"] == "payload_too_large"
         assert session_body(client, sid)["message_count"] == 0
 
 
 def test_attachments_are_stored_once_served_safely_and_reach_the_context(
-        demo_server: ServerProcess) -> None:
+    demo_server: ServerProcess,
+) -> None:
     with demo_server.client() as client:
         sid = new_session(client)
-        files = [upload("dot.png", "image/png", PNG),
-                 upload("notes.txt", "text/plain", b"<script>alert(1)</script>")]
+        files = [
+            upload("dot.png", "image/png", PNG),
+            upload("notes.txt", "text/plain", b"<script>alert(1)</script>"),
+        ]
         start_turn(client, sid, "look", attachments=files)
         body = wait_idle(client, sid)
         user = body["messages"][0]
@@ -90,8 +113,11 @@ def test_attachments_are_stored_once_served_safely_and_reach_the_context(
         other = new_session(client)
         start_turn(client, other, "again", attachments=files[:1])
         wait_idle(client, other)
-        stored = [p for p in (demo_server.data_dir / "attachments").rglob("*")
-                  if p.is_file() and p.suffix != ".json"]
+        stored = [
+            p
+            for p in (demo_server.data_dir / "attachments").rglob("*")
+            if p.is_file() and p.suffix != ".json"
+        ]
         assert len(stored) == 2
         # deleting a session removes what only it referred to
         client.delete("/api/session", params={"session_id": sid})

@@ -49,19 +49,29 @@ def prior(pairs: int, chars: int) -> list[dict[str, Any]]:
     return out
 
 
-def make_runtime(fake: FakeOpenAI, tmp_path: Path, workspace: Path | None = None,
-                 **settings: Any) -> OpenAIRuntime:
-    return OpenAIRuntime(Settings(runtime="openai", base_url=fake.base_url, model="fake-model",
-                                  workspace=workspace, data_dir=tmp_path / "data",
-                                  api_key_env="TETHER_TEST_OPENAI_KEY", **settings))
+def make_runtime(
+    fake: FakeOpenAI, tmp_path: Path, workspace: Path | None = None, **settings: Any
+) -> OpenAIRuntime:
+    return OpenAIRuntime(
+        Settings(
+            runtime="openai",
+            base_url=fake.base_url,
+            model="fake-model",
+            workspace=workspace,
+            data_dir=tmp_path / "data",
+            api_key_env="TETHER_TEST_OPENAI_KEY",
+            **settings,
+        )
+    )
 
 
 def turn(messages: list[dict[str, Any]], session: str = "s1", **kwargs: Any) -> TurnInput:
     return TurnInput(session, "st1", "t1", messages, **kwargs)
 
 
-def run(rt: OpenAIRuntime, *turns: TurnInput,
-        into: list[RuntimeEvent] | None = None) -> list[list[RuntimeEvent]]:
+def run(
+    rt: OpenAIRuntime, *turns: TurnInput, into: list[RuntimeEvent] | None = None
+) -> list[list[RuntimeEvent]]:
     """Run `turns` one after the other on one runtime in one event loop."""
     results: list[list[RuntimeEvent]] = []
 
@@ -141,14 +151,20 @@ def test_long_history_is_compressed_before_the_first_request(tmp_path: Path) -> 
     messages = [*prior(3, 1200), user("what next?")]
     original = copy.deepcopy(messages)
     with FakeOpenAI(context_length=2000) as fake:  # the window comes from the model card
-        fake.script(reply(text("The user wants X; files a.py and b.py; open: tests.")),
-                    reply(text("Next: "), text("tests.")))
+        fake.script(
+            reply(text("The user wants X; files a.py and b.py; open: tests.")),
+            reply(text("Next: "), text("tests.")),
+        )
         [events] = run(make_runtime(fake, tmp_path), turn(messages))
         requests = fake.requests
 
     summary = "The user wants X; files a.py and b.py; open: tests."
     assert [type(e) for e in content(events)] == [
-        CompressionStarted, CompressionCompleted, TextDelta, TextDelta]
+        CompressionStarted,
+        CompressionCompleted,
+        TextDelta,
+        TextDelta,
+    ]
     done = assert_pass(events, summary)
     assert done.tokens_before > 0.8 * 2000 > done.tokens_after
 
@@ -165,8 +181,10 @@ def test_long_history_is_compressed_before_the_first_request(tmp_path: Path) -> 
 
     follow = requests[1]
     assert follow["stream"] is True
-    assert follow["messages"] == [{"role": "system", "content": f"{SUMMARY_PREFIX}{summary}"},
-                                  user("what next?")]
+    assert follow["messages"] == [
+        {"role": "system", "content": f"{SUMMARY_PREFIX}{summary}"},
+        user("what next?"),
+    ]
     assert messages == original  # only what is sent changes
 
 
@@ -174,30 +192,33 @@ def test_provider_usage_counts_the_previous_turn(tmp_path: Path) -> None:
     first = [user("hello")]
     second = [user("hello"), assistant("hi there"), user("and now?")]
     with FakeOpenAI() as fake:
-        fake.script(reply(text("hi there"), usage={"prompt_tokens": 300,
-                                                  "completion_tokens": 40}),
-                    reply(text("SUMMARY")),
-                    reply(text("fine")))
-        _, events = run(make_runtime(fake, tmp_path, context_window=400),
-                        turn(first), turn(second))
+        fake.script(
+            reply(text("hi there"), usage={"prompt_tokens": 300, "completion_tokens": 40}),
+            reply(text("SUMMARY")),
+            reply(text("fine")),
+        )
+        _, events = run(make_runtime(fake, tmp_path, context_window=400), turn(first), turn(second))
         requests = fake.requests
     # By estimate the second request is ~20 tokens; the provider said 340 + the new message.
     done = assert_pass(events, "SUMMARY")
     assert done.tokens_before >= 340
     assert [is_summary_request(r) for r in requests] == [False, True, False]
-    assert requests[2]["messages"] == [{"role": "system", "content": f"{SUMMARY_PREFIX}SUMMARY"},
-                                       user("and now?")]
+    assert requests[2]["messages"] == [
+        {"role": "system", "content": f"{SUMMARY_PREFIX}SUMMARY"},
+        user("and now?"),
+    ]
 
 
 def test_usage_of_another_session_or_another_context_is_not_used(tmp_path: Path) -> None:
     first = [user("hello")]
     with FakeOpenAI() as fake:
-        fake.script(reply(text("hi there"), usage={"prompt_tokens": 300,
-                                                  "completion_tokens": 40}))
+        fake.script(reply(text("hi there"), usage={"prompt_tokens": 300, "completion_tokens": 40}))
         _, other_session, other_context = run(
-            make_runtime(fake, tmp_path, context_window=400), turn(first),
+            make_runtime(fake, tmp_path, context_window=400),
+            turn(first),
             turn([*first, assistant("hi there"), user("?")], session="s2"),
-            turn([user("hello!"), assistant("hi there"), user("?")]))
+            turn([user("hello!"), assistant("hi there"), user("?")]),
+        )
         assert not any(is_summary_request(r) for r in fake.requests)
     assert not compression_events(other_session)
     assert not compression_events(other_context)
@@ -208,16 +229,22 @@ def test_compression_after_a_large_tool_result(tmp_path: Path, workspace: Path) 
     (workspace / "big.txt").write_text(body)
     messages = [*prior(1, 3200), user("read big.txt")]
     with FakeOpenAI() as fake:
-        fake.script(reply(text("Reading."), tool_call("c1", "read_file", {"path": "big.txt"})),
-                    reply(text("SUMMARY")),
-                    reply(text("done")))
-        [events] = run(make_runtime(fake, tmp_path, workspace, context_window=4000),
-                       turn(messages))
+        fake.script(
+            reply(text("Reading."), tool_call("c1", "read_file", {"path": "big.txt"})),
+            reply(text("SUMMARY")),
+            reply(text("done")),
+        )
+        [events] = run(make_runtime(fake, tmp_path, workspace, context_window=4000), turn(messages))
         requests = fake.requests
 
     assert [type(e) for e in content(events)] == [
-        TextDelta, ToolStarted, ToolCompleted, CompressionStarted, CompressionCompleted,
-        TextDelta]
+        TextDelta,
+        ToolStarted,
+        ToolCompleted,
+        CompressionStarted,
+        CompressionCompleted,
+        TextDelta,
+    ]
     assert_pass(events, "SUMMARY")
     assert [is_summary_request(r) for r in requests] == [False, True, False]
     assert requests[0]["messages"] == messages  # the first request fitted as it was
@@ -234,25 +261,33 @@ def test_compression_after_a_large_tool_result(tmp_path: Path, workspace: Path) 
 
 
 def test_second_level_summarizes_the_current_turns_earlier_exchanges(
-        tmp_path: Path, workspace: Path) -> None:
+    tmp_path: Path, workspace: Path
+) -> None:
     one = "".join(f"one {i:05d} xxxxxxxxxxxxxxxxxxxxxxxxx\n" for i in range(200))  # 7,000
     two = "".join(f"two {i:05d} yyyyyyyyyyyyyyyyyyyyyyyyy\n" for i in range(200))
     (workspace / "one.txt").write_text(one)
     (workspace / "two.txt").write_text(two)
     messages = [user("compare one.txt and two.txt")]
     with FakeOpenAI() as fake:
-        fake.script(reply(tool_call("c1", "read_file", {"path": "one.txt"})),
-                    reply(tool_call("c2", "read_file", {"path": "two.txt"})),
-                    reply(text("one.txt holds 200 'one' lines.")),
-                    reply(text("They differ.")))
-        [events] = run(make_runtime(fake, tmp_path, workspace, context_window=3000),
-                       turn(messages))
+        fake.script(
+            reply(tool_call("c1", "read_file", {"path": "one.txt"})),
+            reply(tool_call("c2", "read_file", {"path": "two.txt"})),
+            reply(text("one.txt holds 200 'one' lines.")),
+            reply(text("They differ.")),
+        )
+        [events] = run(make_runtime(fake, tmp_path, workspace, context_window=3000), turn(messages))
         requests = fake.requests
 
     work = "one.txt holds 200 'one' lines."
     assert [type(e) for e in content(events)] == [
-        ToolStarted, ToolCompleted, ToolStarted, ToolCompleted, CompressionStarted,
-        CompressionCompleted, TextDelta]
+        ToolStarted,
+        ToolCompleted,
+        ToolStarted,
+        ToolCompleted,
+        CompressionStarted,
+        CompressionCompleted,
+        TextDelta,
+    ]
     assert_pass(events, f"{comp.WORK_LABEL}\n{work}")
     assert [is_summary_request(r) for r in requests] == [False, False, True, False]
     ask = requests[2]["messages"]
@@ -271,22 +306,27 @@ def test_second_level_summarizes_the_current_turns_earlier_exchanges(
 # ---- when nothing makes it fit ---------------------------------------------------------------
 
 
-def test_compression_exhausted_sends_no_oversized_request(tmp_path: Path,
-                                                          workspace: Path) -> None:
+def test_compression_exhausted_sends_no_oversized_request(tmp_path: Path, workspace: Path) -> None:
     (workspace / "huge.txt").write_text("z" * 8000)
     messages = [*prior(1, 400), user("read huge.txt")]
     with FakeOpenAI() as fake:
-        fake.script(reply(tool_call("c1", "read_file", {"path": "huge.txt"})),
-                    reply(text("SUMMARY")),
-                    reply(text("never asked")))
-        [events] = run(make_runtime(fake, tmp_path, workspace, context_window=1000),
-                       turn(messages))
+        fake.script(
+            reply(tool_call("c1", "read_file", {"path": "huge.txt"})),
+            reply(text("SUMMARY")),
+            reply(text("never asked")),
+        )
+        [events] = run(make_runtime(fake, tmp_path, workspace, context_window=1000), turn(messages))
         assert fake.requests_count == 2
         assert fake.pending == 1
         assert is_summary_request(fake.requests[1])
 
     assert [type(e) for e in content(events)] == [
-        ToolStarted, ToolCompleted, CompressionStarted, CompressionCompleted, Finished]
+        ToolStarted,
+        ToolCompleted,
+        CompressionStarted,
+        CompressionCompleted,
+        Finished,
+    ]
     done = compression_events(events)[1]
     assert isinstance(done, CompressionCompleted) and done.tokens_after > 1000
     last = events[-1]
@@ -296,8 +336,7 @@ def test_compression_exhausted_sends_no_oversized_request(tmp_path: Path,
 
 def test_an_oversized_first_request_is_never_sent(tmp_path: Path) -> None:
     with FakeOpenAI() as fake:
-        [events] = run(make_runtime(fake, tmp_path, context_window=1000),
-                       turn([user("x" * 8000)]))
+        [events] = run(make_runtime(fake, tmp_path, context_window=1000), turn([user("x" * 8000)]))
         assert fake.requests_count == 0
     assert len(events) == 1
     assert isinstance(events[0], Finished) and events[0].state == "compression_exhausted"
@@ -306,19 +345,26 @@ def test_an_oversized_first_request_is_never_sent(tmp_path: Path) -> None:
 # ---- failures --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("scripted", "code"), [
-    (error(500, "the GPU caught fire"), "bad_response"),
-    (error(400, "This model's maximum context length is 2000 tokens"), "context_overflow"),
-    (reply(text("")), "bad_response"),
-])
-def test_a_failing_summary_request_is_a_provider_error(tmp_path: Path, scripted: Any,
-                                                       code: str) -> None:
+@pytest.mark.parametrize(
+    ("scripted", "code"),
+    [
+        (error(500, "the GPU caught fire"), "bad_response"),
+        (error(400, "This model's maximum context length is 2000 tokens"), "context_overflow"),
+        (reply(text("")), "bad_response"),
+    ],
+)
+def test_a_failing_summary_request_is_a_provider_error(
+    tmp_path: Path, scripted: Any, code: str
+) -> None:
     seen: list[RuntimeEvent] = []
     with FakeOpenAI() as fake:
         fake.script(scripted)
         with pytest.raises(ProviderError) as info:
-            run(make_runtime(fake, tmp_path, context_window=2000),
-                turn([*prior(3, 1200), user("?")]), into=seen)
+            run(
+                make_runtime(fake, tmp_path, context_window=2000),
+                turn([*prior(3, 1200), user("?")]),
+                into=seen,
+            )
         assert fake.requests_count == 1
     assert info.value.code == code
     assert [type(e) for e in seen] == [CompressionStarted]
@@ -329,12 +375,28 @@ def test_a_failing_summary_request_is_a_provider_error(tmp_path: Path, scripted:
 
 def test_summarize_returns_the_models_text(tmp_path: Path) -> None:
     messages = [
-        user([{"type": "text", "text": "look at this"},
-              {"type": "attachment", "attachment_id": "a1", "name": "notes.md",
-               "mime": "text/markdown"}]),
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function",
-             "function": {"name": "list_files", "arguments": "{}"}}]},
+        user(
+            [
+                {"type": "text", "text": "look at this"},
+                {
+                    "type": "attachment",
+                    "attachment_id": "a1",
+                    "name": "notes.md",
+                    "mime": "text/markdown",
+                },
+            ]
+        ),
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "list_files", "arguments": "{}"},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
         assistant("It is a list."),
     ]
@@ -382,15 +444,34 @@ def test_estimates() -> None:
     assert comp.estimate_text_tokens("abcde") == 2
     overhead = comp.MESSAGE_OVERHEAD_TOKENS
     assert comp.estimate_message_tokens(user("a" * 400)) == overhead + 100
-    assert comp.estimate_message_tokens(user([
-        {"type": "text", "text": "a" * 40},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 99999}},
-    ])) == overhead + 10 + comp.IMAGE_TOKENS
-    call = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function",
-         "function": {"name": "read", "arguments": json.dumps({"path": "x" * 30})}}]}
+    assert (
+        comp.estimate_message_tokens(
+            user(
+                [
+                    {"type": "text", "text": "a" * 40},
+                    {
+                        "type": "image_url",
+                        "image_url": {"url": "data:image/png;base64," + "A" * 99999},
+                    },
+                ]
+            )
+        )
+        == overhead + 10 + comp.IMAGE_TOKENS
+    )
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "read", "arguments": json.dumps({"path": "x" * 30})},
+            }
+        ],
+    }
     assert comp.estimate_message_tokens(call) == overhead * 2 + comp.estimate_text_tokens(
-        "read" + json.dumps({"path": "x" * 30}))
+        "read" + json.dumps({"path": "x" * 30})
+    )
     assert comp.estimate_tools_tokens(None) == 0
     assert comp.estimate_tools_tokens([{"x": "y" * 100}]) > 25
 
@@ -430,8 +511,13 @@ def test_usage_anchor_and_reasoning() -> None:
 def test_levels_split_at_the_current_turn() -> None:
     history = prior(2, 10)
     current = user("now")
-    call1 = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "t", "arguments": "{}"}}]}
+    call1 = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "t", "arguments": "{}"}}
+        ],
+    }
     result1 = {"role": "tool", "tool_call_id": "c1", "content": "r1"}
     call2 = {**call1, "tool_calls": [{**call1["tool_calls"][0], "id": "c2"}]}
     result2 = {"role": "tool", "tool_call_id": "c2", "content": "r2"}
@@ -457,17 +543,21 @@ def test_levels_split_at_the_current_turn() -> None:
 
 
 def test_summary_request_is_plain_text_and_fits_the_window() -> None:
-    messages = [user("start " + "u" * 50_000), assistant("end " + "a" * 50_000),
-                {"role": "user", "content": [{"type": "image_url",
-                                              "image_url": {"url": "data:..."}}]}]
+    messages = [
+        user("start " + "u" * 50_000),
+        assistant("end " + "a" * 50_000),
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:..."}}]},
+    ]
     request = comp.summary_request(messages, window=4000)
     assert [m["role"] for m in request] == ["system", "user"]
     body = request[1]["content"]
     assert comp.estimate_text_tokens(body) < 4000
     assert "USER:\nstart" in body and "ASSISTANT:\nend" in body and "[image]" in body
     assert "characters omitted" in body
-    assert "EARLIER SUMMARY:\nold" in comp.summary_request(
-        [user("q")], work=True, previous="old")[1]["content"]
+    assert (
+        "EARLIER SUMMARY:\nold"
+        in comp.summary_request([user("q")], work=True, previous="old")[1]["content"]
+    )
 
 
 def test_clip_blocks_shares_the_budget() -> None:

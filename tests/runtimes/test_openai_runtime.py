@@ -48,7 +48,8 @@ from fake_openai import (
 
 USER = [{"role": "user", "content": "hi"}]
 PNG = base64.b64decode(
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
 
 
 @pytest.fixture
@@ -66,11 +67,17 @@ def workspace(tmp_path: Path) -> Path:
     return root
 
 
-def make_runtime(base_url: str, tmp_path: Path, workspace: Path | None, **kwargs: Any
-                 ) -> OpenAIRuntime:
-    settings = Settings(runtime="openai", base_url=base_url, model="fake-model",
-                        workspace=workspace, data_dir=tmp_path / "data",
-                        api_key_env=kwargs.pop("api_key_env", "TETHER_TEST_OPENAI_KEY"))
+def make_runtime(
+    base_url: str, tmp_path: Path, workspace: Path | None, **kwargs: Any
+) -> OpenAIRuntime:
+    settings = Settings(
+        runtime="openai",
+        base_url=base_url,
+        model="fake-model",
+        workspace=workspace,
+        data_dir=tmp_path / "data",
+        api_key_env=kwargs.pop("api_key_env", "TETHER_TEST_OPENAI_KEY"),
+    )
     return OpenAIRuntime(settings, **kwargs)
 
 
@@ -83,8 +90,9 @@ def turn(messages: list[dict[str, Any]] | None = None, **kwargs: Any) -> TurnInp
     return TurnInput("s1", "st1", "t1", USER if messages is None else messages, **kwargs)
 
 
-def run(rt: OpenAIRuntime, t: TurnInput | None = None,
-        into: list[RuntimeEvent] | None = None) -> list[RuntimeEvent]:
+def run(
+    rt: OpenAIRuntime, t: TurnInput | None = None, into: list[RuntimeEvent] | None = None
+) -> list[RuntimeEvent]:
     """Drive `stream()` to the end in a fresh event loop; `into` keeps events seen before an
     error."""
     events: list[RuntimeEvent] = [] if into is None else into
@@ -119,10 +127,20 @@ def test_workspace_must_be_a_directory(tmp_path: Path) -> None:
 
 def test_identity_and_accepts(runtime: OpenAIRuntime) -> None:
     assert (runtime.name, runtime.model, runtime.demo) == ("openai", "fake-model", False)
-    for mime in ("image/png", "image/jpeg", "image/gif", "image/webp", "text/plain",
-                 "text/markdown; charset=utf-8", "text/csv", "application/json",
-                 "application/xml", "application/x-yaml", "application/javascript",
-                 "application/ld+json"):
+    for mime in (
+        "image/png",
+        "image/jpeg",
+        "image/gif",
+        "image/webp",
+        "text/plain",
+        "text/markdown; charset=utf-8",
+        "text/csv",
+        "application/json",
+        "application/xml",
+        "application/x-yaml",
+        "application/javascript",
+        "application/ld+json",
+    ):
         assert runtime.accepts(mime), mime
     for mime in ("application/pdf", "image/tiff", "audio/mpeg", "application/octet-stream", ""):
         assert not runtime.accepts(mime), mime
@@ -133,32 +151,48 @@ def test_identity_and_accepts(runtime: OpenAIRuntime) -> None:
 
 
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
-def test_reasoning_and_text_stream_in_order(tmp_path: Path, workspace: Path,
-                                            field: str) -> None:
+def test_reasoning_and_text_stream_in_order(tmp_path: Path, workspace: Path, field: str) -> None:
     with FakeOpenAI(reasoning_field=field) as fake:
-        fake.script(reply(reasoning("Let me "), reasoning("think."), text("Hello "),
-                          text("world"), usage={"prompt_tokens": 42, "completion_tokens": 7}))
+        fake.script(
+            reply(
+                reasoning("Let me "),
+                reasoning("think."),
+                text("Hello "),
+                text("world"),
+                usage={"prompt_tokens": 42, "completion_tokens": 7},
+            )
+        )
         events = run(make_runtime(fake.base_url, tmp_path, workspace))
         body = fake.last_request
-    assert content_events(events) == [ReasoningDelta("Let me "), ReasoningDelta("think."),
-                                      TextDelta("Hello "), TextDelta("world")]
+    assert content_events(events) == [
+        ReasoningDelta("Let me "),
+        ReasoningDelta("think."),
+        TextDelta("Hello "),
+        TextDelta("world"),
+    ]
     assert events[-1] == Usage(42, 7)
     assert body["model"] == "fake-model"
     assert body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
     assert body["messages"] == USER
     assert {t["function"]["name"] for t in body["tools"]} == {
-        "list_files", "read_file", "search_files"}
+        "list_files",
+        "read_file",
+        "search_files",
+    }
 
 
 def test_request_cost_on_the_event_loop_does_not_grow_with_the_history(
-        fake: FakeOpenAI, tmp_path: Path) -> None:
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
     """Contract invariant 7 (ordinary requests do not stall behind runs): the SDK's recursive
     param transform cost ~13 ms of event loop per request for a 90-message history and was a
     third of the server's loop under load. The history goes out as it is, so a 600-message
     turn costs about what a 2-message turn does (a ratio within one process)."""
-    long_history = [{"role": "user" if k % 2 == 0 else "assistant", "content": f"line {k} " * 8}
-                    for k in range(599)] + USER
+    long_history = [
+        {"role": "user" if k % 2 == 0 else "assistant", "content": f"line {k} " * 8}
+        for k in range(599)
+    ] + USER
     rt = make_runtime(fake.base_url, tmp_path, None)
 
     async def timed(messages: list[dict[str, Any]]) -> float:
@@ -182,25 +216,25 @@ def test_request_cost_on_the_event_loop_does_not_grow_with_the_history(
     assert long < 4 * short, f"600 messages {long * 1000:.1f} ms vs 1 message {short * 1000:.1f} ms"
 
 
-def test_no_tools_without_workspace_and_model_override(fake: FakeOpenAI,
-                                                       tmp_path: Path) -> None:
+def test_no_tools_without_workspace_and_model_override(fake: FakeOpenAI, tmp_path: Path) -> None:
     rt = make_runtime(fake.base_url, tmp_path, None)
     assert content_events(run(rt, turn(model="other-model"))) == [TextDelta("ok")]
     assert "tools" not in fake.last_request
     assert fake.last_request["model"] == "other-model"
 
 
-def test_api_key_comes_from_the_configured_variable(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_api_key_comes_from_the_configured_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TETHER_TEST_OPENAI_KEY", "sk-right")
     with FakeOpenAI(api_key="sk-right") as fake:
-        assert content_events(run(make_runtime(fake.base_url, tmp_path, None))) == [
-            TextDelta("ok")]
+        assert content_events(run(make_runtime(fake.base_url, tmp_path, None))) == [TextDelta("ok")]
         assert fake.request_headers[0]["authorization"] == "Bearer sk-right"
 
 
-def test_placeholder_key_for_local_servers(fake: FakeOpenAI, tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_placeholder_key_for_local_servers(
+    fake: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("TETHER_TEST_OPENAI_KEY", raising=False)
     run(make_runtime(fake.base_url, tmp_path, None))
     assert fake.request_headers[0]["authorization"] == "Bearer not-needed"
@@ -215,30 +249,48 @@ def test_tool_round_trip(fake: FakeOpenAI, runtime: OpenAIRuntime) -> None:
         reply(text("It says hello.")),
     )
     events = content_events(run(runtime))
-    assert events[:2] == [TextDelta("Let me look."),
-                          ToolStarted("call_1", "read_file", {"path": "a.txt"})]
+    assert events[:2] == [
+        TextDelta("Let me look."),
+        ToolStarted("call_1", "read_file", {"path": "a.txt"}),
+    ]
     done = events[2]
     assert isinstance(done, ToolCompleted)
     assert (done.call_id, done.name, done.result, done.is_error) == (
-        "call_1", "read_file", "hello tools", False)
+        "call_1",
+        "read_file",
+        "hello tools",
+        False,
+    )
     assert done.duration_ms >= 0
     assert events[3:] == [TextDelta("It says hello.")]
 
     assert fake.requests_count == 2
     assert fake.requests[1]["messages"] == USER + [
-        {"role": "assistant", "content": "Let me look.", "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "read_file", "arguments": json.dumps({"path": "a.txt"})}}]},
+        {
+            "role": "assistant",
+            "content": "Let me look.",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": json.dumps({"path": "a.txt"})},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "hello tools"},
     ]
 
 
-def test_parallel_calls_bad_arguments_and_refusals(fake: FakeOpenAI,
-                                                   runtime: OpenAIRuntime) -> None:
+def test_parallel_calls_bad_arguments_and_refusals(
+    fake: FakeOpenAI, runtime: OpenAIRuntime
+) -> None:
     fake.script(
-        reply(tool_call("c1", "list_files", {}), tool_call("c2", "read_file", '{"path": '),
-              tool_call("c3", "read_file", {"path": "../secret.txt"}),
-              tool_call("c4", "delete_everything", {})),
+        reply(
+            tool_call("c1", "list_files", {}),
+            tool_call("c2", "read_file", '{"path": '),
+            tool_call("c3", "read_file", {"path": "../secret.txt"}),
+            tool_call("c4", "delete_everything", {}),
+        ),
         reply(text("done")),
     )
     events = content_events(run(runtime))
@@ -259,12 +311,15 @@ def test_parallel_calls_bad_arguments_and_refusals(fake: FakeOpenAI,
     for call in second[1]["tool_calls"]:
         json.loads(call["function"]["arguments"])  # always valid JSON going back
     assert [(m["role"], m["tool_call_id"]) for m in second[2:]] == [
-        ("tool", "c1"), ("tool", "c2"), ("tool", "c3"), ("tool", "c4")]
+        ("tool", "c1"),
+        ("tool", "c2"),
+        ("tool", "c3"),
+        ("tool", "c4"),
+    ]
     assert second[3]["content"] == completed["c2"].result
 
 
-def test_tool_call_without_workspace_is_an_error_result(fake: FakeOpenAI,
-                                                        tmp_path: Path) -> None:
+def test_tool_call_without_workspace_is_an_error_result(fake: FakeOpenAI, tmp_path: Path) -> None:
     fake.script(reply(tool_call("c1", "read_file", {"path": "a.txt"})), reply(text("ok")))
     events = content_events(run(make_runtime(fake.base_url, tmp_path, None)))
     completed = [e for e in events if isinstance(e, ToolCompleted)]
@@ -288,28 +343,58 @@ def test_tool_limit(fake: FakeOpenAI, tmp_path: Path, workspace: Path) -> None:
 # ---- errors ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("scripted", "code", "says"), [
-    (error(401, "Incorrect API key provided", code="invalid_api_key"), "auth",
-     "Incorrect API key provided"),
-    (error(403, "Project has no access"), "auth", "Project has no access"),
-    (error(429, "Slow down please", code="rate_limit_exceeded"), "rate_limit",
-     "Slow down please"),
-    (error(404, "The model 'fake-model' does not exist", code="model_not_found"),
-     "model_not_found", "does not exist"),
-    (error(400, "This model's maximum context length is 4096 tokens", code="context_length_"
-     "exceeded"), "context_overflow", "maximum context length is 4096"),
-    (error(400, "the request exceeds the available context size, try increasing it"),
-     "context_overflow", "available context size"),
-    (error(400, "tools are not supported by this model"), "internal", "tools are not supported"),
-    (error(500, "the GPU caught fire"), "bad_response", "the GPU caught fire"),
-    (error(503, {"detail": "overloaded"}), "bad_response", "overloaded"),
-    (malformed(), "bad_response", "not valid JSON"),
-    (reply(text("a"), stream_error("upstream died", code="oops")), "bad_response",
-     "upstream died"),
-    (drop_connection(text("half")), "network", "connection"),
-])
-def test_errors_map_to_codes(fake: FakeOpenAI, runtime: OpenAIRuntime, scripted: Any,
-                             code: str, says: str) -> None:
+@pytest.mark.parametrize(
+    ("scripted", "code", "says"),
+    [
+        (
+            error(401, "Incorrect API key provided", code="invalid_api_key"),
+            "auth",
+            "Incorrect API key provided",
+        ),
+        (error(403, "Project has no access"), "auth", "Project has no access"),
+        (
+            error(429, "Slow down please", code="rate_limit_exceeded"),
+            "rate_limit",
+            "Slow down please",
+        ),
+        (
+            error(404, "The model 'fake-model' does not exist", code="model_not_found"),
+            "model_not_found",
+            "does not exist",
+        ),
+        (
+            error(
+                400,
+                "This model's maximum context length is 4096 tokens",
+                code="context_length_exceeded",
+            ),
+            "context_overflow",
+            "maximum context length is 4096",
+        ),
+        (
+            error(400, "the request exceeds the available context size, try increasing it"),
+            "context_overflow",
+            "available context size",
+        ),
+        (
+            error(400, "tools are not supported by this model"),
+            "internal",
+            "tools are not supported",
+        ),
+        (error(500, "the GPU caught fire"), "bad_response", "the GPU caught fire"),
+        (error(503, {"detail": "overloaded"}), "bad_response", "overloaded"),
+        (malformed(), "bad_response", "not valid JSON"),
+        (
+            reply(text("a"), stream_error("upstream died", code="oops")),
+            "bad_response",
+            "upstream died",
+        ),
+        (drop_connection(text("half")), "network", "connection"),
+    ],
+)
+def test_errors_map_to_codes(
+    fake: FakeOpenAI, runtime: OpenAIRuntime, scripted: Any, code: str, says: str
+) -> None:
     fake.script(scripted)
     with pytest.raises(ProviderError) as info:
         run(runtime)
@@ -317,16 +402,16 @@ def test_errors_map_to_codes(fake: FakeOpenAI, runtime: OpenAIRuntime, scripted:
     assert says in info.value.message
 
 
-def test_auth_error_names_the_key_variable(fake: FakeOpenAI, runtime: OpenAIRuntime,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auth_error_names_the_key_variable(
+    fake: FakeOpenAI, runtime: OpenAIRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("TETHER_TEST_OPENAI_KEY", raising=False)
     fake.script(error(401, "no key"))
     with pytest.raises(ProviderError, match="Set TETHER_TEST_OPENAI_KEY"):
         run(runtime)
 
 
-def test_text_before_a_dropped_connection_is_kept(fake: FakeOpenAI,
-                                                  runtime: OpenAIRuntime) -> None:
+def test_text_before_a_dropped_connection_is_kept(fake: FakeOpenAI, runtime: OpenAIRuntime) -> None:
     fake.script(drop_connection(reasoning("hmm"), text("half")))
     seen: list[RuntimeEvent] = []
     with pytest.raises(ProviderError) as info:
@@ -348,8 +433,9 @@ def test_connection_refused_is_network(tmp_path: Path) -> None:
     assert time.monotonic() - started < 5
 
 
-def test_error_in_the_second_request_of_a_tool_loop(fake: FakeOpenAI,
-                                                    runtime: OpenAIRuntime) -> None:
+def test_error_in_the_second_request_of_a_tool_loop(
+    fake: FakeOpenAI, runtime: OpenAIRuntime
+) -> None:
     fake.script(reply(tool_call("c1", "list_files", {})), error(429, "later"))
     seen: list[RuntimeEvent] = []
     with pytest.raises(ProviderError) as info:
@@ -361,12 +447,16 @@ def test_error_in_the_second_request_of_a_tool_loop(fake: FakeOpenAI,
 # ---- cancellation ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("steps", [
-    pytest.param((text("partial"), hang()), id="mid-stream"),
-    pytest.param((barrier("never"), text("x")), id="before-content"),
-])
-def test_cancelling_the_consumer_closes_the_request(fake: FakeOpenAI, runtime: OpenAIRuntime,
-                                                    steps: tuple[Any, ...]) -> None:
+@pytest.mark.parametrize(
+    "steps",
+    [
+        pytest.param((text("partial"), hang()), id="mid-stream"),
+        pytest.param((barrier("never"), text("x")), id="before-content"),
+    ],
+)
+def test_cancelling_the_consumer_closes_the_request(
+    fake: FakeOpenAI, runtime: OpenAIRuntime, steps: tuple[Any, ...]
+) -> None:
     fake.script(reply(*steps))
 
     async def main() -> float:
@@ -397,8 +487,9 @@ def test_cancelling_the_consumer_closes_the_request(fake: FakeOpenAI, runtime: O
     assert fake.disconnect_times[0] - cancelled_at < 1.0
 
 
-def test_closing_the_stream_early_closes_the_request(fake: FakeOpenAI,
-                                                     runtime: OpenAIRuntime) -> None:
+def test_closing_the_stream_early_closes_the_request(
+    fake: FakeOpenAI, runtime: OpenAIRuntime
+) -> None:
     fake.script(reply(text("partial"), hang()))
 
     async def main() -> float:
@@ -415,8 +506,9 @@ def test_closing_the_stream_early_closes_the_request(fake: FakeOpenAI,
     assert fake.disconnect_times[0] - closed_at < 1.0
 
 
-def test_cancelling_during_a_tool_stops_the_loop(fake: FakeOpenAI, runtime: OpenAIRuntime,
-                                                 workspace: Path) -> None:
+def test_cancelling_during_a_tool_stops_the_loop(
+    fake: FakeOpenAI, runtime: OpenAIRuntime, workspace: Path
+) -> None:
     fake.script(reply(tool_call("c1", "list_files", {})), reply(text("never asked")))
 
     async def main() -> None:
@@ -436,8 +528,7 @@ def test_cancelling_during_a_tool_stops_the_loop(fake: FakeOpenAI, runtime: Open
 # ---- attachments -----------------------------------------------------------------------------
 
 
-def test_attachments_are_expanded(fake: FakeOpenAI, runtime: OpenAIRuntime,
-                                  tmp_path: Path) -> None:
+def test_attachments_are_expanded(fake: FakeOpenAI, runtime: OpenAIRuntime, tmp_path: Path) -> None:
     (tmp_path / "pic.png").write_bytes(PNG)
     (tmp_path / "notes.md").write_text("# Notes\nremember the milk")
     attachments = {
@@ -445,23 +536,31 @@ def test_attachments_are_expanded(fake: FakeOpenAI, runtime: OpenAIRuntime,
         "a2": AttachmentRef("a2", "notes.md", "text/markdown", tmp_path / "notes.md"),
         "a3": AttachmentRef("a3", "gone.txt", "text/plain", tmp_path / "gone.txt"),
     }
-    content = [{"type": "text", "text": "look"},
-               {"type": "attachment", "attachment_id": "a1"},
-               {"type": "attachment", "attachment_id": "a2"},
-               {"type": "attachment", "attachment_id": "a3"},
-               {"type": "attachment", "attachment_id": "unknown"}]
-    messages = [{"role": "user", "content": content},
-                {"role": "assistant", "content": "seen"},
-                {"role": "user", "content": "and?"}]
+    content = [
+        {"type": "text", "text": "look"},
+        {"type": "attachment", "attachment_id": "a1"},
+        {"type": "attachment", "attachment_id": "a2"},
+        {"type": "attachment", "attachment_id": "a3"},
+        {"type": "attachment", "attachment_id": "unknown"},
+    ]
+    messages = [
+        {"role": "user", "content": content},
+        {"role": "assistant", "content": "seen"},
+        {"role": "user", "content": "and?"},
+    ]
     run(runtime, turn(messages, attachments=attachments))
 
     sent = fake.last_request["messages"]
     parts = sent[0]["content"]
     assert parts[0] == {"type": "text", "text": "look"}
-    assert parts[1] == {"type": "image_url", "image_url": {
-        "url": "data:image/png;base64," + base64.b64encode(PNG).decode()}}
-    assert parts[2] == {"type": "text",
-                        "text": "Attached file notes.md:\n# Notes\nremember the milk"}
+    assert parts[1] == {
+        "type": "image_url",
+        "image_url": {"url": "data:image/png;base64," + base64.b64encode(PNG).decode()},
+    }
+    assert parts[2] == {
+        "type": "text",
+        "text": "Attached file notes.md:\n# Notes\nremember the milk",
+    }
     assert parts[3]["type"] == "text" and "gone.txt could not be read" in parts[3]["text"]
     assert parts[4]["type"] == "text" and "not available" in parts[4]["text"]
     assert sent[1:] == messages[1:]

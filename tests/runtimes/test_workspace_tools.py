@@ -58,11 +58,23 @@ def refused(tools: WorkspaceTools, name: str, **args: object) -> str:
 # ---- confinement -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["..", "../secret.txt", "sub/../../secret.txt", "/",
-                                  "/etc/passwd", "link.txt", "linkdir", "linkdir/secret.txt"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "..",
+        "../secret.txt",
+        "sub/../../secret.txt",
+        "/",
+        "/etc/passwd",
+        "link.txt",
+        "linkdir",
+        "linkdir/secret.txt",
+    ],
+)
 @pytest.mark.parametrize("tool", ["list_files", "read_file", "search_files"])
-def test_paths_outside_the_workspace_are_refused(tools: WorkspaceTools, tool: str,
-                                                 path: str) -> None:
+def test_paths_outside_the_workspace_are_refused(
+    tools: WorkspaceTools, tool: str, path: str
+) -> None:
     args: dict[str, object] = {"path": path}
     if tool == "search_files":
         args["pattern"] = "secret"
@@ -94,7 +106,14 @@ def test_search_skips_symlinks_that_leave_the_workspace(tools: WorkspaceTools) -
 
 def test_list_files(tools: WorkspaceTools) -> None:
     assert ok(tools, "list_files").splitlines() == [
-        ".git/", "a.txt", "bin.dat", "inner_link.txt", "link.txt", "linkdir/", "sub/"]
+        ".git/",
+        "a.txt",
+        "bin.dat",
+        "inner_link.txt",
+        "link.txt",
+        "linkdir/",
+        "sub/",
+    ]
     assert ok(tools, "list_files", path="sub").splitlines() == ["b.py", "deep/"]
     assert ok(tools, "list_files", path="sub/deep/").splitlines() == ["c.md"]
 
@@ -164,7 +183,8 @@ def test_search_files(tools: WorkspaceTools) -> None:
         "sub/deep/c.md:1: # HELLO",
     ]  # .git, the binary file and links leaving the workspace are skipped; case is ignored
     assert ok(tools, "search_files", pattern="HELLO", path="sub/deep").splitlines() == [
-        "sub/deep/c.md:1: # HELLO"]
+        "sub/deep/c.md:1: # HELLO"
+    ]
     assert ok(tools, "search_files", pattern="second", path="a.txt") == "a.txt:2: second line"
     assert ok(tools, "search_files", pattern="zzz").startswith("No matches for 'zzz'")
 

@@ -76,28 +76,46 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
         sessions_service = SessionService(store, registry, attachments)
         hub.on_batch(sessions_service.folds.on_batch)
         hub.on_deleted(sessions_service.folds.forget)
-        engine = RunEngine(store=store, sessions=sessions_service, registry=registry,
-                           runtime=runtime, attachments=attachments)
+        engine = RunEngine(
+            store=store,
+            sessions=sessions_service,
+            registry=registry,
+            runtime=runtime,
+            attachments=attachments,
+        )
         engine.rotator = Rotator(engine, settings)
         engine.queue = QueueService(engine)
         if agent_sync.supported(runtime):
             engine.agent_sync = agent_sync.AgentSync(engine)
         app.state.services = Services(
-            settings=settings, store=store, hub=hub, registry=registry,
-            sessions=sessions_service, feed=feed, attachments=attachments, engine=engine,
-            queue=engine.queue, stream_slots=StreamSlots(settings.max_streams_per_client),
+            settings=settings,
+            store=store,
+            hub=hub,
+            registry=registry,
+            sessions=sessions_service,
+            feed=feed,
+            attachments=attachments,
+            engine=engine,
+            queue=engine.queue,
+            stream_slots=StreamSlots(settings.max_streams_per_client),
         )
         recovered = await maintenance.recover(engine)
         if recovered:
-            log.warning("marked %d run(s) left open by the previous process as interrupted",
-                        recovered)
+            log.warning(
+                "marked %d run(s) left open by the previous process as interrupted", recovered
+            )
         reclaimer = asyncio.create_task(
-            maintenance.reclaim_forever(engine, settings.cancel_reclaim_seconds))
-        syncer = (asyncio.create_task(engine.agent_sync.forever(settings.agent_sync_seconds))
-                  if engine.agent_sync is not None and settings.agent_sync_seconds > 0 else None)
+            maintenance.reclaim_forever(engine, settings.cancel_reclaim_seconds)
+        )
+        syncer = (
+            asyncio.create_task(engine.agent_sync.forever(settings.agent_sync_seconds))
+            if engine.agent_sync is not None and settings.agent_sync_seconds > 0
+            else None
+        )
         _freeze_startup_heap()
-        log.info("Tether %s ready (%s runtime): data in %s", __version__, runtime.name,
-                 settings.data_dir)
+        log.info(
+            "Tether %s ready (%s runtime): data in %s", __version__, runtime.name, settings.data_dir
+        )
         try:
             yield
         finally:

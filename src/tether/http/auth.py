@@ -43,7 +43,8 @@ SESSION_MAX_AGE = 30 * 24 * 3600
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Reachable without a session: readiness, the login page and its API, and static assets.
 PUBLIC_PATHS = frozenset(
-    {"/api/health", "/login", "/api/auth/login", "/api/auth/logout", "/api/auth/status"})
+    {"/api/health", "/login", "/api/auth/login", "/api/auth/logout", "/api/auth/status"}
+)
 PUBLIC_PREFIXES = ("/static/",)
 MAX_REVOKED = 10_000
 
@@ -61,8 +62,9 @@ def load_password(settings: Settings) -> str | None:
         var = settings.password_env
         value = os.environ.pop(var, None)
         if value is None:
-            raise PasswordError(f"The environment variable {var} (named by --password-env) "
-                                "is not set.")
+            raise PasswordError(
+                f"The environment variable {var} (named by --password-env) is not set."
+            )
         source = f"The environment variable {var}"
     elif settings.password_file:
         path = Path(settings.password_file)
@@ -83,8 +85,9 @@ def load_password(settings: Settings) -> str | None:
 class LoginLimiter:
     """At most `max_failures` failed logins per client address within `window` seconds."""
 
-    def __init__(self, max_failures: int = 5, window: float = 60.0,
-                 max_clients: int = 10_000) -> None:
+    def __init__(
+        self, max_failures: int = 5, window: float = 60.0, max_clients: int = 10_000
+    ) -> None:
         self.max_failures = max_failures
         self.window = window
         self.max_clients = max_clients
@@ -156,8 +159,11 @@ class Authenticator:
             revoked = state.get("revoked")
             now = time.time()
             if isinstance(revoked, dict):
-                self._revoked = {n: float(t) for n, t in revoked.items()
-                                 if isinstance(t, int | float) and t > now}
+                self._revoked = {
+                    n: float(t)
+                    for n, t in revoked.items()
+                    if isinstance(t, int | float) and t > now
+                }
             secret = self._load_secret()
         else:  # first start, or a new password: every earlier cookie is logged out
             if stored is not None:
@@ -193,8 +199,7 @@ class Authenticator:
         if len(secret) < 32:
             return self._new_secret()
         if self._secret_path.stat().st_mode & 0o077:
-            log.warning("%s was readable by others; restricting it to its owner",
-                        self._secret_path)
+            log.warning("%s was readable by others; restricting it to its owner", self._secret_path)
             os.chmod(self._secret_path, 0o600)
         return secret
 
@@ -206,8 +211,9 @@ class Authenticator:
 
     @staticmethod
     def _make_serializer(secret: str) -> URLSafeTimedSerializer:
-        return URLSafeTimedSerializer(secret, salt="tether-session",
-                                      signer_kwargs={"digest_method": hashlib.sha256})
+        return URLSafeTimedSerializer(
+            secret, salt="tether-session", signer_kwargs={"digest_method": hashlib.sha256}
+        )
 
     # -- passwords --------------------------------------------------------------------
 
@@ -233,8 +239,9 @@ class Authenticator:
         if not self.password_required or not cookie:
             return None
         try:
-            payload, issued = self._serializer.loads(cookie, max_age=SESSION_MAX_AGE,
-                                                     return_timestamp=True)
+            payload, issued = self._serializer.loads(
+                cookie, max_age=SESSION_MAX_AGE, return_timestamp=True
+            )
         except BadData:
             return None
         nonce = payload.get("n") if isinstance(payload, dict) else None
@@ -283,8 +290,9 @@ def same_origin(scope: Scope, headers: Headers) -> bool:
     if origin is None:
         return headers.get("sec-fetch-site") not in ("cross-site", "same-site")
     host = headers.get("host")
-    scheme = {"ws": "http", "wss": "https"}.get(scope.get("scheme", "http"),
-                                                 scope.get("scheme", "http"))
+    scheme = {"ws": "http", "wss": "https"}.get(
+        scope.get("scheme", "http"), scope.get("scheme", "http")
+    )
     if not host or "://" not in origin:
         return False
     origin_scheme, _, origin_netloc = origin.partition("://")
@@ -299,8 +307,12 @@ def is_public(path: str) -> bool:
 
 def safe_next(value: str | None) -> str:
     """A same-origin relative path to go to after login; anything else becomes `/`."""
-    if (not value or not value.startswith("/") or value.startswith(("//", "/\\"))
-            or any(ord(ch) < 0x20 or ch == "\\" for ch in value)):
+    if (
+        not value
+        or not value.startswith("/")
+        or value.startswith(("//", "/\\"))
+        or any(ord(ch) < 0x20 or ch == "\\" for ch in value)
+    ):
         return "/"
     return value
 
@@ -322,8 +334,13 @@ class AuthGate:
         path = scope.get("path", "/")
         websocket = scope["type"] == "websocket"
         if (websocket or method in STATE_CHANGING) and not same_origin(scope, headers):
-            await self._refuse(scope, send, 403, "bad_origin",
-                               "This request came from another site and was refused.")
+            await self._refuse(
+                scope,
+                send,
+                403,
+                "bad_origin",
+                "This request came from another site and was refused.",
+            )
             return
         if self.auth.password_required and not is_public(path):
             cookie = cookie_parser(headers.get("cookie", "")).get(COOKIE_NAME)
@@ -331,22 +348,26 @@ class AuthGate:
                 if not websocket and method in ("GET", "HEAD") and not path.startswith("/api/"):
                     await self._redirect(scope, send)
                 else:
-                    await self._refuse(scope, send, 401, "unauthenticated",
-                                       "Log in first.")
+                    await self._refuse(scope, send, 401, "unauthenticated", "Log in first.")
                 return
         await self.app(scope, receive, send)
 
-    async def _refuse(self, scope: Scope, send: Send, status: int, code: str,
-                      message: str) -> None:
+    async def _refuse(self, scope: Scope, send: Send, status: int, code: str, message: str) -> None:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
         body = json.dumps({"code": code, "message": message}).encode()
-        await send({"type": "http.response.start", "status": status, "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"cache-control", b"no-store"),
-        ]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"cache-control", b"no-store"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     async def _redirect(self, scope: Scope, send: Send) -> None:
@@ -355,9 +376,15 @@ class AuthGate:
         if query:
             target += "?" + query
         location = "/login" if target == "/" else "/login?next=" + quote(target, safe="")
-        await send({"type": "http.response.start", "status": 303, "headers": [
-            (b"location", location.encode("latin-1")),
-            (b"content-length", b"0"),
-            (b"cache-control", b"no-store"),
-        ]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 303,
+                "headers": [
+                    (b"location", location.encode("latin-1")),
+                    (b"content-length", b"0"),
+                    (b"cache-control", b"no-store"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": b""})

@@ -28,18 +28,22 @@ def _auth(request: Request) -> Authenticator:
 
 
 def _cookie_options(request: Request) -> dict:
-    return {"path": "/", "httponly": True, "samesite": "strict",
-            "secure": request.url.scheme == "https"}
+    return {
+        "path": "/",
+        "httponly": True,
+        "samesite": "strict",
+        "secure": request.url.scheme == "https",
+    }
 
 
 @router.get("/login", include_in_schema=False)
 async def login_page(request: Request, next: str | None = None) -> Response:
     auth = _auth(request)
     if not auth.password_required or auth.is_authenticated(request.cookies.get(COOKIE_NAME)):
-        return RedirectResponse(safe_next(next), status_code=303,
-                                headers={"Cache-Control": "no-store"})
-    return HTMLResponse((WEB_ROOT / "login.html").read_text(encoding="utf-8"),
-                        headers=PAGE_HEADERS)
+        return RedirectResponse(
+            safe_next(next), status_code=303, headers={"Cache-Control": "no-store"}
+        )
+    return HTMLResponse((WEB_ROOT / "login.html").read_text(encoding="utf-8"), headers=PAGE_HEADERS)
 
 
 @router.post("/api/auth/login")
@@ -50,8 +54,12 @@ async def login(request: Request, body: LoginRequest) -> Response:
     client = request.client.host if request.client else "unknown"
     wait = auth.limiter.retry_after(client)
     if wait:
-        response = error(429, "rate_limited",
-                         f"Too many failed attempts; try again in {wait} s.", retry_after=wait)
+        response = error(
+            429,
+            "rate_limited",
+            f"Too many failed attempts; try again in {wait} s.",
+            retry_after=wait,
+        )
         response.headers["Retry-After"] = str(wait)
         return response
     # Counted before the (slow) check, so guesses sent in parallel are limited too.
@@ -61,10 +69,12 @@ async def login(request: Request, body: LoginRequest) -> Response:
         return error(401, "bad_credentials", "That password is not right.")
     auth.limiter.reset(client)
     log.info("login from %s", client)
-    response = JSONResponse({"ok": True, "password_required": True},
-                            headers={"Cache-Control": "no-store"})
-    response.set_cookie(COOKIE_NAME, auth.new_session_cookie(), max_age=SESSION_MAX_AGE,
-                        **_cookie_options(request))
+    response = JSONResponse(
+        {"ok": True, "password_required": True}, headers={"Cache-Control": "no-store"}
+    )
+    response.set_cookie(
+        COOKIE_NAME, auth.new_session_cookie(), max_age=SESSION_MAX_AGE, **_cookie_options(request)
+    )
     return response
 
 
@@ -72,8 +82,9 @@ async def login(request: Request, body: LoginRequest) -> Response:
 async def logout(request: Request) -> Response:
     auth = _auth(request)
     revoked = await auth.revoke(request.cookies.get(COOKIE_NAME))
-    response = JSONResponse({"ok": True, "was_logged_in": revoked},
-                            headers={"Cache-Control": "no-store"})
+    response = JSONResponse(
+        {"ok": True, "was_logged_in": revoked}, headers={"Cache-Control": "no-store"}
+    )
     response.delete_cookie(COOKIE_NAME, **_cookie_options(request))
     return response
 
@@ -82,6 +93,9 @@ async def logout(request: Request) -> Response:
 async def status(request: Request) -> JSONResponse:
     auth = _auth(request)
     return JSONResponse(
-        {"authenticated": auth.is_authenticated(request.cookies.get(COOKIE_NAME)),
-         "password_required": auth.password_required},
-        headers={"Cache-Control": "no-store"})
+        {
+            "authenticated": auth.is_authenticated(request.cookies.get(COOKIE_NAME)),
+            "password_required": auth.password_required,
+        },
+        headers={"Cache-Control": "no-store"},
+    )

@@ -38,11 +38,11 @@ _HTTP_CODES = {
 
 _DESCRIPTIONS = {
     400: "Bad input (`invalid_request`): a body that is not a JSON object, a wrong type, an "
-         "id outside `[A-Za-z0-9_-]{1,64}`, required text that is empty, or text that is not "
-         "valid Unicode. Never 422.",
+    "id outside `[A-Za-z0-9_-]{1,64}`, required text that is empty, or text that is not "
+    "valid Unicode. Never 422.",
     404: "Unknown id (`session_not_found`, `queue_item_not_found`, ...).",
     409: "State conflict: `session_busy` (with `active_stream_id`) or `session_rotated` "
-         "(with `continuation_session_id`).",
+    "(with `continuation_session_id`).",
     413: "Too large (`payload_too_large`): the request body, an attachment or the message.",
     429: "Too many (`too_many_streams`: this client's open event streams are at the limit).",
     503: "`storage_unavailable` or `server_closing`; nothing was changed.",
@@ -50,12 +50,14 @@ _DESCRIPTIONS = {
 _ERROR_REF = "#/components/schemas/ErrorBody"
 
 
-def documented(*statuses: int, ok: type | None = None, status: int = 200,
-               content: dict[str, Any] | None = None) -> dict[int | str, dict[str, Any]]:
+def documented(
+    *statuses: int, ok: type | None = None, status: int = 200, content: dict[str, Any] | None = None
+) -> dict[int | str, dict[str, Any]]:
     """`responses=` for a route: its success body (`ok`, a documentation model, or raw
     `content`) and the error statuses it can answer, each with the common `ErrorBody`."""
     out: dict[int | str, dict[str, Any]] = {
-        code: {"model": ErrorBody, "description": _DESCRIPTIONS[code]} for code in statuses}
+        code: {"model": ErrorBody, "description": _DESCRIPTIONS[code]} for code in statuses
+    }
     if ok is not None:
         out[status] = {"model": ok}
     elif content is not None:

@@ -16,9 +16,34 @@ from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
 
 _TAGS = {
-    "p", "br", "hr", "em", "strong", "del", "s", "code", "pre", "span", "div", "a", "ul", "ol",
-    "li", "blockquote", "h1", "h2", "h3", "h4", "h5", "h6", "table", "thead", "tbody", "tr",
-    "th", "td",
+    "p",
+    "br",
+    "hr",
+    "em",
+    "strong",
+    "del",
+    "s",
+    "code",
+    "pre",
+    "span",
+    "div",
+    "a",
+    "ul",
+    "ol",
+    "li",
+    "blockquote",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "table",
+    "thead",
+    "tbody",
+    "tr",
+    "th",
+    "td",
 }
 _ATTRIBUTES = {
     "a": {"href", "title"},
@@ -44,8 +69,9 @@ def _highlight(code: str, lang: str, _attrs: str) -> str:
     return highlight(code, lexer, _FORMATTER)
 
 
-_MD = (MarkdownIt("commonmark", {"html": False, "linkify": False, "highlight": _highlight})
-       .enable(["table", "strikethrough"]))
+_MD = MarkdownIt("commonmark", {"html": False, "linkify": False, "highlight": _highlight}).enable(
+    ["table", "strikethrough"]
+)
 _cache: OrderedDict[str, str] = OrderedDict()
 
 
@@ -55,10 +81,14 @@ def render(text: str) -> str:
     if cached is not None:
         _cache.move_to_end(key)
         return cached
-    html = nh3.clean(_MD.render(text), tags=_TAGS, attributes=_ATTRIBUTES,
-                     url_schemes={"http", "https", "mailto"},
-                     link_rel="noopener noreferrer nofollow",
-                     filter_style_properties={"text-align"})
+    html = nh3.clean(
+        _MD.render(text),
+        tags=_TAGS,
+        attributes=_ATTRIBUTES,
+        url_schemes={"http", "https", "mailto"},
+        link_rel="noopener noreferrer nofollow",
+        filter_style_properties={"text-align"},
+    )
     _cache[key] = html
     if len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)

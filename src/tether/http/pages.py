@@ -17,16 +17,21 @@ from tether.http.schemas import Body
 router = APIRouter()
 WEB_ROOT = files("tether") / "web"
 # Only our own scripts and styles run; model output can never bring its own.
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
-       "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
-       "form-action 'self'")
-PAGE_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
-                "Referrer-Policy": "same-origin", "Cache-Control": "no-store"}
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
+    "form-action 'self'"
+)
+PAGE_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
 
 
 def _shell() -> HTMLResponse:
-    return HTMLResponse((WEB_ROOT / "index.html").read_text(encoding="utf-8"),
-                        headers=PAGE_HEADERS)
+    return HTMLResponse((WEB_ROOT / "index.html").read_text(encoding="utf-8"), headers=PAGE_HEADERS)
 
 
 @router.get("/", include_in_schema=False)

@@ -31,29 +31,42 @@ router = APIRouter(tags=["runs"])
 _INLINE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp"}
 
 
-@router.post("/api/chat/start", summary="Start a turn", response_model=None,
-             responses=documented(400, 404, 409, 413, 503, ok=TurnStarted))
+@router.post(
+    "/api/chat/start",
+    summary="Start a turn",
+    response_model=None,
+    responses=documented(400, 404, 409, 413, 503, ok=TurnStarted),
+)
 async def start_turn(app: App, body: StartTurn) -> dict:
     """Record the user's message (with optional base64 attachments) and start a run. The
     turn is durable, and visible in `GET /api/session`, before this returns. 409
     `session_busy` while any worker occupies the session, `session_rotated` after a
     compression rotation; every refusal comes before any write."""
     text = check_message(body.message, app.settings)
-    uploads = decode_uploads([a.model_dump() for a in body.attachments], app.settings,
-                             app.engine.runtime)
+    uploads = decode_uploads(
+        [a.model_dump() for a in body.attachments], app.settings, app.engine.runtime
+    )
     return await app.engine.start(body.session_id, text, uploads, body.model)
 
 
-@router.post("/api/chat/steer", summary="Steer a running agent", response_model=None,
-             responses=documented(400, 413, ok=SteerResult))
+@router.post(
+    "/api/chat/steer",
+    summary="Steer a running agent",
+    response_model=None,
+    responses=documented(400, 413, ok=SteerResult),
+)
 async def steer_run(app: App, body: SteerRun) -> dict:
     """Text for the running agent to see at its next step; `accepted` is false (with a
     `reason`) when the run is no longer running."""
     return await app.engine.steer(body.stream_id, check_message(body.text, app.settings))
 
 
-@router.post("/api/chat/approve", summary="Answer an approval prompt", response_model=None,
-             responses=documented(400, 413, ok=ApproveResult))
+@router.post(
+    "/api/chat/approve",
+    summary="Answer an approval prompt",
+    response_model=None,
+    responses=documented(400, 413, ok=ApproveResult),
+)
 async def approve_run(app: App, body: ApproveRun) -> dict:
     """Allow (`once`) or refuse (`deny`) the command a running agent asked about
     (`approval.requested`). `accepted` is false when that prompt was already answered, timed
@@ -61,35 +74,52 @@ async def approve_run(app: App, body: ApproveRun) -> dict:
     return await app.engine.approve(body.stream_id, body.approval_id, body.choice)
 
 
-@router.post("/api/chat/queue", summary="Queue a message", response_model=None,
-             responses=documented(400, 404, 409, 413, 503, ok=Queued))
+@router.post(
+    "/api/chat/queue",
+    summary="Queue a message",
+    response_model=None,
+    responses=documented(400, 404, 409, 413, 503, ok=Queued),
+)
 async def queue_message(app: App, body: QueueMessage) -> dict:
     """A message typed while the session is busy: it starts as the next turn when the run
     completes (at once when the session is idle) and survives reloads and restarts."""
     text = check_message(body.message, app.settings)
-    uploads = decode_uploads([a.model_dump() for a in body.attachments], app.settings,
-                             app.engine.runtime)
+    uploads = decode_uploads(
+        [a.model_dump() for a in body.attachments], app.settings, app.engine.runtime
+    )
     return await app.queue.add(body.session_id, text, uploads)
 
 
-@router.patch("/api/chat/queue", summary="Edit a queued message", response_model=None,
-              responses=documented(400, 404, 413, 503, ok=QueueChanged))
+@router.patch(
+    "/api/chat/queue",
+    summary="Edit a queued message",
+    response_model=None,
+    responses=documented(400, 404, 413, 503, ok=QueueChanged),
+)
 async def edit_queued(app: App, queue_id: QueueIdQuery, body: EditQueued) -> dict:
     """Replace the text of a message that is still queued; 404 `queue_item_not_found` once
     it was sent or removed."""
     return await app.queue.update(queue_id, check_message(body.text, app.settings))
 
 
-@router.delete("/api/chat/queue", summary="Remove a queued message", response_model=None,
-               responses=documented(400, 404, 503, ok=QueueChanged))
+@router.delete(
+    "/api/chat/queue",
+    summary="Remove a queued message",
+    response_model=None,
+    responses=documented(400, 404, 503, ok=QueueChanged),
+)
 async def remove_queued(app: App, queue_id: QueueIdQuery) -> dict:
     """Remove a message that is still queued; 404 `queue_item_not_found` once it was sent or
     removed."""
     return await app.queue.remove(queue_id)
 
 
-@router.post("/api/chat/cancel", summary="Stop a run", response_model=None,
-             responses=documented(400, 413, ok=CancelResult))
+@router.post(
+    "/api/chat/cancel",
+    summary="Stop a run",
+    response_model=None,
+    responses=documented(400, 413, ok=CancelResult),
+)
 async def cancel_run(app: App, body: CancelRun) -> dict:
     """Stop the run `stream_id` (or the session's run, given `session_id`). Idempotent:
     `cancelled` is false for an unknown or already finished run; 400 without either id."""
@@ -101,10 +131,17 @@ async def cancel_run(app: App, body: CancelRun) -> dict:
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 
 
-@router.get("/api/attachments/{attachment_id}", summary="Download an attachment",
-            response_class=FileResponse, response_model=None,
-            responses=documented(400, 404, content={
-                mime: _BINARY for mime in [*sorted(_INLINE_TYPES), "application/octet-stream"]}))
+@router.get(
+    "/api/attachments/{attachment_id}",
+    summary="Download an attachment",
+    response_class=FileResponse,
+    response_model=None,
+    responses=documented(
+        400,
+        404,
+        content={mime: _BINARY for mime in [*sorted(_INLINE_TYPES), "application/octet-stream"]},
+    ),
+)
 async def get_attachment(
     app: App,
     attachment_id: str = Path(pattern=ID_PATTERN, description="An attachment id"),
@@ -117,7 +154,13 @@ async def get_attachment(
         return error(404, "attachment_not_found", "There is no such attachment.")
     mime = meta["mime"] if meta["mime"] in _INLINE_TYPES else "application/octet-stream"
     return FileResponse(
-        path, media_type=mime, filename=meta["name"],
+        path,
+        media_type=mime,
+        filename=meta["name"],
         content_disposition_type="inline" if mime in _INLINE_TYPES else "attachment",
-        headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "private, max-age=3600",
-                 "Content-Security-Policy": "default-src 'none'; sandbox"})
+        headers={
+            "X-Content-Type-Options": "nosniff",
+            "Cache-Control": "private, max-age=3600",
+            "Content-Security-Policy": "default-src 'none'; sandbox",
+        },
+    )

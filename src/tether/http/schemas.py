@@ -52,8 +52,7 @@ class Body(BaseModel):
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
         if _has_lone_surrogate(data):
-            raise ValueError("text must be valid Unicode (a lone surrogate such as \\ud800 "
-                             "is not)")
+            raise ValueError("text must be valid Unicode (a lone surrogate such as \\ud800 is not)")
         return data
 
 
@@ -100,7 +99,8 @@ class ApproveRun(Body):
     stream_id: Id
     approval_id: Id
     choice: Literal["once", "deny"] = Field(
-        description="`once`: run this command this time; `deny`: refuse it")
+        description="`once`: run this command this time; `deny`: refuse it"
+    )
 
 
 class QueueMessage(Body):
@@ -115,6 +115,7 @@ class EditQueued(Body):
 
 # -- Responses: documentation only (routes return plain dicts, so a field added here is never
 # filtered out); the fuzz suite checks real responses against them. Extra fields are allowed.
+
 
 class Out(BaseModel):
     model_config = ConfigDict(extra="allow")

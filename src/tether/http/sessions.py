@@ -30,8 +30,13 @@ from tether.log import SessionNotFound
 router = APIRouter(tags=["sessions"])
 
 
-@router.post("/api/sessions", status_code=201, summary="Create a session", response_model=None,
-             responses=documented(400, 413, 503, ok=SessionRowOut, status=201))
+@router.post(
+    "/api/sessions",
+    status_code=201,
+    summary="Create a session",
+    response_model=None,
+    responses=documented(400, 413, 503, ok=SessionRowOut, status=201),
+)
 async def create_session(app: App, body: CreateSession | None = None) -> dict:
     """Create an empty session. `title` is optional (1-200 characters once trimmed); without
     one the session is called "New chat" until its first message names it."""
@@ -39,33 +44,48 @@ async def create_session(app: App, body: CreateSession | None = None) -> dict:
     return {"session": row}
 
 
-@router.get("/api/sessions", summary="List sessions", response_model=None,
-            responses=documented(400, ok=SessionList))
+@router.get(
+    "/api/sessions",
+    summary="List sessions",
+    response_model=None,
+    responses=documented(400, ok=SessionList),
+)
 async def list_sessions(
     app: App,
-    archived: Annotated[bool, Query(
-        description="List only archived sessions (`archived=1`) instead of the default list")]
-    = False,
-    q: Annotated[str | None, Query(
-        description="Case-insensitive search in titles and message text")] = None,
+    archived: Annotated[
+        bool,
+        Query(description="List only archived sessions (`archived=1`) instead of the default list"),
+    ] = False,
+    q: Annotated[
+        str | None, Query(description="Case-insensitive search in titles and message text")
+    ] = None,
 ) -> JSONResponse:
     """Sidebar rows, pinned first, then most recent meaningful activity first. The default
     list omits archived sessions and rotated parents."""
     query = q.strip() if q else None
     return JSONResponse(
-        {"sessions": await app.sessions.list_rows(archived=archived, query=query or None)})
+        {"sessions": await app.sessions.list_rows(archived=archived, query=query or None)}
+    )
 
 
-@router.get("/api/session", summary="Get a session", response_model=None,
-            responses=documented(400, 404, ok=SessionViewOut))
+@router.get(
+    "/api/session",
+    summary="Get a session",
+    response_model=None,
+    responses=documented(400, 404, ok=SessionViewOut),
+)
 async def get_session(app: App, session_id: SessionIdQuery) -> JSONResponse:
     """The row plus the visible transcript, the pending turn, the live run's scene and
     `last_seq`, the log position it reflects. A read never writes."""
     return JSONResponse({"session": await app.sessions.view(session_id)})
 
 
-@router.patch("/api/session", summary="Rename, pin or archive a session", response_model=None,
-              responses=documented(400, 404, 413, 503, ok=SessionRowOut))
+@router.patch(
+    "/api/session",
+    summary="Rename, pin or archive a session",
+    response_model=None,
+    responses=documented(400, 404, 413, 503, ok=SessionRowOut),
+)
 async def patch_session(app: App, body: PatchSession) -> dict:
     """Change `title`, `pinned` and/or `archived` (at least one). Metadata only: it never
     moves `updated_at`, and an unchanged value appends nothing."""
@@ -73,8 +93,12 @@ async def patch_session(app: App, body: PatchSession) -> dict:
     return {"session": await app.sessions.patch(body.session_id, changes)}
 
 
-@router.delete("/api/session", summary="Delete a session", response_model=None,
-               responses=documented(400, 404, 409, 503, ok=Ok))
+@router.delete(
+    "/api/session",
+    summary="Delete a session",
+    response_model=None,
+    responses=documented(400, 404, 409, 503, ok=Ok),
+)
 async def delete_session(app: App, session_id: SessionIdQuery) -> dict:
     """Delete the session with its log, journal and attachments; 409 `session_busy` while a
     run occupies it."""
@@ -82,16 +106,24 @@ async def delete_session(app: App, session_id: SessionIdQuery) -> dict:
     return {"ok": True}
 
 
-@router.get("/api/session/context", summary="The model context of a session",
-            response_model=None, responses=documented(400, 404, ok=SessionContext))
+@router.get(
+    "/api/session/context",
+    summary="The model context of a session",
+    response_model=None,
+    responses=documented(400, 404, ok=SessionContext),
+)
 async def session_context(app: App, session_id: SessionIdQuery) -> JSONResponse:
     """Exactly what the next model call of this session would receive, in the OpenAI message
     shape, compression summaries included, with the turns left out and why."""
     return JSONResponse(await app.sessions.context(session_id))
 
 
-@router.post("/api/session/truncate", summary="Truncate the transcript", response_model=None,
-             responses=documented(400, 404, 409, 413, 503, ok=SessionRowOut))
+@router.post(
+    "/api/session/truncate",
+    summary="Truncate the transcript",
+    response_model=None,
+    responses=documented(400, 404, 409, 413, 503, ok=SessionRowOut),
+)
 async def truncate_session(app: App, body: TruncateSession) -> dict:
     """Keep the first `keep_count` visible messages (retry, edit and undo are a truncate
     followed by a new turn). 400 when `keep_count` exceeds the transcript; 409
@@ -99,8 +131,12 @@ async def truncate_session(app: App, body: TruncateSession) -> dict:
     return {"session": await app.sessions.truncate(body.session_id, body.keep_count)}
 
 
-@router.get("/api/session/status", summary="Run status of a session", response_model=None,
-            responses=documented(400, 404, ok=SessionStatus))
+@router.get(
+    "/api/session/status",
+    summary="Run status of a session",
+    response_model=None,
+    responses=documented(400, 404, ok=SessionStatus),
+)
 async def session_status(app: App, session_id: SessionIdQuery) -> dict:
     """Whether a worker occupies the session, the run a browser may attach to, its phase
     (`idle`, `starting`, `running`, `cancelling`) and the log position."""

@@ -66,13 +66,18 @@ def _heartbeat(app: Services, session_id: str, last_seq: int) -> ServerSentEvent
 def _changes(app: Services, changes: list[tuple[str, str]] | None) -> list[ServerSentEvent]:
     if changes is None:
         return [ServerSentEvent(event="resync", data=_dumps({"reason": "overflow"}))]
-    return [ServerSentEvent(event="session.changed", data=_dumps(
-        {"session_id": sid, "reason": reason, "row": app.sessions.row(sid)}))
-        for sid, reason in changes]
+    return [
+        ServerSentEvent(
+            event="session.changed",
+            data=_dumps({"session_id": sid, "reason": reason, "row": app.sessions.row(sid)}),
+        )
+        for sid, reason in changes
+    ]
 
 
-async def _session_frames(app: Services, session_id: str, cursor_raw: str | None,
-                          with_sidebar: bool) -> AsyncIterator[ServerSentEvent]:
+async def _session_frames(
+    app: Services, session_id: str, cursor_raw: str | None, with_sidebar: bool
+) -> AsyncIterator[ServerSentEvent]:
     interval = app.settings.heartbeat_seconds
     wakeup = asyncio.Event()
     feed = app.feed.connect(wakeup) if with_sidebar else None
@@ -85,8 +90,14 @@ async def _session_frames(app: Services, session_id: str, cursor_raw: str | None
             app.feed.disconnect(feed)
 
 
-async def _follow(app: Services, session_id: str, cursor_raw: str | None, sub: Subscription,
-                  feed: FeedClient | None, interval: float) -> AsyncIterator[ServerSentEvent]:
+async def _follow(
+    app: Services,
+    session_id: str,
+    cursor_raw: str | None,
+    sub: Subscription,
+    feed: FeedClient | None,
+    interval: float,
+) -> AsyncIterator[ServerSentEvent]:
     current = app.store.last_seq(session_id)
     if current is None:
         return
@@ -137,8 +148,7 @@ async def _follow(app: Services, session_id: str, cursor_raw: str | None, sub: S
                 yield frame
             continue
         except SessionDeleted:
-            yield ServerSentEvent(event="session.deleted", data=_dumps(
-                {"session_id": session_id}))
+            yield ServerSentEvent(event="session.deleted", data=_dumps({"session_id": session_id}))
             return
         for event in batch:
             if event.seq <= sent:
@@ -151,25 +161,37 @@ async def _follow(app: Services, session_id: str, cursor_raw: str | None, sub: S
             yield _frame(event)
 
 
-_EVENT_STREAM = {"text/event-stream": {"schema": {
-    "type": "string", "description": "Server-Sent Events; the stream does not end"}}}
+_EVENT_STREAM = {
+    "text/event-stream": {
+        "schema": {"type": "string", "description": "Server-Sent Events; the stream does not end"}
+    }
+}
 
 
-@router.get("/api/sessions/{session_id}/events", summary="Follow one session (SSE)",
-            response_class=EventSourceResponse, response_model=None,
-            responses=documented(400, 404, 429, content=_EVENT_STREAM))
+@router.get(
+    "/api/sessions/{session_id}/events",
+    summary="Follow one session (SSE)",
+    response_class=EventSourceResponse,
+    response_model=None,
+    responses=documented(400, 404, 429, content=_EVENT_STREAM),
+)
 async def session_events(
     request: Request,
     app: App,
     session_id: Annotated[str, Path(pattern=ID_PATTERN, description="A session id")],
-    after: Annotated[str | None, Query(
-        description="Resume after this seq (`0` replays everything); wins over Last-Event-ID. "
-                    "A cursor the server cannot honour gets one `session.snapshot` frame")]
-    = None,
-    sidebar: Annotated[bool, Query(
-        description="Also carry the sidebar feed's `session.changed` frames")] = False,
-    last_event_id: Annotated[str | None, Header(
-        alias="Last-Event-ID", description="The standard SSE resume cursor")] = None,
+    after: Annotated[
+        str | None,
+        Query(
+            description="Resume after this seq (`0` replays everything); wins over Last-Event-ID. "
+            "A cursor the server cannot honour gets one `session.snapshot` frame"
+        ),
+    ] = None,
+    sidebar: Annotated[
+        bool, Query(description="Also carry the sidebar feed's `session.changed` frames")
+    ] = False,
+    last_event_id: Annotated[
+        str | None, Header(alias="Last-Event-ID", description="The standard SSE resume cursor")
+    ] = None,
 ) -> EventSourceResponse | JSONResponse:
     """Every durable event of the session as one frame (`id: <seq>`, `event: <type>`,
     `data: <envelope>`), replayed after the cursor and then live, with no gap and no
@@ -180,17 +202,21 @@ async def session_events(
     return _stream(request, app, _session_frames(app, session_id, cursor, sidebar))
 
 
-def _stream(request: Request, app: Services,
-            frames: AsyncIterator[ServerSentEvent]) -> EventSourceResponse | JSONResponse:
+def _stream(
+    request: Request, app: Services, frames: AsyncIterator[ServerSentEvent]
+) -> EventSourceResponse | JSONResponse:
     """An SSE response holding one of the client's stream slots, with a write deadline: a
     subscriber that stops reading is disconnected without slowing the run or the others."""
     client = request.client.host if request.client else "unknown"
     slot = app.stream_slots.acquire(client)
     if slot is None:
-        return error(429, "too_many_streams",
-                     f"This client already has {app.stream_slots.per_client} event streams "
-                     "open; close some tabs or connections and retry.",
-                     limit=app.stream_slots.per_client)
+        return error(
+            429,
+            "too_many_streams",
+            f"This client already has {app.stream_slots.per_client} event streams "
+            "open; close some tabs or connections and retry.",
+            limit=app.stream_slots.per_client,
+        )
 
     async def held() -> AsyncIterator[ServerSentEvent]:
         try:
@@ -222,9 +248,13 @@ async def _sidebar_frames(app: Services) -> AsyncIterator[ServerSentEvent]:
         app.feed.disconnect(client)
 
 
-@router.get("/api/events", summary="Follow the sidebar (SSE)",
-            response_class=EventSourceResponse, response_model=None,
-            responses=documented(429, content=_EVENT_STREAM))
+@router.get(
+    "/api/events",
+    summary="Follow the sidebar (SSE)",
+    response_class=EventSourceResponse,
+    response_model=None,
+    responses=documented(429, content=_EVENT_STREAM),
+)
 async def sidebar_events(request: Request, app: App) -> EventSourceResponse | JSONResponse:
     """`session.changed` frames (`{session_id, reason, row}`, row null when deleted) and
     heartbeats; a reconnecting client refetches `GET /api/sessions`."""

@@ -42,6 +42,7 @@ class SteerDelivered:
 
     steer_ids: list[str]
 
+
 RESULT_MAX_CHARS = 100_000
 
 
@@ -65,8 +66,12 @@ class Normalizer:
         self.compressed = False
 
     def _draft(self, type_: str, data: dict[str, Any]) -> Draft:
-        return Draft(type_, {"stream_id": self.stream_id, **data}, stream_id=self.stream_id,
-                     turn_id=self.turn_id)
+        return Draft(
+            type_,
+            {"stream_id": self.stream_id, **data},
+            stream_id=self.stream_id,
+            turn_id=self.turn_id,
+        )
 
     def feed(self, event: RuntimeEvent) -> list[Draft]:
         if isinstance(event, ReasoningDelta | TextDelta):
@@ -118,51 +123,83 @@ class Normalizer:
             if event.call_id in self._tools:
                 return []
             self._tools[event.call_id] = "started"
-            return [self._draft(ev.TOOL_STARTED, {"call_id": event.call_id, "name": event.name,
-                                                  "args": event.args})]
+            return [
+                self._draft(
+                    ev.TOOL_STARTED,
+                    {"call_id": event.call_id, "name": event.name, "args": event.args},
+                )
+            ]
         if isinstance(event, ToolCompleted):
             out = []
             if event.call_id not in self._tools:
-                out.append(self._draft(ev.TOOL_STARTED, {"call_id": event.call_id,
-                                                         "name": event.name, "args": {}}))
+                out.append(
+                    self._draft(
+                        ev.TOOL_STARTED, {"call_id": event.call_id, "name": event.name, "args": {}}
+                    )
+                )
             elif self._tools[event.call_id] == "completed":
                 return []
             self._tools[event.call_id] = "completed"
-            out.append(self._draft(ev.TOOL_COMPLETED, {
-                "call_id": event.call_id,
-                "name": event.name,
-                "result_preview": _clip(event.result, RESULT_PREVIEW_CHARS),
-                "result": _clip(event.result, RESULT_MAX_CHARS),
-                "is_error": event.is_error,
-                "duration_ms": event.duration_ms,
-            }))
+            out.append(
+                self._draft(
+                    ev.TOOL_COMPLETED,
+                    {
+                        "call_id": event.call_id,
+                        "name": event.name,
+                        "result_preview": _clip(event.result, RESULT_PREVIEW_CHARS),
+                        "result": _clip(event.result, RESULT_MAX_CHARS),
+                        "is_error": event.is_error,
+                        "duration_ms": event.duration_ms,
+                    },
+                )
+            )
             return out
         if isinstance(event, ApprovalRequested):
-            return [self._draft(ev.APPROVAL_REQUESTED, {
-                "approval_id": event.approval_id, "command": _clip(event.command,
-                                                                   RESULT_PREVIEW_CHARS),
-                "description": event.description})]
+            return [
+                self._draft(
+                    ev.APPROVAL_REQUESTED,
+                    {
+                        "approval_id": event.approval_id,
+                        "command": _clip(event.command, RESULT_PREVIEW_CHARS),
+                        "description": event.description,
+                    },
+                )
+            ]
         if isinstance(event, ApprovalResolved):
-            return [self._draft(ev.APPROVAL_RESOLVED, {
-                "approval_id": event.approval_id, "choice": event.choice,
-                "reason": event.reason})]
+            return [
+                self._draft(
+                    ev.APPROVAL_RESOLVED,
+                    {
+                        "approval_id": event.approval_id,
+                        "choice": event.choice,
+                        "reason": event.reason,
+                    },
+                )
+            ]
         if isinstance(event, SteerDelivered):
             return [self._draft(ev.STEER_DELIVERED, {"steer_ids": event.steer_ids})]
         if isinstance(event, CompressionStarted):
             return [self._draft(ev.COMPRESSION_STARTED, {"pass_id": event.pass_id})]
         if isinstance(event, CompressionCompleted):
             self.compressed = True
-            return [self._draft(ev.COMPRESSION_COMPLETED, {
-                "pass_id": event.pass_id,
-                "tokens_before": event.tokens_before,
-                "tokens_after": event.tokens_after,
-                # agent-facing handoff material: folded into the model context only
-                "summary": event.summary,
-                "boundary_turn_id": event.boundary_turn_id,
-            })]
+            return [
+                self._draft(
+                    ev.COMPRESSION_COMPLETED,
+                    {
+                        "pass_id": event.pass_id,
+                        "tokens_before": event.tokens_before,
+                        "tokens_after": event.tokens_after,
+                        # agent-facing handoff material: folded into the model context only
+                        "summary": event.summary,
+                        "boundary_turn_id": event.boundary_turn_id,
+                    },
+                )
+            ]
         if isinstance(event, Usage):
-            self.usage = {"prompt_tokens": event.prompt_tokens,
-                          "completion_tokens": event.completion_tokens}
+            self.usage = {
+                "prompt_tokens": event.prompt_tokens,
+                "completion_tokens": event.completion_tokens,
+            }
             return []
         if isinstance(event, Finished):
             self.finished = event
@@ -170,8 +207,9 @@ class Normalizer:
         raise TypeError(f"not a runtime event: {event!r}")
 
     def started(self, runtime: str, model: str) -> Draft:
-        return self._draft(ev.RUN_STARTED, {"turn_id": self.turn_id, "runtime": runtime,
-                                            "model": model})
+        return self._draft(
+            ev.RUN_STARTED, {"turn_id": self.turn_id, "runtime": runtime, "model": model}
+        )
 
     def finish(self, state: str, **extra: Any) -> Draft:
         data: dict[str, Any] = {"turn_id": self.turn_id, "state": state}
@@ -186,9 +224,12 @@ def coalesce(drafts: list[Draft]) -> list[Draft]:
     out: list[Draft] = []
     for draft in drafts:
         prev = out[-1] if out else None
-        if (prev is not None and draft.type in (ev.TEXT_DELTA, ev.REASONING_DELTA)
-                and prev.type == draft.type
-                and prev.data.get("item_id") == draft.data.get("item_id")):
+        if (
+            prev is not None
+            and draft.type in (ev.TEXT_DELTA, ev.REASONING_DELTA)
+            and prev.type == draft.type
+            and prev.data.get("item_id") == draft.data.get("item_id")
+        ):
             merged = {**prev.data, "text": prev.data["text"] + draft.data["text"]}
             out[-1] = Draft(prev.type, merged, stream_id=prev.stream_id, turn_id=prev.turn_id)
         else:

@@ -39,8 +39,10 @@ class AttachmentStore:
         if not path.exists():
             path.parent.mkdir(exist_ok=True)
             _write_durably(path, data)
-            _write_durably(path.with_suffix(".json"), json.dumps(
-                {"name": name, "mime": mime, "size": len(data)}).encode())
+            _write_durably(
+                path.with_suffix(".json"),
+                json.dumps({"name": name, "mime": mime, "size": len(data)}).encode(),
+            )
         return ref
 
     def remove(self, attachment_id: str) -> None:

@@ -93,13 +93,20 @@ def _refuse_foreign(db: sqlite3.Connection, path: Path) -> None:
     and, without a conflict, silently adopted. A database is Tether's when it is empty, or
     records Tether's first migration and holds no table Tether does not know. Only reads here.
     """
-    tables = {name for (name,) in db.execute(
-        "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'")}
-    if tables <= {"migrations"} and not (tables and db.execute(
-            "SELECT 1 FROM migrations LIMIT 1").fetchone()):
+    tables = {
+        name
+        for (name,) in db.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
+        )
+    }
+    if tables <= {"migrations"} and not (
+        tables and db.execute("SELECT 1 FROM migrations LIMIT 1").fetchone()
+    ):
         return  # a new database (or one whose first start stopped before m001)
-    ours = "migrations" in tables and db.execute(
-        "SELECT 1 FROM migrations WHERE name='m001_events'").fetchone() is not None
+    ours = (
+        "migrations" in tables
+        and db.execute("SELECT 1 FROM migrations WHERE name='m001_events'").fetchone() is not None
+    )
     unknown = sorted(tables - _TETHER_TABLES)
     if not ours or unknown:
         raise StorageError(

@@ -28,8 +28,9 @@ class Subscription:
     """One follower of one session. `wakeup` may be shared with other sources (the sidebar
     feed) so one SSE loop can wait on both."""
 
-    def __init__(self, hub: Hub, session_id: str, max_buffer: int,
-                 wakeup: asyncio.Event | None = None):
+    def __init__(
+        self, hub: Hub, session_id: str, max_buffer: int, wakeup: asyncio.Event | None = None
+    ):
         self._hub = hub
         self.session_id = session_id
         self._max_buffer = max_buffer

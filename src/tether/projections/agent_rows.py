@@ -47,10 +47,17 @@ def _timeline(rows: list[dict[str, Any]], turn_id: str) -> list[dict[str, Any]]:
             if row.get("content"):
                 items.append({"id": f"{key}.t", "type": "text", "text": row["content"]})
             for call in row.get("tool_calls") or []:
-                item = {"id": f"{turn_id}.tool.{call['id']}", "type": "tool",
-                        "call_id": call["id"], "name": call.get("name", ""),
-                        "args": _arguments(call.get("arguments")), "result_preview": None,
-                        "is_error": False, "duration_ms": None, "done": False}
+                item = {
+                    "id": f"{turn_id}.tool.{call['id']}",
+                    "type": "tool",
+                    "call_id": call["id"],
+                    "name": call.get("name", ""),
+                    "args": _arguments(call.get("arguments")),
+                    "result_preview": None,
+                    "is_error": False,
+                    "duration_ms": None,
+                    "done": False,
+                }
                 tools[call["id"]] = item
                 items.append(item)
         elif row["role"] == "tool":
@@ -68,21 +75,34 @@ def imported_rows(entry: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     user = rows[0] if rows and rows[0]["role"] == "user" else None
     if user is not None:
-        out.append({
-            "id": turn_id, "role": "user", "turn_id": turn_id,
-            "created_at": user["timestamp"],
-            "content": (user.get("content") or "") + _images_note(user.get("images", 0)),
-            "attachments": [], "origin": "agent",
-        })
+        out.append(
+            {
+                "id": turn_id,
+                "role": "user",
+                "turn_id": turn_id,
+                "created_at": user["timestamp"],
+                "content": (user.get("content") or "") + _images_note(user.get("images", 0)),
+                "attachments": [],
+                "origin": "agent",
+            }
+        )
     rest = rows[1:] if user is not None else rows
     if rest:
         timeline, answer = timeline_view(_timeline(rest, turn_id))
-        out.append({
-            "id": f"{turn_id}.reply", "role": "assistant", "turn_id": turn_id,
-            "created_at": rest[0]["timestamp"], "finished_at": rest[-1]["timestamp"],
-            "content": answer, "state": IMPORTED_STATE, "stream_id": None,
-            "timeline": timeline, "origin": "agent",
-        })
+        out.append(
+            {
+                "id": f"{turn_id}.reply",
+                "role": "assistant",
+                "turn_id": turn_id,
+                "created_at": rest[0]["timestamp"],
+                "finished_at": rest[-1]["timestamp"],
+                "content": answer,
+                "state": IMPORTED_STATE,
+                "stream_id": None,
+                "timeline": timeline,
+                "origin": "agent",
+            }
+        )
     if out:  # the model gets the agent's own messages for the whole turn, once
         out[0]["agent_context"] = list(entry.get("context") or [])
         for row in out[1:]:

@@ -29,8 +29,10 @@ def _user_message(row: dict[str, Any]) -> dict[str, Any]:
     if not attachments:
         return {"role": "user", "content": row.get("content", "")}
     parts: list[dict[str, Any]] = [{"type": "text", "text": row.get("content", "")}]
-    parts.extend({"type": "attachment", "attachment_id": a["id"], "name": a["name"],
-                  "mime": a["mime"]} for a in attachments)
+    parts.extend(
+        {"type": "attachment", "attachment_id": a["id"], "name": a["name"], "mime": a["mime"]}
+        for a in attachments
+    )
     return {"role": "user", "content": parts}
 
 
@@ -42,8 +44,9 @@ def _assistant_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
 
     def flush() -> None:
         if calls:
-            out.append({"role": "assistant", "content": "".join(text) or None,
-                        "tool_calls": list(calls)})
+            out.append(
+                {"role": "assistant", "content": "".join(text) or None, "tool_calls": list(calls)}
+            )
             out.extend(results)
         elif text and "".join(text).strip():
             out.append({"role": "assistant", "content": "".join(text)})
@@ -58,19 +61,26 @@ def _assistant_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
                 flush()
             text.append(item["text"])
         elif kind == "tool":
-            calls.append({
-                "id": item["call_id"],
-                "type": "function",
-                "function": {"name": item["name"], "arguments": json.dumps(item.get("args") or {})},
-            })
+            calls.append(
+                {
+                    "id": item["call_id"],
+                    "type": "function",
+                    "function": {
+                        "name": item["name"],
+                        "arguments": json.dumps(item.get("args") or {}),
+                    },
+                }
+            )
             result = item.get("result")
             if result is None:
                 result = item.get("result_preview")
-            results.append({
-                "role": "tool",
-                "tool_call_id": item["call_id"],
-                "content": UNFINISHED_TOOL_RESULT if not item.get("done") else (result or ""),
-            })
+            results.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item["call_id"],
+                    "content": UNFINISHED_TOOL_RESULT if not item.get("done") else (result or ""),
+                }
+            )
         elif kind == "steer" and not item.get("leftover"):
             flush()  # the user's words, seen by the agent at this step
             out.append({"role": "user", "content": item["text"]})
@@ -82,8 +92,10 @@ def _assistant_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _boundary(messages: list[dict[str, Any]], compressions: Sequence[dict[str, Any]],
-              ) -> tuple[int, dict[str, Any] | None]:
+def _boundary(
+    messages: list[dict[str, Any]],
+    compressions: Sequence[dict[str, Any]],
+) -> tuple[int, dict[str, Any] | None]:
     """The newest compression whose boundary turn is still visible, and where it starts.
     A compression whose boundary was truncated away is ignored: its summary may describe
     rows the user removed, and removed rows must not reappear in the model context."""
@@ -95,10 +107,12 @@ def _boundary(messages: list[dict[str, Any]], compressions: Sequence[dict[str, A
     return 0, None
 
 
-def context_messages(messages: list[dict[str, Any]],
-                     compressions: Sequence[dict[str, Any]] = (),
-                     handoff: dict[str, Any] | None = None,
-                     agent_compactions: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+def context_messages(
+    messages: list[dict[str, Any]],
+    compressions: Sequence[dict[str, Any]] = (),
+    handoff: dict[str, Any] | None = None,
+    agent_compactions: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
     """`{context_messages, excluded, compressions}` for the visible transcript `messages`,
     the session's compression passes, for a rotated child its parent's handoff, and the
     compactions another client of the agent did in place (`agent.imported`)."""
@@ -113,8 +127,11 @@ def context_messages(messages: list[dict[str, Any]],
     if summary:
         out.append(summary_message(summary))
     out.extend(carried)
-    excluded = [{"turn_id": row["turn_id"], "reason": SUMMARIZED_REASON}
-                for row in messages[:start] if row["role"] == "user"]
+    excluded = [
+        {"turn_id": row["turn_id"], "reason": SUMMARIZED_REASON}
+        for row in messages[:start]
+        if row["role"] == "user"
+    ]
     for row in messages[start:]:
         if "agent_context" in row:  # a turn another client wrote: the agent's own messages
             out.extend(row["agent_context"])
@@ -122,6 +139,8 @@ def context_messages(messages: list[dict[str, Any]],
             out.append(_user_message(row))
         elif row["role"] == "assistant":
             out.extend(_assistant_messages(row))
-    return {"context_messages": out, "excluded": excluded,
-            "compressions": len(compressions) + (1 if handoff else 0)
-            + len(agent_compactions)}
+    return {
+        "context_messages": out,
+        "excluded": excluded,
+        "compressions": len(compressions) + (1 if handoff else 0) + len(agent_compactions),
+    }

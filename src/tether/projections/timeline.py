@@ -17,9 +17,7 @@ def _is_barrier(item: dict[str, Any]) -> bool:
 def timeline_view(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
     """Copy the items, marking text that something later followed as interim progress; the
     trailing text is the answer. Returns (timeline, final answer text)."""
-    last_barrier = max(
-        (i for i, it in enumerate(items) if _is_barrier(it)), default=-1
-    )
+    last_barrier = max((i for i, it in enumerate(items) if _is_barrier(it)), default=-1)
     timeline, answer = [], []
     for index, item in enumerate(items):
         copy = dict(item)

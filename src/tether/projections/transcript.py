@@ -97,8 +97,9 @@ class TranscriptFold:
             "turn_id": data["turn_id"],
             "created_at": data.get("submitted_at", event.at),
             "content": data.get("text", ""),
-            "attachments": [{**a, "url": f"/api/attachments/{a['id']}"}
-                            for a in data.get("attachments") or []],
+            "attachments": [
+                {**a, "url": f"/api/attachments/{a['id']}"} for a in data.get("attachments") or []
+            ],
         }
         self.messages.append(row)
         self.users[data["turn_id"]] = row
@@ -182,12 +183,15 @@ class TranscriptFold:
                 tokens_after=data.get("tokens_after"),
             )
             if data.get("summary") is not None:
-                self.compressions.append({
-                    "pass_id": data["pass_id"], "summary": data["summary"],
-                    "boundary_turn_id": data.get("boundary_turn_id") or scene.turn_id,
-                    "tokens_before": data.get("tokens_before"),
-                    "tokens_after": data.get("tokens_after"),
-                })
+                self.compressions.append(
+                    {
+                        "pass_id": data["pass_id"],
+                        "summary": data["summary"],
+                        "boundary_turn_id": data.get("boundary_turn_id") or scene.turn_id,
+                        "tokens_before": data.get("tokens_before"),
+                        "tokens_after": data.get("tokens_after"),
+                    }
+                )
 
     def _approval(self, event: Event) -> None:
         """The agent asked before running a flagged command; the item shows the question and,
@@ -198,9 +202,14 @@ class TranscriptFold:
         data = event.data
         item = scene.item(
             f"{scene.stream_id}.approval.{data['approval_id']}",
-            {"type": "approval", "approval_id": data["approval_id"],
-             "command": data.get("command", ""), "description": data.get("description", ""),
-             "choice": None, "reason": None},
+            {
+                "type": "approval",
+                "approval_id": data["approval_id"],
+                "command": data.get("command", ""),
+                "description": data.get("description", ""),
+                "choice": None,
+                "reason": None,
+            },
         )
         if event.type == ev.APPROVAL_RESOLVED:
             item.update(choice=data.get("choice"), reason=data.get("reason"))
@@ -229,17 +238,22 @@ class TranscriptFold:
         for steer_id in event.data.get("steer_ids", []):
             text = scene.pending_steers.pop(steer_id, None)
             if text is not None:
-                scene.item(f"{scene.stream_id}.steer.{steer_id}",
-                           {"type": "steer", "text": text, "leftover": leftover})
+                scene.item(
+                    f"{scene.stream_id}.steer.{steer_id}",
+                    {"type": "steer", "text": text, "leftover": leftover},
+                )
 
     def _queue(self, event: Event) -> None:
         data = event.data
         queue_id = data["queue_id"]
         if event.type == ev.QUEUE_ADDED:
             self.queued[queue_id] = {
-                "queue_id": queue_id, "text": data.get("text", ""),
-                "attachments": [{**a, "url": f"/api/attachments/{a['id']}"}
-                                for a in data.get("attachments") or []],
+                "queue_id": queue_id,
+                "text": data.get("text", ""),
+                "attachments": [
+                    {**a, "url": f"/api/attachments/{a['id']}"}
+                    for a in data.get("attachments") or []
+                ],
                 "created_at": event.at,
             }
         elif event.type == ev.QUEUE_UPDATED and queue_id in self.queued:
@@ -258,8 +272,11 @@ class TranscriptFold:
             return
         state = event.data.get("state", "completed")
         # Invariant 6: the compression divider is live-only unless it explains the ending.
-        items = [item for item in scene.items
-                 if item["type"] != "compression" or state == "compression_exhausted"]
+        items = [
+            item
+            for item in scene.items
+            if item["type"] != "compression" or state == "compression_exhausted"
+        ]
         text = notice_text(state, event.data)
         if text is not None:
             items.append(
@@ -295,18 +312,22 @@ class TranscriptFold:
         self.agent_watermark = max(self.agent_watermark, int(data.get("watermark") or 0))
         for entry in data.get("entries") or []:
             if entry.get("kind") == "compaction":
-                self.agent_compactions.append({
-                    "at": len(self.messages), "summary": entry.get("summary") or "",
-                    "carried": list(entry.get("context") or []),
-                })
+                self.agent_compactions.append(
+                    {
+                        "at": len(self.messages),
+                        "summary": entry.get("summary") or "",
+                        "carried": list(entry.get("context") or []),
+                    }
+                )
             elif entry.get("kind") == "turn":
                 self.messages.extend(imported_rows(entry))
 
     # -- views ------------------------------------------------------------------------------
     def context(self) -> dict[str, Any]:
         """The model context of the next call (API.md §3, `GET /api/session/context`)."""
-        return context_messages(self.messages, self.compressions, self.handoff,
-                                self.agent_compactions)
+        return context_messages(
+            self.messages, self.compressions, self.handoff, self.agent_compactions
+        )
 
     def view(self) -> dict[str, Any]:
         """`messages`, the pending turn and `live`, as fresh objects a caller may keep."""
@@ -335,8 +356,9 @@ class TranscriptFold:
                 "runtime": scene.runtime,
                 "model": scene.model,
                 "timeline": timeline,
-                "pending_steers": [{"steer_id": k, "text": v}
-                                   for k, v in scene.pending_steers.items()],
+                "pending_steers": [
+                    {"steer_id": k, "text": v} for k, v in scene.pending_steers.items()
+                ],
             }
         return out
 

@@ -75,16 +75,25 @@ async def adopt_sessions_started_elsewhere(engine: RunEngine) -> None:
         session_id = await engine.runtime.agent_owner(agent_id) or new_id("s")
         if not await engine.runtime.bind(session_id, agent_id):
             continue
-        await engine.store.create_session(session_id, [Draft(ev.SESSION_CREATED, {
-            "title": (found["title"] or "")[:TITLE_MAX_CHARS].strip() or None,
-            "agent_session_id": agent_id,
-            "inherited_updated_at": found["started_at"],
-            "inherited_last_message_at": None,
-        })])
+        await engine.store.create_session(
+            session_id,
+            [
+                Draft(
+                    ev.SESSION_CREATED,
+                    {
+                        "title": (found["title"] or "")[:TITLE_MAX_CHARS].strip() or None,
+                        "agent_session_id": agent_id,
+                        "inherited_updated_at": found["started_at"],
+                        "inherited_last_message_at": None,
+                    },
+                )
+            ],
+        )
         async with engine.sessions.locks(session_id):
             await sync_locked(engine, session_id)
-        log.info("the agent's session %s, started elsewhere, is Tether session %s",
-                 agent_id, session_id)
+        log.info(
+            "the agent's session %s, started elsewhere, is Tether session %s", agent_id, session_id
+        )
 
 
 def supported(runtime: object) -> bool:
@@ -102,9 +111,19 @@ async def sync_locked(engine: RunEngine, session_id: str) -> None:
     if news is None:
         return
     if news.entries or news.watermark > watermark:
-        await engine.store.append(session_id, [Draft(ev.AGENT_IMPORTED, {
-            "source": engine.runtime.name, "watermark": news.watermark,
-            "entries": news.entries})])
+        await engine.store.append(
+            session_id,
+            [
+                Draft(
+                    ev.AGENT_IMPORTED,
+                    {
+                        "source": engine.runtime.name,
+                        "watermark": news.watermark,
+                        "entries": news.entries,
+                    },
+                )
+            ],
+        )
     if news.continuation is not None:
         await _continue(engine, session_id, news.continuation)
 
@@ -121,9 +140,12 @@ async def _continue(engine: RunEngine, session_id: str, agent_session_id: str) -
     child_id = owner or new_id("s")
     if owner is None and not await engine.runtime.bind(child_id, agent_session_id):
         return  # bound elsewhere meanwhile: the next pass links to that session
-    await continue_in(engine, session_id, child_id, create=True,
-                      agent_session_id=agent_session_id)
+    await continue_in(engine, session_id, child_id, create=True, agent_session_id=agent_session_id)
     async with engine.sessions.locks(child_id):  # locks go parent -> child only
         await sync_locked(engine, child_id)  # whoever follows the 409 finds its history
-    log.info("the agent continued %s in its session %s: Tether session %s", session_id,
-             agent_session_id, child_id)
+    log.info(
+        "the agent continued %s in its session %s: Tether session %s",
+        session_id,
+        agent_session_id,
+        child_id,
+    )

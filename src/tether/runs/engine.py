@@ -38,9 +38,16 @@ log = logging.getLogger("tether.runs")
 
 
 class RunEngine:
-    def __init__(self, *, store: SQLiteEventStore, sessions: SessionService,
-                 registry: RunRegistry, runtime: Runtime, attachments: AttachmentStore,
-                 coalesce_seconds: float = 0.016):
+    def __init__(
+        self,
+        *,
+        store: SQLiteEventStore,
+        sessions: SessionService,
+        registry: RunRegistry,
+        runtime: Runtime,
+        attachments: AttachmentStore,
+        coalesce_seconds: float = 0.016,
+    ):
         self.store = store
         self.sessions = sessions
         self.registry = registry
@@ -57,9 +64,14 @@ class RunEngine:
         self.agent_sync: Any = None  # runs.agent_sync.AgentSync, for runtimes that offer it
 
     # -- start ------------------------------------------------------------------------------
-    async def start(self, session_id: str, text: str, uploads: Sequence[Upload] = (),
-                    model: str | None = None,
-                    refs: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    async def start(
+        self,
+        session_id: str,
+        text: str,
+        uploads: Sequence[Upload] = (),
+        model: str | None = None,
+        refs: Sequence[dict[str, Any]] = (),
+    ) -> dict[str, Any]:
         """Admit and record a new turn. `uploads` are stored here, after every refusal;
         `refs` are attachments stored earlier (a queued message)."""
         async with self.sessions.locks(session_id):
@@ -68,22 +80,42 @@ class RunEngine:
             self.check_admissible(session_id, starting=True)
             stored = list(refs)
             for upload in uploads:
-                stored.append(await asyncio.to_thread(
-                    self.attachments.put, upload.data, name=upload.name, mime=upload.mime))
+                stored.append(
+                    await asyncio.to_thread(
+                        self.attachments.put, upload.data, name=upload.name, mime=upload.mime
+                    )
+                )
             run = Run(session_id, new_id("r"), new_id("u"))
             self.registry.add(run)
             submitted_at = time.time()
             try:
-                await self.store.append(session_id, [Draft(ev.TURN_SUBMITTED, {
-                    "turn_id": run.turn_id, "stream_id": run.stream_id, "text": text,
-                    "attachments": stored, "submitted_at": submitted_at,
-                }, stream_id=run.stream_id, turn_id=run.turn_id)])
+                await self.store.append(
+                    session_id,
+                    [
+                        Draft(
+                            ev.TURN_SUBMITTED,
+                            {
+                                "turn_id": run.turn_id,
+                                "stream_id": run.stream_id,
+                                "text": text,
+                                "attachments": stored,
+                                "submitted_at": submitted_at,
+                            },
+                            stream_id=run.stream_id,
+                            turn_id=run.turn_id,
+                        )
+                    ],
+                )
             except BaseException:
                 self.registry.remove(run)
                 raise
             run.worker = asyncio.create_task(self._work(run, model), name=run.stream_id)
-        return {"session_id": session_id, "stream_id": run.stream_id, "turn_id": run.turn_id,
-                "pending_started_at": submitted_at}
+        return {
+            "session_id": session_id,
+            "stream_id": run.stream_id,
+            "turn_id": run.turn_id,
+            "pending_started_at": submitted_at,
+        }
 
     def check_admissible(self, session_id: str, *, starting: bool) -> None:
         """The refusals that come before any mutation: unknown, rotated (409 session_rotated
@@ -93,24 +125,36 @@ class RunEngine:
             raise SessionNotFound(session_id)
         if state["continuation_session_id"]:
             raise SessionError(
-                "session_rotated", "This conversation continues in a newer session.",
-                continuation_session_id=self.sessions.newest_continuation(session_id))
+                "session_rotated",
+                "This conversation continues in a newer session.",
+                continuation_session_id=self.sessions.newest_continuation(session_id),
+            )
         if not starting:
             return
         if self.registry.busy(session_id):
-            raise SessionError("session_busy", "A run is still using this session.",
-                               active_stream_id=self.registry.attachable_stream(session_id))
+            raise SessionError(
+                "session_busy",
+                "A run is still using this session.",
+                active_stream_id=self.registry.attachable_stream(session_id),
+            )
         if self.closing:
             raise SessionError("server_closing", "The server is shutting down.")
 
     # -- Stop and steer ---------------------------------------------------------------------
-    async def cancel(self, *, stream_id: str | None = None,
-                     session_id: str | None = None) -> dict[str, Any]:
-        run = self.registry.get(stream_id) if stream_id else (
-            self.registry.for_session(session_id) if session_id else None)
+    async def cancel(
+        self, *, stream_id: str | None = None, session_id: str | None = None
+    ) -> dict[str, Any]:
+        run = (
+            self.registry.get(stream_id)
+            if stream_id
+            else (self.registry.for_session(session_id) if session_id else None)
+        )
         if run is None or run.resolved or run.phase not in (STARTING, RUNNING):
-            return {"ok": True, "cancelled": False,
-                    "stream_id": run.stream_id if run else stream_id}
+            return {
+                "ok": True,
+                "cancelled": False,
+                "stream_id": run.stream_id if run else stream_id,
+            }
         self.registry.move(run, CANCELLING)  # busy, never attachable from here on
         run.inbox.put_nowait(STOP)
         if run.producer is not None:  # only an invocation that started is interrupted
@@ -118,9 +162,17 @@ class RunEngine:
                 run.handle.interrupt()
             run.producer.cancel()  # closes the model request now
         with contextlib.suppress(StreamClosed):  # the worker may have finished meanwhile
-            await self.store.append(run.session_id, [Draft(
-                ev.RUN_CANCEL_REQUESTED, {"stream_id": run.stream_id},
-                stream_id=run.stream_id, turn_id=run.turn_id)])
+            await self.store.append(
+                run.session_id,
+                [
+                    Draft(
+                        ev.RUN_CANCEL_REQUESTED,
+                        {"stream_id": run.stream_id},
+                        stream_id=run.stream_id,
+                        turn_id=run.turn_id,
+                    )
+                ],
+            )
         return {"ok": True, "cancelled": True, "stream_id": run.stream_id}
 
     async def steer(self, stream_id: str, text: str) -> dict[str, Any]:
@@ -129,15 +181,24 @@ class RunEngine:
             return {"accepted": False, "reason": "The run is not running any more."}
         steer_id = new_id("st")
         try:
-            await self.store.append(run.session_id, [Draft(
-                ev.STEER_ACCEPTED, {"stream_id": stream_id, "steer_id": steer_id, "text": text},
-                stream_id=stream_id, turn_id=run.turn_id)])
+            await self.store.append(
+                run.session_id,
+                [
+                    Draft(
+                        ev.STEER_ACCEPTED,
+                        {"stream_id": stream_id, "steer_id": steer_id, "text": text},
+                        stream_id=stream_id,
+                        turn_id=run.turn_id,
+                    )
+                ],
+            )
         except StreamClosed:
             return {"accepted": False, "reason": "The run has just finished."}
         if not run.steer.put(steer_id, text):  # resolved while we appended: give it back
             with contextlib.suppress(StreamClosed):
-                await self.store.append(run.session_id,
-                                        self._leftover_drafts(run, [(steer_id, text)]))
+                await self.store.append(
+                    run.session_id, self._leftover_drafts(run, [(steer_id, text)])
+                )
             return {"accepted": False, "reason": "The run has just finished."}
         return {"accepted": True, "steer_id": steer_id}
 
@@ -145,8 +206,12 @@ class RunEngine:
         """The user's answer to an approval prompt of a running agent. Not accepted when the
         run or the prompt is no longer open (answered, timed out, stopped)."""
         run = self.registry.get(stream_id)
-        accepted = (run is not None and not run.resolved and run.phase == RUNNING
-                    and run.approvals.answer(approval_id, choice))
+        accepted = (
+            run is not None
+            and not run.resolved
+            and run.phase == RUNNING
+            and run.approvals.answer(approval_id, choice)
+        )
         return {"accepted": accepted, "stream_id": stream_id, "approval_id": approval_id}
 
     # -- the worker -------------------------------------------------------------------------
@@ -158,19 +223,27 @@ class RunEngine:
             handle = await self._admit_handle(run)
             if handle is not None and run.phase == STARTING:
                 self.registry.move(run, RUNNING)
-                await self.store.append(run.session_id, [normalizer.started(
-                    self.runtime.name, model or self.runtime.model)])
+                await self.store.append(
+                    run.session_id,
+                    [normalizer.started(self.runtime.name, model or self.runtime.model)],
+                )
             # Revalidate right before invocation: Stop may have won during the append.
-            if handle is not None and run.phase == RUNNING and self.handles.holds(
-                    run.session_id, run.stream_id, handle):
+            if (
+                handle is not None
+                and run.phase == RUNNING
+                and self.handles.holds(run.session_id, run.stream_id, handle)
+            ):
                 run.producer = asyncio.create_task(self._produce(handle, turn, run.inbox))
             elif handle is not None:
                 retired = self.handles.retire(run.session_id, run.stream_id)
                 if retired is not None:
                     await retired.close()
-            signal = await pump(run, normalizer,
-                                lambda drafts: self.store.append(run.session_id, drafts),
-                                self.coalesce_seconds)
+            signal = await pump(
+                run,
+                normalizer,
+                lambda drafts: self.store.append(run.session_id, drafts),
+                self.coalesce_seconds,
+            )
             state, extra = outcome(run, signal, normalizer)
         except StreamClosed:
             state = ""  # someone else (shutdown, recovery) already ended this run
@@ -185,9 +258,14 @@ class RunEngine:
             leftovers = run.steer.close()
             run.approvals.close()  # an agent still asking gets "deny"
             if state:
-                await self._append_ending(run, [
-                    *normalizer.end_item(), *self._leftover_drafts(run, leftovers),
-                    normalizer.finish(state, **extra)])
+                await self._append_ending(
+                    run,
+                    [
+                        *normalizer.end_item(),
+                        *self._leftover_drafts(run, leftovers),
+                        normalizer.finish(state, **extra),
+                    ],
+                )
             run.channel_open = False
             run.handle = None  # a final steer drain can never reach a successor's handle
             next_session = run.session_id
@@ -219,12 +297,14 @@ class RunEngine:
                 return  # someone else ended it, or the session is gone
             except StorageError as exc:
                 if self.closing:
-                    log.error("run %s: could not record its end at shutdown: %s",
-                              run.stream_id, exc)
+                    log.error(
+                        "run %s: could not record its end at shutdown: %s", run.stream_id, exc
+                    )
                     return
                 if pause == 0.05:  # the first failure: say it once, not every retry
-                    log.warning("run %s: could not record its end, retrying: %s",
-                                run.stream_id, exc)
+                    log.warning(
+                        "run %s: could not record its end, retrying: %s", run.stream_id, exc
+                    )
                 if run.producer is not None:
                     run.producer.cancel()
                 await asyncio.sleep(pause)
@@ -233,10 +313,18 @@ class RunEngine:
     def _leftover_drafts(self, run: Run, leftovers: list[tuple[str, str]]) -> list[Draft]:
         if not leftovers:
             return []
-        return [Draft(ev.STEER_LEFTOVER, {
-            "stream_id": run.stream_id, "steer_ids": [sid for sid, _ in leftovers],
-            "text": "\n\n".join(text for _, text in leftovers),
-        }, stream_id=run.stream_id, turn_id=run.turn_id)]
+        return [
+            Draft(
+                ev.STEER_LEFTOVER,
+                {
+                    "stream_id": run.stream_id,
+                    "steer_ids": [sid for sid, _ in leftovers],
+                    "text": "\n\n".join(text for _, text in leftovers),
+                },
+                stream_id=run.stream_id,
+                turn_id=run.turn_id,
+            )
+        ]
 
     async def _admit_handle(self, run: Run) -> RuntimeHandle | None:
         """Borrow the session's cached handle or build one; None when Stop won first."""
@@ -266,12 +354,19 @@ class RunEngine:
                     refs[att["id"]] = AttachmentRef(att["id"], att["name"], att["mime"], path)
         run.steer.on_drain = lambda ids: run.inbox.put_nowait(SteerDelivered(ids))
         user = fold.transcript.users.get(run.turn_id)
-        return TurnInput(run.session_id, run.stream_id, run.turn_id, messages, refs, model,
-                         steer=run.steer, submitted_at=user["created_at"] if user else None,
-                         approvals=run.approvals)
+        return TurnInput(
+            run.session_id,
+            run.stream_id,
+            run.turn_id,
+            messages,
+            refs,
+            model,
+            steer=run.steer,
+            submitted_at=user["created_at"] if user else None,
+            approvals=run.approvals,
+        )
 
-    async def _produce(self, handle: RuntimeHandle, turn: TurnInput,
-                       inbox: asyncio.Queue) -> None:
+    async def _produce(self, handle: RuntimeHandle, turn: TurnInput, inbox: asyncio.Queue) -> None:
         try:
             async with contextlib.aclosing(handle.stream(turn)) as events:
                 async for event in events:

@@ -25,18 +25,21 @@ def check_message(text: str, settings: Settings) -> str:
     if not text.strip():
         raise SessionError("invalid_request", "The message is empty.")
     if len(text) > settings.max_message_chars:
-        raise SessionError("payload_too_large",
-                           f"The message is {len(text):,} characters long; the limit is "
-                           f"{settings.max_message_chars:,}.",
-                           limit_chars=settings.max_message_chars)
+        raise SessionError(
+            "payload_too_large",
+            f"The message is {len(text):,} characters long; the limit is "
+            f"{settings.max_message_chars:,}.",
+            limit_chars=settings.max_message_chars,
+        )
     return text
 
 
-def decode_uploads(raw: list[dict[str, str]], settings: Settings,
-                   runtime: Runtime) -> list[Upload]:
+def decode_uploads(raw: list[dict[str, str]], settings: Settings, runtime: Runtime) -> list[Upload]:
     if len(raw) > settings.max_attachments:
-        raise SessionError("invalid_request", f"{len(raw)} attachments; at most "
-                           f"{settings.max_attachments} fit in one message.")
+        raise SessionError(
+            "invalid_request",
+            f"{len(raw)} attachments; at most {settings.max_attachments} fit in one message.",
+        )
     uploads = []
     for index, item in enumerate(raw, start=1):
         name = item["name"].strip()
@@ -44,18 +47,23 @@ def decode_uploads(raw: list[dict[str, str]], settings: Settings,
         if not name or len(name) > NAME_MAX_CHARS or "/" in name or "\\" in name:
             raise SessionError("invalid_request", f"Attachment {index} needs a plain file name.")
         if not runtime.accepts(mime):
-            raise SessionError("invalid_request",
-                               f"{name}: the {runtime.name} runtime cannot take {mime or 'this'} "
-                               "files. Attach images or text files.")
+            raise SessionError(
+                "invalid_request",
+                f"{name}: the {runtime.name} runtime cannot take {mime or 'this'} "
+                "files. Attach images or text files.",
+            )
         try:
             data = base64.b64decode(item["data_base64"], validate=True)
         except (binascii.Error, ValueError):
-            raise SessionError("invalid_request",
-                               f"{name}: data_base64 is not valid base64.") from None
+            raise SessionError(
+                "invalid_request", f"{name}: data_base64 is not valid base64."
+            ) from None
         if len(data) > settings.max_attachment_bytes:
-            raise SessionError("payload_too_large",
-                               f"{name} is {len(data):,} bytes; one attachment may be at most "
-                               f"{settings.max_attachment_bytes:,}.",
-                               limit_bytes=settings.max_attachment_bytes)
+            raise SessionError(
+                "payload_too_large",
+                f"{name} is {len(data):,} bytes; one attachment may be at most "
+                f"{settings.max_attachment_bytes:,}.",
+                limit_bytes=settings.max_attachment_bytes,
+            )
         uploads.append(Upload(name, mime, data))
     return uploads

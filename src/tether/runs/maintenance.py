@@ -26,8 +26,12 @@ def reclaim(engine: RunEngine, window: float, now: float | None = None) -> list[
     now = time.time() if now is None else now
     freed = []
     for run in engine.registry.runs():
-        if (run.phase == CANCELLING and not run.channel_open and run.cancelled_at is not None
-                and now - run.cancelled_at >= window):
+        if (
+            run.phase == CANCELLING
+            and not run.channel_open
+            and run.cancelled_at is not None
+            and now - run.cancelled_at >= window
+        ):
             engine.registry.remove(run)
             freed.append(run)
     return freed
@@ -37,8 +41,9 @@ async def reclaim_forever(engine: RunEngine, window: float) -> None:
     while True:
         await asyncio.sleep(min(max(window / 4, 0.05), 5.0))
         for run in reclaim(engine, window):
-            log.warning("reclaimed run %s: its worker did not unwind within %.1f s",
-                        run.stream_id, window)
+            log.warning(
+                "reclaimed run %s: its worker did not unwind within %.1f s", run.stream_id, window
+            )
 
 
 async def recover(engine: RunEngine) -> int:
@@ -50,11 +55,23 @@ async def recover(engine: RunEngine) -> int:
         if engine.registry.get(stream_id) is not None:
             continue  # a live worker owns it
         with contextlib.suppress(StreamClosed, SessionNotFound):
-            await engine.store.append(session_id, [Draft(
-                ev.RUN_FINISHED,
-                {"stream_id": stream_id, "turn_id": turn_id, "state": "interrupted",
-                 "reason": RECOVERED_REASON, "maintenance": True},
-                stream_id=stream_id, turn_id=turn_id)])
+            await engine.store.append(
+                session_id,
+                [
+                    Draft(
+                        ev.RUN_FINISHED,
+                        {
+                            "stream_id": stream_id,
+                            "turn_id": turn_id,
+                            "state": "interrupted",
+                            "reason": RECOVERED_REASON,
+                            "maintenance": True,
+                        },
+                        stream_id=stream_id,
+                        turn_id=turn_id,
+                    )
+                ],
+            )
             settled += 1
     return settled
 

@@ -31,9 +31,12 @@ class Signal:
 END, STOP, SHUTDOWN = Signal("end"), Signal("stop"), Signal("shutdown")
 
 
-async def pump(run: Run, normalizer: Normalizer,
-               append: Callable[[list[Draft]], Awaitable[object]],
-               coalesce_seconds: float) -> Signal:
+async def pump(
+    run: Run,
+    normalizer: Normalizer,
+    append: Callable[[list[Draft]], Awaitable[object]],
+    coalesce_seconds: float,
+) -> Signal:
     """Move runtime events into the log until a signal ends the run."""
     inbox = run.inbox
     last_flush = 0.0

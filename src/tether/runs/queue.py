@@ -28,11 +28,17 @@ class QueueService:
     async def add(self, session_id: str, text: str, uploads: Sequence[Upload]) -> dict[str, Any]:
         async with self.sessions.locks(session_id):
             self.engine.check_admissible(session_id, starting=False)
-            refs = [await asyncio.to_thread(self.engine.attachments.put, u.data, name=u.name,
-                                            mime=u.mime) for u in uploads]
+            refs = [
+                await asyncio.to_thread(
+                    self.engine.attachments.put, u.data, name=u.name, mime=u.mime
+                )
+                for u in uploads
+            ]
             queue_id = new_id("q")
-            await self.store.append(session_id, [Draft(ev.QUEUE_ADDED, {
-                "queue_id": queue_id, "text": text, "attachments": refs})])
+            await self.store.append(
+                session_id,
+                [Draft(ev.QUEUE_ADDED, {"queue_id": queue_id, "text": text, "attachments": refs})],
+            )
         started = None
         if not self.engine.registry.busy(session_id):
             started = await self.start_next(session_id)
@@ -45,23 +51,27 @@ class QueueService:
             item = fold.transcript.queued.get(queue_id)
             if item is not None:
                 return session_id, item
-        raise SessionError("queue_item_not_found", "That queued message is not queued any "
-                           "more (it was sent or removed).")
+        raise SessionError(
+            "queue_item_not_found",
+            "That queued message is not queued any more (it was sent or removed).",
+        )
 
     async def update(self, queue_id: str, text: str) -> dict[str, Any]:
         session_id, _ = await self._locate(queue_id)
         async with self.sessions.locks(session_id):
             session_id, _ = await self._locate(queue_id)
-            await self.store.append(session_id, [Draft(ev.QUEUE_UPDATED, {
-                "queue_id": queue_id, "text": text})])
+            await self.store.append(
+                session_id, [Draft(ev.QUEUE_UPDATED, {"queue_id": queue_id, "text": text})]
+            )
         return {"ok": True, "queue_id": queue_id}
 
     async def remove(self, queue_id: str) -> dict[str, Any]:
         session_id, _ = await self._locate(queue_id)
         async with self.sessions.locks(session_id):
             session_id, _ = await self._locate(queue_id)
-            await self.store.append(session_id, [Draft(ev.QUEUE_REMOVED, {
-                "queue_id": queue_id, "reason": "removed"})])
+            await self.store.append(
+                session_id, [Draft(ev.QUEUE_REMOVED, {"queue_id": queue_id, "reason": "removed"})]
+            )
         return {"ok": True, "queue_id": queue_id}
 
     async def start_next(self, session_id: str) -> str | None:
@@ -77,7 +87,17 @@ class QueueService:
         except SessionError as exc:
             log.info("queued message %s stays queued: %s", item["queue_id"], exc.message)
             return None
-        await self.store.append(session_id, [Draft(ev.QUEUE_REMOVED, {
-            "queue_id": item["queue_id"], "reason": "started",
-            "stream_id": started["stream_id"]})])
+        await self.store.append(
+            session_id,
+            [
+                Draft(
+                    ev.QUEUE_REMOVED,
+                    {
+                        "queue_id": item["queue_id"],
+                        "reason": "started",
+                        "stream_id": started["stream_id"],
+                    },
+                )
+            ],
+        )
         return started["stream_id"]

@@ -27,8 +27,9 @@ log = logging.getLogger("tether.runs")
 
 def estimate_tokens(messages: list[dict[str, Any]]) -> int:
     """About four characters a token, the estimate the runtimes use without provider usage."""
-    return sum(len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or ""))
-               for m in messages) // 4 + 4 * len(messages)
+    return sum(
+        len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or "")) for m in messages
+    ) // 4 + 4 * len(messages)
 
 
 class Rotator:
@@ -37,8 +38,7 @@ class Rotator:
         self.settings = settings
 
     def _window(self) -> int | None:
-        return self.settings.context_window or getattr(self.engine.runtime,
-                                                       "context_window", None)
+        return self.settings.context_window or getattr(self.engine.runtime, "context_window", None)
 
     def crossed(self, normalizer: Normalizer) -> bool:
         if normalizer.compressed:
@@ -57,21 +57,31 @@ class Rotator:
         try:
             return await self.rotate(session_id)
         except ProviderError as exc:
-            log.warning("rotation of %s skipped: the summary request failed: %s",
-                        session_id, exc.message)
+            log.warning(
+                "rotation of %s skipped: the summary request failed: %s", session_id, exc.message
+            )
             return session_id
 
     async def rotate(self, parent_id: str) -> str:
         fold = await self.engine.sessions.folds.get(parent_id)
         messages = fold.transcript.context()["context_messages"]
         summary = await self.engine.runtime.summarize(messages, None)
-        return await continue_in(self.engine, parent_id, new_id("s"), create=True, handoff={
-            "summary": summary, "tokens_before": estimate_tokens(messages),
-            "tokens_after": estimate_tokens([{"content": summary}])})
+        return await continue_in(
+            self.engine,
+            parent_id,
+            new_id("s"),
+            create=True,
+            handoff={
+                "summary": summary,
+                "tokens_before": estimate_tokens(messages),
+                "tokens_after": estimate_tokens([{"content": summary}]),
+            },
+        )
 
 
-async def continue_in(engine: RunEngine, parent_id: str, child_id: str, *, create: bool,
-                      **created: object) -> str:
+async def continue_in(
+    engine: RunEngine, parent_id: str, child_id: str, *, create: bool, **created: object
+) -> str:
     """Make `parent_id` continue in `child_id` (created here, or already there): the child
     takes the parent's place in the sidebar without looking newer, the parent records
     `session.rotated`, queued messages move along. `created` goes into the child's
@@ -81,23 +91,44 @@ async def continue_in(engine: RunEngine, parent_id: str, child_id: str, *, creat
     parent = engine.sessions.row(parent_id)
     assert parent is not None and fold.row is not None
     if create:
-        await store.create_session(child_id, [Draft(ev.SESSION_CREATED, {
-            "title": fold.row["title"] or fold.row["title_from_message"],
-            "parent_session_id": parent_id,
-            "inherited_updated_at": parent["updated_at"],
-            "inherited_last_message_at": parent["last_message_at"],
-            **created,
-        })])
+        await store.create_session(
+            child_id,
+            [
+                Draft(
+                    ev.SESSION_CREATED,
+                    {
+                        "title": fold.row["title"] or fold.row["title_from_message"],
+                        "parent_session_id": parent_id,
+                        "inherited_updated_at": parent["updated_at"],
+                        "inherited_last_message_at": parent["last_message_at"],
+                        **created,
+                    },
+                )
+            ],
+        )
     moved = list(fold.transcript.queued.values())
-    await store.append(parent_id, [Draft(ev.SESSION_ROTATED,
-                                         {"continuation_session_id": child_id})]
-                       + [Draft(ev.QUEUE_REMOVED, {"queue_id": q["queue_id"],
-                                                   "reason": "moved"}) for q in moved])
+    await store.append(
+        parent_id,
+        [Draft(ev.SESSION_ROTATED, {"continuation_session_id": child_id})]
+        + [Draft(ev.QUEUE_REMOVED, {"queue_id": q["queue_id"], "reason": "moved"}) for q in moved],
+    )
     if moved:  # queued messages follow the conversation into the child
-        await store.append(child_id, [Draft(ev.QUEUE_ADDED, {
-            "queue_id": q["queue_id"], "text": q["text"],
-            "attachments": [{k: a[k] for k in ("id", "name", "mime", "size")}
-                            for a in q["attachments"]],
-        }) for q in moved])
+        await store.append(
+            child_id,
+            [
+                Draft(
+                    ev.QUEUE_ADDED,
+                    {
+                        "queue_id": q["queue_id"],
+                        "text": q["text"],
+                        "attachments": [
+                            {k: a[k] for k in ("id", "name", "mime", "size")}
+                            for a in q["attachments"]
+                        ],
+                    },
+                )
+                for q in moved
+            ],
+        )
     log.info("session %s continues in %s", parent_id, child_id)
     return child_id

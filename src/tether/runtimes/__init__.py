@@ -24,7 +24,8 @@ def load_runtime(settings: Settings) -> Runtime:
         found = [ep for ep in entry_points(group="tether.runtimes") if ep.name == settings.runtime]
         if not found:
             raise RuntimeUnavailable(
-                f"The {settings.runtime!r} runtime is not available in this installation.")
+                f"The {settings.runtime!r} runtime is not available in this installation."
+            )
         return found[0].load()(settings)
     module_name, _, attr = target.partition(":")
     return getattr(importlib.import_module(module_name), attr)(settings)

@@ -11,15 +11,34 @@ from tether.runtimes.base import AttachmentRef
 
 IMAGE_MIMES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 _MIME_ALIASES = {"image/jpg": "image/jpeg", "image/pjpeg": "image/jpeg"}
-TEXT_APPLICATION_MIMES = frozenset({
-    "application/json", "application/x-ndjson", "application/ndjson", "application/xml",
-    "application/x-yaml", "application/yaml", "application/toml", "application/x-toml",
-    "application/javascript", "application/x-javascript", "application/ecmascript",
-    "application/typescript", "application/x-typescript", "application/sql",
-    "application/x-sh", "application/x-shellscript", "application/x-python",
-    "application/x-httpd-php", "application/x-tex", "application/x-latex",
-    "application/graphql", "application/csv", "application/x-csv",
-})
+TEXT_APPLICATION_MIMES = frozenset(
+    {
+        "application/json",
+        "application/x-ndjson",
+        "application/ndjson",
+        "application/xml",
+        "application/x-yaml",
+        "application/yaml",
+        "application/toml",
+        "application/x-toml",
+        "application/javascript",
+        "application/x-javascript",
+        "application/ecmascript",
+        "application/typescript",
+        "application/x-typescript",
+        "application/sql",
+        "application/x-sh",
+        "application/x-shellscript",
+        "application/x-python",
+        "application/x-httpd-php",
+        "application/x-tex",
+        "application/x-latex",
+        "application/graphql",
+        "application/csv",
+        "application/x-csv",
+    }
+)
+
 
 def base_mime(mime: str) -> str:
     base = mime.split(";", 1)[0].strip().lower()
@@ -28,8 +47,11 @@ def base_mime(mime: str) -> str:
 
 def is_text_mime(mime: str) -> bool:
     mime = base_mime(mime)
-    return (mime.startswith("text/") or mime in TEXT_APPLICATION_MIMES
-            or mime.endswith(("+json", "+xml", "+yaml")))
+    return (
+        mime.startswith("text/")
+        or mime in TEXT_APPLICATION_MIMES
+        or mime.endswith(("+json", "+xml", "+yaml"))
+    )
 
 
 def accepts_mime(mime: str) -> bool:
@@ -54,7 +76,11 @@ def expand_part(part: Any, attachments: dict[str, AttachmentRef]) -> Any:
             body = ref.path.read_bytes().decode("utf-8", errors="replace")
             return {"type": "text", "text": f"Attached file {ref.name}:\n{body}"}
     except OSError as exc:
-        return {"type": "text", "text": f"[Attached file {ref.name} could not be read: "
-                                        f"{exc.strerror or exc}]"}
-    return {"type": "text",
-            "text": f"[Attached file {ref.name} ({ref.mime}) cannot be sent to this model.]"}
+        return {
+            "type": "text",
+            "text": f"[Attached file {ref.name} could not be read: {exc.strerror or exc}]",
+        }
+    return {
+        "type": "text",
+        "text": f"[Attached file {ref.name} ({ref.mime}) cannot be sent to this model.]",
+    }

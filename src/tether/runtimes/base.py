@@ -91,12 +91,29 @@ class ApprovalResolved:
     reason: str  # "user" | "timeout" | "stopped"
 
 
-RuntimeEvent = (ReasoningDelta | TextDelta | ToolStarted | ToolCompleted | CompressionStarted
-                | CompressionCompleted | Usage | Finished | ApprovalRequested | ApprovalResolved)
+RuntimeEvent = (
+    ReasoningDelta
+    | TextDelta
+    | ToolStarted
+    | ToolCompleted
+    | CompressionStarted
+    | CompressionCompleted
+    | Usage
+    | Finished
+    | ApprovalRequested
+    | ApprovalResolved
+)
 
 # Stable error codes of API.md §4.
-ERROR_CODES = ("auth", "rate_limit", "model_not_found", "context_overflow", "network",
-               "bad_response", "internal")
+ERROR_CODES = (
+    "auth",
+    "rate_limit",
+    "model_not_found",
+    "context_overflow",
+    "network",
+    "bad_response",
+    "internal",
+)
 
 
 class ProviderError(Exception):

@@ -89,7 +89,8 @@ def estimate_message_tokens(message: dict[str, Any]) -> int:
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
         tokens += MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(
-            str(function.get("name") or "") + str(function.get("arguments") or ""))
+            str(function.get("name") or "") + str(function.get("arguments") or "")
+        )
     return tokens
 
 
@@ -109,12 +110,13 @@ class Anchor:
     tokens: int
 
 
-def request_tokens(messages: list[dict[str, Any]], *, tools_tokens: int = 0,
-                   anchor: Anchor | None = None) -> int:
+def request_tokens(
+    messages: list[dict[str, Any]], *, tools_tokens: int = 0, anchor: Anchor | None = None
+) -> int:
     """The size of a request sending `messages`: the anchor plus an estimate of what follows
     it, or (no usable anchor) an estimate of everything, tool schemas included."""
     if anchor is not None and anchor.count <= len(messages):
-        return anchor.tokens + estimate_tokens(messages[anchor.count:])
+        return anchor.tokens + estimate_tokens(messages[anchor.count :])
     return estimate_tokens(messages) + tools_tokens
 
 
@@ -182,16 +184,25 @@ class WorkingContext:
 
     # ---- provider counts --------------------------------------------------------------------
 
-    def note_usage(self, prompt_tokens: int, completion_tokens: int,
-                   reply: dict[str, Any] | None, *, reasoning: bool = False) -> None:
+    def note_usage(
+        self,
+        prompt_tokens: int,
+        completion_tokens: int,
+        reply: dict[str, Any] | None,
+        *,
+        reasoning: bool = False,
+    ) -> None:
         """The request just sent measured `prompt_tokens`; `reply`, when not None, is the
         message the caller has just appended for the answer (it must be the last message)."""
         if prompt_tokens <= 0:
             return
         tokens = prompt_tokens
         if reply is not None:
-            tokens += (estimate_message_tokens(reply) if reasoning or completion_tokens <= 0
-                       else completion_tokens)
+            tokens += (
+                estimate_message_tokens(reply)
+                if reasoning or completion_tokens <= 0
+                else completion_tokens
+            )
         self.anchor = Anchor(len(self.messages), tokens)
 
     def snapshot(self) -> tuple[str, int, int] | None:
@@ -215,11 +226,11 @@ class WorkingContext:
     def level1_messages(self) -> list[dict[str, Any]] | None:
         if self.prefix_compressed or self.user_index == 0:
             return None
-        return self.messages[:self.user_index]
+        return self.messages[: self.user_index]
 
     def apply_level1(self, summary: str) -> None:
         self.conversation_summary = summary
-        self.messages = [summary_message(self.summary), *self.messages[self.user_index:]]
+        self.messages = [summary_message(self.summary), *self.messages[self.user_index :]]
         self.user_index = 1
         self.prefix_compressed = True
         self.anchor = None
@@ -238,14 +249,17 @@ class WorkingContext:
         latest = self._latest()
         if latest is None:
             return None
-        return self.messages[self.user_index:latest]
+        return self.messages[self.user_index : latest]
 
     def apply_level2(self, summary: str) -> None:
         latest = self._latest()
         assert latest is not None
         self.work_summary = summary
-        self.messages = [summary_message(self.summary), self.messages[self.user_index],
-                         *self.messages[latest:]]
+        self.messages = [
+            summary_message(self.summary),
+            self.messages[self.user_index],
+            *self.messages[latest:],
+        ]
         self.user_index = 1
         self.prefix_compressed = True
         self.anchor = None
@@ -308,8 +322,11 @@ def _cut_middle(block: str, keep: int) -> str:
     omitted = len(block) - keep
     head = keep * 2 // 3
     tail = keep - head
-    return (block[:head] + f"\n[... {omitted:,} characters omitted ...]\n"
-            + (block[-tail:] if tail else ""))
+    return (
+        block[:head]
+        + f"\n[... {omitted:,} characters omitted ...]\n"
+        + (block[-tail:] if tail else "")
+    )
 
 
 def clip_blocks(blocks: list[str], max_chars: int) -> list[str]:
@@ -335,8 +352,13 @@ def summary_input_tokens(window: int) -> int:
     return max(MIN_SUMMARY_INPUT_TOKENS, window - reserve - instruction)
 
 
-def summary_request(messages: list[dict[str, Any]], *, window: int | None = None,
-                    work: bool = False, previous: str | None = None) -> list[dict[str, Any]]:
+def summary_request(
+    messages: list[dict[str, Any]],
+    *,
+    window: int | None = None,
+    work: bool = False,
+    previous: str | None = None,
+) -> list[dict[str, Any]]:
     """The messages of a summary request over `messages` (`work`: level 2, whose first
     message is the current user request; `previous`: an earlier summary to fold in)."""
     blocks = render_blocks(messages)
@@ -348,6 +370,9 @@ def summary_request(messages: list[dict[str, Any]], *, window: int | None = None
     body = "\n\n".join(blocks)
     return [
         {"role": "system", "content": instruction},
-        {"role": "user", "content": "The conversation to summarize:\n\n<conversation>\n"
-                                    f"{body}\n</conversation>\n\nWrite the handoff summary now."},
+        {
+            "role": "user",
+            "content": "The conversation to summarize:\n\n<conversation>\n"
+            f"{body}\n</conversation>\n\nWrite the handoff summary now.",
+        },
     ]

@@ -69,8 +69,9 @@ async def _stubborn(prompt: str) -> AsyncIterator[RuntimeEvent]:
     swallowed and output keeps coming until its time is up. Tether must fence that output
     off the log once the run has finished (contract invariant 9)."""
     seconds = _stubborn_seconds(prompt)
-    yield ReasoningDelta(f"Demo: this turn ignores Stop for {seconds:g} seconds, like an "
-                         "agent stuck in a tool.")
+    yield ReasoningDelta(
+        f"Demo: this turn ignores Stop for {seconds:g} seconds, like an agent stuck in a tool."
+    )
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         with contextlib.suppress(asyncio.CancelledError):  # the interrupt it does not honour
@@ -91,18 +92,28 @@ async def _ask_approval(turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
     choice, reason = "deny", "stopped"
     if turn.approvals is not None:
         try:
-            choice, reason = await asyncio.wait_for(turn.approvals.open("ap1"),
-                                                    APPROVAL_WAIT_SECONDS), "user"
+            choice, reason = (
+                await asyncio.wait_for(turn.approvals.open("ap1"), APPROVAL_WAIT_SECONDS),
+                "user",
+            )
         except TimeoutError:
             reason = "timeout"
     yield ApprovalResolved("ap1", choice, reason)
     allowed = choice == "once"
-    yield ToolCompleted(call_id, "terminal",
-                        "(demo) ./demo-scratch would have been cleared" if allowed
-                        else "BLOCKED: the user did not approve this command", not allowed,
-                        int((time.monotonic() - started) * 1000))
-    yield TextDelta("You allowed it: the (pretend) folder is clear." if allowed
-                    else "You denied it, so I left the folder alone.")
+    yield ToolCompleted(
+        call_id,
+        "terminal",
+        "(demo) ./demo-scratch would have been cleared"
+        if allowed
+        else "BLOCKED: the user did not approve this command",
+        not allowed,
+        int((time.monotonic() - started) * 1000),
+    )
+    yield TextDelta(
+        "You allowed it: the (pretend) folder is clear."
+        if allowed
+        else "You denied it, so I left the folder alone."
+    )
 
 
 class DemoRuntime:
@@ -135,9 +146,12 @@ class DemoRuntime:
                 await asyncio.sleep(delay)
                 yield kind(piece)
 
-        async for e in say(ReasoningDelta, "The user wrote a message. This is the offline demo "
-                           "runtime, so I will count its words and mirror its opening with two "
-                           "harmless tools, then answer in Markdown."):
+        async for e in say(
+            ReasoningDelta,
+            "The user wrote a message. This is the offline demo "
+            "runtime, so I will count its words and mirror its opening with two "
+            "harmless tools, then answer in Markdown.",
+        ):
             yield e
         async for e in say(TextDelta, "Let me look at your message with two small tools."):
             yield e
@@ -148,12 +162,20 @@ class DemoRuntime:
             yield ToolStarted(f"{turn.stream_id}_{call_id}", name, args)
             started = time.monotonic()
             await asyncio.sleep(delay * 5)
-            yield ToolCompleted(f"{turn.stream_id}_{call_id}", name, result, False,
-                                int((time.monotonic() - started) * 1000))
+            yield ToolCompleted(
+                f"{turn.stream_id}_{call_id}",
+                name,
+                result,
+                False,
+                int((time.monotonic() - started) * 1000),
+            )
         # The next step after the tool results: take in what the user steered meanwhile.
         steered = turn.steer.drain() if turn.steer is not None else []
-        async for e in say(ReasoningDelta, "Both tools answered; time to write the reply."
-                           + (" The user also steered me while I worked." if steered else "")):
+        async for e in say(
+            ReasoningDelta,
+            "Both tools answered; time to write the reply."
+            + (" The user also steered me while I worked." if steered else ""),
+        ):
             yield e
         steer_note = "".join(f"- you also said: *{text}*\n" for text in steered)
         answer = (
@@ -162,18 +184,22 @@ class DemoRuntime:
             f"- mirrored: `{preview[::-1]}`\n"
             f"{steer_note}"
             "- to talk to a real model, start Tether with `--runtime openai`\n\n"
-            "```python\nprint(\"hello from the demo runtime\")\n```\n"
+            '```python\nprint("hello from the demo runtime")\n```\n'
         )
         async for e in say(TextDelta, answer):
             yield e
-        yield Usage(prompt_tokens=sum(len(str(m.get("content", ""))) for m in turn.messages)
-                    // 4, completion_tokens=len(answer) // 4)
+        yield Usage(
+            prompt_tokens=sum(len(str(m.get("content", ""))) for m in turn.messages) // 4,
+            completion_tokens=len(answer) // 4,
+        )
 
     async def summarize(self, messages: list[dict[str, Any]], model: str | None) -> str:
         """A deterministic stand-in for a model's handoff summary (rotation works offline)."""
         users = [m for m in messages if m["role"] == "user"]
-        return (f"Demo summary: {len(messages)} messages so far; the user's last request was "
-                f"{_last_user_text(users)[:120]!r}.")
+        return (
+            f"Demo summary: {len(messages)} messages so far; the user's last request was "
+            f"{_last_user_text(users)[:120]!r}."
+        )
 
     async def aclose(self) -> None:
         return None

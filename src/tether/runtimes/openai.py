@@ -71,6 +71,7 @@ MODELS_TIMEOUT = openai.Timeout(15.0, connect=5.0)  # the context-window lookup
 WINDOW_KEYS = ("context_length", "context_window", "max_context_length", "max_model_len")
 MAX_REMEMBERED_SESSIONS = 256  # provider counts kept for the first request of the next turn
 
+
 def _parse_args(raw: str) -> tuple[dict[str, Any], str | None]:
     """`(args, problem)`: the arguments as a dict, or a problem to report as the result."""
     if not raw.strip():
@@ -79,11 +80,12 @@ def _parse_args(raw: str) -> tuple[dict[str, Any], str | None]:
         value = json.loads(raw)
     except ValueError as exc:
         return {"raw_arguments": raw[:2000]}, (
-            f"Invalid JSON arguments ({exc}); send the arguments as one JSON object.")
+            f"Invalid JSON arguments ({exc}); send the arguments as one JSON object."
+        )
     if not isinstance(value, dict):
         return {"raw_arguments": raw[:2000]}, (
-            "Invalid JSON arguments: expected a JSON object, got "
-            f"{type(value).__name__}.")
+            f"Invalid JSON arguments: expected a JSON object, got {type(value).__name__}."
+        )
     return value, None
 
 
@@ -131,8 +133,12 @@ class _Accumulator:
         usage = _get(chunk, "usage")
         if usage is not None:
             self.saw_completion = True
-            events.append(Usage(int(_get(usage, "prompt_tokens") or 0),
-                                int(_get(usage, "completion_tokens") or 0)))
+            events.append(
+                Usage(
+                    int(_get(usage, "prompt_tokens") or 0),
+                    int(_get(usage, "completion_tokens") or 0),
+                )
+            )
         for choice in _get(chunk, "choices") or []:
             delta = _get(choice, "delta")
             if delta is None:
@@ -271,15 +277,19 @@ class OpenAIRuntime:
                 "role": "assistant",
                 "content": "".join(acc.text) or None,
                 "tool_calls": [
-                    {"id": call_id, "type": "function",
-                     "function": {"name": name, "arguments": json.dumps(args)}}
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(args)},
+                    }
                     for call_id, name, args, _ in planned
                 ],
             }
             ctx.messages.append(reply)
             if usage is not None:
-                ctx.note_usage(usage.prompt_tokens, usage.completion_tokens, reply,
-                               reasoning=reasoning)
+                ctx.note_usage(
+                    usage.prompt_tokens, usage.completion_tokens, reply, reasoning=reasoning
+                )
             for call_id, name, args, problem in planned:
                 yield ToolStarted(call_id, name, args)
                 started = time.monotonic()
@@ -292,16 +302,20 @@ class OpenAIRuntime:
                 ctx.messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
             # The next step: what the user steered meanwhile joins the conversation here.
             if turn.steer is not None:
-                ctx.messages.extend({"role": "user", "content": text}
-                                    for text in turn.steer.drain())
+                ctx.messages.extend(
+                    {"role": "user", "content": text} for text in turn.steer.drain()
+                )
         yield Finished(
             "tool_limit_reached",
-            reason=(f"The model was still calling tools after {self.max_iterations} rounds, "
-                    "the limit for one turn. Send a message to let it continue."),
+            reason=(
+                f"The model was still calling tools after {self.max_iterations} rounds, "
+                "the limit for one turn. Send a message to let it continue."
+            ),
         )
 
-    async def _request(self, model: str, messages: list[dict[str, Any]],
-                       acc: _Accumulator) -> AsyncIterator[RuntimeEvent]:
+    async def _request(
+        self, model: str, messages: list[dict[str, Any]], acc: _Accumulator
+    ) -> AsyncIterator[RuntimeEvent]:
         """One streamed completion; the HTTP response is closed however this ends."""
         body: dict[str, Any] = {
             "model": model,
@@ -314,7 +328,8 @@ class OpenAIRuntime:
         # The raw stream, parsed with json.loads: the SDK's typed chunk objects cost about
         # half of the server's event loop under load (bench/load_test.py profile).
         opened = self._client.chat.completions.with_streaming_response.create(
-            **_untransformed(body))
+            **_untransformed(body)
+        )
         try:
             response = await opened.__aenter__()
         except Exception as exc:
@@ -338,16 +353,19 @@ class OpenAIRuntime:
                 except ValueError as exc:
                     self._raise_classified(exc, model, streaming=True)
                 if isinstance(chunk, dict) and chunk.get("error") is not None:
-                    self._raise_classified(_stream_error(chunk["error"], response), model,
-                                           streaming=True)
+                    self._raise_classified(
+                        _stream_error(chunk["error"], response), model, streaming=True
+                    )
                 for event in acc.feed(chunk):
                     yield event
         finally:
             await opened.__aexit__(None, None, None)
         if not acc.saw_completion:
-            raise ProviderError("bad_response",
-                                f"The model provider at {self._where()} ended the stream "
-                                "without sending any completion data.")
+            raise ProviderError(
+                "bad_response",
+                f"The model provider at {self._where()} ended the stream "
+                "without sending any completion data.",
+            )
 
     # ---- compression -------------------------------------------------------------------------
 
@@ -358,8 +376,9 @@ class OpenAIRuntime:
         window = await self._context_window(model)
         return await self._summary(model, summary_request(messages, window=window))
 
-    async def _fit(self, ctx: WorkingContext, window: int, model: str,
-                   turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+    async def _fit(
+        self, ctx: WorkingContext, window: int, model: str, turn: TurnInput
+    ) -> AsyncIterator[RuntimeEvent]:
         """Compress `ctx` when the next request passes the threshold; ends with Finished when
         even the compressed request passes the window."""
         before = size = ctx.size()
@@ -371,37 +390,50 @@ class OpenAIRuntime:
             pass_id = f"cmp_{uuid.uuid4().hex[:12]}"
             yield CompressionStarted(pass_id)
             if level1 is not None:
-                ctx.apply_level1(await self._summary(
-                    model, summary_request(level1, window=window)))
+                ctx.apply_level1(await self._summary(model, summary_request(level1, window=window)))
                 size = ctx.estimate()
                 level2 = ctx.level2_messages() if size > window else None
             if level2 is not None:
-                ctx.apply_level2(await self._summary(model, summary_request(
-                    level2, window=window, work=True, previous=ctx.work_summary)))
+                ctx.apply_level2(
+                    await self._summary(
+                        model,
+                        summary_request(
+                            level2, window=window, work=True, previous=ctx.work_summary
+                        ),
+                    )
+                )
                 size = ctx.estimate()
             yield CompressionCompleted(pass_id, before, size, ctx.summary, turn.turn_id)
         if size > window:
-            yield Finished("compression_exhausted", reason=(
-                f"The next request to the model would need about {size:,} tokens, more than "
-                f"its context window of {window:,} tokens, and compressing the earlier "
-                "conversation cannot make it smaller: the current message and the latest tool "
-                "results alone are too large. Ask for smaller pieces (a shorter excerpt of a "
-                "file, for example) or use a model with a larger context window."))
+            yield Finished(
+                "compression_exhausted",
+                reason=(
+                    f"The next request to the model would need about {size:,} tokens, more than "
+                    f"its context window of {window:,} tokens, and compressing the earlier "
+                    "conversation cannot make it smaller: the current message and the latest tool "
+                    "results alone are too large. Ask for smaller pieces (a shorter excerpt of a "
+                    "file, for example) or use a model with a larger context window."
+                ),
+            )
 
     async def _summary(self, model: str, messages: list[dict[str, Any]]) -> str:
         """One non-streaming summary request without tools."""
         try:
             response = await self._client.chat.completions.create(
-                **_untransformed({"model": model, "messages": messages}))
+                **_untransformed({"model": model, "messages": messages})
+            )
         except Exception as exc:
             self._raise_classified(exc, model, streaming=False)
         choices = getattr(response, "choices", None) or []
         message = getattr(choices[0], "message", None) if choices else None
         summary = clean_summary(getattr(message, "content", None))
         if not summary:
-            raise ProviderError("bad_response", f"The model provider at {self._where()} "
-                                "returned an empty summary when asked to compress the "
-                                "conversation.")
+            raise ProviderError(
+                "bad_response",
+                f"The model provider at {self._where()} "
+                "returned an empty summary when asked to compress the "
+                "conversation.",
+            )
         return summary
 
     @property
@@ -436,8 +468,9 @@ class OpenAIRuntime:
         self._windows[model] = window
         return window
 
-    def _remember(self, session_id: str, ctx: WorkingContext, text: str, usage: Usage,
-                  reasoning: bool) -> None:
+    def _remember(
+        self, session_id: str, ctx: WorkingContext, text: str, usage: Usage, reasoning: bool
+    ) -> None:
         """Keep the provider's count of this turn's context for the next turn's first
         request (it applies only if that context starts with exactly these messages)."""
         reply = {"role": "assistant", "content": text} if text.strip() else None
@@ -468,13 +501,14 @@ class OpenAIRuntime:
         for message in turn.messages:
             content = message.get("content")
             if message.get("role") == "user" and isinstance(content, list):
-                message = {**message, "content": [
-                    expand_part(part, turn.attachments) for part in content]}
+                message = {
+                    **message,
+                    "content": [expand_part(part, turn.attachments) for part in content],
+                }
             else:
                 message = dict(message)
             out.append(message)
         return out
-
 
     # ---- errors ------------------------------------------------------------------------------
 
@@ -484,8 +518,14 @@ class OpenAIRuntime:
     def _raise_classified(self, exc: Exception, model: str, *, streaming: bool) -> NoReturn:
         """Re-raise `exc` as a ProviderError, or unchanged if it is not a provider failure
         (a bug in Tether must not pass for a provider problem)."""
-        error = classify(exc, model=model, where=self._where(), streaming=streaming,
-                         key_env=self.settings.api_key_env, key_set=self._api_key_set)
+        error = classify(
+            exc,
+            model=model,
+            where=self._where(),
+            streaming=streaming,
+            key_env=self.settings.api_key_env,
+            key_set=self._api_key_set,
+        )
         if error is exc:
             raise exc
         raise error from exc

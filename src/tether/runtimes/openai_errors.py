@@ -57,63 +57,89 @@ def _detail(exc: openai.APIError) -> str:
     return exc.message
 
 
-
-def classify(exc: Exception, *, model: str, where: str, streaming: bool, key_env: str,
-             key_set: bool) -> Exception:
+def classify(
+    exc: Exception, *, model: str, where: str, streaming: bool, key_env: str, key_set: bool
+) -> Exception:
     """The ProviderError for `exc`, or `exc` itself if it is not a provider failure."""
     if isinstance(exc, ProviderError):
         return exc
     if isinstance(exc, openai.APITimeoutError):
-        return ProviderError("network", f"The model provider at {where} did not answer in "
-                                        "time (the request timed out).")
+        return ProviderError(
+            "network",
+            f"The model provider at {where} did not answer in time (the request timed out).",
+        )
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__ or exc.__context__
         reason = f"{type(cause).__name__}: {cause}" if cause and str(cause) else exc.message
-        what = ("The connection to the model provider at {} was lost mid-answer"
-                if streaming else "Could not reach the model provider at {}")
+        what = (
+            "The connection to the model provider at {} was lost mid-answer"
+            if streaming
+            else "Could not reach the model provider at {}"
+        )
         return ProviderError("network", f"{what.format(where)} ({reason}).")
     if isinstance(exc, openai.APIStatusError):
         return _status_error(exc, model, where, key_env, key_set)
     if isinstance(exc, openai.APIError):  # an error event inside the stream, or bad data
         detail = _detail(exc)
         if _CONTEXT_RE.search(f"{exc.code or ''} {detail}"):
-            return ProviderError("context_overflow", "The conversation no longer fits the "
-                                 f"model's context window: {_sentence(detail)}")
-        return ProviderError("bad_response", "The model provider reported an error while "
-                             f"answering: {_sentence(detail)}")
+            return ProviderError(
+                "context_overflow",
+                f"The conversation no longer fits the model's context window: {_sentence(detail)}",
+            )
+        return ProviderError(
+            "bad_response",
+            f"The model provider reported an error while answering: {_sentence(detail)}",
+        )
     if isinstance(exc, json.JSONDecodeError):
-        return ProviderError("bad_response", f"The model provider at {where} sent data "
-                             f"that is not valid JSON ({exc}).")
+        return ProviderError(
+            "bad_response",
+            f"The model provider at {where} sent data that is not valid JSON ({exc}).",
+        )
     if isinstance(exc, (*_TRANSPORT_ERRORS, OSError)):
-        return ProviderError("network", f"The connection to the model provider at {where} "
-                             f"failed ({type(exc).__name__}: {exc}).")
+        return ProviderError(
+            "network",
+            f"The connection to the model provider at {where} "
+            f"failed ({type(exc).__name__}: {exc}).",
+        )
     if isinstance(exc, httpx.HTTPError):
-        return ProviderError("bad_response", f"The model provider at {where} sent a "
-                             f"response Tether could not read ({exc}).")
+        return ProviderError(
+            "bad_response",
+            f"The model provider at {where} sent a response Tether could not read ({exc}).",
+        )
     return exc
 
-def _status_error(exc: openai.APIStatusError, model: str, where: str, key_env: str,
-                  key_set: bool) -> ProviderError:
+
+def _status_error(
+    exc: openai.APIStatusError, model: str, where: str, key_env: str, key_set: bool
+) -> ProviderError:
     status = exc.status_code
     detail = _sentence(_detail(exc))
     if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
-        hint = (f" Check the key in {key_env}." if key_set
-                else f" Set {key_env} to your API key.")
+        hint = f" Check the key in {key_env}." if key_set else f" Set {key_env} to your API key."
         verb = "rejected the credentials" if status == 401 else "refused access"
-        return ProviderError("auth", f"The model provider at {where} {verb} "
-                                     f"(HTTP {status}): {detail}{hint}")
+        return ProviderError(
+            "auth", f"The model provider at {where} {verb} (HTTP {status}): {detail}{hint}"
+        )
     if isinstance(exc, openai.RateLimitError):
-        return ProviderError("rate_limit", f"The model provider is rate limiting requests "
-                             f"(HTTP 429): {detail} Wait a moment and try again.")
+        return ProviderError(
+            "rate_limit",
+            f"The model provider is rate limiting requests "
+            f"(HTTP 429): {detail} Wait a moment and try again.",
+        )
     if status == 413 or _CONTEXT_RE.search(f"{exc.code or ''} {detail}"):
-        return ProviderError("context_overflow", "The conversation no longer fits the "
-                             f"model's context window (HTTP {status}): {detail}")
+        return ProviderError(
+            "context_overflow",
+            f"The conversation no longer fits the model's context window (HTTP {status}): {detail}",
+        )
     if isinstance(exc, openai.NotFoundError):
-        return ProviderError("model_not_found", f"The model provider at {where} does not "
-                             f"know the model {model!r} (HTTP 404): {detail} Check --model "
-                             "and --base-url.")
+        return ProviderError(
+            "model_not_found",
+            f"The model provider at {where} does not "
+            f"know the model {model!r} (HTTP 404): {detail} Check --model "
+            "and --base-url.",
+        )
     if status >= 500:
-        return ProviderError("bad_response", f"The model provider failed (HTTP {status}): "
-                             f"{detail}")
-    return ProviderError("internal", f"The model provider rejected the request "
-                                     f"(HTTP {status}): {detail}")
+        return ProviderError("bad_response", f"The model provider failed (HTTP {status}): {detail}")
+    return ProviderError(
+        "internal", f"The model provider rejected the request (HTTP {status}): {detail}"
+    )

@@ -23,8 +23,21 @@ MAX_SEARCH_FILE_BYTES = 2 * 1024 * 1024
 MAX_HIT_LINE_CHARS = 300
 _SNIFF_BYTES = 8192
 # Directories a search walks past: version control and dependency caches drown real hits.
-SKIP_DIRS = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv",
-                       ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox"})
+SKIP_DIRS = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        "node_modules",
+        "__pycache__",
+        ".venv",
+        "venv",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".tox",
+    }
+)
 
 TOOL_SCHEMAS: list[dict[str, Any]] = [
     {
@@ -32,12 +45,15 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
         "function": {
             "name": "list_files",
             "description": "List the entries of a directory in the workspace (directories end "
-                           "with '/'). Paths are relative to the workspace root.",
+            "with '/'). Paths are relative to the workspace root.",
             "parameters": {
                 "type": "object",
                 "properties": {
-                    "path": {"type": "string", "description": "Directory to list; '.' is the "
-                             "workspace root.", "default": "."},
+                    "path": {
+                        "type": "string",
+                        "description": "Directory to list; '.' is the workspace root.",
+                        "default": ".",
+                    },
                 },
                 "required": [],
             },
@@ -51,10 +67,15 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
             "parameters": {
                 "type": "object",
                 "properties": {
-                    "path": {"type": "string", "description": "File path relative to the "
-                             "workspace root."},
-                    "max_chars": {"type": "integer", "description": "Return at most this many "
-                                  "characters.", "default": DEFAULT_READ_CHARS},
+                    "path": {
+                        "type": "string",
+                        "description": "File path relative to the workspace root.",
+                    },
+                    "max_chars": {
+                        "type": "integer",
+                        "description": "Return at most this many characters.",
+                        "default": DEFAULT_READ_CHARS,
+                    },
                 },
                 "required": ["path"],
             },
@@ -65,14 +86,19 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
         "function": {
             "name": "search_files",
             "description": "Case-insensitive substring search over the text files under a "
-                           "workspace directory. Returns 'path:line: text' for each match.",
+            "workspace directory. Returns 'path:line: text' for each match.",
             "parameters": {
                 "type": "object",
                 "properties": {
-                    "pattern": {"type": "string", "description": "Text to look for (not a "
-                                "regular expression)."},
-                    "path": {"type": "string", "description": "Directory or file to search; "
-                             "'.' is the workspace root.", "default": "."},
+                    "pattern": {
+                        "type": "string",
+                        "description": "Text to look for (not a regular expression).",
+                    },
+                    "path": {
+                        "type": "string",
+                        "description": "Directory or file to search; '.' is the workspace root.",
+                        "default": ".",
+                    },
                 },
                 "required": ["pattern"],
             },
@@ -116,8 +142,10 @@ class WorkspaceTools:
         """`(result, is_error)`. Never raises for bad input or file system trouble."""
         tool = self._tools.get(name)
         if tool is None:
-            return (f"Unknown tool {name!r}. Available tools: "
-                    f"{', '.join(sorted(self._tools))}.", True)
+            return (
+                f"Unknown tool {name!r}. Available tools: {', '.join(sorted(self._tools))}.",
+                True,
+            )
         if not isinstance(args, dict):
             return "Tool arguments must be a JSON object.", True
         try:
@@ -135,8 +163,10 @@ class WorkspaceTools:
             raise ToolError("The path contains a NUL character.")
         target = (self.root / path).resolve()
         if target != self.root and not target.is_relative_to(self.root):
-            raise ToolError(f"Access denied: {path!r} is outside the workspace. Only paths "
-                            "inside the workspace can be used.")
+            raise ToolError(
+                f"Access denied: {path!r} is outside the workspace. Only paths "
+                "inside the workspace can be used."
+            )
         return target
 
     def _display(self, target: Path) -> str:
@@ -187,13 +217,17 @@ class WorkspaceTools:
             # UTF-8 takes at most 4 bytes a character: this many bytes always suffice.
             data = fh.read(max_chars * 4 + 4)
         if _is_binary(data[:_SNIFF_BYTES]):
-            raise ToolError(f"{path} looks like a binary file ({size:,} bytes); read_file only "
-                            "reads text files.")
+            raise ToolError(
+                f"{path} looks like a binary file ({size:,} bytes); read_file only "
+                "reads text files."
+            )
         text = data.decode("utf-8", errors="replace")
         if len(text) > max_chars or len(data) < size:
             text = text[:max_chars]
-            text += (f"\n... (truncated: showed the first {len(text):,} characters of a "
-                     f"{size:,}-byte file)")
+            text += (
+                f"\n... (truncated: showed the first {len(text):,} characters of a "
+                f"{size:,}-byte file)"
+            )
         return text
 
     def _search_files(self, args: dict[str, Any]) -> str:

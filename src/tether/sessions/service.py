@@ -54,8 +54,9 @@ def clean_title(title: str) -> str:
 
 
 class SessionService:
-    def __init__(self, store: SQLiteEventStore, registry: RunRegistry,
-                 attachments: AttachmentStore):
+    def __init__(
+        self, store: SQLiteEventStore, registry: RunRegistry, attachments: AttachmentStore
+    ):
         self.store = store
         self.registry = registry
         self.attachments = attachments
@@ -69,8 +70,11 @@ class SessionService:
 
     def _public(self, state: dict[str, Any]) -> dict[str, Any]:
         sid = state["session_id"]
-        row = public_row(state, busy=self.registry.busy(sid),
-                         active_stream_id=self.registry.attachable_stream(sid))
+        row = public_row(
+            state,
+            busy=self.registry.busy(sid),
+            active_stream_id=self.registry.attachable_stream(sid),
+        )
         if row["continuation_session_id"]:  # several hops: point at the newest
             row["continuation_session_id"] = self.newest_continuation(sid)
         return row
@@ -171,8 +175,9 @@ class SessionService:
                     active_stream_id=self.registry.attachable_stream(session_id),
                 )
             fold = await self.folds.get(session_id)
-            attachment_ids = {a["id"] for row in fold.transcript.users.values()
-                              for a in row["attachments"]}
+            attachment_ids = {
+                a["id"] for row in fold.transcript.users.values() for a in row["attachments"]
+            }
             await self.store.delete_session(session_id)
         self.folds.forget(session_id)
         self.locks.forget(session_id)

@@ -53,15 +53,23 @@ def _tool_calls(raw: Any) -> list[dict[str, Any]]:
     for call in raw if isinstance(raw, list) else []:
         if isinstance(call, dict):
             function = call.get("function") if isinstance(call.get("function"), dict) else {}
-            calls.append({"id": str(call.get("id") or ""), "type": "function",
-                          "function": {"name": str(function.get("name") or ""),
-                                       "arguments": function.get("arguments") or "{}"}})
+            calls.append(
+                {
+                    "id": str(call.get("id") or ""),
+                    "type": "function",
+                    "function": {
+                        "name": str(function.get("name") or ""),
+                        "arguments": function.get("arguments") or "{}",
+                    },
+                }
+            )
     return calls
 
 
 def _text_parts(parts: list[Any]) -> tuple[str, int]:
-    texts = [str(p.get("text", "")) for p in parts
-             if isinstance(p, dict) and p.get("type") == "text"]
+    texts = [
+        str(p.get("text", "")) for p in parts if isinstance(p, dict) and p.get("type") == "text"
+    ]
     images = sum(1 for p in parts if isinstance(p, dict) and p.get("type") in IMAGE_PART_TYPES)
     return "\n".join(texts), images
 
@@ -77,7 +85,8 @@ def _user_views(row: Row) -> tuple[dict[str, Any], Any]:
         text, images = _text_parts(content)
         return {"content": text, "images": images}, model
     if isinstance(payload, list) and is_mirror(
-            Row(row.role, payload, row.timestamp, row.session_id), row):
+        Row(row.role, payload, row.timestamp, row.session_id), row
+    ):
         text, images = _text_parts(payload)
         return {"content": text, "images": images}, model
     return {"content": str(content or ""), "images": 0}, model
@@ -93,8 +102,11 @@ def _model_message(row: Row) -> dict[str, Any] | None:
             message["tool_calls"] = calls
         return message
     if row.role == "tool":
-        return {"role": "tool", "tool_call_id": row.tool_call_id or "",
-                "content": str(row.content or "")}
+        return {
+            "role": "tool",
+            "tool_call_id": row.tool_call_id or "",
+            "content": str(row.content or ""),
+        }
     return None  # system rows: the agent rebuilds its own prompt
 
 
@@ -103,10 +115,19 @@ def _display_row(row: Row) -> dict[str, Any] | None:
     if row.role == "user":
         return {**base, **_user_views(row)[0]}
     if row.role == "assistant":
-        return {**base, "content": str(row.content or ""), "reasoning": row.reasoning,
-                "tool_calls": [{"id": c["id"], "name": c["function"]["name"],
-                                "arguments": c["function"]["arguments"]}
-                               for c in _tool_calls(row.tool_calls)]}
+        return {
+            **base,
+            "content": str(row.content or ""),
+            "reasoning": row.reasoning,
+            "tool_calls": [
+                {
+                    "id": c["id"],
+                    "name": c["function"]["name"],
+                    "arguments": c["function"]["arguments"],
+                }
+                for c in _tool_calls(row.tool_calls)
+            ],
+        }
     if row.role == "tool":
         return {**base, "content": str(row.content or ""), "tool_call_id": row.tool_call_id}
     return None
@@ -116,17 +137,17 @@ def _turn_entry(rows: list[Row], *, in_context: bool) -> dict[str, Any] | None:
     shown = [d for d in (_display_row(r) for r in rows) if d is not None]
     if not shown:
         return None
-    context = [m for m in (_model_message(r) for r in rows) if m is not None] if in_context \
-        else []
-    return {"kind": "turn", "turn_id": f"a_{rows[0].row_id}", "rows": shown,
-            "context": context}
+    context = [m for m in (_model_message(r) for r in rows) if m is not None] if in_context else []
+    return {"kind": "turn", "turn_id": f"a_{rows[0].row_id}", "rows": shown, "context": context}
 
 
 def _same_write(earlier: Row, later: Row) -> bool:
     """Rows Hermes wrote in one `_insert_message_rows` call: same session, stamps one
     microsecond apart (it stamps the batch itself; separate writes are farther apart)."""
-    return (earlier.session_id == later.session_id
-            and 0 <= later.timestamp - earlier.timestamp <= BATCH_STEP)
+    return (
+        earlier.session_id == later.session_id
+        and 0 <= later.timestamp - earlier.timestamp <= BATCH_STEP
+    )
 
 
 def _compaction_batch(rows: list[Row], at: int) -> tuple[int, int]:
@@ -161,11 +182,18 @@ def _entries(rows: list[Row], proofs: list, watermark: int) -> list[dict[str, An
             index += 1
             continue
         start, end = _compaction_batch(live, index)
-        del plain[len(plain) - (index - start):]  # rows before the summary in its batch
-        carried = [m for m in (_model_message(r) for r in live[start:end]
-                               if r is not live[index]) if m is not None]
-        entries.append((live[index].row_id or 0, {
-            "kind": "compaction", "summary": str(live[index].content), "context": carried}))
+        del plain[len(plain) - (index - start) :]  # rows before the summary in its batch
+        carried = [
+            m
+            for m in (_model_message(r) for r in live[start:end] if r is not live[index])
+            if m is not None
+        ]
+        entries.append(
+            (
+                live[index].row_id or 0,
+                {"kind": "compaction", "summary": str(live[index].content), "context": carried},
+            )
+        )
         index = end
     result = reconcile(plain, proofs, watermark=watermark, limit=len(plain) or 1)
     for turn in turns(result.display):
@@ -175,8 +203,14 @@ def _entries(rows: list[Row], proofs: list, watermark: int) -> list[dict[str, An
     return [entry for _, entry in sorted(entries, key=lambda pair: pair[0])]
 
 
-def agent_news(state_db: Path, ledger: ProofStore, session_id: str, watermark: int,
-               profile: str | None, limit: int = DEFAULT_LIMIT) -> AgentNews | None:
+def agent_news(
+    state_db: Path,
+    ledger: ProofStore,
+    session_id: str,
+    watermark: int,
+    profile: str | None,
+    limit: int = DEFAULT_LIMIT,
+) -> AgentNews | None:
     """One bounded, idempotent pass for one Tether session (None: it drives no agent
     session). Blocking: call it in a thread."""
     agents = ledger.agent_sessions(session_id)
@@ -185,8 +219,7 @@ def agent_news(state_db: Path, ledger: ProofStore, session_id: str, watermark: i
     rows = read_rows(state_db, agents, after_id=watermark, limit=limit, archived=True)
     next_watermark = max([watermark, *(r.row_id or 0 for r in rows)])
     ranges = ledger.turn_ranges(session_id)
-    foreign = [r for r in rows
-               if not any(low < (r.row_id or 0) <= high for low, high in ranges)]
+    foreign = [r for r in rows if not any(low < (r.row_id or 0) <= high for low, high in ranges)]
     entries = _entries(foreign, ledger.for_sessions(agents), watermark) if foreign else []
     continuation = continuation_of(state_db, agents[-1], profile)
     if continuation is not None and ledger.tether_session_of(continuation) == session_id:
@@ -194,8 +227,7 @@ def agent_news(state_db: Path, ledger: ProofStore, session_id: str, watermark: i
     return AgentNews(next_watermark, entries, continuation)
 
 
-def changes(state_db: Path, bindings: dict[str, list[str]],
-            seen: dict[str, tuple]) -> list[str]:
+def changes(state_db: Path, bindings: dict[str, list[str]], seen: dict[str, tuple]) -> list[str]:
     """The Tether sessions whose agent sessions gained rows or lineage children since the
     fingerprints in `seen` (updated in place). Cheap when nothing moved: two aggregate
     reads. Blocking: call it in a thread."""
@@ -203,9 +235,13 @@ def changes(state_db: Path, bindings: dict[str, list[str]],
         if db is None:
             return []
         try:
-            overall = db.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone() \
-                + db.execute("SELECT COUNT(*), COALESCE(MAX(started_at), 0), "
-                             "COALESCE(MAX(ended_at), 0) FROM sessions").fetchone()
+            overall = (
+                db.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone()
+                + db.execute(
+                    "SELECT COUNT(*), COALESCE(MAX(started_at), 0), "
+                    "COALESCE(MAX(ended_at), 0) FROM sessions"
+                ).fetchone()
+            )
             # A newly bound session (a continuation, an adopted CLI session) gets its first
             # look even when state.db itself did not move since the last call.
             if seen.get("") == overall and all(tether_id in seen for tether_id in bindings):
@@ -214,12 +250,17 @@ def changes(state_db: Path, bindings: dict[str, list[str]],
             changed = []
             for tether_id, agents in bindings.items():
                 marks = ",".join("?" * len(agents))
-                fingerprint = db.execute(
-                    f"SELECT COALESCE(MAX(id), 0) FROM messages WHERE session_id IN ({marks})",
-                    agents).fetchone() + db.execute(
-                    f"SELECT COUNT(*), COALESCE(MAX(ended_at), 0) FROM sessions WHERE "
-                    f"parent_session_id IN ({marks}) OR id IN ({marks})",
-                    [*agents, *agents]).fetchone()
+                fingerprint = (
+                    db.execute(
+                        f"SELECT COALESCE(MAX(id), 0) FROM messages WHERE session_id IN ({marks})",
+                        agents,
+                    ).fetchone()
+                    + db.execute(
+                        f"SELECT COUNT(*), COALESCE(MAX(ended_at), 0) FROM sessions WHERE "
+                        f"parent_session_id IN ({marks}) OR id IN ({marks})",
+                        [*agents, *agents],
+                    ).fetchone()
+                )
                 if seen.get(tether_id) != fingerprint:
                     seen[tether_id] = fingerprint
                     changed.append(tether_id)
@@ -234,8 +275,9 @@ INTERACTIVE_SOURCES = ("cli", "tui")
 DISCOVER_LIMIT = 50
 
 
-def started_elsewhere(state_db: Path, known: set[str], profile: str | None,
-                      limit: int = DISCOVER_LIMIT) -> list[dict[str, Any]]:
+def started_elsewhere(
+    state_db: Path, known: set[str], profile: str | None, limit: int = DISCOVER_LIMIT
+) -> list[dict[str, Any]]:
     """Root sessions (no parent) of the profile that a person started in the CLI or TUI
     and that no Tether session drives yet, oldest first: `{agent_session_id, title,
     started_at}`. Their compression continuations follow through the lineage, as for any
@@ -248,7 +290,9 @@ def started_elsewhere(state_db: Path, known: set[str], profile: str | None,
             rows = db.execute(
                 "SELECT id, title, started_at, profile_name, model_config FROM sessions "
                 f"WHERE parent_session_id IS NULL AND source IN ({marks}) "
-                "ORDER BY started_at, id", INTERACTIVE_SOURCES).fetchall()
+                "ORDER BY started_at, id",
+                INTERACTIVE_SOURCES,
+            ).fetchall()
         except sqlite3.Error:
             return []
     found = []
@@ -259,11 +303,17 @@ def started_elsewhere(state_db: Path, known: set[str], profile: str | None,
             config = json.loads(model_config or "{}")
         except ValueError:
             config = {}
-        if isinstance(config, dict) and (config.get("_delegate_from")
-                                         or config.get("_branched_from")):
+        if isinstance(config, dict) and (
+            config.get("_delegate_from") or config.get("_branched_from")
+        ):
             continue
-        found.append({"agent_session_id": agent_id, "title": title or None,
-                      "started_at": float(started_at or 0)})
+        found.append(
+            {
+                "agent_session_id": agent_id,
+                "title": title or None,
+                "started_at": float(started_at or 0),
+            }
+        )
         if len(found) >= limit:
             break
     return found

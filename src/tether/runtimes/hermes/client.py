@@ -41,17 +41,29 @@ class SidecarProcess:
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None and not any(
-            t.done() for t in self._tasks[:1])
+        return (
+            self.proc is not None
+            and self.proc.returncode is None
+            and not any(t.done() for t in self._tasks[:1])
+        )
 
     async def start(self, config: dict[str, Any]) -> dict[str, Any]:
         """Spawn the sidecar and build its agent; returns the `ready` event."""
         self.proc = await asyncio.create_subprocess_exec(
-            self.python, str(SIDECAR), stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=self.env, cwd=str(self.cwd), limit=LINE_LIMIT, start_new_session=True)
-        self._tasks = [asyncio.create_task(self._read_stdout()),
-                       asyncio.create_task(self._read_stderr())]
+            self.python,
+            str(SIDECAR),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self.env,
+            cwd=str(self.cwd),
+            limit=LINE_LIMIT,
+            start_new_session=True,
+        )
+        self._tasks = [
+            asyncio.create_task(self._read_stdout()),
+            asyncio.create_task(self._read_stderr()),
+        ]
         self.send({"op": "hello", "config": config})
         try:
             async with asyncio.timeout(STARTUP_TIMEOUT):
@@ -66,8 +78,9 @@ class SidecarProcess:
                     self.handle_side_event(event)
         except TimeoutError:
             await self.kill()
-            raise SidecarError(self.describe("the Hermes sidecar did not start in "
-                                             f"{STARTUP_TIMEOUT:.0f} s")) from None
+            raise SidecarError(
+                self.describe(f"the Hermes sidecar did not start in {STARTUP_TIMEOUT:.0f} s")
+            ) from None
         except BaseException:
             await self.kill()
             raise
@@ -92,8 +105,11 @@ class SidecarProcess:
         kind = event.get("ev")
         if kind == "log":
             level = getattr(logging, str(event.get("level", "info")).upper(), logging.INFO)
-            log.log(level if isinstance(level, int) else logging.INFO, "hermes: %s",
-                    event.get("message"))
+            log.log(
+                level if isinstance(level, int) else logging.INFO,
+                "hermes: %s",
+                event.get("message"),
+            )
             return True
         if kind == "status":
             log.debug("hermes status %s: %s", event.get("kind"), event.get("message"))

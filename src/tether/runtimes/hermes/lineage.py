@@ -70,8 +70,9 @@ def read_only(db_path: Path) -> Iterator[sqlite3.Connection | None]:
         db.close()
 
 
-_COLUMNS = ("id, source, parent_session_id, started_at, ended_at, end_reason, profile_name, "
-            "model_config")
+_COLUMNS = (
+    "id, source, parent_session_id, started_at, ended_at, end_reason, profile_name, model_config"
+)
 
 
 def session_row(db: sqlite3.Connection, session_id: str) -> SessionRow | None:
@@ -80,8 +81,10 @@ def session_row(db: sqlite3.Connection, session_id: str) -> SessionRow | None:
 
 
 def children(db: sqlite3.Connection, session_id: str) -> list[SessionRow]:
-    rows = db.execute(f"SELECT {_COLUMNS} FROM sessions WHERE parent_session_id = ? "
-                      "ORDER BY started_at, id", (session_id,)).fetchall()
+    rows = db.execute(
+        f"SELECT {_COLUMNS} FROM sessions WHERE parent_session_id = ? ORDER BY started_at, id",
+        (session_id,),
+    ).fetchall()
     return [SessionRow(*row) for row in rows]
 
 
@@ -119,8 +122,11 @@ def continuation_of(db_path: Path, session_id: str, profile: str | None = None) 
         for _ in range(MAX_HOPS):
             if current is None:
                 break
-            edges = [c for c in children(db, current.id)
-                     if c.id not in seen and is_continuation_edge(current, c, profile)]
+            edges = [
+                c
+                for c in children(db, current.id)
+                if c.id not in seen and is_continuation_edge(current, c, profile)
+            ]
             if len(edges) != 1:  # none, or ambiguous: authorize nothing further
                 break
             child = edges[0]

@@ -32,8 +32,11 @@ def plain_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n\n".join(p.get("text", "") for p in content
-                           if isinstance(p, dict) and p.get("type") == "text" and p.get("text"))
+        return "\n\n".join(
+            p.get("text", "")
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text" and p.get("text")
+        )
     return ""
 
 

@@ -34,8 +34,9 @@ class Proof:
     source: str = SOURCE
 
 
-_PROOF_COLUMNS = ("tether_session_id, stream_id, turn_id, agent_session_id, "
-                  "persist_user_timestamp, source")
+_PROOF_COLUMNS = (
+    "tether_session_id, stream_id, turn_id, agent_session_id, persist_user_timestamp, source"
+)
 
 
 class ProofStore:
@@ -45,8 +46,7 @@ class ProofStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         # One connection for the store's life, used from worker threads one at a time (the
         # lock): no connect and journal-mode pragma per call on a turn's path.
-        self._db = sqlite3.connect(path, timeout=10, isolation_level=None,
-                                   check_same_thread=False)
+        self._db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript("""
             CREATE TABLE IF NOT EXISTS proofs (
@@ -68,57 +68,87 @@ class ProofStore:
             return self._db.execute(sql, params).fetchall()
 
     def record(self, proof: Proof) -> None:
-        self._run("INSERT OR REPLACE INTO proofs VALUES (?, ?, ?, ?, ?, ?, ?)", (
-            proof.tether_session_id, proof.stream_id, proof.turn_id, proof.agent_session_id,
-            proof.persist_user_timestamp, proof.source, time.time()))
+        self._run(
+            "INSERT OR REPLACE INTO proofs VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                proof.tether_session_id,
+                proof.stream_id,
+                proof.turn_id,
+                proof.agent_session_id,
+                proof.persist_user_timestamp,
+                proof.source,
+                time.time(),
+            ),
+        )
 
     def for_sessions(self, agent_session_ids: list[str]) -> list[Proof]:
         if not agent_session_ids:
             return []
         marks = ",".join("?" * len(agent_session_ids))
-        return [Proof(*row) for row in self._run(
-            f"SELECT {_PROOF_COLUMNS} FROM proofs WHERE agent_session_id IN ({marks})",
-            agent_session_ids)]
+        return [
+            Proof(*row)
+            for row in self._run(
+                f"SELECT {_PROOF_COLUMNS} FROM proofs WHERE agent_session_id IN ({marks})",
+                agent_session_ids,
+            )
+        ]
 
     # -- bindings -------------------------------------------------------------------------------
     def bind(self, tether_session_id: str, agent_session_id: str) -> bool:
         """Record that this Tether session drives this agent session. An agent session has
         one Tether session: the first binding stands. True when it is (now) this one's."""
-        self._run("INSERT OR IGNORE INTO bindings VALUES (?, ?, ?)",
-                  (agent_session_id, tether_session_id, time.time()))
+        self._run(
+            "INSERT OR IGNORE INTO bindings VALUES (?, ?, ?)",
+            (agent_session_id, tether_session_id, time.time()),
+        )
         return self.tether_session_of(agent_session_id) == tether_session_id
 
     def agent_sessions(self, tether_session_id: str) -> list[str]:
         """The agent sessions this Tether session drives, oldest binding first."""
-        return [r[0] for r in self._run(
-            "SELECT agent_session_id FROM bindings WHERE tether_session_id = ? "
-            "ORDER BY bound_at, rowid", (tether_session_id,))]
+        return [
+            r[0]
+            for r in self._run(
+                "SELECT agent_session_id FROM bindings WHERE tether_session_id = ? "
+                "ORDER BY bound_at, rowid",
+                (tether_session_id,),
+            )
+        ]
 
     def tether_session_of(self, agent_session_id: str) -> str | None:
-        rows = self._run("SELECT tether_session_id FROM bindings WHERE agent_session_id = ?",
-                         (agent_session_id,))
+        rows = self._run(
+            "SELECT tether_session_id FROM bindings WHERE agent_session_id = ?", (agent_session_id,)
+        )
         return rows[0][0] if rows else None
 
     def bindings(self) -> dict[str, list[str]]:
         """Every Tether session with its agent sessions."""
         out: dict[str, list[str]] = {}
         for tether_id, agent_id in self._run(
-                "SELECT tether_session_id, agent_session_id FROM bindings "
-                "ORDER BY bound_at, rowid"):
+            "SELECT tether_session_id, agent_session_id FROM bindings ORDER BY bound_at, rowid"
+        ):
             out.setdefault(tether_id, []).append(agent_id)
         return out
 
     # -- the rows each Tether turn wrote ----------------------------------------------------------
     def turn_started(self, tether_session_id: str, stream_id: str, after_id: int) -> None:
-        self._run("INSERT OR REPLACE INTO turn_rows VALUES (?, ?, ?, NULL)",
-                  (stream_id, tether_session_id, after_id))
+        self._run(
+            "INSERT OR REPLACE INTO turn_rows VALUES (?, ?, ?, NULL)",
+            (stream_id, tether_session_id, after_id),
+        )
 
     def turn_ended(self, stream_id: str, through_id: int) -> None:
-        self._run("UPDATE turn_rows SET through_id = MAX(COALESCE(through_id, 0), ?) "
-                  "WHERE stream_id = ?", (through_id, stream_id))
+        self._run(
+            "UPDATE turn_rows SET through_id = MAX(COALESCE(through_id, 0), ?) WHERE stream_id = ?",
+            (through_id, stream_id),
+        )
 
     def turn_ranges(self, tether_session_id: str) -> list[tuple[int, int]]:
         """`(after_id, through_id]` of every ended turn: rows Tether's log already holds."""
-        return [(int(a), int(b)) for a, b in self._run(
-            "SELECT after_id, through_id FROM turn_rows "
-            "WHERE tether_session_id = ? AND through_id IS NOT NULL", (tether_session_id,))]
+        return [
+            (int(a), int(b))
+            for a, b in self._run(
+                "SELECT after_id, through_id FROM turn_rows "
+                "WHERE tether_session_id = ? AND through_id IS NOT NULL",
+                (tether_session_id,),
+            )
+        ]

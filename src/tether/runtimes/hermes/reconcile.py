@@ -65,8 +65,14 @@ def _loads(value: Any) -> Any:
     return value
 
 
-def read_rows(db_path: Path, session_ids: list[str], after_id: int = 0,
-              limit: int = DEFAULT_LIMIT, *, archived: bool = False) -> list[Row]:
+def read_rows(
+    db_path: Path,
+    session_ids: list[str],
+    after_id: int = 0,
+    limit: int = DEFAULT_LIMIT,
+    *,
+    archived: bool = False,
+) -> list[Row]:
     """Rows of these agent sessions with id > after_id, oldest first, at most limit: the
     active ones and, with `archived`, those a compaction soft-archived (never the rows an
     undo removed)."""
@@ -82,13 +88,25 @@ def read_rows(db_path: Path, session_ids: list[str], after_id: int = 0,
                 "SELECT id, session_id, role, content, api_content, tool_calls, tool_call_id, "
                 f"timestamp, reasoning, active FROM messages WHERE session_id IN ({marks}) "
                 f"AND id > ? AND {live} ORDER BY id LIMIT ?",
-                [*session_ids, after_id, limit]).fetchall()
+                [*session_ids, after_id, limit],
+            ).fetchall()
         except sqlite3.Error:
             return []
-    return [Row(role=r[2], content=r[3], timestamp=float(r[7]), session_id=r[1], row_id=r[0],
-                api_content=_loads(r[4]), tool_calls=_loads(r[5]), tool_call_id=r[6],
-                reasoning=r[8] or None, archived=not r[9])
-            for r in rows]
+    return [
+        Row(
+            role=r[2],
+            content=r[3],
+            timestamp=float(r[7]),
+            session_id=r[1],
+            row_id=r[0],
+            api_content=_loads(r[4]),
+            tool_calls=_loads(r[5]),
+            tool_call_id=r[6],
+            reasoning=r[8] or None,
+            archived=not r[9],
+        )
+        for r in rows
+    ]
 
 
 def max_row_id(db_path: Path) -> int:
@@ -170,12 +188,19 @@ def turns(rows: list[Row]) -> list[list[Row]]:
     return turns
 
 
-def reconcile(rows: list[Row], proofs: list[Proof], *, active_stream_ids: set[str] = frozenset(),
-              watermark: int = 0, limit: int = DEFAULT_LIMIT) -> Reconciled:
+def reconcile(
+    rows: list[Row],
+    proofs: list[Proof],
+    *,
+    active_stream_ids: set[str] = frozenset(),
+    watermark: int = 0,
+    limit: int = DEFAULT_LIMIT,
+) -> Reconciled:
     """Decide, for the rows after `watermark` (at most `limit`), which are Tether's own turns
     (hidden), which are foreign (display), and which wait for their turn to settle."""
-    fresh = sorted((r for r in rows if (r.row_id or 0) > watermark),
-                   key=lambda r: r.row_id or 0)[:limit]
+    fresh = sorted((r for r in rows if (r.row_id or 0) > watermark), key=lambda r: r.row_id or 0)[
+        :limit
+    ]
     buckets: dict[tuple[str, float], int] = defaultdict(int)
     for row in rows:
         if row.role == "user":

@@ -63,13 +63,17 @@ class HermesRuntime:
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        python = getattr(settings, "hermes_python", None) or os.environ.get(
-            "TETHER_HERMES_PYTHON") or default_python()
+        python = (
+            getattr(settings, "hermes_python", None)
+            or os.environ.get("TETHER_HERMES_PYTHON")
+            or default_python()
+        )
         if not python:
             raise RuntimeUnavailable(
                 "The hermes runtime needs hermes-agent: install it with "
                 "`pip install 'tether[hermes]'`, or point --hermes-python (TETHER_HERMES_PYTHON) "
-                "at the Python of a virtualenv where `pip install hermes-agent==0.19.0` ran.")
+                "at the Python of a virtualenv where `pip install hermes-agent==0.19.0` ran."
+            )
         if not Path(python).exists():
             raise RuntimeUnavailable(f"--hermes-python {python!r} does not exist.")
         self.python = python
@@ -98,10 +102,17 @@ class HermesRuntime:
 
     # -- process setup ----------------------------------------------------------------------
     def child_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
-        env.update(HERMES_HOME=str(self.home), HERMES_SESSION_SOURCE="tether",
-                   PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8")
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")
+        }
+        env.update(
+            HERMES_HOME=str(self.home),
+            HERMES_SESSION_SOURCE="tether",
+            PYTHONUNBUFFERED="1",
+            PYTHONIOENCODING="utf-8",
+        )
         if self.settings.workspace is not None:
             env["TERMINAL_CWD"] = str(Path(self.settings.workspace).expanduser())
         return env
@@ -110,8 +121,11 @@ class HermesRuntime:
         s = self.settings
         config: dict[str, Any] = {"session_id": agent_session_id}
         if s.base_url:
-            config.update(base_url=s.base_url, provider="custom",
-                          api_key=os.environ.get(s.api_key_env) or "not-needed")
+            config.update(
+                base_url=s.base_url,
+                provider="custom",
+                api_key=os.environ.get(s.api_key_env) or "not-needed",
+            )
         if s.model:
             config["model"] = s.model
         config["max_tokens"] = _env_int("TETHER_HERMES_MAX_TOKENS")
@@ -147,8 +161,9 @@ class HermesRuntime:
         """The agent session is the Tether session's id, or the newest agent session bound to
         it (a continuation: its own turns rotated into it, or one created from the lineage)."""
         bound = await asyncio.to_thread(self.proofs.agent_sessions, session_id)
-        tip = await asyncio.to_thread(live_tip, self.state_db, bound[-1] if bound else session_id,
-                                      self.profile)
+        tip = await asyncio.to_thread(
+            live_tip, self.state_db, bound[-1] if bound else session_id, self.profile
+        )
         handle = HermesHandle(self, session_id, tip)
         await handle.ensure_started()
         self._handles.add(handle)
@@ -171,11 +186,15 @@ class HermesRuntime:
                 self._utility = HermesHandle(self, "tether-utility", "tether-utility")
                 await self._utility.ensure_started()
         text = await self._utility.complete(
-            summary_request(messages, window=self.context_window), model)
+            summary_request(messages, window=self.context_window), model
+        )
         summary = clean_summary(text)
         if not summary:
-            raise ProviderError("bad_response", "Hermes Agent's model returned an empty "
-                                "summary when asked to compress the conversation.")
+            raise ProviderError(
+                "bad_response",
+                "Hermes Agent's model returned an empty "
+                "summary when asked to compress the conversation.",
+            )
         return summary
 
     # -- what other clients of the profile did (runs/agent_sync.py) ----------------------------
@@ -184,20 +203,21 @@ class HermesRuntime:
         interrupted turn finishes writing after Tether's run has ended)."""
         if any(h.session_id == session_id and h.turn_open for h in self._handles):
             return None
-        return await asyncio.to_thread(agent_news, self.state_db, self.proofs, session_id,
-                                       watermark, self.profile)
+        return await asyncio.to_thread(
+            agent_news, self.state_db, self.proofs, session_id, watermark, self.profile
+        )
 
     async def agent_changed(self) -> list[str]:
         bindings = await asyncio.to_thread(self.proofs.bindings)
         return await asyncio.to_thread(changes, self.state_db, bindings, self._fingerprints)
 
-    async def agent_started_elsewhere(self, exists: Callable[[str], bool]
-                                      ) -> list[dict[str, Any]]:
+    async def agent_started_elsewhere(self, exists: Callable[[str], bool]) -> list[dict[str, Any]]:
         """Sessions a person started in the Hermes CLI/TUI that no existing Tether session
         drives (`exists` says which Tether sessions exist)."""
         bindings = await asyncio.to_thread(self.proofs.bindings)
-        known = {agent for tether_id, agents in bindings.items() if exists(tether_id)
-                 for agent in agents}
+        known = {
+            agent for tether_id, agents in bindings.items() if exists(tether_id) for agent in agents
+        }
         return await asyncio.to_thread(started_elsewhere, self.state_db, known, self.profile)
 
     async def bind(self, session_id: str, agent_session_id: str) -> bool:
@@ -239,7 +259,8 @@ class HermesHandle:
             # A new process continues the newest authorized continuation, if the agent (or
             # its CLI) rotated the session meanwhile.
             self.agent_session_id = await asyncio.to_thread(
-                live_tip, self.runtime.state_db, self.agent_session_id, self.runtime.profile)
+                live_tip, self.runtime.state_db, self.agent_session_id, self.runtime.profile
+            )
             self.process = await self.runtime.spawn(self.agent_session_id)
             self.turn_open = False
         return self.process
@@ -263,8 +284,10 @@ class HermesHandle:
         while self.turn_open:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                log.warning("hermes sidecar of %s did not finish its interrupted turn; "
-                            "restarting it", self.session_id)
+                log.warning(
+                    "hermes sidecar of %s did not finish its interrupted turn; restarting it",
+                    self.session_id,
+                )
                 await self.process.kill()
                 self.process = None
                 self.turn_open = False
@@ -280,8 +303,9 @@ class HermesHandle:
         """Note where `state.db` stands: the rows after it, until the turn is done, are this
         turn's (its user row, its replies, a compaction it did)."""
         self.turn_stream_id = stream_id
-        self.runtime.proofs.turn_started(self.session_id, stream_id,
-                                         max_row_id(self.runtime.state_db))
+        self.runtime.proofs.turn_started(
+            self.session_id, stream_id, max_row_id(self.runtime.state_db)
+        )
 
     async def turn_done(self, event: dict[str, Any]) -> None:
         """The agent finished the turn (also an interrupted one, later): everything it wrote
@@ -289,8 +313,9 @@ class HermesHandle:
         self.turn_open = False
         if event.get("session_id"):
             self.agent_session_id = str(event["session_id"])
-            await asyncio.to_thread(self.runtime.proofs.bind, self.session_id,
-                                    self.agent_session_id)
+            await asyncio.to_thread(
+                self.runtime.proofs.bind, self.session_id, self.agent_session_id
+            )
         if self.turn_stream_id is not None:
             await asyncio.to_thread(self._record_turn_end, self.turn_stream_id)
 
@@ -301,8 +326,7 @@ class HermesHandle:
         process = await self.ensure_started()
         self._requests += 1
         request_id = f"c{self._requests}"
-        process.send({"op": "complete", "id": request_id, "messages": messages,
-                      "model": model})
+        process.send({"op": "complete", "id": request_id, "messages": messages, "model": model})
         while True:
             event = await process.events.get()
             if event.get("ev") == "eof":
@@ -318,4 +342,3 @@ class HermesHandle:
 
         async for event in run_turn(self, turn):
             yield event
-

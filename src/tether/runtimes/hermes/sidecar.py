@@ -52,15 +52,18 @@ def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content
-                         if isinstance(p, dict) and p.get("type") == "text")
+        return "\n".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
     return ""
 
 
 def _estimate(messages: list[Any]) -> int:
-    return sum(len(_text_of(m.get("content")) if isinstance(m, dict) else "") +
-               len(json.dumps(m.get("tool_calls") or "") if isinstance(m, dict) else "")
-               for m in messages) // 4 + 4 * len(messages)
+    return sum(
+        len(_text_of(m.get("content")) if isinstance(m, dict) else "")
+        + len(json.dumps(m.get("tool_calls") or "") if isinstance(m, dict) else "")
+        for m in messages
+    ) // 4 + 4 * len(messages)
 
 
 class Session:
@@ -87,16 +90,21 @@ class Session:
 
         class TetherAgent(AIAgent):
             def _compress_context(self, messages, system_message, **kwargs):  # noqa: ANN001
-                return session.compress(super()._compress_context, messages,
-                                        system_message, **kwargs)
+                return session.compress(
+                    super()._compress_context, messages, system_message, **kwargs
+                )
 
         from hermes_state import SessionDB
 
         kwargs: dict[str, Any] = dict(
-            base_url=config.get("base_url"), api_key=config.get("api_key"),
-            provider=config.get("provider"), model=config.get("model") or "",
-            max_tokens=config.get("max_tokens"), quiet_mode=True,
-            session_id=config["session_id"], session_db=SessionDB(),
+            base_url=config.get("base_url"),
+            api_key=config.get("api_key"),
+            provider=config.get("provider"),
+            model=config.get("model") or "",
+            max_tokens=config.get("max_tokens"),
+            quiet_mode=True,
+            session_id=config["session_id"],
+            session_db=SessionDB(),
             tool_start_callback=self.on_tool_start,
             tool_complete_callback=self.on_tool_complete,
             tool_progress_callback=self.on_tool_progress,
@@ -135,20 +143,30 @@ class Session:
 
     def on_tool_progress(self, kind: Any, name: Any = None, *args: Any, **kwargs: Any) -> None:
         if kind == "tool.completed" and isinstance(name, str):
-            self.tool_meta[name] = {"is_error": bool(kwargs.get("is_error")),
-                                    "duration": kwargs.get("duration") or 0}
+            self.tool_meta[name] = {
+                "is_error": bool(kwargs.get("is_error")),
+                "duration": kwargs.get("duration") or 0,
+            }
 
     def on_tool_start(self, call_id: Any, name: Any, args: Any) -> None:
         self._usage()
-        emit("tool_started", call_id=str(call_id), name=str(name),
-             args=args if isinstance(args, dict) else {"value": args})
+        emit(
+            "tool_started",
+            call_id=str(call_id),
+            name=str(name),
+            args=args if isinstance(args, dict) else {"value": args},
+        )
 
     def on_tool_complete(self, call_id: Any, name: Any, args: Any, result: Any) -> None:
         meta = self.tool_meta.pop(str(name), {})
-        emit("tool_completed", call_id=str(call_id), name=str(name),
-             result=result if isinstance(result, str) else json.dumps(result, default=str),
-             is_error=meta.get("is_error", False),
-             duration_ms=int(float(meta.get("duration") or 0) * 1000))
+        emit(
+            "tool_completed",
+            call_id=str(call_id),
+            name=str(name),
+            result=result if isinstance(result, str) else json.dumps(result, default=str),
+            is_error=meta.get("is_error", False),
+            duration_ms=int(float(meta.get("duration") or 0) * 1000),
+        )
         self.after_tool = True
 
     def on_status(self, kind: Any, message: Any = None, *_: Any) -> None:
@@ -158,8 +176,9 @@ class Session:
         self._usage()
 
     def _usage(self) -> None:
-        compressor = getattr(self.agent, "context_compressor", None) if hasattr(
-            self, "agent") else None
+        compressor = (
+            getattr(self.agent, "context_compressor", None) if hasattr(self, "agent") else None
+        )
         prompt = getattr(compressor, "last_prompt_tokens", 0) or 0
         completion = getattr(compressor, "last_completion_tokens", 0) or 0
         if isinstance(prompt, int) and prompt > 0 and (prompt, completion) != self.last_usage:
@@ -174,16 +193,28 @@ class Session:
         emit("compression_started", pass_id=pass_id)
         result = original(messages, system_message, **kwargs)
         compressed = result[0] if isinstance(result, tuple) else result
-        summary = next((_text_of(m.get("content")) for m in compressed
-                        if isinstance(m, dict) and SUMMARY_MARKER in _text_of(m.get("content"))),
-                       None)
+        summary = next(
+            (
+                _text_of(m.get("content"))
+                for m in compressed
+                if isinstance(m, dict) and SUMMARY_MARKER in _text_of(m.get("content"))
+            ),
+            None,
+        )
         changed = (compressed is not messages and len(compressed) != len(messages)) or (
-            self.agent.session_id != old_session)
+            self.agent.session_id != old_session
+        )
         if summary is not None and changed:
-            emit("compression_completed", pass_id=pass_id, tokens_before=int(before),
-                 tokens_after=_estimate(compressed), summary=summary,
-                 in_place=bool(getattr(self.agent, "_last_compaction_in_place", False)),
-                 old_session_id=old_session, session_id=self.agent.session_id)
+            emit(
+                "compression_completed",
+                pass_id=pass_id,
+                tokens_before=int(before),
+                tokens_after=_estimate(compressed),
+                summary=summary,
+                in_place=bool(getattr(self.agent, "_last_compaction_in_place", False)),
+                old_session_id=old_session,
+                session_id=self.agent.session_id,
+            )
         else:
             emit("compression_skipped", pass_id=pass_id)
         return result
@@ -223,7 +254,7 @@ class Session:
                     break
                 taken.append(steer_id)
                 self.forwarded.pop(0)
-                rest = rest[len(text):].lstrip("\n")
+                rest = rest[len(text) :].lstrip("\n")
             if not taken and self.forwarded:  # not a clean prefix: everything pending went
                 taken = [steer_id for steer_id, _ in self.forwarded]
                 self.forwarded.clear()
@@ -239,8 +270,12 @@ class Session:
             approval_id = f"ap{self.approval_count}"
             answered, slot = threading.Event(), ["deny", "timeout"]
             self.approvals[approval_id] = (answered, slot)
-        emit("approval_requested", approval_id=approval_id, command=str(command),
-             description=str(description))
+        emit(
+            "approval_requested",
+            approval_id=approval_id,
+            command=str(command),
+            description=str(description),
+        )
         answered.wait(self.approval_seconds)
         with self.approval_lock:
             self.approvals.pop(approval_id, None)
@@ -265,12 +300,18 @@ class Session:
     # -- a turn -----------------------------------------------------------------------------
     def start_turn(self, cmd: dict[str, Any]) -> None:
         if self.turn_thread is not None and self.turn_thread.is_alive():
-            emit("done", id=cmd.get("id"), failed=True, error="a turn is already running",
-                 error_code="internal")
+            emit(
+                "done",
+                id=cmd.get("id"),
+                failed=True,
+                error="a turn is already running",
+                error_code="internal",
+            )
             return
         self.turn_id = cmd.get("id")
-        self.turn_thread = threading.Thread(target=self._run_turn, args=(cmd,),
-                                            name="tether-turn", daemon=True)
+        self.turn_thread = threading.Thread(
+            target=self._run_turn, args=(cmd,), name="tether-turn", daemon=True
+        )
         self.turn_thread.start()
 
     def _run_turn(self, cmd: dict[str, Any]) -> None:
@@ -287,50 +328,77 @@ class Session:
         try:
             if cmd.get("model") and cmd["model"] != self.agent.model:
                 self.agent.model = cmd["model"]
-            emit("accepted", id=cmd.get("id"), session_id=self.agent.session_id,
-                 persist_user_timestamp=cmd.get("persist_user_timestamp"))
+            emit(
+                "accepted",
+                id=cmd.get("id"),
+                session_id=self.agent.session_id,
+                persist_user_timestamp=cmd.get("persist_user_timestamp"),
+            )
             result = self.agent.run_conversation(
-                cmd["message"], conversation_history=cmd.get("history") or [],
+                cmd["message"],
+                conversation_history=cmd.get("history") or [],
                 task_id=cmd.get("task_id"),
                 persist_user_message=cmd.get("persist_user_message"),
-                persist_user_timestamp=cmd.get("persist_user_timestamp"))
+                persist_user_timestamp=cmd.get("persist_user_timestamp"),
+            )
             self._usage()
             if result.get("interrupted"):
                 _shutdown_provider_sockets(getattr(self.agent, "base_url", None))
             with self.steer_lock:
                 leftover = [steer_id for steer_id, _ in self.forwarded]
                 self.forwarded.clear()
-            emit("done", id=cmd.get("id"), session_id=self.agent.session_id,
-                 interrupted=bool(result.get("interrupted")),
-                 failed=bool(result.get("failed")) and not result.get("interrupted"),
-                 completed=bool(result.get("completed")),
-                 error=result.get("error"), error_code=_error_code(self.agent, result),
-                 leftover_steer_ids=leftover, final_response=result.get("final_response"),
-                 turn_exit_reason=result.get("turn_exit_reason"))
+            emit(
+                "done",
+                id=cmd.get("id"),
+                session_id=self.agent.session_id,
+                interrupted=bool(result.get("interrupted")),
+                failed=bool(result.get("failed")) and not result.get("interrupted"),
+                completed=bool(result.get("completed")),
+                error=result.get("error"),
+                error_code=_error_code(self.agent, result),
+                leftover_steer_ids=leftover,
+                final_response=result.get("final_response"),
+                turn_exit_reason=result.get("turn_exit_reason"),
+            )
         except BaseException as exc:  # report, never die silently
             with self.steer_lock:
                 leftover = [steer_id for steer_id, _ in self.forwarded]
                 self.forwarded.clear()
-            emit("done", id=cmd.get("id"), session_id=getattr(self.agent, "session_id", None),
-                 interrupted=False, failed=True, error=f"{type(exc).__name__}: {exc}",
-                 error_code=_classify_exception(exc), leftover_steer_ids=leftover,
-                 traceback=traceback.format_exc(limit=8))
+            emit(
+                "done",
+                id=cmd.get("id"),
+                session_id=getattr(self.agent, "session_id", None),
+                interrupted=False,
+                failed=True,
+                error=f"{type(exc).__name__}: {exc}",
+                error_code=_classify_exception(exc),
+                leftover_steer_ids=leftover,
+                traceback=traceback.format_exc(limit=8),
+            )
 
     def complete(self, cmd: dict[str, Any]) -> None:
         """One plain non-streaming request with the agent's endpoint (summaries)."""
         try:
             from openai import OpenAI
 
-            client = OpenAI(base_url=self.agent.base_url,
-                            api_key=getattr(self.agent, "api_key", None) or "not-needed",
-                            max_retries=0, timeout=600)
+            client = OpenAI(
+                base_url=self.agent.base_url,
+                api_key=getattr(self.agent, "api_key", None) or "not-needed",
+                max_retries=0,
+                timeout=600,
+            )
             response = client.chat.completions.create(
-                model=cmd.get("model") or self.agent.model, messages=cmd["messages"])
+                model=cmd.get("model") or self.agent.model, messages=cmd["messages"]
+            )
             text = (response.choices[0].message.content or "") if response.choices else ""
             emit("completion", id=cmd.get("id"), text=text)
         except Exception as exc:
-            emit("completion", id=cmd.get("id"), error=f"{type(exc).__name__}: {exc}",
-                 error_code=_classify_exception(exc))
+            emit(
+                "completion",
+                id=cmd.get("id"),
+                error=f"{type(exc).__name__}: {exc}",
+                error_code=_classify_exception(exc),
+            )
 
 
 def _shutdown_provider_sockets(base_url: str | None) -> int:
@@ -390,14 +458,24 @@ def _error_code(agent: Any, result: dict[str, Any]) -> str | None:
     if not result.get("failed") or result.get("interrupted"):
         return None
     text = f"{result.get('error') or ''} {result.get('turn_exit_reason') or ''}".lower()
-    for needle, code in (("401", "auth"), ("403", "auth"), ("authentication", "auth"),
-                         ("api key", "auth"), ("429", "rate_limit"), ("rate limit", "rate_limit"),
-                         ("404", "model_not_found"), ("not found", "model_not_found"),
-                         ("context length", "context_overflow"),
-                         ("context window", "context_overflow"),
-                         ("connection", "network"), ("timed out", "network"),
-                         ("timeout", "network"), ("500", "bad_response"),
-                         ("502", "bad_response"), ("503", "bad_response")):
+    for needle, code in (
+        ("401", "auth"),
+        ("403", "auth"),
+        ("authentication", "auth"),
+        ("api key", "auth"),
+        ("429", "rate_limit"),
+        ("rate limit", "rate_limit"),
+        ("404", "model_not_found"),
+        ("not found", "model_not_found"),
+        ("context length", "context_overflow"),
+        ("context window", "context_overflow"),
+        ("connection", "network"),
+        ("timed out", "network"),
+        ("timeout", "network"),
+        ("500", "bad_response"),
+        ("502", "bad_response"),
+        ("503", "bad_response"),
+    ):
         if needle in text:
             return code
     return "bad_response"
@@ -421,9 +499,12 @@ def main() -> int:
                 session = Session(cmd.get("config") or {})
                 import importlib.metadata as md
 
-                emit("ready", session_id=session.agent.session_id,
-                     version=md.version("hermes-agent"),
-                     seconds=round(time.monotonic() - started, 3))
+                emit(
+                    "ready",
+                    session_id=session.agent.session_id,
+                    version=md.version("hermes-agent"),
+                    seconds=round(time.monotonic() - started, 3),
+                )
             elif session is None:
                 emit("fatal", message=f"{op!r} before hello")
             elif op == "turn":
@@ -442,8 +523,11 @@ def main() -> int:
             else:
                 log("warning", f"unknown command {op!r}")
         except Exception as exc:
-            emit("fatal", message=f"{op}: {type(exc).__name__}: {exc}",
-                 traceback=traceback.format_exc(limit=8))
+            emit(
+                "fatal",
+                message=f"{op}: {type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(limit=8),
+            )
             if op == "hello":
                 return 1
     if session is not None:

@@ -80,28 +80,43 @@ def _map(event: dict[str, Any], turn: TurnInput) -> RuntimeEvent | None:
         return TextDelta(str(event.get("text") or ""))
     if kind == "tool_started":
         args = event.get("args")
-        return ToolStarted(str(event.get("call_id")), str(event.get("name")),
-                           args if isinstance(args, dict) else {})
+        return ToolStarted(
+            str(event.get("call_id")),
+            str(event.get("name")),
+            args if isinstance(args, dict) else {},
+        )
     if kind == "tool_completed":
-        return ToolCompleted(str(event.get("call_id")), str(event.get("name")),
-                             str(event.get("result") or ""), bool(event.get("is_error")),
-                             int(event.get("duration_ms") or 0))
+        return ToolCompleted(
+            str(event.get("call_id")),
+            str(event.get("name")),
+            str(event.get("result") or ""),
+            bool(event.get("is_error")),
+            int(event.get("duration_ms") or 0),
+        )
     if kind == "compression_started":
         return CompressionStarted(str(event.get("pass_id")))
     if kind == "compression_completed":
-        return CompressionCompleted(str(event.get("pass_id")), int(event.get("tokens_before")
-                                                                   or 0),
-                                    int(event.get("tokens_after") or 0),
-                                    str(event.get("summary") or ""), turn.turn_id)
+        return CompressionCompleted(
+            str(event.get("pass_id")),
+            int(event.get("tokens_before") or 0),
+            int(event.get("tokens_after") or 0),
+            str(event.get("summary") or ""),
+            turn.turn_id,
+        )
     if kind == "approval_requested":
-        return ApprovalRequested(str(event.get("approval_id")), str(event.get("command") or ""),
-                                 str(event.get("description") or ""))
+        return ApprovalRequested(
+            str(event.get("approval_id")),
+            str(event.get("command") or ""),
+            str(event.get("description") or ""),
+        )
     if kind == "approval_resolved":
-        return ApprovalResolved(str(event.get("approval_id")), str(event.get("choice")),
-                                str(event.get("reason") or "user"))
+        return ApprovalResolved(
+            str(event.get("approval_id")),
+            str(event.get("choice")),
+            str(event.get("reason") or "user"),
+        )
     if kind == "usage":
-        return Usage(int(event.get("prompt_tokens") or 0),
-                     int(event.get("completion_tokens") or 0))
+        return Usage(int(event.get("prompt_tokens") or 0), int(event.get("completion_tokens") or 0))
     return None
 
 
@@ -114,9 +129,18 @@ async def run_turn(handle: HermesHandle, turn: TurnInput) -> AsyncIterator[Runti
     timestamp = turn.submitted_at if turn.submitted_at is not None else runtime.next_timestamp()
     steers = _Steers(turn.steer)
     await asyncio.to_thread(handle.turn_begins, turn.stream_id)
-    process.send({"op": "turn", "id": turn.turn_id, "history": history, "message": message,
-                  "persist_user_message": persist_text, "persist_user_timestamp": timestamp,
-                  "model": turn.model, "task_id": turn.stream_id})
+    process.send(
+        {
+            "op": "turn",
+            "id": turn.turn_id,
+            "history": history,
+            "message": message,
+            "persist_user_message": persist_text,
+            "persist_user_timestamp": timestamp,
+            "model": turn.model,
+            "task_id": turn.stream_id,
+        }
+    )
     handle.turn_open = True
     done = False
     asked: dict[str, asyncio.Future[str]] = {}  # approval prompts the user has not answered
@@ -127,8 +151,9 @@ async def run_turn(handle: HermesHandle, turn: TurnInput) -> AsyncIterator[Runti
             for approval_id, answer in list(asked.items()):
                 if answer.done():
                     del asked[approval_id]
-                    process.send({"op": "approve", "approval_id": approval_id,
-                                  "choice": answer.result()})
+                    process.send(
+                        {"op": "approve", "approval_id": approval_id, "choice": answer.result()}
+                    )
             try:
                 event = await asyncio.wait_for(process.events.get(), STEER_POLL_SECONDS)
             except TimeoutError:
@@ -137,38 +162,48 @@ async def run_turn(handle: HermesHandle, turn: TurnInput) -> AsyncIterator[Runti
             if kind == "eof":
                 handle.turn_open = False
                 done = True
-                raise ProviderError("internal", process.describe(
-                    "The Hermes sidecar exited during the turn."))
+                raise ProviderError(
+                    "internal", process.describe("The Hermes sidecar exited during the turn.")
+                )
             if kind == "accepted":
-                handle.agent_session_id = str(event.get("session_id") or
-                                              handle.agent_session_id)
-                await asyncio.to_thread(runtime.proofs.bind, turn.session_id,
-                                        handle.agent_session_id)
-                await asyncio.to_thread(runtime.proofs.record, Proof(
-                    turn.session_id, turn.stream_id, turn.turn_id, handle.agent_session_id,
-                    float(event.get("persist_user_timestamp") or timestamp)))
+                handle.agent_session_id = str(event.get("session_id") or handle.agent_session_id)
+                await asyncio.to_thread(
+                    runtime.proofs.bind, turn.session_id, handle.agent_session_id
+                )
+                await asyncio.to_thread(
+                    runtime.proofs.record,
+                    Proof(
+                        turn.session_id,
+                        turn.stream_id,
+                        turn.turn_id,
+                        handle.agent_session_id,
+                        float(event.get("persist_user_timestamp") or timestamp),
+                    ),
+                )
                 continue
             if kind == "approval_requested":
                 approval_id = str(event.get("approval_id"))
                 if turn.approvals is not None:
                     asked[approval_id] = turn.approvals.open(approval_id)
                 else:  # driven without a way to ask anyone: refuse
-                    process.send({"op": "approve", "approval_id": approval_id,
-                                  "choice": "deny"})
+                    process.send({"op": "approve", "approval_id": approval_id, "choice": "deny"})
             if kind == "steer_taken":
                 steers.taken([str(i) for i in event.get("steer_ids") or []])
                 continue
             if kind == "compression_completed" and event.get("session_id"):
                 handle.agent_session_id = str(event["session_id"])
-                await asyncio.to_thread(runtime.proofs.bind, turn.session_id,
-                                        handle.agent_session_id)
+                await asyncio.to_thread(
+                    runtime.proofs.bind, turn.session_id, handle.agent_session_id
+                )
             if kind == "done":
                 done = True
                 await handle.turn_done(event)
                 steers.give_back()
                 if event.get("failed"):
-                    raise ProviderError(event.get("error_code") or "internal",
-                                        f"Hermes Agent: {event.get('error') or 'the turn failed'}")
+                    raise ProviderError(
+                        event.get("error_code") or "internal",
+                        f"Hermes Agent: {event.get('error') or 'the turn failed'}",
+                    )
                 return
             mapped = _map(event, turn)
             if mapped is not None:

@@ -24,7 +24,11 @@ export async function api(method, path, body) {
   }
   const text = await response.text();
   let data = null;
-  try { data = text ? JSON.parse(text) : null; } catch { data = null; }
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = null;
+  }
   if (!response.ok) throw new ApiError(response.status, data);
   return data;
 }

@@ -15,8 +15,11 @@ export function compressionLabel(item, later) {
 function itemBlock(item, index, items) {
   switch (item.type) {
     case "compression":
-      return { key: item.id, kind: "compression",
-               label: compressionLabel(item, items.slice(index + 1)) };
+      return {
+        key: item.id,
+        kind: "compression",
+        label: compressionLabel(item, items.slice(index + 1)),
+      };
     default:
       return { key: item.id, kind: item.type, item };
   }

@@ -3,12 +3,13 @@
 // queue, which is shown above, editable and removable. Attachments by picker, paste or drop.
 import { h, patchChildren } from "./dom.js";
 
-const readBase64 = (file) => new Promise((resolve, reject) => {
-  const reader = new FileReader();
-  reader.onload = () => resolve(String(reader.result).split(",", 2)[1] || "");
-  reader.onerror = () => reject(reader.error);
-  reader.readAsDataURL(file);
-});
+const readBase64 = (file) =>
+  new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(String(reader.result).split(",", 2)[1] || "");
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
 
 export class Composer {
   /** actions: send(text, files), stop(), steer(text), queue(text, files),
@@ -28,14 +29,22 @@ export class Composer {
     this.busy = false;
     this.editing = null;
 
-    this.form.addEventListener("submit", (e) => { e.preventDefault(); this.primaryAction(); });
+    this.form.addEventListener("submit", (e) => {
+      e.preventDefault();
+      this.primaryAction();
+    });
     this.input.addEventListener("keydown", (e) => {
       if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
         e.preventDefault();
-        if (this.running) { if (this.hasContent()) this.queue(); } else this.send();
+        if (this.running) {
+          if (this.hasContent()) this.queue();
+        } else this.send();
       }
     });
-    this.input.addEventListener("input", () => { this.autosize(); this.refresh(); });
+    this.input.addEventListener("input", () => {
+      this.autosize();
+      this.refresh();
+    });
     this.steerBtn.addEventListener("click", () => this.steer());
     this.queueBtn.addEventListener("click", () => this.queue());
     this.fileInput.addEventListener("change", () => {
@@ -44,10 +53,15 @@ export class Composer {
     });
     this.input.addEventListener("paste", (e) => {
       const files = [...(e.clipboardData?.files || [])];
-      if (files.length) { e.preventDefault(); this.addFiles(files); }
+      if (files.length) {
+        e.preventDefault();
+        this.addFiles(files);
+      }
     });
     const main = document.getElementById("main");
-    main.addEventListener("dragover", (e) => { e.preventDefault(); });
+    main.addEventListener("dragover", (e) => {
+      e.preventDefault();
+    });
     main.addEventListener("drop", (e) => {
       e.preventDefault();
       this.addFiles([...(e.dataTransfer?.files || [])]);
@@ -55,7 +69,9 @@ export class Composer {
     this.refresh();
   }
 
-  hasContent() { return this.input.value.trim().length > 0 || this.files.length > 0; }
+  hasContent() {
+    return this.input.value.trim().length > 0 || this.files.length > 0;
+  }
 
   autosize() {
     this.input.style.height = "auto";
@@ -65,8 +81,12 @@ export class Composer {
   async addFiles(files) {
     for (const file of files) {
       const data_base64 = await readBase64(file);
-      this.files.push({ name: file.name || "pasted", mime: file.type || "application/octet-stream",
-                        data_base64, size: file.size });
+      this.files.push({
+        name: file.name || "pasted",
+        mime: file.type || "application/octet-stream",
+        data_base64,
+        size: file.size,
+      });
     }
     this.renderChips();
     this.refresh();
@@ -74,10 +94,21 @@ export class Composer {
 
   renderChips() {
     const specs = this.files.map((f, i) => ({ key: `${i}:${f.name}`, file: f, index: i }));
-    patchChildren(this.chips, specs,
-      () => h("li", {}, h("span", { class: "chip-name" }),
-              h("button", { type: "button", class: "chip-x", "aria-label": "Remove attachment",
-                            text: "×" })),
+    patchChildren(
+      this.chips,
+      specs,
+      () =>
+        h(
+          "li",
+          {},
+          h("span", { class: "chip-name" }),
+          h("button", {
+            type: "button",
+            class: "chip-x",
+            "aria-label": "Remove attachment",
+            text: "×",
+          }),
+        ),
       (el, spec) => {
         el.querySelector(".chip-name").textContent = spec.file.name;
         el.querySelector(".chip-x").onclick = () => {
@@ -85,7 +116,8 @@ export class Composer {
           this.renderChips();
           this.refresh();
         };
-      });
+      },
+    );
   }
 
   take() {
@@ -109,7 +141,10 @@ export class Composer {
     this.input.focus();
   }
 
-  primaryAction() { if (this.running) this.actions.stop(); else this.send(); }
+  primaryAction() {
+    if (this.running) this.actions.stop();
+    else this.send();
+  }
 
   send() {
     if (!this.hasContent() || this.busy) return;
@@ -146,17 +181,29 @@ export class Composer {
 
   renderQueue(queued) {
     const specs = queued.map((q) => ({ key: q.queue_id, q }));
-    patchChildren(this.queueList, specs,
-      () => h("li", {}, h("span", { class: "queued-label", text: "Queued:" }),
-              h("span", { class: "queued-text" }),
-              h("button", { type: "button", class: "btn icon edit", text: "Edit" }),
-              h("button", { type: "button", class: "chip-x remove", text: "×",
-                            "aria-label": "Remove queued message" })),
+    patchChildren(
+      this.queueList,
+      specs,
+      () =>
+        h(
+          "li",
+          {},
+          h("span", { class: "queued-label", text: "Queued:" }),
+          h("span", { class: "queued-text" }),
+          h("button", { type: "button", class: "btn icon edit", text: "Edit" }),
+          h("button", {
+            type: "button",
+            class: "chip-x remove",
+            text: "×",
+            "aria-label": "Remove queued message",
+          }),
+        ),
       (el, { q }) => {
         if (this.editing !== q.queue_id) el.querySelector(".queued-text").textContent = q.text;
         el.querySelector(".remove").onclick = () => this.actions.removeQueued(q.queue_id);
         el.querySelector(".edit").onclick = () => this.editQueued(el, q);
-      });
+      },
+    );
   }
 
   editQueued(el, q) {
@@ -172,7 +219,10 @@ export class Composer {
       }
     };
     area.addEventListener("keydown", (e) => {
-      if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); done(true); }
+      if (e.key === "Enter" && !e.shiftKey) {
+        e.preventDefault();
+        done(true);
+      }
       if (e.key === "Escape") done(false);
     });
     area.addEventListener("blur", () => done(true));

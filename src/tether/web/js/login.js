@@ -46,7 +46,11 @@ async function logIn(event) {
       return;
     }
     let body = {};
-    try { body = await response.json(); } catch { body = {}; }
+    try {
+      body = await response.json();
+    } catch {
+      body = {};
+    }
     if (body.code === "bad_credentials") {
       showError("Wrong password. Try again.");
     } else if (body.code === "rate_limited") {

@@ -12,8 +12,12 @@ import { UnreadStore } from "./unread.js";
 
 const $ = (id) => document.getElementById(id);
 const CONN_TEXT = {
-  connecting: "Connecting…", live: "Live", reconnecting: "Reconnecting…", stalled: "Stalled",
-  degraded: "Degraded (snapshot)", idle: "",
+  connecting: "Connecting…",
+  live: "Live",
+  reconnecting: "Reconnecting…",
+  stalled: "Stalled",
+  degraded: "Degraded (snapshot)",
+  idle: "",
 };
 
 class App {
@@ -38,8 +42,8 @@ class App {
       stop: () => this.stop(),
       steer: (text) => this.steer(text),
       queue: (text, files) => this.queue(text, files),
-      editQueued: (id, text) => this.call(() => patch(`/api/chat/queue?${q({ queue_id: id })}`,
-                                                      { text })),
+      editQueued: (id, text) =>
+        this.call(() => patch(`/api/chat/queue?${q({ queue_id: id })}`, { text })),
       removeQueued: (id) => this.call(() => del(`/api/chat/queue?${q({ queue_id: id })}`)),
     });
   }
@@ -51,7 +55,8 @@ class App {
     badge.textContent = this.health.demo ? "Demo runtime (offline)" : this.health.model || "";
     badge.classList.toggle("demo", !!this.health.demo);
     $("model-label").textContent = this.health.demo
-      ? "Demo runtime: no model is called" : `Model: ${this.health.model}`;
+      ? "Demo runtime: no model is called"
+      : `Model: ${this.health.model}`;
     await this.sidebar.load();
     window.addEventListener("popstate", () => this.route());
     document.addEventListener("visibilitychange", () => this.sidebar.render());
@@ -118,8 +123,12 @@ class App {
 
   entry(sid) {
     if (!this.sessions.has(sid)) {
-      this.sessions.set(sid, { state: createSession(sid), inherited: [], row: null,
-                               loaded: false });
+      this.sessions.set(sid, {
+        state: createSession(sid),
+        inherited: [],
+        row: null,
+        loaded: false,
+      });
     }
     return this.sessions.get(sid);
   }
@@ -140,8 +149,9 @@ class App {
       body = (await get(`/api/session?${q({ session_id: sid })}`)).session;
     } catch (err) {
       if (this.openId !== sid) return;
-      this.notify(err.code === "session_not_found" ? "That session does not exist (any more)."
-                  : err.message);
+      this.notify(
+        err.code === "session_not_found" ? "That session does not exist (any more)." : err.message,
+      );
       history.replaceState({}, "", "/");
       this.showEmpty();
       return;
@@ -152,19 +162,23 @@ class App {
     entry.inherited = body.inherited_messages || [];
     this.onRowChanged(body);
     this.renderNow();
-    this.stream = new SessionStream(sid, {
-      cursor: () => entry.state.lastSeq,
-      onEvent: (env) => this.onEvent(entry, env),
-      onSnapshot: (session) => {
-        applySnapshot(entry.state, session);
-        entry.inherited = session.inherited_messages || entry.inherited;
-        this.scheduleRender();
+    this.stream = new SessionStream(
+      sid,
+      {
+        cursor: () => entry.state.lastSeq,
+        onEvent: (env) => this.onEvent(entry, env),
+        onSnapshot: (session) => {
+          applySnapshot(entry.state, session);
+          entry.inherited = session.inherited_messages || entry.inherited;
+          this.scheduleRender();
+        },
+        onState: (state, detail) => this.setConn(state, detail),
+        onDeleted: () => this.onDeleted(sid),
+        onSidebarChange: (change) => this.sidebar.onChanged(change),
+        onReconnected: () => this.sidebar.load(),
       },
-      onState: (state, detail) => this.setConn(state, detail),
-      onDeleted: () => this.onDeleted(sid),
-      onSidebarChange: (change) => this.sidebar.onChanged(change),
-      onReconnected: () => this.sidebar.load(),
-    }, { heartbeatMs: 5000 });
+      { heartbeatMs: 5000 },
+    );
     this.sidebar.disconnectFeed();
     this.stream.start(body.last_seq);
   }
@@ -172,7 +186,7 @@ class App {
   onEvent(entry, env) {
     if (!applyEvent(entry.state, env)) return;
     if (env.type === "steer.leftover" && env.data.steer_ids.some((id) => this.ownSteers.has(id))) {
-      this.composer.restore(env.data.text);  // no typed word is lost
+      this.composer.restore(env.data.text); // no typed word is lost
       this.notify("The agent finished before it saw your steer; it is back in the composer.");
     }
     if (env.type === "session.rotated") this.showContinuation(env.data.continuation_session_id);
@@ -200,14 +214,18 @@ class App {
 
   showContinuation(childId) {
     this.notify("This conversation continues in a newer session.", {
-      label: "Open it", action: () => this.open(childId, { push: true }),
+      label: "Open it",
+      action: () => this.open(childId, { push: true }),
     });
   }
 
   scheduleRender() {
     if (this.renderQueued) return;
     this.renderQueued = true;
-    requestAnimationFrame(() => { this.renderQueued = false; this.renderNow(); });
+    requestAnimationFrame(() => {
+      this.renderQueued = false;
+      this.renderNow();
+    });
   }
 
   renderNow() {
@@ -226,19 +244,25 @@ class App {
     const window_ = this.health?.context_window;
     const last = [...v.messages].reverse().find((m) => m.role === "assistant" && m.usage);
     const meter = $("context-meter");
-    if (!window_ || !last) { meter.hidden = true; return; }
+    if (!window_ || !last) {
+      meter.hidden = true;
+      return;
+    }
     const used = last.usage.prompt_tokens + last.usage.completion_tokens;
     const share = Math.min(1, used / window_);
     meter.hidden = false;
     $("meter-fill").style.width = `${Math.round(share * 100)}%`;
-    $("meter-text").textContent = `${Math.round(share * 100)}% of ${window_.toLocaleString()} tokens`;
+    $("meter-text").textContent =
+      `${Math.round(share * 100)}% of ${window_.toLocaleString()} tokens`;
   }
 
   setConn(state, detail = {}) {
     const el = $("conn");
     el.dataset.state = state;
-    el.textContent = state === "replaying"
-      ? `Replaying ${detail.missing ?? ""} events…`.replace("  ", " ") : CONN_TEXT[state] ?? state;
+    el.textContent =
+      state === "replaying"
+        ? `Replaying ${detail.missing ?? ""} events…`.replace("  ", " ")
+        : (CONN_TEXT[state] ?? state);
   }
 
   notify(message, action) {
@@ -248,14 +272,19 @@ class App {
       const btn = document.createElement("button");
       btn.className = "btn";
       btn.textContent = action.label;
-      btn.addEventListener("click", () => { bar.hidden = true; action.action(); });
+      btn.addEventListener("click", () => {
+        bar.hidden = true;
+        action.action();
+      });
       bar.append(" ", btn);
     }
     const close = document.createElement("button");
     close.className = "chip-x";
     close.textContent = "×";
     close.setAttribute("aria-label", "Dismiss");
-    close.addEventListener("click", () => { bar.hidden = true; });
+    close.addEventListener("click", () => {
+      bar.hidden = true;
+    });
     bar.append(" ", close);
     bar.hidden = false;
   }
@@ -266,15 +295,24 @@ class App {
     if (!button) return;
     const actions = button.parentElement;
     for (const b of actions.querySelectorAll("button")) b.disabled = true;
-    const res = await this.call(() => post("/api/chat/approve", {
-      stream_id: actions.dataset.stream, approval_id: actions.dataset.approval,
-      choice: button.dataset.choice }));
+    const res = await this.call(() =>
+      post("/api/chat/approve", {
+        stream_id: actions.dataset.stream,
+        approval_id: actions.dataset.approval,
+        choice: button.dataset.choice,
+      }),
+    );
     for (const b of actions.querySelectorAll("button")) b.disabled = false;
     if (res && !res.accepted) this.notify("That question is no longer open.");
   }
 
   async call(fn) {
-    try { return await fn(); } catch (err) { this.notify(err.message); return null; }
+    try {
+      return await fn();
+    } catch (err) {
+      this.notify(err.message);
+      return null;
+    }
   }
 
   async ensureSession() {
@@ -301,8 +339,10 @@ class App {
     if (err instanceof ApiError && err.code === "session_rotated") {
       await this.open(err.body.continuation_session_id, { push: true });
       this.composer.restore(text, files);
-      this.notify("This conversation continues here. Your message is in the composer: " +
-                  "send it again when ready.");
+      this.notify(
+        "This conversation continues here. Your message is in the composer: " +
+          "send it again when ready.",
+      );
       return;
     }
     this.composer.restore(text, files);
@@ -319,11 +359,17 @@ class App {
   async steer(text) {
     const entry = this.sessions.get(this.openId);
     const live = entry && view(entry.state).live;
-    if (!live) { this.composer.restore(text); return; }
+    if (!live) {
+      this.composer.restore(text);
+      return;
+    }
     try {
       const res = await post("/api/chat/steer", { stream_id: live.stream_id, text });
       if (res.accepted) this.ownSteers.add(res.steer_id);
-      else { this.composer.restore(text); this.notify(res.reason); }
+      else {
+        this.composer.restore(text);
+        this.notify(res.reason);
+      }
     } catch (err) {
       this.refused(err, text, []);
     }

@@ -14,10 +14,11 @@ function flush() {
   const texts = [...batch.keys()];
   if (!texts.length) return;
   post("/api/render", { texts }).then(
-    (res) => texts.forEach((text, i) => {
-      remember(text, res.html[i]);
-      batch.get(text).forEach((resolve) => resolve(res.html[i]));
-    }),
+    (res) =>
+      texts.forEach((text, i) => {
+        remember(text, res.html[i]);
+        batch.get(text).forEach((resolve) => resolve(res.html[i]));
+      }),
     () => texts.forEach((text) => batch.get(text).forEach((resolve) => resolve(null))),
   );
 }

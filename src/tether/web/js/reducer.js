@@ -23,13 +23,15 @@ const has = (obj, key) =>
 // Python's `dict.get(key, default)`: a present null stays null.
 const get = (obj, key, fallback = null) => (has(obj, key) ? obj[key] : fallback);
 
-function truthy(value) { // Python truthiness of a JSON value
+function truthy(value) {
+  // Python truthiness of a JSON value
   if (Array.isArray(value)) return value.length > 0;
   if (value !== null && typeof value === "object") return Object.keys(value).length > 0;
   return Boolean(value);
 }
 
-function pyStr(value) { // what an f-string shows for a JSON scalar
+function pyStr(value) {
+  // what an f-string shows for a JSON scalar
   if (value === null || value === undefined) return "None";
   if (value === true) return "True";
   if (value === false) return "False";
@@ -38,7 +40,12 @@ function pyStr(value) { // what an f-string shows for a JSON scalar
 
 function setKey(obj, key, value) {
   if (key === "__proto__") {
-    Object.defineProperty(obj, key, { value, enumerable: true, writable: true, configurable: true });
+    Object.defineProperty(obj, key, {
+      value,
+      enumerable: true,
+      writable: true,
+      configurable: true,
+    });
   } else {
     obj[key] = value;
   }
@@ -52,7 +59,8 @@ function clone(value) {
   return out;
 }
 
-function bare(obj) { // a fresh copy without the bookkeeping `rev`
+function bare(obj) {
+  // a fresh copy without the bookkeeping `rev`
   const out = {};
   for (const key of Object.keys(obj)) if (key !== "rev") setKey(out, key, clone(obj[key]));
   return out;
@@ -90,16 +98,21 @@ export function noticeText(state, data) {
     case "cancelled":
       return truthy(reason) ? `Stopped: ${pyStr(reason)}` : "Stopped.";
     case "interrupted":
-      return `Interrupted: ${truthy(reason) ? pyStr(reason)
-        : "the run ended before it could finish"}.`;
+      return `Interrupted: ${
+        truthy(reason) ? pyStr(reason) : "the run ended before it could finish"
+      }.`;
     case "error":
-      return `Error (${pyStr(get(error, "code", "internal"))}): `
-        + pyStr(get(error, "message", "unknown error"));
+      return (
+        `Error (${pyStr(get(error, "code", "internal"))}): ` +
+        pyStr(get(error, "message", "unknown error"))
+      );
     case "tool_limit_reached":
       return "Stopped: the run reached its tool-call limit before it could answer.";
     case "compression_exhausted":
-      return "Stopped: the conversation no longer fits the model's context window, "
-        + "even after compression.";
+      return (
+        "Stopped: the conversation no longer fits the model's context window, " +
+        "even after compression."
+      );
     default:
       return `Ended: ${pyStr(state)}`;
   }
@@ -109,7 +122,9 @@ export function noticeText(state, data) {
 // is the answer. Kept on the stored items so a flip bumps the item's rev.
 function markInterim(state, items) {
   let last = -1;
-  items.forEach((item, index) => { if (isBarrier(item)) last = index; });
+  items.forEach((item, index) => {
+    if (isBarrier(item)) last = index;
+  });
   items.forEach((item, index) => {
     if (item.type !== "text") return;
     const interim = index < last;
@@ -134,9 +149,18 @@ export function createSession(sessionId) {
 }
 
 function newScene(state, streamId, turnId, startedAt) {
-  const scene = { id: DIRTY_LIVE, stream_id: streamId, turn_id: turnId, started_at: startedAt,
-    phase: "starting", runtime: null, model: null, items: [], byId: new Map(),
-    pendingSteers: new Map() };
+  const scene = {
+    id: DIRTY_LIVE,
+    stream_id: streamId,
+    turn_id: turnId,
+    started_at: startedAt,
+    phase: "starting",
+    runtime: null,
+    model: null,
+    items: [],
+    byId: new Map(),
+    pendingSteers: new Map(),
+  };
   return touch(state, scene);
 }
 
@@ -158,12 +182,20 @@ function ensureItem(state, scene, id, make) {
 }
 
 const HANDLERS = new Map();
-const on = (types, handler) => { for (const type of types) HANDLERS.set(type, handler); };
+const on = (types, handler) => {
+  for (const type of types) HANDLERS.set(type, handler);
+};
 
 on(["turn.submitted"], (state, env, data) => {
   const at = get(data, "submitted_at", env.at);
-  const row = { id: data.turn_id, role: "user", turn_id: data.turn_id, created_at: at,
-    content: get(data, "text", ""), attachments: attachments(get(data, "attachments")) };
+  const row = {
+    id: data.turn_id,
+    role: "user",
+    turn_id: data.turn_id,
+    created_at: at,
+    content: get(data, "text", ""),
+    attachments: attachments(get(data, "attachments")),
+  };
   state.messages.push(touch(state, row));
   state.dirty.add(DIRTY_MESSAGES);
   state.users.set(data.turn_id, row);
@@ -192,8 +224,14 @@ on(["tool.started"], (state, env, data) => {
   const scene = sceneOf(state, env);
   if (scene === undefined) return;
   ensureItem(state, scene, `${scene.stream_id}.tool.${data.call_id}`, {
-    type: "tool", call_id: data.call_id, name: get(data, "name", ""), args: get(data, "args"),
-    result_preview: null, is_error: false, duration_ms: null, done: false,
+    type: "tool",
+    call_id: data.call_id,
+    name: get(data, "name", ""),
+    args: get(data, "args"),
+    result_preview: null,
+    is_error: false,
+    duration_ms: null,
+    done: false,
   });
 });
 
@@ -201,11 +239,17 @@ on(["tool.completed"], (state, env, data) => {
   const scene = sceneOf(state, env);
   if (scene === undefined) return;
   const item = ensureItem(state, scene, `${scene.stream_id}.tool.${data.call_id}`, {
-    type: "tool", call_id: data.call_id, name: get(data, "name", ""), args: null,
+    type: "tool",
+    call_id: data.call_id,
+    name: get(data, "name", ""),
+    args: null,
   });
   Object.assign(item, {
-    result_preview: get(data, "result_preview"), result: get(data, "result"),
-    is_error: truthy(get(data, "is_error")), duration_ms: get(data, "duration_ms"), done: true,
+    result_preview: get(data, "result_preview"),
+    result: get(data, "result"),
+    is_error: truthy(get(data, "is_error")),
+    duration_ms: get(data, "duration_ms"),
+    done: true,
   });
   touch(state, item);
 });
@@ -213,11 +257,17 @@ on(["tool.completed"], (state, env, data) => {
 on(["compression.started", "compression.completed"], (state, env, data) => {
   const scene = sceneOf(state, env);
   if (scene === undefined) return;
-  const item = ensureItem(state, scene, `${scene.stream_id}.compression.${data.pass_id}`,
-    { type: "compression", pass_id: data.pass_id, done: false });
+  const item = ensureItem(state, scene, `${scene.stream_id}.compression.${data.pass_id}`, {
+    type: "compression",
+    pass_id: data.pass_id,
+    done: false,
+  });
   if (env.type === "compression.completed") {
-    Object.assign(item, { done: true, tokens_before: get(data, "tokens_before"),
-      tokens_after: get(data, "tokens_after") });
+    Object.assign(item, {
+      done: true,
+      tokens_before: get(data, "tokens_before"),
+      tokens_after: get(data, "tokens_after"),
+    });
     touch(state, item);
   }
 });
@@ -226,8 +276,13 @@ on(["approval.requested", "approval.resolved"], (state, env, data) => {
   const scene = sceneOf(state, env);
   if (scene === undefined) return;
   const item = ensureItem(state, scene, `${scene.stream_id}.approval.${data.approval_id}`, {
-    type: "approval", approval_id: data.approval_id, command: get(data, "command", ""),
-    description: get(data, "description", ""), choice: null, reason: null });
+    type: "approval",
+    approval_id: data.approval_id,
+    command: get(data, "command", ""),
+    description: get(data, "description", ""),
+    choice: null,
+    reason: null,
+  });
   if (env.type === "approval.resolved") {
     Object.assign(item, { choice: get(data, "choice"), reason: get(data, "reason") });
     touch(state, item);
@@ -261,8 +316,11 @@ on(["steer.delivered", "steer.leftover"], (state, env, data) => {
     scene.pendingSteers.delete(steerId);
     touch(state, scene);
     if (text !== null && text !== undefined) {
-      ensureItem(state, scene, `${scene.stream_id}.steer.${steerId}`,
-        { type: "steer", text, leftover });
+      ensureItem(state, scene, `${scene.stream_id}.steer.${steerId}`, {
+        type: "steer",
+        text,
+        leftover,
+      });
     }
   }
 });
@@ -270,8 +328,19 @@ on(["steer.delivered", "steer.leftover"], (state, env, data) => {
 on(["queue.added", "queue.updated", "queue.removed"], (state, env, data) => {
   const id = data.queue_id;
   if (env.type === "queue.added") {
-    state.queued.set(id, touch(state, { queue_id: id, text: get(data, "text", ""),
-      attachments: attachments(get(data, "attachments")), created_at: env.at }, id));
+    state.queued.set(
+      id,
+      touch(
+        state,
+        {
+          queue_id: id,
+          text: get(data, "text", ""),
+          attachments: attachments(get(data, "attachments")),
+          created_at: env.at,
+        },
+        id,
+      ),
+    );
   } else if (env.type === "queue.updated" && state.queued.has(id)) {
     touch(state, Object.assign(state.queued.get(id), { text: get(data, "text", "") }), id);
   } else if (env.type === "queue.removed" && state.queued.delete(id)) {
@@ -297,19 +366,28 @@ on(["run.finished"], (state, env, data) => {
   const runState = get(data, "state", "completed");
   // Invariant 6: the compression divider is live-only unless it explains the ending.
   const items = scene.items.filter(
-    (item) => item.type !== "compression" || runState === "compression_exhausted");
+    (item) => item.type !== "compression" || runState === "compression_exhausted",
+  );
   const text = noticeText(runState, data);
   if (text !== null) {
-    items.push(touch(state, { id: `${scene.stream_id}.notice`, type: "notice", kind: runState,
-      text }));
+    items.push(
+      touch(state, { id: `${scene.stream_id}.notice`, type: "notice", kind: runState, text }),
+    );
   }
   markInterim(state, items);
   const row = {
-    id: scene.stream_id, role: "assistant", turn_id: scene.turn_id,
-    created_at: scene.started_at, finished_at: env.at,
-    content: items.filter((item) => item.type === "text" && !item.interim)
-      .map((item) => item.text).join(""),
-    state: runState, stream_id: scene.stream_id, timeline: items,
+    id: scene.stream_id,
+    role: "assistant",
+    turn_id: scene.turn_id,
+    created_at: scene.started_at,
+    finished_at: env.at,
+    content: items
+      .filter((item) => item.type === "text" && !item.interim)
+      .map((item) => item.text)
+      .join(""),
+    state: runState,
+    stream_id: scene.stream_id,
+    timeline: items,
   };
   if (truthy(get(data, "error"))) row.error = { ...data.error };
   if (truthy(get(data, "usage"))) row.usage = { ...data.usage }; // the context meter's source
@@ -329,7 +407,11 @@ on(["transcript.truncated"], (state, env, data) => {
 // (tether/projections/agent_rows.py mirrors this).
 function jsonOr(raw) {
   if (typeof raw !== "string") return raw;
-  try { return JSON.parse(raw); } catch { return raw; }
+  try {
+    return JSON.parse(raw);
+  } catch {
+    return raw;
+  }
 }
 
 function importedTimeline(state, rows, turnId) {
@@ -341,11 +423,20 @@ function importedTimeline(state, rows, turnId) {
       if (truthy(get(row, "reasoning"))) {
         items.push({ id: `${key}.r`, type: "reasoning", text: row.reasoning });
       }
-      if (truthy(get(row, "content"))) items.push({ id: `${key}.t`, type: "text", text: row.content });
+      if (truthy(get(row, "content")))
+        items.push({ id: `${key}.t`, type: "text", text: row.content });
       for (const call of get(row, "tool_calls") ?? []) {
-        const item = { id: `${turnId}.tool.${pyStr(call.id)}`, type: "tool", call_id: call.id,
-          name: get(call, "name", ""), args: jsonOr(get(call, "arguments")),
-          result_preview: null, is_error: false, duration_ms: null, done: false };
+        const item = {
+          id: `${turnId}.tool.${pyStr(call.id)}`,
+          type: "tool",
+          call_id: call.id,
+          name: get(call, "name", ""),
+          args: jsonOr(get(call, "arguments")),
+          result_preview: null,
+          is_error: false,
+          duration_ms: null,
+          done: false,
+        };
         tools.set(call.id, item);
         items.push(item);
       }
@@ -369,20 +460,42 @@ on(["agent.imported"], (state, env, data) => {
     const user = rows[0].role === "user" ? rows[0] : null;
     if (user !== null) {
       const count = get(user, "images", 0);
-      const note = truthy(count) ? `\n\n[${count} ${count === 1 ? "image" : "images"} `
-        + "sent from another client; not stored in Tether]" : "";
-      state.messages.push(touch(state, { id: turnId, role: "user", turn_id: turnId,
-        created_at: user.timestamp, content: (get(user, "content") || "") + note,
-        attachments: [], origin: "agent" }));
+      const note = truthy(count)
+        ? `\n\n[${count} ${count === 1 ? "image" : "images"} ` +
+          "sent from another client; not stored in Tether]"
+        : "";
+      state.messages.push(
+        touch(state, {
+          id: turnId,
+          role: "user",
+          turn_id: turnId,
+          created_at: user.timestamp,
+          content: (get(user, "content") || "") + note,
+          attachments: [],
+          origin: "agent",
+        }),
+      );
     }
     const rest = user !== null ? rows.slice(1) : rows;
     if (rest.length > 0) {
       const timeline = importedTimeline(state, rest, turnId);
-      state.messages.push(touch(state, { id: `${turnId}.reply`, role: "assistant",
-        turn_id: turnId, created_at: rest[0].timestamp, finished_at: rest.at(-1).timestamp,
-        content: timeline.filter((i) => i.type === "text" && !i.interim).map((i) => i.text)
-          .join(""),
-        state: "completed", stream_id: null, timeline, origin: "agent" }));
+      state.messages.push(
+        touch(state, {
+          id: `${turnId}.reply`,
+          role: "assistant",
+          turn_id: turnId,
+          created_at: rest[0].timestamp,
+          finished_at: rest.at(-1).timestamp,
+          content: timeline
+            .filter((i) => i.type === "text" && !i.interim)
+            .map((i) => i.text)
+            .join(""),
+          state: "completed",
+          stream_id: null,
+          timeline,
+          origin: "agent",
+        }),
+      );
     }
     state.dirty.add(DIRTY_MESSAGES);
   }
@@ -419,8 +532,11 @@ export function applySnapshot(state, session) {
   const live = session.live;
   if (live) {
     const scene = newScene(state, live.stream_id, live.turn_id, live.started_at);
-    Object.assign(scene, { phase: live.phase, runtime: get(live, "runtime"),
-      model: get(live, "model") });
+    Object.assign(scene, {
+      phase: live.phase,
+      runtime: get(live, "runtime"),
+      model: get(live, "model"),
+    });
     for (const item of live.timeline ?? []) {
       const copy = hydrate(item);
       scene.items.push(copy);
@@ -432,12 +548,15 @@ export function applySnapshot(state, session) {
     markInterim(state, scene.items);
     state.active.set(scene.stream_id, scene);
     if (session.pending_user_message != null || truthy(session.pending_attachments)) {
-      state.users.set(live.turn_id, { content: session.pending_user_message,
-        attachments: clone(session.pending_attachments ?? []) });
+      state.users.set(live.turn_id, {
+        content: session.pending_user_message,
+        attachments: clone(session.pending_attachments ?? []),
+      });
     }
   }
-  state.queued = new Map((session.queued ?? []).map(
-    (q) => [q.queue_id, touch(state, clone(q), q.queue_id)]));
+  state.queued = new Map(
+    (session.queued ?? []).map((q) => [q.queue_id, touch(state, clone(q), q.queue_id)]),
+  );
   state.dirty.add(DIRTY_MESSAGES).add(DIRTY_LIVE).add(DIRTY_QUEUED);
   return true;
 }
@@ -461,8 +580,12 @@ export function view(state) {
     }
     out.pending_started_at = scene.started_at;
     out.live = {
-      stream_id: scene.stream_id, turn_id: scene.turn_id, phase: scene.phase,
-      started_at: scene.started_at, runtime: scene.runtime, model: scene.model,
+      stream_id: scene.stream_id,
+      turn_id: scene.turn_id,
+      phase: scene.phase,
+      started_at: scene.started_at,
+      runtime: scene.runtime,
+      model: scene.model,
       timeline: scene.items.map(bare),
       pending_steers: [...scene.pendingSteers].map(([steer_id, text]) => ({ steer_id, text })),
     };

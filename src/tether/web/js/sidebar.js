@@ -37,7 +37,9 @@ export class Sidebar {
     });
   }
 
-  get filtering() { return this.search.value.trim() !== "" || this.archivedToggle.checked; }
+  get filtering() {
+    return this.search.value.trim() !== "" || this.archivedToggle.checked;
+  }
 
   async load() {
     const params = {};
@@ -56,8 +58,15 @@ export class Sidebar {
     let dropped = false;
     this.feed.addEventListener("session.changed", (e) => this.onChanged(JSON.parse(e.data)));
     this.feed.addEventListener("resync", () => this.load());
-    this.feed.onerror = () => { dropped = true; };
-    this.feed.onopen = () => { if (dropped) { dropped = false; this.load(); } };
+    this.feed.onerror = () => {
+      dropped = true;
+    };
+    this.feed.onopen = () => {
+      if (dropped) {
+        dropped = false;
+        this.load();
+      }
+    };
   }
 
   disconnectFeed() {
@@ -101,9 +110,12 @@ export class Sidebar {
   }
 
   sorted() {
-    return [...this.rows.values()].sort((a, b) =>
-      (b.pinned - a.pinned) || (b.updated_at - a.updated_at)
-      || a.session_id.localeCompare(b.session_id));
+    return [...this.rows.values()].sort(
+      (a, b) =>
+        b.pinned - a.pinned ||
+        b.updated_at - a.updated_at ||
+        a.session_id.localeCompare(b.session_id),
+    );
   }
 
   render() {
@@ -115,20 +127,34 @@ export class Sidebar {
       specs.push({ key: `group:${name}`, group: name });
       for (const row of rows) specs.push({ key: row.session_id, row });
     }
-    patchChildren(this.list, specs, (spec) => this.build(spec), (el, spec) => this.update(el, spec));
+    patchChildren(
+      this.list,
+      specs,
+      (spec) => this.build(spec),
+      (el, spec) => this.update(el, spec),
+    );
   }
 
   build(spec) {
     if (spec.group) return h("div", { class: "group-label", role: "heading", "aria-level": 2 });
-    const link = h("a", { class: "session-link" }, h("span", { class: "session-name" }), h("span", { class: "running-dot" }),
-      h("span", { class: "unread-dot" }));
+    const link = h(
+      "a",
+      { class: "session-link" },
+      h("span", { class: "session-name" }),
+      h("span", { class: "running-dot" }),
+      h("span", { class: "unread-dot" }),
+    );
     link.addEventListener("click", (e) => {
       if (e.metaKey || e.ctrlKey || e.shiftKey || e.button !== 0) return;
       e.preventDefault();
       this.opts.onOpen(link.closest(".session-row").dataset.key);
     });
-    const menuBtn = h("button", { type: "button", class: "row-menu-btn", text: "⋯",
-                                  "aria-haspopup": "menu" });
+    const menuBtn = h("button", {
+      type: "button",
+      class: "row-menu-btn",
+      text: "⋯",
+      "aria-haspopup": "menu",
+    });
     menuBtn.addEventListener("click", (e) => {
       e.stopPropagation();
       this.openMenu(menuBtn.closest(".session-row"));
@@ -144,7 +170,8 @@ export class Sidebar {
     const row = spec.row;
     const active = row.session_id === this.activeId;
     if (this.isActive(row.session_id)) this.opts.unread.acknowledge(row);
-    const unread = !active && this.opts.unread.hasUnread(row, { active: this.isActive(row.session_id) });
+    const unread =
+      !active && this.opts.unread.hasUnread(row, { active: this.isActive(row.session_id) });
     const link = el.querySelector(".session-link");
     link.href = `/s/${row.session_id}`;
     if (active) link.setAttribute("aria-current", "page");
@@ -153,8 +180,9 @@ export class Sidebar {
     el.querySelector(".session-name").textContent = row.title;
     el.querySelector(".running-dot").hidden = !row.busy;
     el.querySelector(".unread-dot").hidden = !unread;
-    const states = [row.busy && "running", unread && "unread", row.pinned && "pinned"]
-      .filter(Boolean);
+    const states = [row.busy && "running", unread && "unread", row.pinned && "pinned"].filter(
+      Boolean,
+    );
     link.setAttribute("aria-label", [row.title, ...states].join(", "));
     el.querySelector(".row-menu-btn").setAttribute("aria-label", `Actions for ${row.title}`);
   }
@@ -168,15 +196,30 @@ export class Sidebar {
     this.closeMenus();
     const row = this.rows.get(el.dataset.key);
     if (!row) return;
-    const item = (label, action) => h("button", { type: "button", role: "menuitem", text: label,
-      onclick: (e) => { e.stopPropagation(); this.closeMenus(); action(); } });
-    const menu = h("div", { class: "row-menu", role: "menu" },
+    const item = (label, action) =>
+      h("button", {
+        type: "button",
+        role: "menuitem",
+        text: label,
+        onclick: (e) => {
+          e.stopPropagation();
+          this.closeMenus();
+          action();
+        },
+      });
+    const menu = h(
+      "div",
+      { class: "row-menu", role: "menu" },
       item("Rename", () => this.rename(el, row)),
       item(row.pinned ? "Unpin" : "Pin", () => this.update1(row, { pinned: !row.pinned })),
-      item(row.archived ? "Unarchive" : "Archive",
-           () => this.update1(row, { archived: !row.archived })),
-      item("Delete…", () => this.remove(row)));
-    menu.addEventListener("keydown", (e) => { if (e.key === "Escape") this.closeMenus(); });
+      item(row.archived ? "Unarchive" : "Archive", () =>
+        this.update1(row, { archived: !row.archived }),
+      ),
+      item("Delete…", () => this.remove(row)),
+    );
+    menu.addEventListener("keydown", (e) => {
+      if (e.key === "Escape") this.closeMenus();
+    });
     el.classList.add("menu-open");
     el.append(menu);
     menu.querySelector("button").focus();
@@ -222,7 +265,8 @@ export class Sidebar {
       `Delete “${row.title}”? Its messages and attachments are removed for good.`;
     dialog.showModal();
     const answer = await new Promise((resolve) =>
-      dialog.addEventListener("close", () => resolve(dialog.returnValue), { once: true }));
+      dialog.addEventListener("close", () => resolve(dialog.returnValue), { once: true }),
+    );
     if (answer !== "ok") return;
     try {
       await del(`/api/session?${q({ session_id: row.session_id })}`);

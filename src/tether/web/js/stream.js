@@ -5,11 +5,29 @@
 // resume asks for exactly what is missing.
 
 export const EVENT_TYPES = [
-  "session.created", "session.updated", "session.rotated", "turn.submitted", "run.started",
-  "reasoning.delta", "reasoning.trimmed", "text.delta", "tool.started", "tool.completed",
-  "compression.started", "compression.completed", "run.cancel_requested", "steer.accepted",
-  "steer.delivered", "steer.leftover", "queue.added", "queue.updated", "queue.removed",
-  "run.finished", "transcript.truncated", "approval.requested", "approval.resolved",
+  "session.created",
+  "session.updated",
+  "session.rotated",
+  "turn.submitted",
+  "run.started",
+  "reasoning.delta",
+  "reasoning.trimmed",
+  "text.delta",
+  "tool.started",
+  "tool.completed",
+  "compression.started",
+  "compression.completed",
+  "run.cancel_requested",
+  "steer.accepted",
+  "steer.delivered",
+  "steer.leftover",
+  "queue.added",
+  "queue.updated",
+  "queue.removed",
+  "run.finished",
+  "transcript.truncated",
+  "approval.requested",
+  "approval.resolved",
   "agent.imported",
 ];
 
@@ -60,12 +78,13 @@ export class SessionStream {
   open() {
     const after = this.h.cursor();
     // sidebar=1: this one connection also carries the sidebar's changes (one per tab).
-    const url = `/api/sessions/${encodeURIComponent(this.sessionId)}/events?after=${after}` +
-      "&sidebar=1";
+    const url =
+      `/api/sessions/${encodeURIComponent(this.sessionId)}/events?after=${after}` + "&sidebar=1";
     this.es = new EventSource(url);
     this.lastFrameAt = Date.now();
-    this.setState(this.target > after ? "replaying" : "connecting",
-                  { missing: this.target - after });
+    this.setState(this.target > after ? "replaying" : "connecting", {
+      missing: this.target - after,
+    });
     this.es.onopen = () => {
       if (this.failures > 0 || this.opened) this.h.onReconnected?.();
       this.opened = true;
@@ -76,7 +95,10 @@ export class SessionStream {
     for (const type of EVENT_TYPES) this.es.addEventListener(type, (e) => this.onFrame(e));
     this.es.addEventListener("heartbeat", (e) => this.onHeartbeat(e));
     this.es.addEventListener("session.snapshot", (e) => this.onSnapshot(e));
-    this.es.addEventListener("session.deleted", () => { this.stop(); this.h.onDeleted?.(); });
+    this.es.addEventListener("session.deleted", () => {
+      this.stop();
+      this.h.onDeleted?.();
+    });
     this.es.addEventListener("session.changed", (e) => {
       this.lastFrameAt = Date.now();
       this.h.onSidebarChange?.(JSON.parse(e.data));
@@ -127,6 +149,8 @@ export class SessionStream {
     if (this.state !== "stalled") this.setState("reconnecting", { attempt: this.failures });
     const delay = Math.min(MAX_BACKOFF_MS, 250 * 2 ** Math.min(this.failures, 6));
     clearTimeout(this.retryTimer);
-    this.retryTimer = setTimeout(() => { if (!this.stopped) this.open(); }, delay);
+    this.retryTimer = setTimeout(() => {
+      if (!this.stopped) this.open();
+    }, delay);
   }
 }

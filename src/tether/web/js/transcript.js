@@ -7,8 +7,11 @@ import { cachedHtml, renderMarkdown } from "./markdown.js";
 
 const LIVE_RENDER_MS = 200;
 const TERMINAL_LABELS = {
-  cancelled: "Stopped", interrupted: "Interrupted", error: "Error",
-  tool_limit_reached: "Tool limit reached", compression_exhausted: "Context full",
+  cancelled: "Stopped",
+  interrupted: "Interrupted",
+  error: "Error",
+  tool_limit_reached: "Tool limit reached",
+  compression_exhausted: "Context full",
 };
 
 function setMarkdown(el, text, live) {
@@ -20,24 +23,28 @@ function setMarkdown(el, text, live) {
     el.innerHTML = html;
     return;
   }
-  if (!el._rendered) {  // show the words at once; formatting follows
+  if (!el._rendered) {
+    // show the words at once; formatting follows
     el.classList.add("plain");
     el.textContent = text;
   }
   clearTimeout(el._renderTimer);
-  el._renderTimer = setTimeout(() => {
-    renderMarkdown(text).then((rendered) => {
-      if (el._text !== text) return;
-      if (rendered == null) {
-        el.classList.add("plain");
-        el.textContent = text;
-        return;
-      }
-      el.classList.remove("plain");
-      el._rendered = true;
-      el.innerHTML = rendered;
-    });
-  }, live ? LIVE_RENDER_MS : 0);
+  el._renderTimer = setTimeout(
+    () => {
+      renderMarkdown(text).then((rendered) => {
+        if (el._text !== text) return;
+        if (rendered == null) {
+          el.classList.add("plain");
+          el.textContent = text;
+          return;
+        }
+        el.classList.remove("plain");
+        el._rendered = true;
+        el.innerHTML = rendered;
+      });
+    },
+    live ? LIVE_RENDER_MS : 0,
+  );
 }
 
 function toolStatus(item) {
@@ -47,7 +54,8 @@ function toolStatus(item) {
 }
 
 const APPROVAL_OUTCOMES = {
-  user: "Denied.", timeout: "Denied: nobody answered in time.",
+  user: "Denied.",
+  timeout: "Denied: nobody answered in time.",
   stopped: "Denied: the run ended before an answer.",
 };
 
@@ -59,38 +67,78 @@ function approvalOutcome(item, live) {
 
 function buildBlock(block) {
   switch (block.kind) {
-    case "text": return h("div", { class: "item markdown" });
+    case "text":
+      return h("div", { class: "item markdown" });
     case "reasoning":
-      return h("details", { class: "item thinking" }, h("summary", { text: "Thinking" }),
-               h("div", { class: "reasoning-text" }));
+      return h(
+        "details",
+        { class: "item thinking" },
+        h("summary", { text: "Thinking" }),
+        h("div", { class: "reasoning-text" }),
+      );
     case "tool":
-      return h("details", { class: "item tool-card" },
-               h("summary", {}, h("span", { class: "tool-name" }),
-                 h("span", { class: "tool-status" })),
-               h("div", { class: "tool-body" }, h("h4", { text: "Arguments" }),
-                 h("pre", { class: "tool-args" }), h("h4", { text: "Result" }),
-                 h("pre", { class: "tool-result" })));
-    case "compression": return h("div", { class: "item divider", role: "separator" });
+      return h(
+        "details",
+        { class: "item tool-card" },
+        h("summary", {}, h("span", { class: "tool-name" }), h("span", { class: "tool-status" })),
+        h(
+          "div",
+          { class: "tool-body" },
+          h("h4", { text: "Arguments" }),
+          h("pre", { class: "tool-args" }),
+          h("h4", { text: "Result" }),
+          h("pre", { class: "tool-result" }),
+        ),
+      );
+    case "compression":
+      return h("div", { class: "item divider", role: "separator" });
     case "steer":
-      return h("div", { class: "item steer" }, h("span", { class: "steer-label" }),
-               h("span", { class: "steer-text" }));
+      return h(
+        "div",
+        { class: "item steer" },
+        h("span", { class: "steer-label" }),
+        h("span", { class: "steer-text" }),
+      );
     case "approval":
-      return h("div", { class: "item approval", role: "group", "aria-label": "Approval" },
-               h("div", { class: "approval-question" },
-                 h("strong", { text: "The agent asks to run this: " }),
-                 h("span", { class: "approval-description" })),
-               h("pre", { class: "approval-command" }),
-               h("div", { class: "approval-actions" },
-                 h("button", { type: "button", class: "btn approve", text: "Allow once",
-                               dataset: { choice: "once" } }),
-                 h("button", { type: "button", class: "btn deny", text: "Deny",
-                               dataset: { choice: "deny" } })),
-               h("div", { class: "approval-outcome", role: "status" }));
-    case "notice": return h("div", { class: "item terminal", role: "status" });
+      return h(
+        "div",
+        { class: "item approval", role: "group", "aria-label": "Approval" },
+        h(
+          "div",
+          { class: "approval-question" },
+          h("strong", { text: "The agent asks to run this: " }),
+          h("span", { class: "approval-description" }),
+        ),
+        h("pre", { class: "approval-command" }),
+        h(
+          "div",
+          { class: "approval-actions" },
+          h("button", {
+            type: "button",
+            class: "btn approve",
+            text: "Allow once",
+            dataset: { choice: "once" },
+          }),
+          h("button", {
+            type: "button",
+            class: "btn deny",
+            text: "Deny",
+            dataset: { choice: "deny" },
+          }),
+        ),
+        h("div", { class: "approval-outcome", role: "status" }),
+      );
+    case "notice":
+      return h("div", { class: "item terminal", role: "status" });
     case "activity":
-      return h("details", { class: "item activity" }, h("summary"),
-               h("div", { class: "activity-items" }));
-    default: return h("div", { class: "item" });
+      return h(
+        "details",
+        { class: "item activity" },
+        h("summary"),
+        h("div", { class: "activity-items" }),
+      );
+    default:
+      return h("div", { class: "item" });
   }
 }
 
@@ -119,8 +167,9 @@ function updateBlock(el, block, live) {
       break;
     case "steer":
       el.classList.toggle("leftover", !!item.leftover);
-      el.querySelector(".steer-label").textContent =
-        item.leftover ? "Not delivered (back in the composer): " : "You steered: ";
+      el.querySelector(".steer-label").textContent = item.leftover
+        ? "Not delivered (back in the composer): "
+        : "You steered: ";
       el.querySelector(".steer-text").textContent = item.text;
       break;
     case "approval": {
@@ -142,11 +191,12 @@ function updateBlock(el, block, live) {
       break;
     case "activity": {
       el.querySelector("summary").textContent = block.summary;
-      if (el.dataset.live === "1" && !live) el.open = false;  // settled: one line
+      if (el.dataset.live === "1" && !live) el.open = false; // settled: one line
       if (el.dataset.live === undefined) el.open = live;
       el.dataset.live = live ? "1" : "0";
-      patchChildren(el.querySelector(".activity-items"), block.children, buildBlock,
-                    (child, b) => updateBlock(child, b, live));
+      patchChildren(el.querySelector(".activity-items"), block.children, buildBlock, (child, b) =>
+        updateBlock(child, b, live),
+      );
       break;
     }
     default:
@@ -156,13 +206,28 @@ function updateBlock(el, block, live) {
 
 function buildRow(row) {
   if (row.role === "user") {
-    return h("div", { class: "row user" }, h("div", { class: "user-bubble" },
-      h("div", { class: "user-text" }), h("div", { class: "user-attachments" })));
+    return h(
+      "div",
+      { class: "row user" },
+      h(
+        "div",
+        { class: "user-bubble" },
+        h("div", { class: "user-text" }),
+        h("div", { class: "user-attachments" }),
+      ),
+    );
   }
-  return h("div", { class: "row assistant" },
-    h("div", { class: "assistant-head" }, h("span", { class: "working" }),
-      h("span", { class: "model" })),
-    h("div", { class: "items" }));
+  return h(
+    "div",
+    { class: "row assistant" },
+    h(
+      "div",
+      { class: "assistant-head" },
+      h("span", { class: "working" }),
+      h("span", { class: "model" }),
+    ),
+    h("div", { class: "items" }),
+  );
 }
 
 function updateUserRow(el, row) {
@@ -174,11 +239,17 @@ function updateUserRow(el, row) {
   el.dataset.sig = sig;
   el.querySelector(".user-text").textContent = row.content;
   const box = el.querySelector(".user-attachments");
-  box.replaceChildren(...(row.attachments || []).map((a) => (
-    /^image\/(png|jpeg|gif|webp)$/.test(a.mime)
-      ? h("a", { href: a.url, target: "_blank", rel: "noopener" },
-          h("img", { src: a.url, alt: a.name, loading: "lazy" }))
-      : h("a", { class: "file-chip", href: a.url, download: a.name, text: a.name }))));
+  box.replaceChildren(
+    ...(row.attachments || []).map((a) =>
+      /^image\/(png|jpeg|gif|webp)$/.test(a.mime)
+        ? h(
+            "a",
+            { href: a.url, target: "_blank", rel: "noopener" },
+            h("img", { src: a.url, alt: a.name, loading: "lazy" }),
+          )
+        : h("a", { class: "file-chip", href: a.url, download: a.name, text: a.name }),
+    ),
+  );
 }
 
 export class TranscriptView {
@@ -186,8 +257,11 @@ export class TranscriptView {
     this.root = root;
     this.mode = "worklog";
     this.inheritedEl = h("div", { class: "inherited", "aria-label": "Earlier session" });
-    this.dividerEl = h("div", { class: "divider inherited-divider", role: "separator",
-                                text: "Continued from an earlier session" });
+    this.dividerEl = h("div", {
+      class: "divider inherited-divider",
+      role: "separator",
+      text: "Continued from an earlier session",
+    });
     this.rowsEl = h("div", { class: "rows" });
     root.append(this.inheritedEl, this.dividerEl, this.rowsEl);
     this.dividerEl.hidden = true;
@@ -208,8 +282,13 @@ export class TranscriptView {
     const nearBottom = this.root.scrollHeight - this.root.scrollTop - this.root.clientHeight < 80;
     const rows = view.messages.map((m) => ({ ...m, key: m.id }));
     if (view.live) {
-      rows.push({ key: view.live.stream_id, id: view.live.stream_id, role: "assistant",
-                  live: view.live, timeline: view.live.timeline });
+      rows.push({
+        key: view.live.stream_id,
+        id: view.live.stream_id,
+        role: "assistant",
+        live: view.live,
+        timeline: view.live.timeline,
+      });
     }
     patchChildren(this.rowsEl, rows, buildRow, (el, row) => this.updateRow(el, row));
     const old = inherited.map((m) => ({ ...m, key: `inh:${m.session_id}:${m.id}` }));
@@ -233,14 +312,15 @@ export class TranscriptView {
     }
     el.querySelector(".model").textContent = live && row.live.model ? row.live.model : "";
     const blocks = blocksFor(row, this.mode, live);
-    patchChildren(el.querySelector(".items"), blocks, buildBlock,
-                  (child, block) => updateBlock(child, block, live));
+    patchChildren(el.querySelector(".items"), blocks, buildBlock, (child, block) =>
+      updateBlock(child, block, live),
+    );
   }
 
   tickOne(working) {
     const elapsed = Date.now() / 1000 - Number(working.dataset.started);
-    working.textContent = working.dataset.phase === "cancelling"
-      ? "Stopping…" : `Working ${formatDuration(elapsed)}`;
+    working.textContent =
+      working.dataset.phase === "cancelling" ? "Stopping…" : `Working ${formatDuration(elapsed)}`;
   }
 
   /** Called every second: the live "Working mm:ss" timers. */

@@ -27,14 +27,14 @@
 //    re-asserting only facts this client holds that storage lacks (never removals), so the loser
 //    of a race sees a value it cannot beat and stops; onChange() repaints.
 
-export const VIEWED_KEY = 'hermes-session-viewed-counts';
-export const MARKERS_KEY = 'hermes-session-completion-unread';
-export const LEGACY_CLEARED_KEY = 'hermes-session-completion-unread-cleared';
+export const VIEWED_KEY = "hermes-session-viewed-counts";
+export const MARKERS_KEY = "hermes-session-completion-unread";
+export const LEGACY_CLEARED_KEY = "hermes-session-completion-unread-cleared";
 export const CLEARED_PREFIX = `${LEGACY_CLEARED_KEY}:v1:`;
 export const DELETED_PREFIX = `${VIEWED_KEY}:deleted:v1:`;
 export const RETENTION_MS = 7 * 24 * 60 * 60 * 1000;
 
-const isNum = (v) => typeof v === 'number' && Number.isFinite(v);
+const isNum = (v) => typeof v === "number" && Number.isFinite(v);
 const count = (v) => (isNum(v) ? Math.max(0, Math.trunc(v)) : 0);
 const orderOf = (m) => (m && isNum(m.unread_order) ? m.unread_order : 0);
 const clearKey = (sid, stamp) => `${CLEARED_PREFIX}${encodeURIComponent(sid)}:${stamp}`;
@@ -44,22 +44,31 @@ function parseObject(raw) {
   if (raw == null) return null;
   try {
     const v = JSON.parse(raw);
-    return v && typeof v === 'object' && !Array.isArray(v) ? v : null;
-  } catch { return null; }
+    return v && typeof v === "object" && !Array.isArray(v) ? v : null;
+  } catch {
+    return null;
+  }
 }
 
 /** True for a storage quota failure: the standard name, Firefox's name, or legacy codes. */
 export function isQuotaError(err) {
-  return !!err && (err.name === 'QuotaExceededError' || err.name === 'NS_ERROR_DOM_QUOTA_REACHED'
-    || err.code === 22 || err.code === 1014);
+  return (
+    !!err &&
+    (err.name === "QuotaExceededError" ||
+      err.name === "NS_ERROR_DOM_QUOTA_REACHED" ||
+      err.code === 22 ||
+      err.code === 1014)
+  );
 }
 
 /** Legacy numeric counts are generation 0; anything else malformed is ignored. */
 function normCount(v) {
   if (isNum(v)) return { message_count: count(v), transcript_generation: 0 };
-  if (v && typeof v === 'object' && isNum(v.message_count)) {
-    return { message_count: count(v.message_count),
-      transcript_generation: count(v.transcript_generation) };
+  if (v && typeof v === "object" && isNum(v.message_count)) {
+    return {
+      message_count: count(v.message_count),
+      transcript_generation: count(v.transcript_generation),
+    };
   }
   return null;
 }
@@ -80,62 +89,86 @@ function markerBeats(a, b) {
   if (!a) return false;
   if (!b) return true;
   if (orderOf(a) !== orderOf(b)) return orderOf(a) > orderOf(b);
-  return (isNum(a.completed_at) ? a.completed_at : 0) > (isNum(b.completed_at) ? b.completed_at : 0);
+  return (
+    (isNum(a.completed_at) ? a.completed_at : 0) > (isNum(b.completed_at) ? b.completed_at : 0)
+  );
 }
 
 function parseClearKey(key) {
   const rest = key.slice(CLEARED_PREFIX.length);
-  const cut = rest.lastIndexOf(':');
+  const cut = rest.lastIndexOf(":");
   const stamp = Number(rest.slice(cut + 1));
   if (cut <= 0 || !Number.isSafeInteger(stamp) || stamp < 0) return null;
-  try { return { sid: decodeURIComponent(rest.slice(0, cut)), stamp }; } catch { return null; }
+  try {
+    return { sid: decodeURIComponent(rest.slice(0, cut)), stamp };
+  } catch {
+    return null;
+  }
 }
 
 /** In-memory stand-in when localStorage itself is unavailable (privacy modes). */
 function memoryStorage() {
   const m = new Map();
   return {
-    get length() { return m.size; },
+    get length() {
+      return m.size;
+    },
     key: (i) => [...m.keys()][i] ?? null,
     getItem: (k) => (m.has(k) ? m.get(k) : null),
-    setItem: (k, v) => { m.set(k, String(v)); },
-    removeItem: (k) => { m.delete(k); },
+    setItem: (k, v) => {
+      m.set(k, String(v));
+    },
+    removeItem: (k) => {
+      m.delete(k);
+    },
   };
 }
 
 function defaultStorage() {
   try {
-    if (typeof window !== 'undefined' && window.localStorage) return window.localStorage;
-  } catch { /* storage blocked by the browser */ }
+    if (typeof window !== "undefined" && window.localStorage) return window.localStorage;
+  } catch {
+    /* storage blocked by the browser */
+  }
   return memoryStorage();
 }
 
-const isUnreadKey = (k) => k === VIEWED_KEY || k === MARKERS_KEY || k === LEGACY_CLEARED_KEY
-  || k.startsWith(CLEARED_PREFIX) || k.startsWith(DELETED_PREFIX);
+const isUnreadKey = (k) =>
+  k === VIEWED_KEY ||
+  k === MARKERS_KEY ||
+  k === LEGACY_CLEARED_KEY ||
+  k.startsWith(CLEARED_PREFIX) ||
+  k.startsWith(DELETED_PREFIX);
 
 export class UnreadStore {
-  constructor({ storage = defaultStorage(), now = () => Date.now(), onChange = null,
-    listen = true } = {}) {
+  constructor({
+    storage = defaultStorage(),
+    now = () => Date.now(),
+    onChange = null,
+    listen = true,
+  } = {}) {
     this._storage = storage;
     this._now = now;
     this._onChange = onChange;
-    this._counts = new Map();     // sid -> {message_count, transcript_generation}: held facts
-    this._markers = new Map();    // sid -> marker (only markers that beat their clear)
-    this._clears = new Map();     // sid -> greatest durable clear stamp (records in storage)
-    this._memClears = new Map();  // sid -> clear stamp kept in memory only (quota)
-    this._deleted = new Map();    // sid -> recorded_at of a live deletion record
+    this._counts = new Map(); // sid -> {message_count, transcript_generation}: held facts
+    this._markers = new Map(); // sid -> marker (only markers that beat their clear)
+    this._clears = new Map(); // sid -> greatest durable clear stamp (records in storage)
+    this._memClears = new Map(); // sid -> clear stamp kept in memory only (quota)
+    this._deleted = new Map(); // sid -> recorded_at of a live deletion record
     this._memDeleted = new Map(); // deletion records storage refused
-    this._hwm = 0;                // greatest logical stamp observed
+    this._hwm = 0; // greatest logical stamp observed
     this._degraded = false;
     this._queued = false;
     this._listeners = [];
     this.migrate();
     this.prune();
-    if (listen && typeof window !== 'undefined') this._listen();
+    if (listen && typeof window !== "undefined") this._listen();
   }
 
   /** True once a quota failure forced a clear to live in memory only (show one notice). */
-  get degraded() { return this._degraded; }
+  get degraded() {
+    return this._degraded;
+  }
 
   /** The sidebar dot for `row` (API Row). The open, visible session never shows one. */
   hasUnread(row, { active = false } = {}) {
@@ -155,9 +188,13 @@ export class UnreadStore {
     if (seen && gen === seen.transcript_generation) return n > seen.message_count;
     // First sight (records the row as read) or a newer generation (acknowledges the baseline
     // only): decide on fresh storage, since another client may already know more.
-    if (mayLoad) { this._load(); return this._evaluate(row, active, false); }
+    if (mayLoad) {
+      this._load();
+      return this._evaluate(row, active, false);
+    }
     const base = isNum(row.transcript_generation_baseline)
-      ? Math.min(count(row.transcript_generation_baseline), n) : n;
+      ? Math.min(count(row.transcript_generation_baseline), n)
+      : n;
     const acked = seen ? base : n;
     this._counts.set(sid, { message_count: acked, transcript_generation: gen });
     this._writeCounts();
@@ -172,14 +209,19 @@ export class UnreadStore {
     if (this._deleted.has(sid)) return;
     const prev = this._counts.get(sid);
     const next = isNum(row.message_count)
-      ? mergeCount(prev, { message_count: count(row.message_count),
-        transcript_generation: count(row.transcript_generation) })
+      ? mergeCount(prev, {
+          message_count: count(row.message_count),
+          transcript_generation: count(row.transcript_generation),
+        })
       : prev;
     const advanced = next !== prev;
     // An advance records its clear even when no marker is visible yet (a competing client may
     // have prepared one); the same count again writes no new tombstone unless a dot is showing.
     if (advanced || this._markers.has(sid)) this._recordClear(sid);
-    if (advanced) { this._counts.set(sid, next); this._writeCounts(); }
+    if (advanced) {
+      this._counts.set(sid, next);
+      this._writeCounts();
+    }
     if (stored.markers.has(sid)) this._writeMarkers();
   }
 
@@ -193,10 +235,14 @@ export class UnreadStore {
     const order = this._hwm + 1;
     this._hwm = order;
     const meta = {};
-    for (const k of ['source', 'profile']) if (typeof info[k] === 'string') meta[k] = info[k];
-    this._markers.set(sessionId, { ...meta, message_count: count(info.message_count),
-      transcript_generation: count(info.transcript_generation), completed_at: this._now(),
-      unread_order: order });
+    for (const k of ["source", "profile"]) if (typeof info[k] === "string") meta[k] = info[k];
+    this._markers.set(sessionId, {
+      ...meta,
+      message_count: count(info.message_count),
+      transcript_generation: count(info.transcript_generation),
+      completed_at: this._now(),
+      unread_order: order,
+    });
     this._writeMarkers();
     return true;
   }
@@ -214,7 +260,9 @@ export class UnreadStore {
     if (!sessionId) return;
     const stored = this._load();
     const at = this._now();
-    if (!this._set(deletedKey(sessionId), JSON.stringify({ session_id: sessionId, recorded_at: at }))) {
+    if (
+      !this._set(deletedKey(sessionId), JSON.stringify({ session_id: sessionId, recorded_at: at }))
+    ) {
       this._memDeleted.set(sessionId, at);
     }
     this._deleted.set(sessionId, at);
@@ -236,7 +284,7 @@ export class UnreadStore {
     this._hwm = stamp + 1;
     let durable = true;
     for (const [sid, v] of Object.entries(legacy)) {
-      const at = isNum(v) ? v : (v && (v.cleared_at ?? v.clearedAt ?? v.recorded_at));
+      const at = isNum(v) ? v : v && (v.cleared_at ?? v.clearedAt ?? v.recorded_at);
       if (!isNum(at)) continue;
       const marker = this._markers.get(sid);
       if (marker && isNum(marker.completed_at) && marker.completed_at > at) {
@@ -246,7 +294,12 @@ export class UnreadStore {
       }
       const recordedAt = Math.min(at, now); // retention counts from the original write
       if (this._expired(recordedAt, now)) continue;
-      const value = JSON.stringify({ session_id: sid, stamp, recorded_at: recordedAt, migrated: true });
+      const value = JSON.stringify({
+        session_id: sid,
+        stamp,
+        recorded_at: recordedAt,
+        migrated: true,
+      });
       if (this._set(clearKey(sid, stamp), value)) {
         this._clears.set(sid, Math.max(stamp, this._clears.get(sid) ?? -1));
       } else {
@@ -262,7 +315,9 @@ export class UnreadStore {
 
   /** Expire clear and deletion records 7 days after their wall-clock write, and drop clear
    * records superseded by a newer persisted record of the same session. Never looks at rows. */
-  prune() { this._prune(null); }
+  prune() {
+    this._prune(null);
+  }
 
   _prune(keepSid) {
     const now = this._now();
@@ -271,7 +326,10 @@ export class UnreadStore {
     // Markers dominated by any present record leave the map before a record can go.
     let mapSafe = true;
     for (const [sid, m] of stored.markers) {
-      if (orderOf(m) <= this._clearOf(sid)) { mapSafe = this._writeMarkers(); break; }
+      if (orderOf(m) <= this._clearOf(sid)) {
+        mapSafe = this._writeMarkers();
+        break;
+      }
     }
     for (const r of clears) {
       const superseded = (this._clears.get(r.sid) ?? -1) > r.stamp;
@@ -283,7 +341,9 @@ export class UnreadStore {
   }
 
   /** Re-read storage now (what focus/visibilitychange/pageshow do); repaints via onChange. */
-  refresh() { this._sync(); }
+  refresh() {
+    this._sync();
+  }
 
   /** Detach the window listeners. */
   destroy() {
@@ -296,22 +356,38 @@ export class UnreadStore {
   _listen() {
     const schedule = () => this._schedule();
     const onStorage = (e) => {
-      try { if (e.storageArea && e.storageArea === window.sessionStorage) return; } catch { /* */ }
-      if (e.key === null) { this._counts.clear(); this._markers.clear(); } // storage was cleared
+      try {
+        if (e.storageArea && e.storageArea === window.sessionStorage) return;
+      } catch {
+        /* */
+      }
+      if (e.key === null) {
+        this._counts.clear();
+        this._markers.clear();
+      } // storage was cleared
       else if (!isUnreadKey(e.key)) return;
       schedule();
     };
-    const onVisible = () => { if (document.visibilityState === 'visible') schedule(); };
-    this._listeners = [[window, 'storage', onStorage], [window, 'focus', schedule],
-      [window, 'pageshow', schedule]];
-    if (typeof document !== 'undefined') this._listeners.push([document, 'visibilitychange', onVisible]);
+    const onVisible = () => {
+      if (document.visibilityState === "visible") schedule();
+    };
+    this._listeners = [
+      [window, "storage", onStorage],
+      [window, "focus", schedule],
+      [window, "pageshow", schedule],
+    ];
+    if (typeof document !== "undefined")
+      this._listeners.push([document, "visibilitychange", onVisible]);
     for (const [target, type, fn] of this._listeners) target.addEventListener(type, fn);
   }
 
   _schedule() {
     if (this._queued) return;
     this._queued = true;
-    queueMicrotask(() => { this._queued = false; this._sync(); });
+    queueMicrotask(() => {
+      this._queued = false;
+      this._sync();
+    });
   }
 
   // The storage-event path: merge, then re-assert only facts this client holds that storage
@@ -323,15 +399,24 @@ export class UnreadStore {
     if (lacks(this._counts, stored.counts, countBeats)) this._writeCounts();
     if (lacks(this._markers, stored.markers, markerBeats)) this._writeMarkers();
     if (this._onChange && this._signature() !== before) {
-      try { this._onChange(); } catch (err) { console.error(err); }
+      try {
+        this._onChange();
+      } catch (err) {
+        console.error(err);
+      }
     }
   }
 
   _signature() {
-    const sorted = (m, f = (v) => v) => [...m].map(([k, v]) => [k, f(v)])
-      .sort((a, b) => (a[0] < b[0] ? -1 : 1));
-    return JSON.stringify([sorted(this._counts), sorted(this._markers, orderOf), sorted(this._clears),
-      sorted(this._memClears), sorted(this._deleted, () => 1)]);
+    const sorted = (m, f = (v) => v) =>
+      [...m].map(([k, v]) => [k, f(v)]).sort((a, b) => (a[0] < b[0] ? -1 : 1));
+    return JSON.stringify([
+      sorted(this._counts),
+      sorted(this._markers, orderOf),
+      sorted(this._clears),
+      sorted(this._memClears),
+      sorted(this._deleted, () => 1),
+    ]);
   }
 
   _clearOf(sid) {
@@ -352,7 +437,7 @@ export class UnreadStore {
       if (c) counts.set(sid, c);
     }
     for (const [sid, m] of Object.entries(parseObject(this._get(MARKERS_KEY)) || {})) {
-      if (m && typeof m === 'object') markers.set(sid, m);
+      if (m && typeof m === "object") markers.set(sid, m);
     }
     const { clears, deletions } = this._scan();
     const now = this._now();
@@ -377,7 +462,8 @@ export class UnreadStore {
   }
 
   _dropDead() {
-    for (const sid of [...this._counts.keys()]) if (this._deleted.has(sid)) this._counts.delete(sid);
+    for (const sid of [...this._counts.keys()])
+      if (this._deleted.has(sid)) this._counts.delete(sid);
     for (const [sid, m] of [...this._markers]) {
       if (this._deleted.has(sid) || orderOf(m) <= this._clearOf(sid)) this._markers.delete(sid);
     }
@@ -389,16 +475,22 @@ export class UnreadStore {
     const keys = [];
     try {
       for (let i = 0; i < this._storage.length; i += 1) keys.push(this._storage.key(i));
-    } catch { /* unreadable storage: nothing to fold */ }
+    } catch {
+      /* unreadable storage: nothing to fold */
+    }
     for (const key of keys) {
-      if (typeof key !== 'string') continue;
+      if (typeof key !== "string") continue;
       if (key.startsWith(CLEARED_PREFIX)) {
         const parsed = parseClearKey(key);
         const recorded = parseObject(this._get(key))?.recorded_at;
         if (parsed) clears.push({ key, ...parsed, recorded_at: recorded });
       } else if (key.startsWith(DELETED_PREFIX)) {
         let sid;
-        try { sid = decodeURIComponent(key.slice(DELETED_PREFIX.length)); } catch { continue; }
+        try {
+          sid = decodeURIComponent(key.slice(DELETED_PREFIX.length));
+        } catch {
+          continue;
+        }
         deletions.push({ key, sid, recorded_at: parseObject(this._get(key))?.recorded_at });
       }
     }
@@ -419,7 +511,8 @@ export class UnreadStore {
     }
     if (ok) {
       this._clears.set(sid, Math.max(stamp, this._clears.get(sid) ?? -1));
-      for (const r of this._scan().clears) if (r.sid === sid && r.stamp < stamp) this._remove(r.key);
+      for (const r of this._scan().clears)
+        if (r.sid === sid && r.stamp < stamp) this._remove(r.key);
     } else {
       this._memClears.set(sid, stamp);
       this._degraded = true;
@@ -441,7 +534,11 @@ export class UnreadStore {
   }
 
   _get(key) {
-    try { return this._storage.getItem(key); } catch { return null; }
+    try {
+      return this._storage.getItem(key);
+    } catch {
+      return null;
+    }
   }
 
   // Every write goes through here: quota (or any) failure is reported, never thrown at the UI.
@@ -450,13 +547,17 @@ export class UnreadStore {
       this._storage.setItem(key, value);
       return true;
     } catch (err) {
-      if (!isQuotaError(err)) console.warn('unread store write failed', err);
+      if (!isQuotaError(err)) console.warn("unread store write failed", err);
       return false;
     }
   }
 
   _remove(key) {
-    try { this._storage.removeItem(key); } catch { /* best effort */ }
+    try {
+      this._storage.removeItem(key);
+    } catch {
+      /* best effort */
+    }
   }
 }
 

@@ -4,11 +4,23 @@ sidebar layer's invariant 4: maintenance and reads never move `updated_at` or li
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
-from helpers import ServerProcess
+from tether.events import SUMMARY_PREFIX
+
+from helpers import (
+    ServerProcess,
+    new_session,
+    read_events,
+    running_server,
+    session_body,
+    start_turn,
+    wait_idle,
+    wait_until,
+)
 
 
 def create(client: httpx.Client, title: str | None = None) -> dict:
@@ -226,3 +238,48 @@ def test_reads_renames_pins_and_restart_never_move_updated_at(server: ServerProc
         assert observed() == (order, stamps)
         rows = client.get("/api/sessions").json()["sessions"]
         assert rows[1]["title"] == "Renamed"
+
+
+def test_truncate_on_a_rotated_parent_is_refused_before_any_mutation(tmp_path: Path) -> None:
+    """Contract "Inactive compression continuation recovery": regeneration semantics are not
+    silently retargeted, removed rows never reappear. A transcript-changing command on a
+    rotated parent gets 409 `session_rotated` with the continuation, and nothing changes:
+    not the parent's generation, rows or log, not the child's history or model context."""
+    rotating = ("--context-window", "256", "--compression-mode", "rotate")
+    with (
+        running_server(tmp_path / "data", *rotating, env={"TETHER_DEMO_DELAY": "0.002"}) as srv,
+        srv.client() as client,
+    ):
+        parent = new_session(client, "Long talk")
+        start_turn(client, parent, "hello " * 150)  # the demo's usage crosses 80% of 256
+        child = wait_until(
+            lambda: session_body(client, parent)["continuation_session_id"], what="a rotation"
+        )
+        wait_idle(client, parent)
+
+        def observed() -> tuple:
+            return (
+                session_body(client, parent),
+                [
+                    f
+                    for f in read_events(client, parent, after="0", stop_on="heartbeat")
+                    if f.get("id")
+                ],
+                session_body(client, child),
+                client.get("/api/session/context", params={"session_id": child}).json(),
+            )
+
+        before = observed()
+        assert before[0]["transcript_generation"] == 0 and len(before[0]["messages"]) == 2
+        assert before[3]["context_messages"][0]["content"].startswith(SUMMARY_PREFIX)
+        for keep_count in (0, 1, 2, 3):  # shrinking, a no-op, and too many: refused alike
+            response = client.post(
+                "/api/session/truncate", json={"session_id": parent, "keep_count": keep_count}
+            )
+            assert response.status_code == 409, response.text
+            assert response.json()["code"] == "session_rotated"
+            assert response.json()["continuation_session_id"] == child
+        assert observed() == before
+        # The continuation itself is not rotated: truncating it works as usual.
+        response = client.post("/api/session/truncate", json={"session_id": child, "keep_count": 0})
+        assert response.status_code == 200, response.text

@@ -127,7 +127,8 @@ async def session_context(app: App, session_id: SessionIdQuery) -> JSONResponse:
 async def truncate_session(app: App, body: TruncateSession) -> dict:
     """Keep the first `keep_count` visible messages (retry, edit and undo are a truncate
     followed by a new turn). 400 when `keep_count` exceeds the transcript; 409
-    `session_busy` while a run occupies the session."""
+    `session_busy` while a run occupies the session; 409 `session_rotated` (with
+    `continuation_session_id`) on a session that continues in a newer one."""
     return {"session": await app.sessions.truncate(body.session_id, body.keep_count)}
 
 

@@ -123,12 +123,7 @@ class RunEngine:
         state = self.store.index_state(session_id)
         if state is None:
             raise SessionNotFound(session_id)
-        if state["continuation_session_id"]:
-            raise SessionError(
-                "session_rotated",
-                "This conversation continues in a newer session.",
-                continuation_session_id=self.sessions.newest_continuation(session_id),
-            )
+        self.sessions.refuse_if_rotated(state)
         if not starting:
             return
         if self.registry.busy(session_id):

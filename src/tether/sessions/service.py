@@ -108,6 +108,18 @@ class SessionService:
             state = self.store.index_state(newest)
         return newest
 
+    def refuse_if_rotated(self, state: dict[str, Any]) -> None:
+        """A rotated session's transcript is history its continuation builds on (display
+        and, through the handoff, model context): a command that would change it answers
+        409 `session_rotated` with the newest continuation, before any mutation. Starting a
+        turn, queueing one and truncating (the base of edit, retry and undo) all check this."""
+        if state["continuation_session_id"]:
+            raise SessionError(
+                "session_rotated",
+                "This conversation continues in a newer session.",
+                continuation_session_id=self.newest_continuation(state["session_id"]),
+            )
+
     async def view(self, session_id: str) -> dict[str, Any]:
         """The `session` object of `GET /api/session`: Row + transcript + pending + live."""
         fold = await self.folds.get(session_id)
@@ -187,8 +199,10 @@ class SessionService:
 
     async def truncate(self, session_id: str, keep_count: int) -> dict[str, Any]:
         async with self.locks(session_id):
-            if self.store.last_seq(session_id) is None:
+            state = self.store.index_state(session_id)
+            if state is None:
                 raise SessionNotFound(session_id)
+            self.refuse_if_rotated(state)
             if self.registry.busy(session_id):
                 raise SessionError(
                     "session_busy",

@@ -12,7 +12,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from tether import events as ev
 from tether.ingest.echo import CompactEchoIndex, fold
+from tether.ingest.normalizer import SHORT_ECHO_CHARS, Normalizer
+from tether.runtimes.base import ReasoningDelta, TextDelta
 
 # --- the naive oracle: fold everything, then walk the raw text --------------------------------
 
@@ -109,6 +112,8 @@ def test_index_agrees_with_naive_oracle(data: st.DataObject) -> None:
                 assert not raw or not raw[-1].isspace()
         assert index.raw_length == len(raw)
         assert index.text == raw
+        start = draw(st.integers(0, len(raw)))
+        assert index.raw_from(start) == raw[start:]
         assert index.folded_length == len(oracle_fold(raw))
 
 
@@ -283,3 +288,68 @@ def test_truncate_bounds_and_reuse() -> None:
     assert index.probe("dexyz") == 3
     index.truncate(0)
     assert index.text == "" and index.raw_length == 0 and index.probe("a") is None
+
+
+# --- the normaliser's echo rule: no minimum, stronger evidence for short candidates ----------
+
+
+def strip_result(*steps: tuple[str, str]) -> tuple[str, bool]:
+    """Feed ("reasoning"|"text", chunk) steps, end the item; (the reasoning kept, trimmed?)."""
+    normalizer = Normalizer("r1", "u1")
+    drafts = []
+    for kind, chunk in steps:
+        delta = ReasoningDelta(chunk) if kind == "reasoning" else TextDelta(chunk)
+        drafts += normalizer.feed(delta)
+    drafts += normalizer.end_item()
+    reasoning = "".join(d.data["text"] for d in drafts if d.type == ev.REASONING_DELTA)
+    for d in drafts:
+        if d.type == ev.REASONING_TRIMMED:
+            return reasoning[: d.data["length"]], True
+    return reasoning, False
+
+
+@pytest.mark.parametrize(
+    ("steps", "kept", "trimmed"),
+    [
+        # Short exact repeats at the reasoning's tail, either direction: stripped.
+        (
+            [("reasoning", "Everything is in place. Done."), ("text", "Done.")],
+            "Everything is in place.",
+            True,
+        ),
+        (
+            [("reasoning", "Starting.\n"), ("reasoning", "On it.."), ("text", "On it..")],
+            "Starting.",
+            True,
+        ),
+        ([("text", "On it.."), ("reasoning", "I will begin. On it..")], "I will begin.", True),
+        ([("reasoning", "OK"), ("text", "OK")], "", True),  # the whole reasoning repeated
+        # Short folded matches without the exact repeat: both kept.
+        (
+            [("reasoning", "The migration is undone."), ("text", "done.")],
+            "The migration is undone.",
+            False,
+        ),
+        ([("reasoning", "Plan: Onit.."), ("text", "On it..")], "Plan: Onit..", False),
+        ([("reasoning", "Then On\n it.."), ("text", "On it..")], "Then On\n it..", False),
+        # From SHORT_ECHO_CHARS folded characters on, the folded match is enough.
+        (
+            [("reasoning", "Reading the notes.Let me   check"), ("text", "Let me check")],
+            "Reading the notes.",
+            True,
+        ),
+    ],
+)
+def test_short_echoes_need_an_exact_repeat_long_ones_a_folded_one(
+    steps: list, kept: str, trimmed: bool
+) -> None:
+    assert strip_result(*steps) == (kept, trimmed)
+
+
+def test_the_short_threshold_is_where_the_folded_match_starts_to_suffice() -> None:
+    long_enough = "x" * SHORT_ECHO_CHARS
+    short = "x" * (SHORT_ECHO_CHARS - 1)
+    # Glued to the previous word (no boundary): only a long candidate is an echo.
+    assert strip_result(("reasoning", "ab" + long_enough), ("text", long_enough)) == ("ab", True)
+    assert strip_result(("reasoning", "ab" + short), ("text", short)) == ("ab" + short, False)
+    assert strip_result(("reasoning", "ab " + short), ("text", short)) == ("ab", True)

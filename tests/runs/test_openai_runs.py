@@ -236,3 +236,30 @@ def test_an_echo_between_reasoning_and_progress_is_shown_once(
         assert "reasoning.trimmed" in [f.event for f in frames]
         assert fold_frames(frames)["messages"] == body["messages"]
         assert run["stream_id"] == body["messages"][-1]["stream_id"]
+
+
+@pytest.mark.parametrize(
+    ("thought", "progress", "kept"),
+    [
+        ("Both files are read. Done.", "Done.", "Both files are read."),  # an exact repeat
+        ("The change is undone.", "done.", "The change is undone."),  # only folds into a word
+    ],
+)
+def test_a_short_echo_is_shown_once_and_a_short_lookalike_stays(
+    openai_server: ServerProcess, fake: FakeOpenAI, thought: str, progress: str, kept: str
+) -> None:
+    """Contract invariant 5 (echo rule, no minimum): "Done." repeating the reasoning's tail
+    is shown once; "done." at the end of "undone." is no echo, and both stay whole."""
+    fake.script(
+        reply(reasoning(thought), text(progress), tool_call("c1", "read_file", {"path": "x"})),
+        reply(text("Tuesday.")),
+    )
+    with openai_server.client() as client:
+        sid = new_session(client)
+        start_turn(client, sid, "When?")
+        body = wait_idle(client, sid)
+        timeline = body["messages"][-1]["timeline"]
+        assert [i["text"] for i in timeline if i["type"] == "reasoning"] == [kept]
+        assert [i["text"] for i in timeline if i["type"] == "text"] == [progress, "Tuesday."]
+        frames = read_events(client, sid, after="0", stop_on="heartbeat")
+        assert fold_frames(frames)["messages"] == body["messages"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 
 __all__ = ["CompactEchoIndex", "fold"]
 
@@ -108,6 +108,25 @@ class CompactEchoIndex:
             return None
         first = n - k  # folded index where the echo starts
         return self._offsets[first - 1] + 1 if first else 0
+
+    def raw_from(self, start: int) -> str:
+        """``raw[start:]``, at a cost of O(log n) plus the length returned."""
+        first = max(bisect_right(self._starts, start) - 1, 0)
+        parts = []
+        for i in range(first, len(self._pieces)):
+            begin = self._starts[i]
+            end = self._starts[i + 1] if i + 1 < len(self._starts) else self._raw_length
+            parts.append(self._pieces[i][max(start - begin, 0) : end - begin])
+        return "".join(parts)
+
+    def repeats_exactly(self, candidate: str, cut: int) -> bool:
+        """Is the tail from ``cut`` (a ``probe`` result) the candidate exactly, whitespace
+        included, and a whole segment (at the start, or after whitespace), not the end of a
+        longer word? The stronger evidence a short candidate needs: ``"done."`` folds into
+        the tail of ``"undone."``, but does not repeat it."""
+        tail = self.raw_from(cut)
+        at_boundary = cut == 0 or tail[:1].isspace()
+        return at_boundary and tail.strip() == candidate.strip()
 
     def truncate(self, raw_cut: int) -> None:
         """Cut the transcript back to its first ``raw_cut`` characters."""

@@ -32,8 +32,14 @@ from tether.runtimes.base import (
 )
 
 RESULT_PREVIEW_CHARS = 2000
-# An echo shorter than this (folded) is not stripped: "OK" ending a thought is not an echo.
-MIN_ECHO_CHARS = 8
+# The contract's echo rule (a whitespace-insensitive suffix match) has no minimum, and neither
+# has Tether's: a candidate of any length is an echo. Below this many folded characters the
+# folded match alone is weak evidence (it ignores word boundaries: "done." folds into the tail
+# of "undone."), so a short candidate must also repeat the reasoning's tail exactly, whitespace
+# included, as a whole segment (`CompactEchoIndex.repeats_exactly`): "Done." after "...Done."
+# is stripped, "done." after "undone." and "On it.." after "Onit.." are not. At 8 characters
+# and more the folded match stands on its own, as the contract describes it.
+SHORT_ECHO_CHARS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +115,13 @@ class Normalizer:
         return []
 
     def _strip_echo(self, candidate: str) -> list[Draft]:
-        if self._reasoning is None or len(fold(candidate)) < MIN_ECHO_CHARS:
+        if self._reasoning is None:
             return []
         item_id, index = self._reasoning
         cut = index.probe(candidate)
         if cut is None:
+            return []
+        if len(fold(candidate)) < SHORT_ECHO_CHARS and not index.repeats_exactly(candidate, cut):
             return []
         index.truncate(cut)
         return [self._draft(ev.REASONING_TRIMMED, {"item_id": item_id, "length": cut})]

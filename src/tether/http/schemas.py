@@ -140,6 +140,7 @@ class SessionRow(Out):
     pinned: bool
     archived: bool
     message_count: int
+    activity_count: int
     transcript_generation: int
     transcript_generation_baseline: int
     busy: bool

@@ -3,6 +3,10 @@
 Contract invariant 4: only meaningful user or assistant activity (a submitted turn, a run
 that finished by its own or the user's doing) moves `updated_at` / `last_message_at`.
 Renames, pins, archiving, recovery (`interrupted`) and any other maintenance never do.
+
+Nor do they raise `activity_count`, the count the page's unread stores compare: a run that
+recovery or shutdown settled still adds its visible row to `message_count` (its partial output
+stays readable), but marking the session unread for it would present maintenance as news.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from tether import events as ev
 from tether.events import Event
 
 # Bump when the fold changes: the store then rebuilds every persisted row from the log.
-SIDEBAR_FOLD_VERSION = "sidebar-3"
+SIDEBAR_FOLD_VERSION = "sidebar-4"
 
 DEFAULT_TITLE = "New chat"
 TITLE_MAX = 80
@@ -54,6 +58,7 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
             "updated_at": event.at,
             "last_message_at": None,
             "message_count": 0,
+            "maintenance_rows": 0,
             "transcript_generation": 0,
             "transcript_generation_baseline": 0,
             "parent_session_id": None,
@@ -85,8 +90,11 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
         row["message_count"] += 1
         if data.get("state") not in _MAINTENANCE_STATES and not data.get("maintenance"):
             row["updated_at"] = row["last_message_at"] = event.at
+        else:
+            row["maintenance_rows"] += 1
     elif event.type == ev.TRANSCRIPT_TRUNCATED:
         row["message_count"] = data["keep_count"]
+        row["maintenance_rows"] = 0  # activity_count restarts at the baseline
         row["transcript_generation"] = data["transcript_generation"]
         row["transcript_generation_baseline"] = data["keep_count"]
     elif event.type == ev.SESSION_ROTATED:
@@ -124,6 +132,7 @@ def public_row(state: dict[str, Any], *, busy: bool, active_stream_id: str | Non
         "pinned": state["pinned"],
         "archived": state["archived"],
         "message_count": state["message_count"],
+        "activity_count": state["message_count"] - state["maintenance_rows"],
         "transcript_generation": state["transcript_generation"],
         "transcript_generation_baseline": state["transcript_generation_baseline"],
         "busy": busy,

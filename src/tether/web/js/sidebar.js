@@ -91,11 +91,13 @@ export class Sidebar {
     this.render();
   }
 
-  /** A run that finished while the session was not being viewed lights its dot. */
+  /** A run that finished while the session was not being viewed lights its dot, when it
+   * brought something the reader has not seen. Recovery, shutdown, a restart and the reclaimer
+   * also end a busy spell, but bring no activity (contract invariant 4): no dot. */
   trackCompletion(row) {
     const wasBusy = this.busySeen.get(row.session_id);
     this.busySeen.set(row.session_id, row.busy);
-    if (wasBusy && !row.busy && !this.isActive(row.session_id)) {
+    if (wasBusy && !row.busy && !this.isActive(row.session_id) && this.opts.unread.hasUnread(row)) {
       this.opts.unread.markCompletion(row.session_id, row);
     }
   }

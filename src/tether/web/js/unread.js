@@ -36,6 +36,10 @@ export const RETENTION_MS = 7 * 24 * 60 * 60 * 1000;
 
 const isNum = (v) => typeof v === "number" && Number.isFinite(v);
 const count = (v) => (isNum(v) ? Math.max(0, Math.trunc(v)) : 0);
+// The count viewed counts hold for a Row: its activity_count, which a run settled by recovery or
+// shutdown never raises (contract invariant 4: maintenance is not activity), or message_count
+// for a row without one. Right after a shrink the two are equal, so the baseline applies alike.
+const shownCount = (row) => (isNum(row.activity_count) ? row.activity_count : row.message_count);
 const orderOf = (m) => (m && isNum(m.unread_order) ? m.unread_order : 0);
 const clearKey = (sid, stamp) => `${CLEARED_PREFIX}${encodeURIComponent(sid)}:${stamp}`;
 const deletedKey = (sid) => `${DELETED_PREFIX}${encodeURIComponent(sid)}`;
@@ -180,8 +184,8 @@ export class UnreadStore {
     if (!sid || active || this._deleted.has(sid)) return false;
     const marker = this._markers.get(sid);
     if (marker && orderOf(marker) > this._clearOf(sid)) return true;
-    if (!isNum(row.message_count)) return false;
-    const n = count(row.message_count);
+    if (!isNum(shownCount(row))) return false;
+    const n = count(shownCount(row));
     const gen = count(row.transcript_generation);
     const seen = this._counts.get(sid);
     if (seen && gen < seen.transcript_generation) return false; // stale row
@@ -208,9 +212,9 @@ export class UnreadStore {
     const stored = this._load();
     if (this._deleted.has(sid)) return;
     const prev = this._counts.get(sid);
-    const next = isNum(row.message_count)
+    const next = isNum(shownCount(row))
       ? mergeCount(prev, {
-          message_count: count(row.message_count),
+          message_count: count(shownCount(row)),
           transcript_generation: count(row.transcript_generation),
         })
       : prev;

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from statedb import write_state
 
-from fake_openai import FakeOpenAI, reply, text
+from fake_openai import FakeOpenAI, barrier, reply, text
 from helpers import (
     ServerProcess,
     new_session,
@@ -120,6 +120,46 @@ def test_a_turn_the_cli_wrote_is_shown_and_sent_to_the_model(
         # The model saw what the user sees, each turn once, in order.
         assert user_texts(fake.requests[-1]) == ["from tether", "from the cli", "third"]
         time.sleep(1.0)  # several sync passes: Tether's own turn is not imported back
+        assert len(session_body(client, sid)["messages"]) == 6
+
+
+def test_a_turn_the_cli_wrote_during_a_tether_turn_is_kept(
+    server: ServerProcess, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path
+) -> None:
+    """Invariant 5: while Tether's turn waits on the model, another client writes a turn
+    into the same agent session with Hermes' own SessionDB. Only the rows Tether's agent
+    wrote are its: the CLI's turn reaches the display and the model, Tether's comes back
+    never (the sidecar reports the ids its SessionDB wrote)."""
+    fake.script(reply(barrier("hold"), text("answer to tether")), reply(text("third answer")))
+    with server.client() as client:
+        sid = new_session(client)
+        start_turn(client, sid, "from tether")
+        assert fake.wait_reached("hold", 90)
+        write_state(
+            hermes_python,
+            hermes_env,
+            [
+                ["append", sid, "user", "from the cli", {}],
+                ["append", sid, "assistant", "answer to the cli", {}],
+            ],
+        )
+        fake.release("hold")
+        wait_idle(client, sid, timeout=90)
+        body = wait_until(
+            lambda: (b := session_body(client, sid)) and len(b["messages"]) == 4 and b,
+            30,
+            "the CLI turn in Tether",
+        )
+        assert [(m["role"], m["content"], m.get("origin")) for m in body["messages"]] == [
+            ("user", "from tether", None),
+            ("assistant", "answer to tether", None),
+            ("user", "from the cli", "agent"),
+            ("assistant", "answer to the cli", "agent"),
+        ]
+        start_turn(client, sid, "third")
+        wait_idle(client, sid, timeout=90)
+        assert user_texts(fake.requests[-1]) == ["from tether", "from the cli", "third"]
+        time.sleep(1.0)  # several sync passes: nothing comes back twice
         assert len(session_body(client, sid)["messages"]) == 6
 
 

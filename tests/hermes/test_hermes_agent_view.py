@@ -119,6 +119,44 @@ def test_rows_a_tether_turn_wrote_are_never_imported(
     assert news is not None and news.entries == [] and news.watermark == 5
 
 
+def test_a_turn_another_client_wrote_during_a_tether_turn_is_kept(
+    hermes_python: Path, home: Path, ledger: ProofStore
+) -> None:
+    """Invariant 5: inside a Tether turn's range, only the rows its agent wrote are its. A
+    CLI writing into the same agent session meanwhile (its rows interleaved with Tether's)
+    keeps its turns, one with the same text as Tether's included: text is never evidence."""
+    db = write_state(
+        hermes_python,
+        home,
+        [
+            ["create", "a1", "tether", {}],
+            ["append", "a1", "user", "from tether", {"timestamp": 1000.0}],  # Tether: 1
+            ["append", "a1", "user", "from the cli", {"timestamp": 1000.5}],
+            ["append", "a1", "assistant", "answer to the cli", {}],
+            ["append", "a1", "user", "from tether", {"timestamp": 1001.0}],  # same text, CLI
+            ["append", "a1", "assistant", "echoing you", {}],
+            ["append", "a1", "assistant", "answer to tether", {}],  # Tether: 6
+        ],
+    )
+    ledger.bind("s_t", "a1")
+    ledger.turn_started("s_t", "r1", 0)
+    ledger.record(Proof("s_t", "r1", "u_r1", "a1", 1000.0))
+    ledger.turn_ended("r1", 6, [1, 6])
+    news = agent_news(db, ledger, "s_t", 0, None)
+    assert news is not None and news.watermark == 6
+    assert [[(r["role"], r["content"]) for r in e["rows"]] for e in news.entries] == [
+        [("user", "from the cli"), ("assistant", "answer to the cli")],
+        [("user", "from tether"), ("assistant", "echoing you")],
+    ]
+    assert [e["context"][0] for e in news.entries] == [
+        {"role": "user", "content": "from the cli"},
+        {"role": "user", "content": "from tether"},
+    ]
+    assert [r["timestamp"] for r in news.entries[1]["rows"]][:1] == [1001.0]
+    again = agent_news(db, ledger, "s_t", news.watermark, None)
+    assert again is not None and again.entries == []
+
+
 def test_without_a_turn_range_the_proof_alone_hides_tethers_turn(
     hermes_python: Path, home: Path, ledger: ProofStore
 ) -> None:

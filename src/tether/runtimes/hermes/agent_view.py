@@ -5,7 +5,11 @@ Tether drives, compact it in place, or compress it into a continuation session. 
 for one Tether session, reads the rows after the session's watermark in the agent sessions
 it is bound to and returns them as `AgentNews`, the payload of an `agent.imported` event:
 
-- rows inside a Tether turn's range (`turn_rows`) are Tether's own: skipped;
+- rows Tether's own turns wrote are skipped: inside a turn's range (`turn_rows`), the ids
+  the turn's agent reported writing (`turn_writes`). Another client writing into the same
+  agent session during a Tether turn writes other ids: those rows are imported like any
+  (distinct ids stay separate, contract invariant 5). A range without that evidence (a turn
+  recorded before it existed) is Tether's whole;
 - a compaction batch (the rows Hermes writes in one call around its `[CONTEXT COMPACTION`
   summary, which it stamps one microsecond apart) becomes a `compaction` entry: context
   only, the display keeps what it showed;
@@ -219,7 +223,7 @@ def agent_news(
     rows = read_rows(state_db, agents, after_id=watermark, limit=limit, archived=True)
     next_watermark = max([watermark, *(r.row_id or 0 for r in rows)])
     ranges = ledger.turn_ranges(session_id)
-    foreign = [r for r in rows if not any(low < (r.row_id or 0) <= high for low, high in ranges)]
+    foreign = [r for r in rows if not any(turn.owns(r.row_id or 0) for turn in ranges)]
     entries = _entries(foreign, ledger.for_sessions(agents), watermark) if foreign else []
     continuation = continuation_of(state_db, agents[-1], profile)
     if continuation is not None and ledger.tether_session_of(continuation) == session_id:

@@ -11,10 +11,14 @@ each Tether session drives (`bindings`: its own, and the continuations its turns
 into), and which `state.db` rows each Tether turn wrote (`turn_rows`: the message ids from
 the turn's start to its end in the agent's sessions), so that nothing Tether's log already
 holds is imported twice, including the rows a compaction rewrote during a Tether turn.
+Within that range, the rows the turn's agent itself wrote (`turn_writes`: the ids its
+`SessionDB` returned, reported by the sidecar) are the evidence: another client writing into
+the same agent session meanwhile writes rows with other ids, and those are not Tether's.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -32,6 +36,22 @@ class Proof:
     agent_session_id: str
     persist_user_timestamp: float
     source: str = SOURCE
+
+
+@dataclass(frozen=True)
+class TurnRange:
+    """The `state.db` rows written while one Tether turn ran: `(after_id, through_id]`, and
+    of those the ids the turn's own agent wrote (None: not known, the whole range is its)."""
+
+    after_id: int
+    through_id: int
+    written: frozenset[int] | None = None
+
+    def owns(self, row_id: int) -> bool:
+        """Is this row Tether's own turn's? Only when the evidence says so."""
+        if not self.after_id < row_id <= self.through_id:
+            return False
+        return self.written is None or row_id in self.written
 
 
 _PROOF_COLUMNS = (
@@ -61,6 +81,8 @@ class ProofStore:
             CREATE TABLE IF NOT EXISTS turn_rows (
                 stream_id TEXT NOT NULL PRIMARY KEY, tether_session_id TEXT NOT NULL,
                 after_id INTEGER NOT NULL, through_id INTEGER);
+            CREATE TABLE IF NOT EXISTS turn_writes (
+                stream_id TEXT NOT NULL PRIMARY KEY, row_ids TEXT NOT NULL);
         """)
 
     def _run(self, sql: str, params: tuple | list = ()) -> list[tuple]:
@@ -136,19 +158,28 @@ class ProofStore:
             (stream_id, tether_session_id, after_id),
         )
 
-    def turn_ended(self, stream_id: str, through_id: int) -> None:
+    def turn_ended(self, stream_id: str, through_id: int, written: list[int] | None = None) -> None:
+        """The turn is done: its range ends at `through_id`; `written` are the row ids its
+        agent wrote (None when the sidecar could not say: the whole range is then the
+        turn's, as before this evidence existed)."""
         self._run(
             "UPDATE turn_rows SET through_id = MAX(COALESCE(through_id, 0), ?) WHERE stream_id = ?",
             (through_id, stream_id),
         )
+        if written is not None:
+            self._run(
+                "INSERT OR REPLACE INTO turn_writes VALUES (?, ?)",
+                (stream_id, json.dumps(sorted(set(written)))),
+            )
 
-    def turn_ranges(self, tether_session_id: str) -> list[tuple[int, int]]:
-        """`(after_id, through_id]` of every ended turn: rows Tether's log already holds."""
+    def turn_ranges(self, tether_session_id: str) -> list[TurnRange]:
+        """Every ended turn: `(after_id, through_id]` and the rows its agent wrote in it."""
         return [
-            (int(a), int(b))
-            for a, b in self._run(
-                "SELECT after_id, through_id FROM turn_rows "
-                "WHERE tether_session_id = ? AND through_id IS NOT NULL",
+            TurnRange(int(a), int(b), None if ids is None else frozenset(json.loads(ids)))
+            for a, b, ids in self._run(
+                "SELECT r.after_id, r.through_id, w.row_ids FROM turn_rows r "
+                "LEFT JOIN turn_writes w ON w.stream_id = r.stream_id "
+                "WHERE r.tether_session_id = ? AND r.through_id IS NOT NULL",
                 (tether_session_id,),
             )
         ]

@@ -317,10 +317,15 @@ class HermesHandle:
                 self.runtime.proofs.bind, self.session_id, self.agent_session_id
             )
         if self.turn_stream_id is not None:
-            await asyncio.to_thread(self._record_turn_end, self.turn_stream_id)
+            written = event.get("row_ids")
+            await asyncio.to_thread(
+                self._record_turn_end,
+                self.turn_stream_id,
+                [int(i) for i in written] if isinstance(written, list) else None,
+            )
 
-    def _record_turn_end(self, stream_id: str) -> None:
-        self.runtime.proofs.turn_ended(stream_id, max_row_id(self.runtime.state_db))
+    def _record_turn_end(self, stream_id: str, written: list[int] | None) -> None:
+        self.runtime.proofs.turn_ended(stream_id, max_row_id(self.runtime.state_db), written)
 
     async def complete(self, messages: list[dict[str, Any]], model: str | None) -> str:
         process = await self.ensure_started()

@@ -96,6 +96,25 @@ class Session:
 
         from hermes_state import SessionDB
 
+        class TetherSessionDB(SessionDB):
+            """Notes the id of every message row this agent writes (its turns' evidence:
+            another client may write into the same agent session meanwhile). Hermes writes
+            rows through `append_message`, and a compaction through `_insert_message_rows`
+            inside its own write transaction, so the newest `inserted` ids are that call's."""
+
+            def append_message(self, *args: Any, **kwargs: Any) -> Any:
+                row_id = super().append_message(*args, **kwargs)
+                if isinstance(row_id, int):
+                    session.written.append(row_id)
+                return row_id
+
+            def _insert_message_rows(self, conn, session_id, messages):  # noqa: ANN001
+                inserted, calls = super()._insert_message_rows(conn, session_id, messages)
+                last = conn.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone()[0]
+                session.written.extend(range(int(last) - inserted + 1, int(last) + 1))
+                return inserted, calls
+
+        self.written: list[int] = []  # row ids the agent wrote during the current turn
         kwargs: dict[str, Any] = dict(
             base_url=config.get("base_url"),
             api_key=config.get("api_key"),
@@ -104,7 +123,7 @@ class Session:
             max_tokens=config.get("max_tokens"),
             quiet_mode=True,
             session_id=config["session_id"],
-            session_db=SessionDB(),
+            session_db=TetherSessionDB(),
             tool_start_callback=self.on_tool_start,
             tool_complete_callback=self.on_tool_complete,
             tool_progress_callback=self.on_tool_progress,
@@ -325,6 +344,7 @@ class Session:
         self.after_tool = False
         self.last_usage = None
         self.tool_meta.clear()
+        self.written = []
         try:
             if cmd.get("model") and cmd["model"] != self.agent.model:
                 self.agent.model = cmd["model"]
@@ -357,6 +377,7 @@ class Session:
                 error=result.get("error"),
                 error_code=_error_code(self.agent, result),
                 leftover_steer_ids=leftover,
+                row_ids=list(self.written),
                 final_response=result.get("final_response"),
                 turn_exit_reason=result.get("turn_exit_reason"),
             )
@@ -373,6 +394,7 @@ class Session:
                 error=f"{type(exc).__name__}: {exc}",
                 error_code=_classify_exception(exc),
                 leftover_steer_ids=leftover,
+                row_ids=list(self.written),
                 traceback=traceback.format_exc(limit=8),
             )
 

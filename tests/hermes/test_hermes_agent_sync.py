@@ -26,6 +26,7 @@ from fake_openai import FakeOpenAI, barrier, reply, text
 from helpers import (
     ServerProcess,
     new_session,
+    read_events,
     running_server,
     session_body,
     start_turn,
@@ -161,6 +162,44 @@ def test_a_turn_the_cli_wrote_during_a_tether_turn_is_kept(
         assert user_texts(fake.requests[-1]) == ["from tether", "from the cli", "third"]
         time.sleep(1.0)  # several sync passes: nothing comes back twice
         assert len(session_body(client, sid)["messages"]) == 6
+
+
+def imported_events(client: Any, sid: str) -> list[dict[str, Any]]:
+    frames = read_events(client, sid, after="0", stop_on="heartbeat")
+    return [f.json["data"] for f in frames if f.event == "agent.imported"]
+
+
+def test_passes_that_import_nothing_write_no_event_before_or_after_a_restart(
+    server: ServerProcess, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path
+) -> None:
+    """Issue 14 item 5: a pass before every turn and every sync interval used to write an
+    `agent.imported` with `entries: []` just to move the watermark. Now only an import is an
+    event; where the passes got to survives a restart without one."""
+    fake.script(*(reply(text(f"answer {n}")) for n in range(4)))
+    with server.client() as client:
+        sid = new_session(client)
+        for n in range(3):
+            start_turn(client, sid, f"turn {n}")
+            wait_idle(client, sid, timeout=90)
+        time.sleep(1.0)  # several sync passes over the rows of Tether's own turns
+        assert imported_events(client, sid) == []
+        write_state(
+            hermes_python,
+            hermes_env,
+            [["append", sid, "user", "from the cli", {}], ["append", sid, "assistant", "ok", {}]],
+        )
+        wait_until(lambda: imported_events(client, sid), 30, "the CLI turn imported")
+    server.restart()
+    with server.client() as client:
+        start_turn(client, sid, "after the restart")
+        wait_idle(client, sid, timeout=90)
+        time.sleep(1.0)
+        [event] = imported_events(client, sid)
+        assert [[r["content"] for r in e["rows"]] for e in event["entries"]] == [
+            ["from the cli", "ok"]
+        ]
+        contents = [m["content"] for m in session_body(client, sid)["messages"]]
+        assert contents.count("from the cli") == 1 and len(contents) == 10
 
 
 def test_a_continuation_from_the_agents_lineage_is_followed_not_forked(

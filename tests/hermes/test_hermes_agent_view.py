@@ -157,6 +157,38 @@ def test_a_turn_another_client_wrote_during_a_tether_turn_is_kept(
     assert again is not None and again.entries == []
 
 
+def test_a_pass_that_imports_nothing_keeps_its_place_across_a_restart(
+    hermes_python: Path, home: Path, ledger: ProofStore
+) -> None:
+    """A pass over Tether's own rows writes no event, so the log's watermark stays put; the
+    ledger's `examined` mark moves instead, and a new ledger on the same file (a restart)
+    starts there. Without it a bounded pass would re-read the same rows for ever."""
+    ops: list = [["create", "a1", "tether", {}]]
+    for n in range(3):
+        ops += [
+            ["append", "a1", "user", f"tether {n}", {"timestamp": 1000.0 + n}],
+            ["append", "a1", "assistant", f"answer {n}", {}],
+        ]
+    ops += [["append", "a1", "user", "from the cli", {}], ["append", "a1", "assistant", "ok", {}]]
+    db = write_state(hermes_python, home, ops)
+    for n in range(3):
+        tether_turn(ledger, f"r{n}", 2 * n, 2 * n + 2, 1000.0 + n)
+    first = agent_news(db, ledger, "s_t", 0, None, limit=2)
+    assert first is not None and (first.entries, first.watermark) == ([], 2)
+    log_watermark = 0  # no entries, so no agent.imported: the log's watermark does not move
+    marks = []
+    for _ in range(3):
+        restarted = ProofStore(home / "tether-proofs.sqlite")
+        news = agent_news(db, restarted, "s_t", log_watermark, None, limit=2)
+        assert news is not None
+        marks.append(news.watermark)
+    assert marks == [4, 6, 8]
+    assert [[r["content"] for r in e["rows"]] for e in news.entries] == [["from the cli", "ok"]]
+    log_watermark = news.watermark  # this one is an event
+    again = agent_news(db, ProofStore(home / "tether-proofs.sqlite"), "s_t", log_watermark, None)
+    assert again is not None and (again.entries, again.watermark) == ([], 8)
+
+
 def test_without_a_turn_range_the_proof_alone_hides_tethers_turn(
     hermes_python: Path, home: Path, ledger: ProofStore
 ) -> None:

@@ -110,7 +110,7 @@ async def sync_locked(engine: RunEngine, session_id: str) -> None:
     news = await engine.runtime.agent_news(session_id, watermark)
     if news is None:
         return
-    if news.entries or news.watermark > watermark:
+    if news.entries:  # nothing imported: no event (the runtime keeps how far it looked)
         await engine.store.append(
             session_id,
             [

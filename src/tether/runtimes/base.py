@@ -227,7 +227,8 @@ class AgentNews:
     session the agent's lineage authorizes (contract: inactive compression continuation
     recovery). Runtimes offering it implement `agent_news(session_id, watermark)`,
     `agent_changed()` (sessions worth a look), `bind(session_id, agent_session_id)` and
-    `agent_owner(agent_session_id)`."""
+    `agent_owner(agent_session_id)`. Without `entries` no event is written: the runtime
+    keeps, durably and privately, how far it looked, and starts there next time."""
 
     watermark: int
     entries: list[dict[str, Any]] = field(default_factory=list)

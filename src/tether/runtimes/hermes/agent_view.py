@@ -216,15 +216,21 @@ def agent_news(
     limit: int = DEFAULT_LIMIT,
 ) -> AgentNews | None:
     """One bounded, idempotent pass for one Tether session (None: it drives no agent
-    session). Blocking: call it in a thread."""
+    session), from the log's `watermark` or the ledger's `examined` mark, whichever is
+    further. A pass that finds nothing to import moves that mark (no event is written for
+    it); one that does returns entries and the watermark their event carries. Blocking:
+    call it in a thread."""
     agents = ledger.agent_sessions(session_id)
     if not agents:
         return None
-    rows = read_rows(state_db, agents, after_id=watermark, limit=limit, archived=True)
-    next_watermark = max([watermark, *(r.row_id or 0 for r in rows)])
+    start = max(watermark, ledger.examined(session_id))
+    rows = read_rows(state_db, agents, after_id=start, limit=limit, archived=True)
+    next_watermark = max([start, *(r.row_id or 0 for r in rows)])
     ranges = ledger.turn_ranges(session_id)
     foreign = [r for r in rows if not any(turn.owns(r.row_id or 0) for turn in ranges)]
-    entries = _entries(foreign, ledger.for_sessions(agents), watermark) if foreign else []
+    entries = _entries(foreign, ledger.for_sessions(agents), start) if foreign else []
+    if not entries and next_watermark > start:
+        ledger.examined_through(session_id, next_watermark)
     continuation = continuation_of(state_db, agents[-1], profile)
     if continuation is not None and ledger.tether_session_of(continuation) == session_id:
         continuation = None  # Tether's own turn rotated into it: the same conversation

@@ -11,9 +11,14 @@ each Tether session drives (`bindings`: its own, and the continuations its turns
 into), and which `state.db` rows each Tether turn wrote (`turn_rows`: the message ids from
 the turn's start to its end in the agent's sessions), so that nothing Tether's log already
 holds is imported twice, including the rows a compaction rewrote during a Tether turn.
-Within that range, the rows the turn's agent itself wrote (`turn_writes`: the ids its
-`SessionDB` returned, reported by the sidecar) are the evidence: another client writing into
-the same agent session meanwhile writes rows with other ids, and those are not Tether's.
+And how far a sync pass examined each session's agent rows without finding anything to
+import (`examined`): Tether's own turns' rows, mostly. The log's `agent.imported` carries the
+watermark of every pass that imported something; a pass that found nothing writes no event
+and moves this private mark instead, which lives beside the facts that made those rows
+nothing to import and survives a restart with them (the next pass starts after the greater
+of the two). Within a turn's range, the rows the turn's agent itself wrote (`turn_writes`:
+the ids its `SessionDB` returned, reported by the sidecar) are the evidence: another client
+writing into the same agent session meanwhile writes rows with other ids, not Tether's.
 """
 
 from __future__ import annotations
@@ -83,6 +88,8 @@ class ProofStore:
                 after_id INTEGER NOT NULL, through_id INTEGER);
             CREATE TABLE IF NOT EXISTS turn_writes (
                 stream_id TEXT NOT NULL PRIMARY KEY, row_ids TEXT NOT NULL);
+            CREATE TABLE IF NOT EXISTS examined (
+                tether_session_id TEXT NOT NULL PRIMARY KEY, through_id INTEGER NOT NULL);
         """)
 
     def _run(self, sql: str, params: tuple | list = ()) -> list[tuple]:
@@ -171,6 +178,21 @@ class ProofStore:
                 "INSERT OR REPLACE INTO turn_writes VALUES (?, ?)",
                 (stream_id, json.dumps(sorted(set(written)))),
             )
+
+    # -- how far passes looked without importing anything ------------------------------------
+    def examined(self, tether_session_id: str) -> int:
+        rows = self._run(
+            "SELECT through_id FROM examined WHERE tether_session_id = ?", (tether_session_id,)
+        )
+        return int(rows[0][0]) if rows else 0
+
+    def examined_through(self, tether_session_id: str, through_id: int) -> None:
+        """Every agent row of this session up to `through_id` holds nothing to import."""
+        self._run(
+            "INSERT INTO examined VALUES (?, ?) ON CONFLICT(tether_session_id) DO UPDATE "
+            "SET through_id = MAX(through_id, excluded.through_id)",
+            (tether_session_id, through_id),
+        )
 
     def turn_ranges(self, tether_session_id: str) -> list[TurnRange]:
         """Every ended turn: `(after_id, through_id]` and the rows its agent wrote in it."""

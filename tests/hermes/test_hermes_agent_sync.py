@@ -164,6 +164,48 @@ def test_a_turn_the_cli_wrote_during_a_tether_turn_is_kept(
         assert len(session_body(client, sid)["messages"]) == 6
 
 
+def test_no_pass_imports_while_a_tether_turn_is_open(
+    server: ServerProcess, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path
+) -> None:
+    """The contract omits an ambiguous timestamp bucket while its turn is active; Tether
+    does not reconcile an open turn at all. The CLI writes a turn whose user row has the
+    exact timestamp of Tether's running turn: for many sync intervals nothing is imported;
+    once the turn is done, the CLI's turn is shown once, and Tether's never twice."""
+    fake.script(reply(barrier("hold"), text("answer to tether")), reply(text("next")))
+    with server.client() as client:
+        sid = new_session(client)
+        run = start_turn(client, sid, "from tether")
+        assert fake.wait_reached("hold", 90)
+        at = run["pending_started_at"]
+        write_state(
+            hermes_python,
+            hermes_env,
+            [
+                ["append", sid, "user", "same time, other client", {"timestamp": at}],
+                ["append", sid, "assistant", "answer to the cli", {}],
+            ],
+        )
+        deadline = time.monotonic() + 2.0  # six or seven sync passes
+        while time.monotonic() < deadline:
+            body = session_body(client, sid)
+            assert [m["content"] for m in body["messages"]] == ["from tether"]
+            assert imported_events(client, sid) == []
+            time.sleep(0.2)
+        fake.release("hold")
+        wait_idle(client, sid, timeout=90)
+        body = wait_until(
+            lambda: (b := session_body(client, sid)) and len(b["messages"]) == 4 and b,
+            30,
+            "the CLI turn in Tether",
+        )
+        assert [(m["content"], m.get("origin")) for m in body["messages"]] == [
+            ("from tether", None),
+            ("answer to tether", None),
+            ("same time, other client", "agent"),
+            ("answer to the cli", "agent"),
+        ]
+
+
 def imported_events(client: Any, sid: str) -> list[dict[str, Any]]:
     frames = read_events(client, sid, after="0", stop_on="heartbeat")
     return [f.json["data"] for f in frames if f.event == "agent.imported"]

@@ -94,13 +94,16 @@ def test_text_is_never_the_proof() -> None:
     assert reconcile(rows, [proof(10.0, source="webui")]).hidden == []  # other source
 
 
-def test_an_ambiguous_timestamp_bucket_waits_for_the_turn_to_settle() -> None:
+def test_an_ambiguous_timestamp_bucket_keeps_every_row() -> None:
+    """Two user rows share the proven timestamp: no durable identity says which is Tether's,
+    so both are shown and sent. (While the turn is open no pass runs at all: that protection
+    is tested against the real server, hermes/test_hermes_agent_sync.py.)"""
     rows = rows_for("a1", 10.0, 1) + rows_for("a1", 10.0, 3, user="same time")
-    live = reconcile(rows, [proof(10.0, stream="r_live")], active_stream_ids={"r_live"})
-    assert live.display == [] and live.deferred == [1, 2, 3, 4] and live.hidden == []
-    assert [r.row_id for r in live.context] == [1, 2, 3, 4]  # the model context keeps all
     settled = reconcile(rows, [proof(10.0, stream="r_live")])
     assert [r.row_id for r in settled.display] == [1, 2, 3, 4]  # in doubt: keep both
+    assert [r.row_id for r in settled.context] == [1, 2, 3, 4] and settled.hidden == []
+    alone = reconcile(rows[:2], [proof(10.0, stream="r_live")])
+    assert alone.hidden == [1, 2] and alone.display == []  # the same proof, unambiguous
 
 
 def test_reconciliation_is_bounded_and_idempotent() -> None:

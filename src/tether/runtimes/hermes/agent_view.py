@@ -228,7 +228,11 @@ def agent_news(
     next_watermark = max([start, *(r.row_id or 0 for r in rows)])
     ranges = ledger.turn_ranges(session_id)
     foreign = [r for r in rows if not any(turn.owns(r.row_id or 0) for turn in ranges)]
-    entries = _entries(foreign, ledger.for_sessions(agents), start) if foreign else []
+    # A turn whose rows are known by id needs no timestamp proof: its rows are gone already,
+    # and another client's row at the same timestamp must not pass for it.
+    by_id = {turn.stream_id for turn in ranges if turn.written is not None}
+    proofs = [p for p in ledger.for_sessions(agents) if p.stream_id not in by_id]
+    entries = _entries(foreign, proofs, start) if foreign else []
     if not entries and next_watermark > start:
         ledger.examined_through(session_id, next_watermark)
     continuation = continuation_of(state_db, agents[-1], profile)

@@ -48,6 +48,7 @@ class TurnRange:
     """The `state.db` rows written while one Tether turn ran: `(after_id, through_id]`, and
     of those the ids the turn's own agent wrote (None: not known, the whole range is its)."""
 
+    stream_id: str
     after_id: int
     through_id: int
     written: frozenset[int] | None = None
@@ -197,9 +198,9 @@ class ProofStore:
     def turn_ranges(self, tether_session_id: str) -> list[TurnRange]:
         """Every ended turn: `(after_id, through_id]` and the rows its agent wrote in it."""
         return [
-            TurnRange(int(a), int(b), None if ids is None else frozenset(json.loads(ids)))
-            for a, b, ids in self._run(
-                "SELECT r.after_id, r.through_id, w.row_ids FROM turn_rows r "
+            TurnRange(stream, int(a), int(b), None if ids is None else frozenset(json.loads(ids)))
+            for stream, a, b, ids in self._run(
+                "SELECT r.stream_id, r.after_id, r.through_id, w.row_ids FROM turn_rows r "
                 "LEFT JOIN turn_writes w ON w.stream_id = r.stream_id "
                 "WHERE r.tether_session_id = ? AND r.through_id IS NOT NULL",
                 (tether_session_id,),

@@ -8,9 +8,10 @@ Tether's private proofs (`proofs.py`). What they decide:
   that row alone in its (session, timestamp) bucket. The row's text is never evidence. The
   user row and the assistant/tool rows of its turn are hidden from display (Tether's log
   already holds that turn). Several user rows sharing a proven timestamp form an ambiguous
-  bucket: while the proven stream is active the whole bucket is omitted from display; once
-  settled its rows are all kept (no durable row identity proves which one is Tether's).
-  Either way every row stays in the model context.
+  bucket: its rows are all kept, in the display and the model context (no durable row
+  identity proves which one is Tether's). The contract also asks to omit such a bucket
+  from display while the proven turn is active; Tether never reconciles then at all (no
+  sync pass runs while a turn is open: `runs/agent_sync.py`, `HermesRuntime.agent_news`).
 - **Native-image mirrors**: a rich multipart value and a scalar one that replaces each
   image part with `[screenshot]` are one message only with all the evidence (`is_mirror`);
   `agent_view` then shows the rich form and sends the agent's expanded payload. Anything
@@ -171,7 +172,6 @@ class Reconciled:
     display: list[Row]  # foreign rows to show, in order
     context: list[Row]  # every examined row of foreign or ambiguous turns, in order
     hidden: list[int]  # row ids of Tether's own (proven) turns
-    deferred: list[int]  # ambiguous rows of an active turn: not displayed yet
     watermark: int
 
 
@@ -192,12 +192,11 @@ def reconcile(
     rows: list[Row],
     proofs: list[Proof],
     *,
-    active_stream_ids: set[str] = frozenset(),
     watermark: int = 0,
     limit: int = DEFAULT_LIMIT,
 ) -> Reconciled:
     """Decide, for the rows after `watermark` (at most `limit`), which are Tether's own turns
-    (hidden), which are foreign (display), and which wait for their turn to settle."""
+    (hidden) and which are foreign (display)."""
     fresh = sorted((r for r in rows if (r.row_id or 0) > watermark), key=lambda r: r.row_id or 0)[
         :limit
     ]
@@ -209,7 +208,7 @@ def reconcile(
     for proof in proofs:
         if proof.source == SOURCE:
             proven[(proof.agent_session_id, proof.persist_user_timestamp)].append(proof)
-    out = Reconciled([], [], [], [], max([watermark, *(r.row_id or 0 for r in fresh)]))
+    out = Reconciled([], [], [], max([watermark, *(r.row_id or 0 for r in fresh)]))
     for turn in turns(fresh):
         head = turn[0]
         key = (head.session_id, head.timestamp)
@@ -219,8 +218,5 @@ def reconcile(
             out.hidden.extend(ids)
             continue
         out.context.extend(turn)
-        if matching and any(p.stream_id in active_stream_ids for p in matching):
-            out.deferred.extend(ids)
-            continue
         out.display.extend(turn)
     return out

@@ -159,7 +159,13 @@ def test_reclaim_window_is_measured_from_the_cancel_not_the_start(tmp_path: Path
             h.registry.add(run)
             h.registry.move(run, CANCELLING)  # a long run cancelled just now
             run.channel_open = False
-            assert reclaim(h.engine, 60) == []
+            assert run.cancelled_at is not None
+            # 10,000 s after its start but just under the window after its cancel: kept.
+            assert reclaim(h.engine, 60, now=run.cancelled_at + 59.9) == []
             assert h.registry.busy("s_y") is True
+            # The window measured from the cancel has passed: freed (a reclaimer that never
+            # fires fails here).
+            assert reclaim(h.engine, 60, now=run.cancelled_at + 60) == [run]
+            assert h.registry.busy("s_y") is False
 
     asyncio.run(main())

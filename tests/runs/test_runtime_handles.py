@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from tether.runs.handles import HandleCache
 from tether.runs.maintenance import reclaim
 from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput
 
@@ -189,5 +190,48 @@ def test_an_old_worker_never_clears_a_successors_handle_or_ownership(tmp_path: P
             # a steer aimed at the old run can never reach the successor
             late = await h.engine.steer(old["stream_id"], "for the old run")
             assert late["accepted"] is False
+
+    asyncio.run(main())
+
+
+def test_cache_eviction_never_takes_an_active_workers_handle(tmp_path: Path) -> None:
+    """Contract: "LRU eviction/close ... retains the existing active-worker policy". With room
+    for one handle, admitting new runs evicts (and closes, outside the admission step) only
+    handles no run owns; a running worker's handle stays, is never closed, and its turn ends
+    normally with it."""
+
+    async def main() -> None:
+        runtime = BarrierRuntime()
+        runtime.construct_gate.set()
+        async with harness(tmp_path, runtime) as h:
+            h.engine.handles = HandleCache(capacity=1)
+            idle, busy, newer, later = [
+                (await h.sessions.create(None))["session_id"] for _ in range(4)
+            ]
+            await completed_run(h, runtime, idle)
+            [idle_handle] = runtime.built
+            runtime.call_gate.clear()  # from here, calls wait until released
+            runtime.calls_started.clear()
+            await h.engine.start(busy, "long")
+            await asyncio.wait_for(runtime.calls_started.wait(), 5)
+            busy_handle = runtime.built[1]
+            assert idle_handle.closed is True  # the least recent idle handle made room
+            assert h.engine.handles.borrow(idle) is None
+            await h.engine.start(newer, "also long")
+            while len(runtime.built) < 3 or h.registry.phase(newer) != "running":
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.05)  # past the newer run's admission
+            # Over capacity, but both handles belong to running workers: neither goes.
+            assert h.engine.handles.borrow(busy) is busy_handle and not busy_handle.closed
+            assert h.engine.handles.owner(busy) is not None
+            runtime.call_gate.set()
+            await h.wait_idle(busy)
+            await h.wait_idle(newer)
+            assert busy_handle.calls == 1 and busy_handle.closed is False
+            view = await h.sessions.view(busy)
+            assert view["messages"][-1]["state"] == "completed"
+            await h.engine.start(later, "short")  # now idle, the older handles may go
+            await h.wait_idle(later)
+            assert busy_handle.closed is True and h.engine.handles.borrow(later) is not None
 
     asyncio.run(main())

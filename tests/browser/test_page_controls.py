@@ -163,3 +163,54 @@ def test_a_stale_tab_on_a_rotated_session_restores_its_draft_in_the_continuation
                 "assistant",
             ]
         expect(stale.locator(".inherited .row.user")).to_have_text(long_message)
+
+
+def test_a_stale_tabs_attachments_come_back_with_its_draft_after_a_409(
+    context: BrowserContext, tmp_path: Path
+) -> None:
+    """Contract: after 409 `session_rotated` the browser "restores the rejected text and
+    attachments as a draft" in the continuation; nothing is resent until the user sends."""
+    note = tmp_path / "notes.txt"
+    note.write_bytes(b"the launch is on Tuesday\n")
+    with running_server(
+        tmp_path / "data",
+        "--context-window",
+        "256",
+        "--compression-mode",
+        "rotate",
+        env={"TETHER_DEMO_DELAY": "0.002"},
+    ) as server:
+        with httpx.Client(base_url=server.base_url) as client:
+            parent = new_session(client, "Long talk")
+        stale = context.new_page()
+        open_app(stale, server.base_url, f"/s/{parent}")
+        with httpx.Client(base_url=server.base_url) as client:
+            client.post("/api/chat/start", json={"session_id": parent, "message": "hello " * 150})
+            for _ in range(200):
+                child = session_body(client, parent)["continuation_session_id"]
+                if child:
+                    break
+                stale.wait_for_timeout(50)
+            assert child
+            wait_idle(client, parent)
+            before_child = session_body(client, child)["last_seq"]
+        stale.evaluate("window.tether.sidebar.disconnectFeed()")  # a tab that missed it all
+        stale.evaluate("window.tether.stream.stop()")
+        stale.locator("#file-input").set_input_files(str(note))
+        expect(stale.locator("#attachment-chips .chip-name")).to_have_text(["notes.txt"])
+        send(stale, "see the attached notes")
+        expect(stale).to_have_url(f"{server.base_url}/s/{child}")
+        box = stale.get_by_role("textbox", name="Message")
+        expect(box).to_have_value("see the attached notes")
+        expect(stale.locator("#attachment-chips .chip-name")).to_have_text(["notes.txt"])
+        with httpx.Client(base_url=server.base_url) as client:
+            assert session_body(client, child)["last_seq"] == before_child  # never resent
+        box.press("Enter")  # the user sends again: text and file go to the continuation
+        with httpx.Client(base_url=server.base_url) as client:
+            body = wait_idle(client, child)
+            [user] = [m for m in body["messages"] if m["role"] == "user"]
+            assert user["content"] == "see the attached notes"
+            assert [a["name"] for a in user["attachments"]] == ["notes.txt"]
+            stored = client.get(user["attachments"][0]["url"])
+            assert stored.content == b"the launch is on Tuesday\n"
+        expect(stale.locator("#attachment-chips .chip-name")).to_have_count(0)

@@ -4,6 +4,8 @@ each once), SSE reattach, run registry (Stop from one tab ends the run in anothe
 
 from __future__ import annotations
 
+import shutil
+
 import httpx
 import pytest
 from playwright.sync_api import BrowserContext, expect
@@ -143,3 +145,36 @@ def test_an_approval_prompt_is_answered_from_the_page(
         expect(outcome).to_have_text("Denied.")
         expect(tab.get_by_role("button", name="Allow once")).to_have_count(0)
         expect(tab.locator(".row.assistant").last).to_contain_text("You denied it")
+
+
+def test_a_cursor_the_server_cannot_honour_shows_the_degraded_state(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Contract invariant 7 (and 3: degrade clearly). The data directory is restored from a
+    backup taken one turn earlier, so the open page's cursor is past the log's end: the
+    server answers with a snapshot, the page says "Degraded (snapshot)", shows the restored
+    transcript (each row once), and goes back to Live with the next event."""
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    send(page, "kept in the backup")
+    wait_settled(page)
+    sid = session_id_of(page)
+    web_server.stop()
+    backup = web_server.data_dir.parent / "backup"
+    shutil.copytree(web_server.data_dir, backup)
+    web_server.start()
+    send(page, "lost with the restore")
+    expect(page.locator(".row.user")).to_have_count(2)
+    wait_settled(page)
+    web_server.stop()
+    shutil.rmtree(web_server.data_dir)
+    shutil.copytree(backup, web_server.data_dir)
+    web_server.start()
+    conn = page.locator("#conn")
+    expect(conn).to_have_text("Degraded (snapshot)", timeout=30_000)
+    expect(page.locator(".row.user")).to_have_text(["kept in the backup"])
+    assert_each_once(structure(page))
+    with httpx.Client(base_url=web_server.base_url) as client:
+        start_turn(client, sid, "after the restore")
+    expect(conn).to_have_text("Live", timeout=15_000)
+    expect(page.locator(".row.user")).to_have_text(["kept in the backup", "after the restore"])

@@ -100,3 +100,45 @@ def test_compression_shows_as_a_quiet_divider_then_leaves_settled_history(
     expect(page.locator(".row.assistant").last).to_contain_text("second answer")
     expect(page.locator(".row.assistant .divider")).to_have_count(0)  # omitted when settled
     expect(page.locator("#transcript")).not_to_contain_text("handoff summary for the agent")
+
+
+LATER_EVENTS_JS = """async (later) => {
+  const r = await import("/static/js/reducer.js");
+  const {TranscriptView} = await import("/static/js/transcript.js");
+  const root = document.createElement("div");
+  document.body.append(root);
+  const view = new TranscriptView(root);
+  const s = r.createSession("s1");
+  let seq = 0;
+  const apply = (type, data) => {
+    seq += 1;
+    r.applyEvent(s, {seq, session_id: "s1", type, at: 1000 + seq, stream_id: "r1",
+                     turn_id: "u1", data: {stream_id: "r1", ...data}});
+    view.render(r.view(s));
+    return root.querySelector(".row.live .divider")?.textContent ?? null;
+  };
+  apply("turn.submitted", {turn_id: "u1", text: "go", attachments: [], submitted_at: 1000});
+  apply("run.started", {turn_id: "u1", runtime: "openai", model: "m"});
+  const labels = [apply("compression.started", {pass_id: "p1"})];
+  if (later === "reasoning.delta" || later === "text.delta") {
+    labels.push(apply(later, {item_id: "i1", text: "carrying on"}));
+  } else {
+    labels.push(apply("tool.started", {call_id: "c1", name: "list_files", args: {}}));
+  }
+  return labels;
+}"""
+
+
+@pytest.mark.parametrize("later", ["reasoning.delta", "text.delta", "tool.started"])
+def test_later_events_prove_compression_passed_without_its_completion(
+    context: BrowserContext, openai_web: ServerProcess, later: str
+) -> None:
+    """Contract invariant 6: "Later tool, reasoning, or interim assistant events prove the
+    compression barrier has passed even if no explicit completion event was delivered." The
+    page's own reducer and transcript view, fed a live run whose `compression.completed`
+    never came: the divider turns from "Compressing context" to "Context auto-compressed"
+    as soon as anything of the run follows it."""
+    page = context.new_page()
+    page.goto(openai_web.base_url + "/api/health")
+    labels = page.evaluate(LATER_EVENTS_JS, later)
+    assert labels == ["Compressing context", "Context auto-compressed"]

@@ -10,7 +10,14 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, BrowserContext, expect
 
-from helpers import ServerProcess, new_session, running_server, session_body, wait_idle
+from helpers import (
+    ServerProcess,
+    new_session,
+    running_server,
+    session_body,
+    wait_idle,
+    wait_until,
+)
 from pagekit import open_app, send, session_id_of, wait_settled
 
 pytestmark = pytest.mark.slow
@@ -207,6 +214,7 @@ def test_a_stale_tabs_attachments_come_back_with_its_draft_after_a_409(
             assert session_body(client, child)["last_seq"] == before_child  # never resent
         box.press("Enter")  # the user sends again: text and file go to the continuation
         with httpx.Client(base_url=server.base_url) as client:
+            wait_until(lambda: session_body(client, child)["messages"], what="the sent turn")
             body = wait_idle(client, child)
             [user] = [m for m in body["messages"] if m["role"] == "user"]
             assert user["content"] == "see the attached notes"

@@ -279,6 +279,10 @@ def test_truncate_on_a_rotated_parent_is_refused_before_any_mutation(tmp_path: P
             assert response.status_code == 409, response.text
             assert response.json()["code"] == "session_rotated"
             assert response.json()["continuation_session_id"] == child
+        for path in ("/api/chat/start", "/api/chat/queue"):  # the other transcript changes
+            response = client.post(path, json={"session_id": parent, "message": "stale tab"})
+            assert response.status_code == 409, response.text
+            assert response.json()["continuation_session_id"] == child
         assert observed() == before
         # The continuation itself is not rotated: truncating it works as usual.
         response = client.post("/api/session/truncate", json={"session_id": child, "keep_count": 0})

@@ -8,6 +8,7 @@ import signal
 import threading
 import webbrowser
 from pathlib import Path
+from typing import Any
 
 import click
 import uvicorn
@@ -17,7 +18,7 @@ from tether.log import StorageError
 from tether.settings import Settings, is_loopback
 
 
-def option(flag: str, **kwargs: object):  # noqa: ANN201 - a click decorator
+def option(flag: str, **kwargs: Any):  # noqa: ANN201 - a click decorator
     """A `serve` option that also reads TETHER_<FLAG> (e.g. --data-dir: TETHER_DATA_DIR)."""
     envvar = "TETHER_" + flag.lstrip("-").replace("-", "_").upper()
     return click.option(flag, envvar=envvar, show_envvar=True, **kwargs)

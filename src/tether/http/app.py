@@ -86,7 +86,7 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
         engine.rotator = Rotator(engine, settings)
         engine.queue = QueueService(engine)
         if agent_sync.supported(runtime):
-            engine.agent_sync = agent_sync.AgentSync(engine)
+            engine.agent_sync = agent_sync.AgentSync(engine, runtime)
         app.state.services = Services(
             settings=settings,
             store=store,

@@ -290,9 +290,8 @@ def same_origin(scope: Scope, headers: Headers) -> bool:
     if origin is None:
         return headers.get("sec-fetch-site") not in ("cross-site", "same-site")
     host = headers.get("host")
-    scheme = {"ws": "http", "wss": "https"}.get(
-        scope.get("scheme", "http"), scope.get("scheme", "http")
-    )
+    scope_scheme = str(scope.get("scheme") or "http")
+    scheme = {"ws": "http", "wss": "https"}.get(scope_scheme, scope_scheme)
     if not host or "://" not in origin:
         return False
     origin_scheme, _, origin_netloc = origin.partition("://")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Path
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, JSONResponse
 
 from tether.events import ID_PATTERN
 from tether.http.deps import App
@@ -120,7 +120,7 @@ async def remove_queued(app: App, queue_id: QueueIdQuery) -> dict:
     response_model=None,
     responses=documented(400, 413, ok=CancelResult),
 )
-async def cancel_run(app: App, body: CancelRun) -> dict:
+async def cancel_run(app: App, body: CancelRun) -> dict | JSONResponse:
     """Stop the run `stream_id` (or the session's run, given `session_id`). Idempotent:
     `cancelled` is false for an unknown or already finished run; 400 without either id."""
     if body.stream_id is None and body.session_id is None:

@@ -89,6 +89,7 @@ class Normalizer:
                 else:
                     self._text = []
             if kind == ev.REASONING_DELTA:
+                assert self._reasoning is not None  # begun with this item, above
                 self._reasoning[1].append(event.text)
             else:
                 self._text.append(event.text)

@@ -217,7 +217,8 @@ class RunEngine:
     # -- the worker -------------------------------------------------------------------------
     async def _work(self, run: Run, model: str | None) -> None:
         normalizer = Normalizer(run.stream_id, run.turn_id)
-        state, extra = "error", {}
+        state = "error"
+        extra: dict[str, Any] = {}
         try:
             turn = await self._turn_input(run, model)
             handle = await self._admit_handle(run)

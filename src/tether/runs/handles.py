@@ -19,15 +19,14 @@ cancellation" rules, as Tether keeps them:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tether.runtimes.base import RuntimeEvent, TurnInput
+from tether.runtimes.base import RuntimeStream, TurnInput
 
 
 class RuntimeHandle(Protocol):
-    def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]: ...
+    def stream(self, turn: TurnInput) -> RuntimeStream: ...
 
     def interrupt(self) -> None:
         """Stop the invocation in flight (called only for an admitted, started invocation)."""
@@ -42,7 +41,7 @@ class StatelessHandle:
     def __init__(self, runtime: Any):
         self._runtime = runtime
 
-    def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+    def stream(self, turn: TurnInput) -> RuntimeStream:
         return self._runtime.stream(turn)
 
     def interrupt(self) -> None:

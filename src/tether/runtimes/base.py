@@ -8,7 +8,7 @@ and the single terminal event.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -103,6 +103,10 @@ RuntimeEvent = (
     | ApprovalRequested
     | ApprovalResolved
 )
+
+# What a turn yields. A generator rather than any iterator, so the engine can close it
+# (`contextlib.aclosing`) and the runtime's `finally` closes the model request at once.
+RuntimeStream = AsyncGenerator[RuntimeEvent, None]
 
 # Stable error codes of API.md §4.
 ERROR_CODES = (
@@ -225,13 +229,33 @@ class AgentNews:
     """What an agent that keeps its own history (Hermes' state.db) holds for a session that
     Tether's log does not: the payload of an `agent.imported` event, and a continuation
     session the agent's lineage authorizes (contract: inactive compression continuation
-    recovery). Runtimes offering it implement `agent_news(session_id, watermark)`,
-    `agent_changed()` (sessions worth a look), `bind(session_id, agent_session_id)` and
-    `agent_owner(agent_session_id)`."""
+    recovery). Runtimes offering it implement `AgentHistory`."""
 
     watermark: int
     entries: list[dict[str, Any]] = field(default_factory=list)
     continuation: str | None = None  # the agent's session id that continues this one
+
+
+class AgentHistory(Protocol):
+    """What runs/agent_sync.py needs of a runtime whose agent keeps its own history."""
+
+    name: str
+
+    async def agent_news(self, session_id: str, watermark: int) -> AgentNews | None:
+        """What the agent holds for `session_id` after `watermark`; None while a turn of
+        the session is still being written."""
+
+    async def agent_changed(self) -> list[str]:
+        """Tether sessions whose agent rows moved since the last call."""
+
+    async def agent_started_elsewhere(self, exists: Callable[[str], bool]) -> list[dict[str, Any]]:
+        """Agent sessions started in another client that no Tether session drives."""
+
+    async def bind(self, session_id: str, agent_session_id: str) -> bool:
+        """Bind the agent session to the Tether session; False when bound elsewhere."""
+
+    async def agent_owner(self, agent_session_id: str) -> str | None:
+        """The Tether session bound to this agent session, if any."""
 
 
 class Runtime(Protocol):
@@ -242,7 +266,7 @@ class Runtime(Protocol):
     def accepts(self, mime: str) -> bool:
         """Whether an attachment of this type can go to the model."""
 
-    def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+    def stream(self, turn: TurnInput) -> RuntimeStream:
         """Run the turn. Cancelling the consuming task must stop it promptly, closing any
         model request in flight. Raises ProviderError for provider failures."""
 

@@ -32,7 +32,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -315,7 +315,7 @@ class OpenAIRuntime:
 
     async def _request(
         self, model: str, messages: list[dict[str, Any]], acc: _Accumulator
-    ) -> AsyncIterator[RuntimeEvent]:
+    ) -> AsyncGenerator[RuntimeEvent, None]:
         """One streamed completion; the HTTP response is closed however this ends."""
         body: dict[str, Any] = {
             "model": model,
@@ -378,7 +378,7 @@ class OpenAIRuntime:
 
     async def _fit(
         self, ctx: WorkingContext, window: int, model: str, turn: TurnInput
-    ) -> AsyncIterator[RuntimeEvent]:
+    ) -> AsyncGenerator[RuntimeEvent, None]:
         """Compress `ctx` when the next request passes the threshold; ends with Finished when
         even the compressed request passes the window."""
         before = size = ctx.size()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import defaultdict
+from collections.abc import Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,7 +193,7 @@ def reconcile(
     rows: list[Row],
     proofs: list[Proof],
     *,
-    active_stream_ids: set[str] = frozenset(),
+    active_stream_ids: Set[str] = frozenset(),
     watermark: int = 0,
     limit: int = DEFAULT_LIMIT,
 ) -> Reconciled:

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from tether.runtimes.attachments import accepts_mime
 from tether.runtimes.base import (
     AgentNews,
     ProviderError,
-    RuntimeEvent,
+    RuntimeStream,
     RuntimeUnavailable,
     TurnInput,
 )
@@ -169,7 +169,7 @@ class HermesRuntime:
         self._handles.add(handle)
         return handle
 
-    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+    async def stream(self, turn: TurnInput) -> RuntimeStream:
         handle = await self.open_handle(turn.session_id)
         try:
             async with contextlib.aclosing(handle.stream(turn)) as events:
@@ -337,7 +337,7 @@ class HermesHandle:
                 return str(event.get("text") or "")
             process.handle_side_event(event)
 
-    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+    async def stream(self, turn: TurnInput) -> RuntimeStream:
         from tether.runtimes.hermes.streaming import run_turn
 
         async for event in run_turn(self, turn):

@@ -3,9 +3,9 @@
 
 export class ApiError extends Error {
   constructor(status, body) {
-    super((body && body.message) || `Request failed (${status})`);
+    super(body?.message || `Request failed (${status})`);
     this.status = status;
-    this.code = (body && body.code) || "error";
+    this.code = body?.code || "error";
     this.body = body || {};
   }
 }
@@ -19,7 +19,7 @@ export async function api(method, path, body) {
   let response;
   try {
     response = await fetch(path, init);
-  } catch (err) {
+  } catch {
     throw new ApiError(0, { code: "network", message: "Tether is not reachable right now." });
   }
   const text = await response.text();

@@ -78,8 +78,7 @@ export class SessionStream {
   open() {
     const after = this.h.cursor();
     // sidebar=1: this one connection also carries the sidebar's changes (one per tab).
-    const url =
-      `/api/sessions/${encodeURIComponent(this.sessionId)}/events?after=${after}` + "&sidebar=1";
+    const url = `/api/sessions/${encodeURIComponent(this.sessionId)}/events?after=${after}&sidebar=1`;
     this.es = new EventSource(url);
     this.lastFrameAt = Date.now();
     this.setState(this.target > after ? "replaying" : "connecting", {

@@ -176,7 +176,7 @@ export class UnreadStore {
   }
 
   _evaluate(row, active, mayLoad) {
-    const sid = row && row.session_id;
+    const sid = row?.session_id;
     if (!sid || active || this._deleted.has(sid)) return false;
     const marker = this._markers.get(sid);
     if (marker && orderOf(marker) > this._clearOf(sid)) return true;
@@ -203,7 +203,7 @@ export class UnreadStore {
 
   /** The user saw `row`: advance its viewed count and clear its completion marker. */
   acknowledge(row) {
-    const sid = row && row.session_id;
+    const sid = row?.session_id;
     if (!sid) return;
     const stored = this._load();
     if (this._deleted.has(sid)) return;

@@ -5,13 +5,11 @@ The log stores these; every projection folds them; the SSE stream sends them ver
 
 from __future__ import annotations
 
-import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-_ID_RE = re.compile(ID_PATTERN)
 
 SESSION_CREATED = "session.created"
 SESSION_UPDATED = "session.updated"
@@ -63,10 +61,6 @@ SUMMARY_PREFIX = (
 
 def summary_message(summary: str) -> dict[str, Any]:
     return {"role": "system", "content": SUMMARY_PREFIX + summary}
-
-
-def is_valid_id(value: object) -> bool:
-    return isinstance(value, str) and _ID_RE.match(value) is not None
 
 
 def new_id(prefix: str) -> str:

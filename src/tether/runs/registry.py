@@ -65,9 +65,6 @@ class RunRegistry:
         self._by_stream: dict[str, Run] = {}
         self._on_change = on_change
 
-    def set_listener(self, on_change: Callable[[str], None]) -> None:
-        self._on_change = on_change
-
     def _changed(self, session_id: str) -> None:
         if self._on_change is not None:
             self._on_change(session_id)

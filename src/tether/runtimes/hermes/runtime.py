@@ -30,6 +30,7 @@ from tether.runtimes.hermes.client import SidecarError, SidecarProcess
 from tether.runtimes.hermes.lineage import live_tip
 from tether.runtimes.hermes.proofs import ProofStore
 from tether.runtimes.hermes.reconcile import max_row_id
+from tether.runtimes.hermes.streaming import run_turn
 from tether.settings import Settings
 
 log = logging.getLogger("tether.hermes")
@@ -276,7 +277,7 @@ class HermesHandle:
             await self.process.close()
             self.process = None
 
-    async def _settle_previous(self) -> None:
+    async def settle_previous(self) -> None:
         """Wait (bounded) for an interrupted turn's `done`; replace a sidecar that hangs."""
         if not self.turn_open or self.process is None:
             return
@@ -337,8 +338,5 @@ class HermesHandle:
                 return str(event.get("text") or "")
             process.handle_side_event(event)
 
-    async def stream(self, turn: TurnInput) -> RuntimeStream:
-        from tether.runtimes.hermes.streaming import run_turn
-
-        async for event in run_turn(self, turn):
-            yield event
+    def stream(self, turn: TurnInput) -> RuntimeStream:
+        return run_turn(self, turn)

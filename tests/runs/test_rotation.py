@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tether.errors import SessionRotated
 from tether.events import SUMMARY_PREFIX
 from tether.runs.queue import QueueService
 from tether.runs.rotation import Rotator
 from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput, Usage
-from tether.sessions.service import SessionError
 from tether.settings import Settings
 
 from engine_harness import harness
@@ -96,7 +96,7 @@ def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) 
             ]
             # a stale start on the parent is refused before any mutation
             before = await h.store.read(parent)
-            with pytest.raises(SessionError) as info:
+            with pytest.raises(SessionRotated) as info:
                 await h.engine.start(parent, "stale tab")
             assert info.value.code == "session_rotated"
             assert info.value.extra["continuation_session_id"] == child
@@ -112,7 +112,7 @@ def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) 
             assert runtime.turns[1][1] == {"role": "user", "content": "second question"}
             # several hops: the parent points at the newest continuation
             assert h.sessions.row(parent)["continuation_session_id"] == grandchild
-            with pytest.raises(SessionError) as info:
+            with pytest.raises(SessionRotated) as info:
                 await h.engine.start(parent, "very stale")
             assert info.value.extra["continuation_session_id"] == grandchild
             grandchild_view = await h.sessions.view(grandchild)

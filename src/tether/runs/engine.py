@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tether import events as ev
+from tether.errors import ServerClosing, SessionBusy, SessionRotated
 from tether.events import new_id
 from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
@@ -32,7 +33,7 @@ from tether.runs.intake import Upload
 from tether.runs.pump import END, STOP, Signal, outcome, pump
 from tether.runs.registry import CANCELLING, RUNNING, STARTING, Run, RunRegistry
 from tether.runtimes.base import AttachmentRef, ProviderError, Runtime, TurnInput
-from tether.sessions.service import SessionError, SessionService
+from tether.sessions.service import SessionService
 
 log = logging.getLogger("tether.runs")
 
@@ -124,21 +125,19 @@ class RunEngine:
         if state is None:
             raise SessionNotFound(session_id)
         if state["continuation_session_id"]:
-            raise SessionError(
-                "session_rotated",
+            raise SessionRotated(
                 "This conversation continues in a newer session.",
                 continuation_session_id=self.sessions.newest_continuation(session_id),
             )
         if not starting:
             return
         if self.registry.busy(session_id):
-            raise SessionError(
-                "session_busy",
+            raise SessionBusy(
                 "A run is still using this session.",
                 active_stream_id=self.registry.attachable_stream(session_id),
             )
         if self.closing:
-            raise SessionError("server_closing", "The server is shutting down.")
+            raise ServerClosing("The server is shutting down.")
 
     # -- Stop and steer ---------------------------------------------------------------------
     async def cancel(

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 from tether import events as ev
+from tether.errors import InvalidRequest, SessionBusy
 from tether.events import new_id
 from tether.log import Draft, SessionNotFound
 from tether.log.attachments import AttachmentStore
@@ -16,16 +17,6 @@ from tether.runs.registry import RunRegistry
 from tether.sessions.folds import FoldCache
 
 TITLE_MAX_CHARS = 200
-
-
-class SessionError(Exception):
-    """A request the session layer refuses; the HTTP layer maps `code` to a status."""
-
-    def __init__(self, code: str, message: str, **extra: Any):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.extra = extra
 
 
 class SessionLocks:
@@ -45,11 +36,9 @@ class SessionLocks:
 def clean_title(title: str) -> str:
     title = title.strip()
     if not title:
-        raise SessionError("invalid_request", "The title must not be empty.")
+        raise InvalidRequest("The title must not be empty.")
     if len(title) > TITLE_MAX_CHARS:
-        raise SessionError(
-            "invalid_request", f"The title is longer than {TITLE_MAX_CHARS} characters."
-        )
+        raise InvalidRequest(f"The title is longer than {TITLE_MAX_CHARS} characters.")
     return title
 
 
@@ -148,9 +137,7 @@ class SessionService:
 
     async def patch(self, session_id: str, changes: dict[str, Any]) -> dict[str, Any]:
         if not changes:
-            raise SessionError(
-                "invalid_request", "Nothing to change: send title, pinned or archived."
-            )
+            raise InvalidRequest("Nothing to change: send title, pinned or archived.")
         if "title" in changes:
             changes["title"] = clean_title(changes["title"])
         async with self.locks(session_id):
@@ -169,8 +156,7 @@ class SessionService:
     async def delete(self, session_id: str) -> None:
         async with self.locks(session_id):
             if self.registry.busy(session_id):
-                raise SessionError(
-                    "session_busy",
+                raise SessionBusy(
                     "Stop the running turn before deleting this session.",
                     active_stream_id=self.registry.attachable_stream(session_id),
                 )
@@ -190,8 +176,7 @@ class SessionService:
             if self.store.last_seq(session_id) is None:
                 raise SessionNotFound(session_id)
             if self.registry.busy(session_id):
-                raise SessionError(
-                    "session_busy",
+                raise SessionBusy(
                     "A run is still using this session; stop it first.",
                     active_stream_id=self.registry.attachable_stream(session_id),
                 )
@@ -199,8 +184,7 @@ class SessionService:
             assert fold.row is not None
             count = len(fold.transcript.messages)
             if keep_count > count:
-                raise SessionError(
-                    "invalid_request",
+                raise InvalidRequest(
                     f"keep_count {keep_count} is more than the {count} messages this session has.",
                 )
             if keep_count < count:

@@ -178,7 +178,7 @@ def serve(log_level: str, **options: object) -> None:
     if not settings.no_browser:
         _open_browser_when_ready(server, f"http://{settings.host}:{settings.port}/")
     # uvicorn re-raises the signal that stopped it once it has shut down; by then every run is
-    # durable, so that re-raise lands on a no-op and the process exits 0 (API.md §1).
+    # durable, so that re-raise lands on a no-op and the process exits 0 (docs/api.md §1).
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     server.run()

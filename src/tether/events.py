@@ -1,4 +1,4 @@
-"""The event vocabulary of API.md §6 and the envelope every layer speaks.
+"""The event vocabulary of docs/api.md §6 and the envelope every layer speaks.
 
 The log stores these; every projection folds them; the SSE stream sends them verbatim.
 """
@@ -39,7 +39,7 @@ TRANSCRIPT_TRUNCATED = "transcript.truncated"
 # state.db), reconciled into this session: turns to show, and a compaction done elsewhere.
 AGENT_IMPORTED = "agent.imported"
 
-# Terminal states of a run (API.md §4): every run ends in exactly one of these.
+# Terminal states of a run (docs/api.md §4): every run ends in exactly one of these.
 RUN_STATES = (
     "completed",
     "cancelled",

@@ -1,4 +1,4 @@
-"""`--compression-mode rotate` (ARCHITECTURE.md §3; contract "Inactive compression
+"""`--compression-mode rotate` (docs/architecture.md §3; contract "Inactive compression
 continuation recovery" for Tether's own lineage). Layers: log (session.rotated, the child's
 handoff), sidebar (the child takes the parent's place without moving updated_at: invariant
 4), model context (the child starts from the summary, never the parent's turns as intent:

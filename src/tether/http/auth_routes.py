@@ -1,4 +1,4 @@
-"""Login routes (API.md §8, docs/security.md): the login page, log in, log out, and status.
+"""Login routes (docs/api.md §8, docs/security.md): the login page, log in, log out, and status.
 The Origin check and the session check of every other route live in `auth.AuthGate`."""
 
 from __future__ import annotations

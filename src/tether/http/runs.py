@@ -1,4 +1,4 @@
-"""Runs: API.md §4 (start, Stop) and the attachments that turns refer to."""
+"""Runs: docs/api.md §4 (start, Stop) and the attachments that turns refer to."""
 
 from __future__ import annotations
 

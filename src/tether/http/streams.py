@@ -1,4 +1,4 @@
-"""The event streams of API.md §6.
+"""The event streams of docs/api.md §6.
 
 A browser tab keeps one connection: `?sidebar=1` on a session stream also carries the sidebar
 feed's `session.changed` frames (HTTP/1.1 allows six connections per origin across all tabs).

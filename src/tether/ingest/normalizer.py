@@ -1,4 +1,4 @@
-"""Runtime events to log drafts for one run (ARCHITECTURE.md §1: normalise once, at entry).
+"""Runtime events to log drafts for one run (docs/architecture.md §1: normalise once, at entry).
 
 - Reasoning and text deltas get item ids; a new item starts whenever the kind changes or a
   tool ran in between, so interim progress stays its own visible timeline row.
@@ -221,7 +221,7 @@ class Normalizer:
 
 
 def coalesce(drafts: list[Draft]) -> list[Draft]:
-    """Merge adjacent deltas of the same item: their concatenation is the text (API.md §6)."""
+    """Merge adjacent deltas of the same item: their concatenation is the text (docs/api.md §6)."""
     out: list[Draft] = []
     for draft in drafts:
         prev = out[-1] if out else None

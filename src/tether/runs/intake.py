@@ -1,5 +1,5 @@
 """What a new turn may carry: checked in full before anything is written, so a refused start
-leaves no trace (API.md §4: bad input is a 400/413 before the turn is recorded)."""
+leaves no trace (docs/api.md §4: bad input is a 400/413 before the turn is recorded)."""
 
 from __future__ import annotations
 

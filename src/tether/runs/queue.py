@@ -1,4 +1,4 @@
-"""Queued messages (API.md §4): typed while a run is busy, started as the next turn when the
+"""Queued messages (docs/api.md §4): typed while a run is busy, started as the next turn when the
 run completes, kept (visible, editable, removable) when it is cancelled or fails. They live
 in the log, so they survive reloads and restarts."""
 

@@ -108,7 +108,7 @@ RuntimeEvent = (
 # (`contextlib.aclosing`) and the runtime's `finally` closes the model request at once.
 RuntimeStream = AsyncGenerator[RuntimeEvent, None]
 
-# Stable error codes of API.md §4.
+# Stable error codes of docs/api.md §4.
 ERROR_CODES = (
     "auth",
     "rate_limit",

@@ -1,4 +1,4 @@
-"""Session commands and reads (API.md §3). Every command validates first and appends only
+"""Session commands and reads (docs/api.md §3). Every command validates first and appends only
 when something changes, so a rejected or empty request leaves the log untouched."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-// The HTTP API (API.md): JSON in and out; a non-2xx answer becomes an ApiError carrying the
+// The HTTP API (docs/api.md): JSON in and out; a non-2xx answer becomes an ApiError carrying the
 // server's stable `code` and its message for people.
 
 export class ApiError extends Error {

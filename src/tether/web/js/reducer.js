@@ -1,4 +1,4 @@
-// One reducer per session over `(seq, event)` (ARCHITECTURE.md §4): live, replayed and
+// One reducer per session over `(seq, event)` (docs/architecture.md §4): live, replayed and
 // snapshot-hydrated events take the same path. It mirrors the server's pure fold,
 // `tether/projections/transcript.py` (TranscriptFold), so `view(state)` equals the Python
 // `TranscriptFold.view()` for the same events (tests/browser/test_reducer_equivalence.py).

@@ -1,5 +1,5 @@
 // unread.js: the sidebar's client-side unread stores (contract: "Client-side unread persistence
-// (sidebar layer)"; API.md section 7). Plain ES module, no build step, no dependencies.
+// (sidebar layer)"; docs/api.md §7). Plain ES module, no build step, no dependencies.
 //
 // Contract rule -> code
 //  - Keys: VIEWED_KEY, MARKERS_KEY, CLEARED_PREFIX + <encoded sid> + ':' + <stamp>, DELETED_PREFIX

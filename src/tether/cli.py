@@ -7,6 +7,7 @@ import logging
 import signal
 import threading
 import webbrowser
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,18 @@ from tether import __version__
 from tether.log import StorageError
 from tether.settings import Settings, is_loopback
 
+# Each knob's default lives in Settings only; the flags show it.
+_DEFAULTS = {f.name: f.default for f in fields(Settings) if f.default is not MISSING}
+
 
 def option(flag: str, **kwargs: Any):  # noqa: ANN201 - a click decorator
-    """A `serve` option that also reads TETHER_<FLAG> (e.g. --data-dir: TETHER_DATA_DIR)."""
-    envvar = "TETHER_" + flag.lstrip("-").replace("-", "_").upper()
-    return click.option(flag, envvar=envvar, show_envvar=True, **kwargs)
+    """A `serve` option that also reads TETHER_<FLAG> (e.g. --data-dir: TETHER_DATA_DIR),
+    with the default of the Settings field of the same name."""
+    name = flag.lstrip("-").replace("-", "_")
+    default = _DEFAULTS.get(name)
+    if default is not None and not kwargs.get("is_flag"):
+        kwargs.update(default=default, show_default=True)
+    return click.option(flag, envvar="TETHER_" + name.upper(), show_envvar=True, **kwargs)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -31,8 +39,8 @@ def main() -> None:
 
 
 @main.command()
-@option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@option("--port", default=8787, show_default=True, type=click.IntRange(0, 65535))
+@option("--host", help="Address to listen on.")
+@option("--port", type=click.IntRange(0, 65535))
 @option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -41,16 +49,12 @@ def main() -> None:
 @option(
     "--runtime",
     type=click.Choice(["demo", "openai", "hermes"]),
-    default="demo",
-    show_default=True,
     help="Who answers: the offline demo or a real model.",
 )
 @option("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1.")
 @option("--model", help="Model name to request.")
 @option(
     "--api-key-env",
-    default="OPENAI_API_KEY",
-    show_default=True,
     help="Environment variable that holds the API key.",
 )
 @option(
@@ -59,15 +63,11 @@ def main() -> None:
 @option(
     "--compression-threshold",
     type=click.FloatRange(0.1, 0.99),
-    default=0.8,
-    show_default=True,
     help="Compress when the next request passes this share.",
 )
 @option(
     "--compression-mode",
     type=click.Choice(["in_place", "rotate"]),
-    default="in_place",
-    show_default=True,
 )
 @option(
     "--workspace",
@@ -91,36 +91,26 @@ def main() -> None:
 @option(
     "--heartbeat-seconds",
     type=click.FloatRange(0.05, 5.0),
-    default=5.0,
-    show_default=True,
     help="Idle SSE heartbeat interval.",
 )
 @option(
     "--sse-write-deadline-seconds",
     type=click.FloatRange(min=0.5),
-    default=30.0,
-    show_default=True,
     help="Disconnect a stream subscriber that has not taken a frame for this long.",
 )
 @option(
     "--max-streams-per-client",
     type=click.IntRange(min=1),
-    default=32,
-    show_default=True,
     help="Open event streams one client address may hold.",
 )
 @option(
     "--cancel-reclaim-seconds",
     type=click.FloatRange(min=0.1),
-    default=180.0,
-    show_default=True,
     help="How long a stopped worker may take to unwind.",
 )
 @option(
     "--agent-sync-seconds",
     type=click.FloatRange(min=0),
-    default=5.0,
-    show_default=True,
     help="How often to look for turns other clients of the agent wrote (hermes runtime; "
     "0: only before each turn).",
 )

@@ -82,3 +82,32 @@ def test_no_module_of_tether_imports_itself_through_another() -> None:
 def test_the_circle_finder_sees_a_circle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _circles(graph) == [["a", "b", "c"]]
+
+
+# What each layer may import besides itself (docs/architecture.md, "Layout"): http -> services
+# -> runs -> sessions -> log; projections depend only on events.
+MAY_IMPORT = {
+    "tether.events": set(),
+    "tether.errors": set(),
+    "tether.projections": {"tether.events"},
+    "tether.log": {"tether.events", "tether.errors"},
+    "tether.sessions": {"tether.events", "tether.errors", "tether.log", "tether.projections"},
+}
+# The composition: only the command line, the HTTP layer and each other import these.
+TOP = ("tether.cli", "tether.http", "tether.services")
+
+
+def _layer(module: str) -> str:
+    return next((k for k in MAY_IMPORT if module == k or module.startswith(k + ".")), module)
+
+
+def test_dependencies_point_one_way() -> None:
+    wrong = []
+    for module, deps in _import_graph(_modules()).items():
+        layer = _layer(module)
+        for dep in deps:
+            below_its_layer = layer in MAY_IMPORT and _layer(dep) not in MAY_IMPORT[layer] | {layer}
+            upward = dep.startswith(TOP) and not module.startswith((*TOP, "tether.__main__"))
+            if below_its_layer or upward:
+                wrong.append(f"{module} -> {dep}")
+    assert wrong == []

@@ -144,7 +144,8 @@ def serve(log_level: str, **options: object) -> None:
         )
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
 
-    from tether.http.app import create_app, open_store
+    from tether.http.app import create_app
+    from tether.services import open_store
 
     try:  # a database that cannot be opened is a clear one-line error, not a traceback
         open_store(settings).close()

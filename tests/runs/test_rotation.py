@@ -14,8 +14,6 @@ import pytest
 
 from tether.errors import SessionRotated
 from tether.events import SUMMARY_PREFIX
-from tether.runs.queue import QueueService
-from tether.runs.rotation import Rotator
 from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput, Usage
 from tether.settings import Settings
 
@@ -49,17 +47,14 @@ class FullContextRuntime:
         return None
 
 
-def rotating(h, tmp_path: Path) -> None:  # noqa: ANN001
-    settings = Settings(data_dir=tmp_path, context_window=1000, compression_mode="rotate")
-    h.engine.rotator = Rotator(h.engine, settings)
-    h.engine.queue = QueueService(h.engine)
+def rotating(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path, context_window=1000, compression_mode="rotate")
 
 
 def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) -> None:
     async def main() -> None:
         runtime = FullContextRuntime()
-        async with harness(tmp_path, runtime) as h:
-            rotating(h, tmp_path)
+        async with harness(tmp_path, runtime, rotating(tmp_path)) as h:
             parent = (await h.sessions.create("Research"))["session_id"]
             await h.engine.start(parent, "first question")
             for _ in range(500):
@@ -129,8 +124,9 @@ def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) 
 def test_in_place_mode_never_rotates(tmp_path: Path) -> None:
     async def main() -> None:
         runtime = FullContextRuntime()
-        async with harness(tmp_path, runtime) as h:
-            h.engine.rotator = Rotator(h.engine, Settings(data_dir=tmp_path, context_window=1000))
+        async with harness(
+            tmp_path, runtime, Settings(data_dir=tmp_path, context_window=1000)
+        ) as h:
             sid = (await h.sessions.create(None))["session_id"]
             await h.engine.start(sid, "q")
             await h.wait_idle(sid)

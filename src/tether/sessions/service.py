@@ -4,7 +4,7 @@ when something changes, so a rejected or empty request leaves the log untouched.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
 
 from tether import events as ev
 from tether.errors import InvalidRequest, SessionBusy
@@ -13,7 +13,6 @@ from tether.log import Draft, SessionNotFound
 from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
 from tether.projections.sidebar import public_row, sort_key
-from tether.runs.registry import RunRegistry
 from tether.sessions.folds import FoldCache
 
 TITLE_MAX_CHARS = 200
@@ -42,9 +41,19 @@ def clean_title(title: str) -> str:
     return title
 
 
+class RunOccupancy(Protocol):
+    """The run registry's two predicates (contract invariant 9) as the session layer reads
+    them; `runs.registry.RunRegistry` provides them. Declared here, so the session layer
+    needs nothing from the runs layer above it."""
+
+    def busy(self, session_id: str) -> bool: ...
+
+    def attachable_stream(self, session_id: str) -> str | None: ...
+
+
 class SessionService:
     def __init__(
-        self, store: SQLiteEventStore, registry: RunRegistry, attachments: AttachmentStore
+        self, store: SQLiteEventStore, registry: RunOccupancy, attachments: AttachmentStore
     ):
         self.store = store
         self.registry = registry

@@ -67,7 +67,8 @@ def build_services(settings: Settings, runtime: Runtime | None = None) -> Servic
         store=store, sessions=sessions, registry=registry, runtime=runtime, attachments=attachments
     )
     queue = QueueService(engine)
-    syncer = agent_sync.AgentSync(engine, runtime) if agent_sync.supported(runtime) else None
+    history = runtime.agent_history()
+    syncer = agent_sync.AgentSync(engine, history) if history is not None else None
     engine.connect(rotator=Rotator(engine, settings), queue=queue, agent_sync=syncer)
     return Services(
         settings=settings,

@@ -14,13 +14,13 @@ import pytest
 
 from tether.errors import SessionRotated
 from tether.events import SUMMARY_PREFIX
-from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput, Usage
+from tether.runtimes.base import Runtime, RuntimeEvent, TextDelta, TurnInput, Usage
 from tether.settings import Settings
 
 from engine_harness import harness
 
 
-class FullContextRuntime:
+class FullContextRuntime(Runtime):
     """Reports a context that crossed 80% of a 1,000-token window on every turn."""
 
     name = "full"

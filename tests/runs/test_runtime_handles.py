@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from tether.runs.maintenance import reclaim
-from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput
+from tether.runtimes.base import Runtime, RuntimeEvent, TextDelta, TurnInput
 
 from engine_harness import Harness, harness
 
@@ -41,7 +41,7 @@ class BarrierHandle:
         self.closed = True
 
 
-class BarrierRuntime:
+class BarrierRuntime(Runtime):
     name = "barrier"
     model = "barrier-1"
     demo = False

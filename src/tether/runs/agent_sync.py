@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TypeGuard
 
 from tether import events as ev
 from tether.events import new_id
@@ -97,10 +96,6 @@ async def adopt_sessions_started_elsewhere(engine: RunEngine, agent: AgentHistor
         log.info(
             "the agent's session %s, started elsewhere, is Tether session %s", agent_id, session_id
         )
-
-
-def supported(runtime: object) -> TypeGuard[AgentHistory]:
-    return hasattr(runtime, "agent_news")
 
 
 async def sync_locked(engine: RunEngine, agent: AgentHistory, session_id: str) -> None:

@@ -19,8 +19,11 @@ from typing import Any
 
 from tether.runtimes.attachments import accepts_mime
 from tether.runtimes.base import (
+    AgentHistory,
     AgentNews,
+    Capabilities,
     ProviderError,
+    Runtime,
     RuntimeStream,
     RuntimeUnavailable,
     TurnInput,
@@ -58,16 +61,23 @@ def _env_int(name: str) -> int | None:
     return int(value) if value and value.strip().lstrip("-").isdigit() else None
 
 
-class HermesRuntime:
+class HermesRuntime(Runtime):
     name = "hermes"
-    demo = False
+    description = "Hermes Agent in a sidecar process of its own (the `hermes` extra)"
+    capabilities = Capabilities(
+        tools=True,
+        attachments=("image", "text"),
+        steer=True,
+        interrupt=True,
+        compression=True,
+        agent_sync=True,
+        approvals=True,
+    )
 
     def __init__(self, settings: Settings):
         self.settings = settings
         python = (
-            getattr(settings, "hermes_python", None)
-            or os.environ.get("TETHER_HERMES_PYTHON")
-            or default_python()
+            settings.hermes_python or os.environ.get("TETHER_HERMES_PYTHON") or default_python()
         )
         if not python:
             raise RuntimeUnavailable(
@@ -207,6 +217,9 @@ class HermesRuntime:
         return await asyncio.to_thread(
             agent_news, self.state_db, self.proofs, session_id, watermark, self.profile
         )
+
+    def agent_history(self) -> AgentHistory:
+        return self
 
     async def agent_changed(self) -> list[str]:
         bindings = await asyncio.to_thread(self.proofs.bindings)

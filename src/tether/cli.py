@@ -16,6 +16,8 @@ import uvicorn
 
 from tether import __version__
 from tether.log import StorageError
+from tether.runtimes import load_runtime, registered, runtime_class
+from tether.runtimes.base import RuntimeUnavailable
 from tether.settings import Settings, is_loopback
 
 # Each knob's default lives in Settings only; the flags show it.
@@ -48,8 +50,7 @@ def main() -> None:
 )
 @option(
     "--runtime",
-    type=click.Choice(["demo", "openai", "hermes"]),
-    help="Who answers: the offline demo or a real model.",
+    help="Who answers: demo, openai, hermes or an installed plugin (see `tether runtimes`).",
 )
 @option("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1.")
 @option("--model", help="Model name to request.")
@@ -151,6 +152,10 @@ def serve(log_level: str, **options: object) -> None:
         open_store(settings).close()
     except StorageError as exc:
         raise click.ClickException(str(exc)) from exc
+    try:  # so is a runtime that cannot start, before anything is served
+        runtime = load_runtime(settings)
+    except RuntimeUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
 
     try:
         auth = Authenticator(settings.data_dir, password)  # keeps only the argon2 hash
@@ -158,7 +163,7 @@ def serve(log_level: str, **options: object) -> None:
         raise click.ClickException(f"Cannot set up login in {settings.data_dir}: {exc}") from exc
     del password
     config = uvicorn.Config(
-        create_app(settings, auth),
+        create_app(settings, auth, runtime),
         host=settings.host,
         port=settings.port,
         log_level=log_level,
@@ -175,6 +180,19 @@ def serve(log_level: str, **options: object) -> None:
     server.run()
     if not server.started:
         raise SystemExit(1)
+
+
+@main.command()
+def runtimes() -> None:
+    """List the runtimes this installation offers and what each can do."""
+    for name, entry in sorted(registered().items()):
+        try:
+            cls = runtime_class(name)
+        except RuntimeUnavailable as exc:
+            click.echo(f"{name:<12} {entry.distribution}: {exc}")
+            continue
+        capabilities = ", ".join(cls.capabilities.names())
+        click.echo(f"{name:<12} {entry.distribution}: {cls.description} [{capabilities}]")
 
 
 def _open_browser_when_ready(server: uvicorn.Server, url: str) -> None:

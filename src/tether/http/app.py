@@ -24,6 +24,7 @@ from tether.http.deps import Services
 from tether.http.limits import BodyLimit
 from tether.http.stream_slots import StreamSlots
 from tether.runs import maintenance
+from tether.runtimes.base import Runtime
 from tether.services import build_services
 from tether.settings import Settings
 
@@ -39,19 +40,22 @@ def _freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, auth: Authenticator | None = None, runtime: Runtime | None = None
+) -> FastAPI:
     """The app. `auth` carries the hashed password; without it, it is loaded from settings
-    (auth.PasswordError when the configured password cannot be read)."""
+    (auth.PasswordError when the configured password cannot be read). `runtime` is the one
+    the command line built before serving; without it, the one settings name."""
     if auth is None:
         auth = Authenticator.from_settings(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services = app.state.services = Services(
-            **vars(build_services(settings)),
+            **vars(build_services(settings, runtime)),
             stream_slots=StreamSlots(settings.max_streams_per_client),
         )
-        engine, runtime, store = services.engine, services.runtime, services.store
+        engine, store = services.engine, services.store
         recovered = await maintenance.recover(engine)
         if recovered:
             log.warning(
@@ -67,7 +71,10 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
         )
         _freeze_startup_heap()
         log.info(
-            "Tether %s ready (%s runtime): data in %s", __version__, runtime.name, settings.data_dir
+            "Tether %s ready (%s runtime): data in %s",
+            __version__,
+            services.runtime.name,
+            settings.data_dir,
         )
         try:
             yield
@@ -76,7 +83,7 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
             if syncer is not None:
                 syncer.cancel()
             await maintenance.shutdown(engine)
-            await runtime.aclose()
+            await services.runtime.aclose()
             store.attach_hub(None)
             store.close()
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from tether.settings import Settings
+
 
 @dataclass(frozen=True, slots=True)
 class ReasoningDelta:
@@ -311,6 +313,10 @@ class Runtime:
     description: ClassVar[str] = ""
     """One line for `tether runtimes`."""
     capabilities: ClassVar[Capabilities] = Capabilities()
+
+    def __init__(self, settings: Settings) -> None:
+        """Built once, before the server serves; raise RuntimeUnavailable (with the reason
+        a person can act on) to refuse the configuration."""
 
     @property
     def context_window(self) -> int | None:

@@ -53,7 +53,7 @@ TARGET_RATIO = 0.5
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "log_append.json"
 
 SESSION = "bench"
-# A coalesced text delta of typical size (ARCHITECTURE.md §2: deltas are batched every ~50 ms).
+# A coalesced text delta of typical size (docs/architecture.md §2: deltas are batched every ~50 ms).
 DATA: dict[str, Any] = {"stream_id": None, "item_id": "t1", "text": "The quick brown fox " * 3}
 DRAFT = Draft(TEXT_DELTA, DATA)
 INSERT = (

@@ -7,20 +7,31 @@ import logging
 import signal
 import threading
 import webbrowser
+from dataclasses import MISSING, fields
 from pathlib import Path
+from typing import Any
 
 import click
 import uvicorn
 
 from tether import __version__
 from tether.log import StorageError
+from tether.runtimes import load_runtime, registered, runtime_class
+from tether.runtimes.base import RuntimeUnavailable
 from tether.settings import Settings, is_loopback
 
+# Each knob's default lives in Settings only; the flags show it.
+_DEFAULTS = {f.name: f.default for f in fields(Settings) if f.default is not MISSING}
 
-def option(flag: str, **kwargs: object):  # noqa: ANN201 - a click decorator
-    """A `serve` option that also reads TETHER_<FLAG> (e.g. --data-dir: TETHER_DATA_DIR)."""
-    envvar = "TETHER_" + flag.lstrip("-").replace("-", "_").upper()
-    return click.option(flag, envvar=envvar, show_envvar=True, **kwargs)
+
+def option(flag: str, **kwargs: Any):  # noqa: ANN201 - a click decorator
+    """A `serve` option that also reads TETHER_<FLAG> (e.g. --data-dir: TETHER_DATA_DIR),
+    with the default of the Settings field of the same name."""
+    name = flag.lstrip("-").replace("-", "_")
+    default = _DEFAULTS.get(name)
+    if default is not None and not kwargs.get("is_flag"):
+        kwargs.update(default=default, show_default=True)
+    return click.option(flag, envvar="TETHER_" + name.upper(), show_envvar=True, **kwargs)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,8 +41,8 @@ def main() -> None:
 
 
 @main.command()
-@option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@option("--port", default=8787, show_default=True, type=click.IntRange(0, 65535))
+@option("--host", help="Address to listen on.")
+@option("--port", type=click.IntRange(0, 65535))
 @option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -39,17 +50,12 @@ def main() -> None:
 )
 @option(
     "--runtime",
-    type=click.Choice(["demo", "openai", "hermes"]),
-    default="demo",
-    show_default=True,
-    help="Who answers: the offline demo or a real model.",
+    help="Who answers: demo, openai, hermes or an installed plugin (see `tether runtimes`).",
 )
 @option("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1.")
 @option("--model", help="Model name to request.")
 @option(
     "--api-key-env",
-    default="OPENAI_API_KEY",
-    show_default=True,
     help="Environment variable that holds the API key.",
 )
 @option(
@@ -58,15 +64,11 @@ def main() -> None:
 @option(
     "--compression-threshold",
     type=click.FloatRange(0.1, 0.99),
-    default=0.8,
-    show_default=True,
     help="Compress when the next request passes this share.",
 )
 @option(
     "--compression-mode",
     type=click.Choice(["in_place", "rotate"]),
-    default="in_place",
-    show_default=True,
 )
 @option(
     "--workspace",
@@ -90,36 +92,26 @@ def main() -> None:
 @option(
     "--heartbeat-seconds",
     type=click.FloatRange(0.05, 5.0),
-    default=5.0,
-    show_default=True,
     help="Idle SSE heartbeat interval.",
 )
 @option(
     "--sse-write-deadline-seconds",
     type=click.FloatRange(min=0.5),
-    default=30.0,
-    show_default=True,
     help="Disconnect a stream subscriber that has not taken a frame for this long.",
 )
 @option(
     "--max-streams-per-client",
     type=click.IntRange(min=1),
-    default=32,
-    show_default=True,
     help="Open event streams one client address may hold.",
 )
 @option(
     "--cancel-reclaim-seconds",
     type=click.FloatRange(min=0.1),
-    default=180.0,
-    show_default=True,
     help="How long a stopped worker may take to unwind.",
 )
 @option(
     "--agent-sync-seconds",
     type=click.FloatRange(min=0),
-    default=5.0,
-    show_default=True,
     help="How often to look for turns other clients of the agent wrote (hermes runtime; "
     "0: only before each turn).",
 )
@@ -153,12 +145,17 @@ def serve(log_level: str, **options: object) -> None:
         )
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
 
-    from tether.http.app import create_app, open_store
+    from tether.http.app import create_app
+    from tether.services import open_store
 
     try:  # a database that cannot be opened is a clear one-line error, not a traceback
         open_store(settings).close()
     except StorageError as exc:
         raise click.ClickException(str(exc)) from exc
+    try:  # so is a runtime that cannot start, before anything is served
+        runtime = load_runtime(settings)
+    except RuntimeUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
 
     try:
         auth = Authenticator(settings.data_dir, password)  # keeps only the argon2 hash
@@ -166,7 +163,7 @@ def serve(log_level: str, **options: object) -> None:
         raise click.ClickException(f"Cannot set up login in {settings.data_dir}: {exc}") from exc
     del password
     config = uvicorn.Config(
-        create_app(settings, auth),
+        create_app(settings, auth, runtime),
         host=settings.host,
         port=settings.port,
         log_level=log_level,
@@ -177,12 +174,25 @@ def serve(log_level: str, **options: object) -> None:
     if not settings.no_browser:
         _open_browser_when_ready(server, f"http://{settings.host}:{settings.port}/")
     # uvicorn re-raises the signal that stopped it once it has shut down; by then every run is
-    # durable, so that re-raise lands on a no-op and the process exits 0 (API.md §1).
+    # durable, so that re-raise lands on a no-op and the process exits 0 (docs/api.md §1).
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     server.run()
     if not server.started:
         raise SystemExit(1)
+
+
+@main.command()
+def runtimes() -> None:
+    """List the runtimes this installation offers and what each can do."""
+    for name, entry in sorted(registered().items()):
+        try:
+            cls = runtime_class(name)
+        except RuntimeUnavailable as exc:
+            click.echo(f"{name:<12} {entry.distribution}: {exc}")
+            continue
+        capabilities = ", ".join(cls.capabilities.names())
+        click.echo(f"{name:<12} {entry.distribution}: {cls.description} [{capabilities}]")
 
 
 def _open_browser_when_ready(server: uvicorn.Server, url: str) -> None:

@@ -1,17 +1,15 @@
-"""The event vocabulary of API.md §6 and the envelope every layer speaks.
+"""The event vocabulary of docs/api.md §6 and the envelope every layer speaks.
 
 The log stores these; every projection folds them; the SSE stream sends them verbatim.
 """
 
 from __future__ import annotations
 
-import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-_ID_RE = re.compile(ID_PATTERN)
 
 SESSION_CREATED = "session.created"
 SESSION_UPDATED = "session.updated"
@@ -41,7 +39,7 @@ TRANSCRIPT_TRUNCATED = "transcript.truncated"
 # state.db), reconciled into this session: turns to show, and a compaction done elsewhere.
 AGENT_IMPORTED = "agent.imported"
 
-# Terminal states of a run (API.md §4): every run ends in exactly one of these.
+# Terminal states of a run (docs/api.md §4): every run ends in exactly one of these.
 RUN_STATES = (
     "completed",
     "cancelled",
@@ -63,10 +61,6 @@ SUMMARY_PREFIX = (
 
 def summary_message(summary: str) -> dict[str, Any]:
     return {"role": "system", "content": SUMMARY_PREFIX + summary}
-
-
-def is_valid_id(value: object) -> bool:
-    return isinstance(value, str) and _ID_RE.match(value) is not None
 
 
 def new_id(prefix: str) -> str:

@@ -1,4 +1,4 @@
-"""Layer: browser. ARCHITECTURE.md §4: the page's one reducer per session (`web/js/reducer.js`)
+"""Layer: browser. docs/architecture.md §4: the page's one reducer per session (`web/js/reducer.js`)
 folds `(seq, event)` exactly like the server's `TranscriptFold`, whether the events arrive live,
 replayed, twice, or after a `session.snapshot`; its `view()` equals the Python `view()`."""
 

@@ -1,4 +1,4 @@
-"""The `tether` command as a user runs it (API.md §1): flags and TETHER_* variables, the
+"""The `tether` command as a user runs it (docs/api.md §1): flags and TETHER_* variables, the
 per-user data directory, readiness, clean exit on SIGTERM/SIGINT, durability across kill -9."""
 
 from __future__ import annotations

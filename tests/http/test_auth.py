@@ -1,4 +1,4 @@
-"""Access control (API.md §8, docs/security.md) against a real `tether serve` process: the
+"""Access control (docs/api.md §8, docs/security.md) against a real `tether serve` process: the
 password, the session cookie, logout, the login rate limit, the Origin check and the CLI's
 refusals."""
 

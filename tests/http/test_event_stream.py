@@ -1,4 +1,4 @@
-"""Layer: live stream / SSE and run journal replay (API.md §6, contract invariants 3 and 5):
+"""Layer: live stream / SSE and run journal replay (docs/api.md §6, contract invariants 3 and 5):
 replay-then-live with no gap and no duplicate from any cursor; a cursor that cannot be honoured
 yields one `session.snapshot`, never a refusal and never a silent skip."""
 

@@ -1,4 +1,4 @@
-"""Layer: HTTP sessions API (API.md §3) over real HTTP against a real server process, and the
+"""Layer: HTTP sessions API (docs/api.md §3) over real HTTP against a real server process, and the
 sidebar layer's invariant 4: maintenance and reads never move `updated_at` or list order."""
 
 from __future__ import annotations

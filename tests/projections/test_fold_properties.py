@@ -1,4 +1,4 @@
-"""Layer: projections. ARCHITECTURE.md §1: a projection is a pure function of the events up to
+"""Layer: projections. docs/architecture.md §1: a projection is a pure function of the events up to
 seq N, so replay is idempotent (invariant 5) and reattach keeps order (invariant 3)."""
 
 from __future__ import annotations

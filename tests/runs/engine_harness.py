@@ -1,5 +1,6 @@
-"""The run engine wired as the app wires it (real SQLite, real hub), without HTTP, for the
-races that need control over the event loop's interleaving."""
+"""The run engine wired as the app wires it (`tether.services.build_services`: real SQLite,
+real hub, the queue and rotation between turns), without HTTP, for the races that need
+control over the event loop's interleaving."""
 
 from __future__ import annotations
 
@@ -9,15 +10,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tether.log import Hub
-from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
-from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
 from tether.runs import maintenance
 from tether.runs.engine import RunEngine
 from tether.runs.registry import RunRegistry
 from tether.runtimes.base import Runtime
+from tether.services import build_services
 from tether.sessions.service import SessionService
+from tether.settings import Settings
 
 
 @dataclass
@@ -39,19 +39,12 @@ class Harness:
 
 
 @asynccontextmanager
-async def harness(tmp_path: Path, runtime: Runtime) -> AsyncIterator[Harness]:
-    store = SQLiteEventStore(
-        tmp_path / "tether.db", index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION
-    )
-    store.attach_hub(Hub(asyncio.get_running_loop()))
-    registry = RunRegistry()
-    attachments = AttachmentStore(tmp_path / "attachments")
-    sessions = SessionService(store, registry, attachments)
-    engine = RunEngine(
-        store=store, sessions=sessions, registry=registry, runtime=runtime, attachments=attachments
-    )
+async def harness(
+    tmp_path: Path, runtime: Runtime, settings: Settings | None = None
+) -> AsyncIterator[Harness]:
+    services = build_services(settings or Settings(data_dir=tmp_path), runtime)
     try:
-        yield Harness(store, registry, sessions, engine)
+        yield Harness(services.store, services.registry, services.sessions, services.engine)
     finally:
-        await maintenance.shutdown(engine, grace=1)
-        store.close()
+        await maintenance.shutdown(services.engine, grace=1)
+        services.store.close()

@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from tether.runs.maintenance import reclaim
-from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput
+from tether.runtimes.base import Runtime, RuntimeEvent, TextDelta, TurnInput
 
 from engine_harness import harness
 
 
-class StubbornRuntime:
+class StubbornRuntime(Runtime):
     """Ignores cancellation on its first turn (a wedged agent); behaves on later turns."""
 
     name = "stubborn"
@@ -47,7 +47,7 @@ class StubbornRuntime:
         return None
 
 
-class CountingRuntime:
+class CountingRuntime(Runtime):
     name = "counting"
     model = "counting-1"
     demo = False

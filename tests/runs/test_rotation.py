@@ -1,4 +1,4 @@
-"""`--compression-mode rotate` (ARCHITECTURE.md §3; contract "Inactive compression
+"""`--compression-mode rotate` (docs/architecture.md §3; contract "Inactive compression
 continuation recovery" for Tether's own lineage). Layers: log (session.rotated, the child's
 handoff), sidebar (the child takes the parent's place without moving updated_at: invariant
 4), model context (the child starts from the summary, never the parent's turns as intent:
@@ -12,17 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from tether.errors import SessionRotated
 from tether.events import SUMMARY_PREFIX
-from tether.runs.queue import QueueService
-from tether.runs.rotation import Rotator
-from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput, Usage
-from tether.sessions.service import SessionError
+from tether.runtimes.base import Runtime, RuntimeEvent, TextDelta, TurnInput, Usage
 from tether.settings import Settings
 
 from engine_harness import harness
 
 
-class FullContextRuntime:
+class FullContextRuntime(Runtime):
     """Reports a context that crossed 80% of a 1,000-token window on every turn."""
 
     name = "full"
@@ -49,17 +47,14 @@ class FullContextRuntime:
         return None
 
 
-def rotating(h, tmp_path: Path) -> None:  # noqa: ANN001
-    settings = Settings(data_dir=tmp_path, context_window=1000, compression_mode="rotate")
-    h.engine.rotator = Rotator(h.engine, settings)
-    h.engine.queue = QueueService(h.engine)
+def rotating(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path, context_window=1000, compression_mode="rotate")
 
 
 def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) -> None:
     async def main() -> None:
         runtime = FullContextRuntime()
-        async with harness(tmp_path, runtime) as h:
-            rotating(h, tmp_path)
+        async with harness(tmp_path, runtime, rotating(tmp_path)) as h:
             parent = (await h.sessions.create("Research"))["session_id"]
             await h.engine.start(parent, "first question")
             for _ in range(500):
@@ -96,7 +91,7 @@ def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) 
             ]
             # a stale start on the parent is refused before any mutation
             before = await h.store.read(parent)
-            with pytest.raises(SessionError) as info:
+            with pytest.raises(SessionRotated) as info:
                 await h.engine.start(parent, "stale tab")
             assert info.value.code == "session_rotated"
             assert info.value.extra["continuation_session_id"] == child
@@ -112,7 +107,7 @@ def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) 
             assert runtime.turns[1][1] == {"role": "user", "content": "second question"}
             # several hops: the parent points at the newest continuation
             assert h.sessions.row(parent)["continuation_session_id"] == grandchild
-            with pytest.raises(SessionError) as info:
+            with pytest.raises(SessionRotated) as info:
                 await h.engine.start(parent, "very stale")
             assert info.value.extra["continuation_session_id"] == grandchild
             grandchild_view = await h.sessions.view(grandchild)
@@ -129,8 +124,9 @@ def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) 
 def test_in_place_mode_never_rotates(tmp_path: Path) -> None:
     async def main() -> None:
         runtime = FullContextRuntime()
-        async with harness(tmp_path, runtime) as h:
-            h.engine.rotator = Rotator(h.engine, Settings(data_dir=tmp_path, context_window=1000))
+        async with harness(
+            tmp_path, runtime, Settings(data_dir=tmp_path, context_window=1000)
+        ) as h:
             sid = (await h.sessions.create(None))["session_id"]
             await h.engine.start(sid, "q")
             await h.wait_idle(sid)

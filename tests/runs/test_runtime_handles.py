@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tether.runs.handles import HandleCache
 from tether.runs.maintenance import reclaim
-from tether.runtimes.base import RuntimeEvent, TextDelta, TurnInput
+from tether.runtimes.base import Runtime, RuntimeEvent, TextDelta, TurnInput
 
 from engine_harness import Harness, harness
 
@@ -42,7 +42,7 @@ class BarrierHandle:
         self.closed = True
 
 
-class BarrierRuntime:
+class BarrierRuntime(Runtime):
     name = "barrier"
     model = "barrier-1"
     demo = False

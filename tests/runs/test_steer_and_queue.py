@@ -1,4 +1,4 @@
-"""Steering and the queue over real HTTP (API.md §4). Layers: log (steer.accepted /
+"""Steering and the queue over real HTTP (docs/api.md §4). Layers: log (steer.accepted /
 steer.leftover, queue.*), transcript (steer rows, `queued`), model context (consumed steers
 are the user's words at that step; leftovers are not), run registry (the queue starts the
 next turn only after a completed run). No typed word is lost."""

@@ -1,4 +1,4 @@
-"""Layers: log + attachments. A refused start leaves no trace (API.md §4); attachments are
+"""Layers: log + attachments. A refused start leaves no trace (docs/api.md §4); attachments are
 stored once beside the log and served only with safe headers."""
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""The HTTP and SSE interface of API.md: one module per resource, built by `create_app`."""
+"""The HTTP and SSE interface of docs/api.md: one module per resource, built by `create_app`."""

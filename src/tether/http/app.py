@@ -23,28 +23,12 @@ from tether.http.auth import Authenticator, AuthGate
 from tether.http.deps import Services
 from tether.http.limits import BodyLimit
 from tether.http.stream_slots import StreamSlots
-from tether.log import Hub
-from tether.log.attachments import AttachmentStore
-from tether.log.sqlite import SQLiteEventStore
-from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
-from tether.runs import agent_sync, maintenance
-from tether.runs.engine import RunEngine
-from tether.runs.queue import QueueService
-from tether.runs.registry import RunRegistry
-from tether.runs.rotation import Rotator
-from tether.runtimes import load_runtime
-from tether.sessions.feed import SidebarFeed
-from tether.sessions.service import SessionService
+from tether.runs import maintenance
+from tether.runtimes.base import Runtime
+from tether.services import build_services
 from tether.settings import Settings
 
 log = logging.getLogger("tether")
-
-
-def open_store(settings: Settings) -> SQLiteEventStore:
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    return SQLiteEventStore(
-        settings.database_path, index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION
-    )
 
 
 def _freeze_startup_heap() -> None:
@@ -56,49 +40,22 @@ def _freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, auth: Authenticator | None = None, runtime: Runtime | None = None
+) -> FastAPI:
     """The app. `auth` carries the hashed password; without it, it is loaded from settings
-    (auth.PasswordError when the configured password cannot be read)."""
+    (auth.PasswordError when the configured password cannot be read). `runtime` is the one
+    the command line built before serving; without it, the one settings name."""
     if auth is None:
         auth = Authenticator.from_settings(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = load_runtime(settings)
-        store = open_store(settings)
-        attachments = AttachmentStore(settings.data_dir / "attachments")
-        hub = Hub(asyncio.get_running_loop())
-        store.attach_hub(hub)
-        feed = SidebarFeed()
-        hub.on_batch(feed.on_batch)
-        hub.on_deleted(feed.on_deleted)
-        registry = RunRegistry(on_change=lambda sid: feed.notify(sid, "run.state"))
-        sessions_service = SessionService(store, registry, attachments)
-        hub.on_batch(sessions_service.folds.on_batch)
-        hub.on_deleted(sessions_service.folds.forget)
-        engine = RunEngine(
-            store=store,
-            sessions=sessions_service,
-            registry=registry,
-            runtime=runtime,
-            attachments=attachments,
-        )
-        engine.rotator = Rotator(engine, settings)
-        engine.queue = QueueService(engine)
-        if agent_sync.supported(runtime):
-            engine.agent_sync = agent_sync.AgentSync(engine)
-        app.state.services = Services(
-            settings=settings,
-            store=store,
-            hub=hub,
-            registry=registry,
-            sessions=sessions_service,
-            feed=feed,
-            attachments=attachments,
-            engine=engine,
-            queue=engine.queue,
+        services = app.state.services = Services(
+            **vars(build_services(settings, runtime)),
             stream_slots=StreamSlots(settings.max_streams_per_client),
         )
+        engine, store = services.engine, services.store
         recovered = await maintenance.recover(engine)
         if recovered:
             log.warning(
@@ -108,13 +65,16 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
             maintenance.reclaim_forever(engine, settings.cancel_reclaim_seconds)
         )
         syncer = (
-            asyncio.create_task(engine.agent_sync.forever(settings.agent_sync_seconds))
-            if engine.agent_sync is not None and settings.agent_sync_seconds > 0
+            asyncio.create_task(services.agent_sync.forever(settings.agent_sync_seconds))
+            if services.agent_sync is not None and settings.agent_sync_seconds > 0
             else None
         )
         _freeze_startup_heap()
         log.info(
-            "Tether %s ready (%s runtime): data in %s", __version__, runtime.name, settings.data_dir
+            "Tether %s ready (%s runtime): data in %s",
+            __version__,
+            services.runtime.name,
+            settings.data_dir,
         )
         try:
             yield
@@ -123,7 +83,7 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
             if syncer is not None:
                 syncer.cancel()
             await maintenance.shutdown(engine)
-            await runtime.aclose()
+            await services.runtime.aclose()
             store.attach_hub(None)
             store.close()
 

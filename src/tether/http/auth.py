@@ -34,6 +34,7 @@ from starlette.datastructures import Headers
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tether.errors import ApiError, BadOrigin, Unauthenticated
 from tether.settings import Settings
 
 log = logging.getLogger("tether.auth")
@@ -290,9 +291,8 @@ def same_origin(scope: Scope, headers: Headers) -> bool:
     if origin is None:
         return headers.get("sec-fetch-site") not in ("cross-site", "same-site")
     host = headers.get("host")
-    scheme = {"ws": "http", "wss": "https"}.get(
-        scope.get("scheme", "http"), scope.get("scheme", "http")
-    )
+    scope_scheme = str(scope.get("scheme") or "http")
+    scheme = {"ws": "http", "wss": "https"}.get(scope_scheme, scope_scheme)
     if not host or "://" not in origin:
         return False
     origin_scheme, _, origin_netloc = origin.partition("://")
@@ -335,11 +335,7 @@ class AuthGate:
         websocket = scope["type"] == "websocket"
         if (websocket or method in STATE_CHANGING) and not same_origin(scope, headers):
             await self._refuse(
-                scope,
-                send,
-                403,
-                "bad_origin",
-                "This request came from another site and was refused.",
+                scope, send, BadOrigin("This request came from another site and was refused.")
             )
             return
         if self.auth.password_required and not is_public(path):
@@ -348,19 +344,19 @@ class AuthGate:
                 if not websocket and method in ("GET", "HEAD") and not path.startswith("/api/"):
                     await self._redirect(scope, send)
                 else:
-                    await self._refuse(scope, send, 401, "unauthenticated", "Log in first.")
+                    await self._refuse(scope, send, Unauthenticated("Log in first."))
                 return
         await self.app(scope, receive, send)
 
-    async def _refuse(self, scope: Scope, send: Send, status: int, code: str, message: str) -> None:
+    async def _refuse(self, scope: Scope, send: Send, refusal: ApiError) -> None:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        body = json.dumps({"code": code, "message": message}).encode()
+        body = json.dumps(refusal.body()).encode()
         await send(
             {
                 "type": "http.response.start",
-                "status": status,
+                "status": refusal.status,
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),

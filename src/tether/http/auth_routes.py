@@ -1,4 +1,4 @@
-"""Login routes (API.md §8, docs/security.md): the login page, log in, log out, and status.
+"""Login routes (docs/api.md §8, docs/security.md): the login page, log in, log out, and status.
 The Origin check and the session check of every other route live in `auth.AuthGate`."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pydantic import Field, StrictStr
 
+from tether.errors import BadCredentials, RateLimited
 from tether.http.auth import COOKIE_NAME, SESSION_MAX_AGE, Authenticator, safe_next
-from tether.http.errors import error
+from tether.http.errors import error_response
 from tether.http.pages import PAGE_HEADERS, WEB_ROOT
 from tether.http.schemas import Body
 
@@ -54,11 +55,8 @@ async def login(request: Request, body: LoginRequest) -> Response:
     client = request.client.host if request.client else "unknown"
     wait = auth.limiter.retry_after(client)
     if wait:
-        response = error(
-            429,
-            "rate_limited",
-            f"Too many failed attempts; try again in {wait} s.",
-            retry_after=wait,
+        response = error_response(
+            RateLimited(f"Too many failed attempts; try again in {wait} s.", retry_after=wait)
         )
         response.headers["Retry-After"] = str(wait)
         return response
@@ -66,7 +64,7 @@ async def login(request: Request, body: LoginRequest) -> Response:
     auth.limiter.record_failure(client)
     if not await auth.verify_password(body.password):
         log.warning("failed login from %s", client)
-        return error(401, "bad_credentials", "That password is not right.")
+        raise BadCredentials("That password is not right.")
     auth.limiter.reset(client)
     log.info("login from %s", client)
     response = JSONResponse(

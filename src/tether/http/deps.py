@@ -7,29 +7,14 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from tether import services
 from tether.http.stream_slots import StreamSlots
-from tether.log import Hub
-from tether.log.attachments import AttachmentStore
-from tether.log.sqlite import SQLiteEventStore
-from tether.runs.engine import RunEngine
-from tether.runs.queue import QueueService
-from tether.runs.registry import RunRegistry
-from tether.sessions.feed import SidebarFeed
-from tether.sessions.service import SessionService
-from tether.settings import Settings
 
 
 @dataclass
-class Services:
-    settings: Settings
-    store: SQLiteEventStore
-    hub: Hub
-    registry: RunRegistry
-    sessions: SessionService
-    feed: SidebarFeed
-    attachments: AttachmentStore
-    engine: RunEngine
-    queue: QueueService
+class Services(services.Services):
+    """The services (`tether.services`) and what only the HTTP layer holds."""
+
     stream_slots: StreamSlots
 
 

@@ -1,4 +1,5 @@
-"""Every error leaves as `{code, message, ...}` with the status API.md §2 gives its class.
+"""Every error leaves as `{code, message, ...}`: the API's error family (`tether.errors`)
+carries each code and status, and one handler here answers for all of them (docs/api.md §2).
 Validation failures are 400 (never 422); nothing unexpected leaks a traceback."""
 
 from __future__ import annotations
@@ -11,28 +12,32 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tether.errors import (
+    ApiError,
+    Forbidden,
+    InternalError,
+    InvalidRequest,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    RouteNotFound,
+    Unauthenticated,
+)
 from tether.http.schemas import ErrorBody
-from tether.log import SessionNotFound, StorageError
-from tether.log.errors import InvalidEvent
-from tether.sessions.service import SessionError
+from tether.log import StorageError
 
 log = logging.getLogger("tether.http")
 
-_SESSION_ERROR_STATUS = {
-    "invalid_request": 400,
-    "session_busy": 409,
-    "session_rotated": 409,
-    "payload_too_large": 413,
-    "server_closing": 503,
-    "queue_item_not_found": 404,
-}
-_HTTP_CODES = {
-    400: "invalid_request",
-    401: "unauthenticated",
-    403: "forbidden",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "payload_too_large",
+# Starlette's own refusals (an unknown route, a wrong method, ...), as members of the family.
+_FOR_HTTP_STATUS: dict[int, type[ApiError]] = {
+    cls.status: cls
+    for cls in (
+        InvalidRequest,
+        Unauthenticated,
+        Forbidden,
+        RouteNotFound,
+        MethodNotAllowed,
+        PayloadTooLarge,
+    )
 }
 
 
@@ -84,8 +89,8 @@ def _document_errors(schema: dict[str, Any]) -> None:
         components.pop(name, None)
 
 
-def error(status: int, code: str, message: str, **extra: object) -> JSONResponse:
-    return JSONResponse({"code": code, "message": message, **extra}, status_code=status)
+def error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
 
 
 def _describe(exc: RequestValidationError) -> str:
@@ -115,38 +120,25 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error(400, "invalid_request", _describe(exc))
+        return error_response(InvalidRequest(_describe(exc)))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = _HTTP_CODES.get(exc.status_code, "error")
         message = exc.detail if isinstance(exc.detail, str) else "Request failed."
         if exc.status_code == 404:
             message = "No such page or API route."
-        return error(exc.status_code, code, message)
+        family = _FOR_HTTP_STATUS.get(exc.status_code)
+        if family is None:  # a status no route of Tether's raises
+            return JSONResponse({"code": "error", "message": message}, exc.status_code)
+        return error_response(family(message))
 
-    @app.exception_handler(SessionNotFound)
-    async def _not_found(_: Request, exc: SessionNotFound) -> JSONResponse:
-        return error(404, "session_not_found", f"There is no session {exc.session_id}.")
-
-    @app.exception_handler(SessionError)
-    async def _session(_: Request, exc: SessionError) -> JSONResponse:
-        return error(_SESSION_ERROR_STATUS.get(exc.code, 400), exc.code, exc.message, **exc.extra)
-
-    @app.exception_handler(InvalidEvent)
-    async def _invalid(_: Request, exc: InvalidEvent) -> JSONResponse:
-        return error(400, "invalid_request", f"This cannot be stored: {exc}")
-
-    @app.exception_handler(StorageError)
-    async def _storage(_: Request, exc: StorageError) -> JSONResponse:
-        log.error("storage error: %s", exc)
-        return error(
-            503,
-            "storage_unavailable",
-            f"Tether could not use its database; nothing was changed. Details: {exc}",
-        )
+    @app.exception_handler(ApiError)
+    async def _refused(_: Request, exc: ApiError) -> JSONResponse:
+        if isinstance(exc, StorageError):
+            log.error("storage error: %s", exc)
+        return error_response(exc)
 
     @app.exception_handler(Exception)
     async def _bug(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return error(500, "internal", "Tether hit an internal error; see the server log.")
+        return error_response(InternalError("Tether hit an internal error; see the server log."))

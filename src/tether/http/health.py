@@ -23,8 +23,8 @@ async def health(app: App) -> dict:
         "runtime": app.engine.runtime.name,
         "model": app.engine.runtime.model,
         "demo": app.engine.runtime.demo,
-        "context_window": app.settings.context_window
-        or getattr(app.engine.runtime, "context_window", None),
+        "context_window": app.settings.context_window or app.engine.runtime.context_window,
+        "capabilities": app.engine.runtime.capabilities.names(),
         "active_runs": len(runs),
         "attachable_runs": sum(
             1 for r in runs if app.registry.attachable_stream(r.session_id) == r.stream_id

@@ -7,6 +7,8 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tether.errors import PayloadTooLarge
+
 
 class _TooLarge(Exception):
     pass
@@ -50,17 +52,14 @@ class BodyLimit:
                 await self._refuse(send)
 
     async def _refuse(self, send: Send) -> None:
-        body = json.dumps(
-            {
-                "code": "payload_too_large",
-                "message": f"The request body is larger than {self.max_bytes} bytes.",
-                "limit_bytes": self.max_bytes,
-            }
-        ).encode()
+        refusal = PayloadTooLarge(
+            f"The request body is larger than {self.max_bytes} bytes.", limit_bytes=self.max_bytes
+        )
+        body = json.dumps(refusal.body()).encode()
         await send(
             {
                 "type": "http.response.start",
-                "status": 413,
+                "status": refusal.status,
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),

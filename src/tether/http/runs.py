@@ -1,13 +1,14 @@
-"""Runs: API.md §4 (start, Stop) and the attachments that turns refer to."""
+"""Runs: docs/api.md §4 (start, Stop) and the attachments that turns refer to."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Path
 from fastapi.responses import FileResponse
 
+from tether.errors import AttachmentNotFound, InvalidRequest
 from tether.events import ID_PATTERN
 from tether.http.deps import App
-from tether.http.errors import documented, error
+from tether.http.errors import documented
 from tether.http.schemas import (
     ApproveResult,
     ApproveRun,
@@ -124,7 +125,7 @@ async def cancel_run(app: App, body: CancelRun) -> dict:
     """Stop the run `stream_id` (or the session's run, given `session_id`). Idempotent:
     `cancelled` is false for an unknown or already finished run; 400 without either id."""
     if body.stream_id is None and body.session_id is None:
-        return error(400, "invalid_request", "Send the stream_id (or session_id) to stop.")
+        raise InvalidRequest("Send the stream_id (or session_id) to stop.")
     return await app.engine.cancel(stream_id=body.stream_id, session_id=body.session_id)
 
 
@@ -151,7 +152,7 @@ async def get_attachment(
     path = app.attachments.path(attachment_id)
     meta = app.attachments.meta(attachment_id)
     if path is None or meta is None:
-        return error(404, "attachment_not_found", "There is no such attachment.")
+        raise AttachmentNotFound("There is no such attachment.")
     mime = meta["mime"] if meta["mime"] in _INLINE_TYPES else "application/octet-stream"
     return FileResponse(
         path,

@@ -130,7 +130,7 @@ class ErrorBody(Out):
 
 
 class SessionRow(Out):
-    """A sidebar row (API.md §3)."""
+    """A sidebar row (docs/api.md §3)."""
 
     session_id: str
     title: str

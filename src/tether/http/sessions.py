@@ -1,4 +1,4 @@
-"""Sessions: API.md §3.
+"""Sessions: docs/api.md §3.
 
 The read routes return a ready `JSONResponse`: their bodies are plain JSON built from the log,
 and a returned dict would be walked by FastAPI's `jsonable_encoder` first (about 2 ms for a

@@ -1,4 +1,4 @@
-"""The event streams of API.md §6.
+"""The event streams of docs/api.md §6.
 
 A browser tab keeps one connection: `?sidebar=1` on a session stream also carries the sidebar
 feed's `session.changed` frames (HTTP/1.1 allows six connections per origin across all tabs).
@@ -18,13 +18,13 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Request
-from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
+from tether.errors import TooManyStreams
 from tether.events import ID_PATTERN, Event
 from tether.http.deps import App, Services
-from tether.http.errors import documented, error
+from tether.http.errors import documented
 from tether.log import SessionDeleted, SessionNotFound
 from tether.log.subscriptions import Overflowed, Subscription
 from tether.sessions.feed import FeedClient
@@ -192,7 +192,7 @@ async def session_events(
     last_event_id: Annotated[
         str | None, Header(alias="Last-Event-ID", description="The standard SSE resume cursor")
     ] = None,
-) -> EventSourceResponse | JSONResponse:
+) -> EventSourceResponse:
     """Every durable event of the session as one frame (`id: <seq>`, `event: <type>`,
     `data: <envelope>`), replayed after the cursor and then live, with no gap and no
     duplicate; `heartbeat` frames while idle. No cursor means "from now"."""
@@ -204,15 +204,13 @@ async def session_events(
 
 def _stream(
     request: Request, app: Services, frames: AsyncIterator[ServerSentEvent]
-) -> EventSourceResponse | JSONResponse:
+) -> EventSourceResponse:
     """An SSE response holding one of the client's stream slots, with a write deadline: a
     subscriber that stops reading is disconnected without slowing the run or the others."""
     client = request.client.host if request.client else "unknown"
     slot = app.stream_slots.acquire(client)
     if slot is None:
-        return error(
-            429,
-            "too_many_streams",
+        raise TooManyStreams(
             f"This client already has {app.stream_slots.per_client} event streams "
             "open; close some tabs or connections and retry.",
             limit=app.stream_slots.per_client,
@@ -255,7 +253,7 @@ async def _sidebar_frames(app: Services) -> AsyncIterator[ServerSentEvent]:
     response_model=None,
     responses=documented(429, content=_EVENT_STREAM),
 )
-async def sidebar_events(request: Request, app: App) -> EventSourceResponse | JSONResponse:
+async def sidebar_events(request: Request, app: App) -> EventSourceResponse:
     """`session.changed` frames (`{session_id, reason, row}`, row null when deleted) and
     heartbeats; a reconnecting client refetches `GET /api/sessions`."""
     return _stream(request, app, _sidebar_frames(app))

@@ -1,4 +1,4 @@
-"""Runtime events to log drafts for one run (ARCHITECTURE.md §1: normalise once, at entry).
+"""Runtime events to log drafts for one run (docs/architecture.md §1: normalise once, at entry).
 
 - Reasoning and text deltas get item ids; a new item starts whenever the kind changes or a
   tool ran in between, so interim progress stays its own visible timeline row.
@@ -95,6 +95,7 @@ class Normalizer:
                 else:
                     self._text = []
             if kind == ev.REASONING_DELTA:
+                assert self._reasoning is not None  # begun with this item, above
                 self._reasoning[1].append(event.text)
             else:
                 self._text.append(event.text)
@@ -228,7 +229,7 @@ class Normalizer:
 
 
 def coalesce(drafts: list[Draft]) -> list[Draft]:
-    """Merge adjacent deltas of the same item: their concatenation is the text (API.md §6)."""
+    """Merge adjacent deltas of the same item: their concatenation is the text (docs/api.md §6)."""
     out: list[Draft] = []
     for draft in drafts:
         prev = out[-1] if out else None

@@ -1,4 +1,4 @@
-"""The durable event log: the only source of truth (ARCHITECTURE.md §2)."""
+"""The durable event log: the only source of truth (docs/architecture.md §2)."""
 
 from tether.log.errors import SessionExists, SessionNotFound, StorageError, StreamClosed
 from tether.log.store import Draft, EventStore

@@ -1,14 +1,23 @@
-"""Errors the log raises; the HTTP layer maps them to statuses and stable codes."""
+"""Errors the log raises. The ones a client can meet are in the API's error family
+(`tether.errors`), with their code and status; the others stay inside the server."""
+
+from tether.errors import ApiError, InvalidRequest
 
 
 class LogError(Exception):
     pass
 
 
-class SessionNotFound(LogError):
+class SessionNotFound(LogError, ApiError):
+    code, status = "session_not_found", 404
+
     def __init__(self, session_id: str):
         super().__init__(f"no session {session_id!r}")
         self.session_id = session_id
+
+    @property
+    def message(self) -> str:
+        return f"There is no session {self.session_id}."
 
 
 class SessionExists(LogError):
@@ -23,9 +32,19 @@ class StreamClosed(LogError):
         self.stream_id = stream_id
 
 
-class StorageError(LogError):
+class StorageError(LogError, ApiError):
     """The database could not be opened or written (corrupt file, disk full, read-only)."""
 
+    code, status = "storage_unavailable", 503
 
-class InvalidEvent(LogError):
+    @property
+    def message(self) -> str:
+        return f"Tether could not use its database; nothing was changed. Details: {self}"
+
+
+class InvalidEvent(LogError, InvalidRequest):
     """The event's data cannot be stored (not JSON, or text UTF-8 cannot encode)."""
+
+    @property
+    def message(self) -> str:
+        return f"This cannot be stored: {self}"

@@ -1,5 +1,5 @@
 """The narrow storage seam: projections and HTTP see only this, so a PostgreSQL backend can
-replace SQLite without touching them (ARCHITECTURE.md §2)."""
+replace SQLite without touching them (docs/architecture.md §2)."""
 
 from __future__ import annotations
 

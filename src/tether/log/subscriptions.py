@@ -113,9 +113,6 @@ class Hub:
         self._subs.setdefault(session_id, set()).add(sub)
         return sub
 
-    def subscriber_count(self, session_id: str) -> int:
-        return len(self._subs.get(session_id, ()))
-
     def on_batch(self, listener: BatchListener) -> None:
         self._batch_listeners.append(listener)
 

@@ -1,3 +1,3 @@
-"""Pure folds over session events (ARCHITECTURE.md §1): the sidebar row, the visible
+"""Pure folds over session events (docs/architecture.md §1): the sidebar row, the visible
 transcript with its pending turn and live scene, and the model context. Each depends on
 events only; none reads storage or the clock."""

@@ -61,10 +61,10 @@ def _timeline(rows: list[dict[str, Any]], turn_id: str) -> list[dict[str, Any]]:
                 tools[call["id"]] = item
                 items.append(item)
         elif row["role"] == "tool":
-            item = tools.get(row.get("tool_call_id") or "")
-            if item is not None:
+            called = tools.get(row.get("tool_call_id") or "")
+            if called is not None:
                 result = row.get("content") or ""
-                item.update(result=result, result_preview=result[:500], done=True)
+                called.update(result=result, result_preview=result[:500], done=True)
     return items
 
 

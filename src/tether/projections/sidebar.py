@@ -1,4 +1,4 @@
-"""The sidebar `Row` (API.md §3) as a pure fold, persisted beside the log by the writer.
+"""The sidebar `Row` (docs/api.md §3) as a pure fold, persisted beside the log by the writer.
 
 Contract invariant 4: only meaningful user or assistant activity (a submitted turn, a run
 that finished by its own or the user's doing) moves `updated_at` / `last_message_at`.
@@ -122,7 +122,7 @@ def _fold_imported(row: dict[str, Any], data: dict[str, Any]) -> None:
 
 
 def public_row(state: dict[str, Any], *, busy: bool, active_stream_id: str | None) -> dict:
-    """The `Row` of API.md §3: the persisted fold plus the run registry's two predicates."""
+    """The `Row` of docs/api.md §3: the persisted fold plus the run registry's two predicates."""
     return {
         "session_id": state["session_id"],
         "title": state["title"] or state["title_from_message"] or DEFAULT_TITLE,

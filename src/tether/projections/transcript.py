@@ -1,4 +1,4 @@
-"""The visible transcript, the pending turn and the live scene as one fold (API.md §3, §5).
+"""The visible transcript, the pending turn and the live scene as one fold (docs/api.md §3, §5).
 
 A submitted turn is a visible user row at once (invariant 2: it stays before everything its
 run produces). The run's output gathers in a live scene until `run.finished` settles it into
@@ -324,7 +324,7 @@ class TranscriptFold:
 
     # -- views ------------------------------------------------------------------------------
     def context(self) -> dict[str, Any]:
-        """The model context of the next call (API.md §3, `GET /api/session/context`)."""
+        """The model context of the next call (docs/api.md §3, `GET /api/session/context`)."""
         return context_messages(
             self.messages, self.compressions, self.handoff, self.agent_compactions
         )

@@ -26,54 +26,56 @@ from tether.events import new_id
 from tether.log import Draft, SessionNotFound, StorageError
 from tether.runs.engine import RunEngine
 from tether.runs.rotation import continue_in
+from tether.runtimes.base import AgentHistory
 from tether.sessions.service import TITLE_MAX_CHARS
 
 log = logging.getLogger("tether.runs")
 
 
 class AgentSync:
-    """Wired only for a runtime that offers `agent_news` (runtimes/base.py, `AgentNews`)."""
+    """Wired only for a runtime that keeps the agent's history (runtimes/base.py,
+    `AgentHistory`)."""
 
-    def __init__(self, engine: RunEngine):
+    def __init__(self, engine: RunEngine, agent: AgentHistory):
         self.engine = engine
+        self.agent = agent
 
     async def before_start(self, session_id: str) -> None:
         """The engine calls this under the session's lock, before it admits a turn. When the
         session turns out to continue elsewhere (the start will get 409), the continuation
         is brought up to date too: whoever follows the 409 finds its whole history."""
-        await sync_locked(self.engine, session_id)
+        await sync_locked(self.engine, self.agent, session_id)
         newest = self.engine.sessions.newest_continuation(session_id)
         if newest is not None and self.engine.store.last_seq(newest) is not None:
             async with self.engine.sessions.locks(newest):  # locks go parent -> child only
-                await sync_locked(self.engine, newest)
+                await sync_locked(self.engine, self.agent, newest)
 
     async def forever(self, interval: float) -> None:
         """Every `interval` seconds, a pass for each session whose agent rows moved."""
         while True:
             await asyncio.sleep(interval)
             try:
-                await adopt_sessions_started_elsewhere(self.engine)
-                for session_id in await self.engine.runtime.agent_changed():
+                await adopt_sessions_started_elsewhere(self.engine, self.agent)
+                for session_id in await self.agent.agent_changed():
                     async with self.engine.sessions.locks(session_id):
-                        await sync_locked(self.engine, session_id)
+                        await sync_locked(self.engine, self.agent, session_id)
             except (StorageError, SessionNotFound) as exc:
                 log.warning("agent sync skipped a pass: %s", exc)
             except Exception:  # a bug here must not stop later passes
                 log.exception("agent sync failed")
 
 
-async def adopt_sessions_started_elsewhere(engine: RunEngine) -> None:
+async def adopt_sessions_started_elsewhere(engine: RunEngine, agent: AgentHistory) -> None:
     """Sessions a person started in the agent's own CLI show up in Tether too, with their
     history, and continue there. Bound first, created second (a crash in between is
     completed by the next pass); the row takes the agent session's start as its activity
     time, so an old conversation does not jump to the top of the sidebar."""
-    finder = getattr(engine.runtime, "agent_started_elsewhere", None)
-    if finder is None:
-        return
-    for found in await finder(lambda sid: engine.store.last_seq(sid) is not None):
+    for found in await agent.agent_started_elsewhere(
+        lambda sid: engine.store.last_seq(sid) is not None
+    ):
         agent_id = found["agent_session_id"]
-        session_id = await engine.runtime.agent_owner(agent_id) or new_id("s")
-        if not await engine.runtime.bind(session_id, agent_id):
+        session_id = await agent.agent_owner(agent_id) or new_id("s")
+        if not await agent.bind(session_id, agent_id):
             continue
         await engine.store.create_session(
             session_id,
@@ -90,24 +92,20 @@ async def adopt_sessions_started_elsewhere(engine: RunEngine) -> None:
             ],
         )
         async with engine.sessions.locks(session_id):
-            await sync_locked(engine, session_id)
+            await sync_locked(engine, agent, session_id)
         log.info(
             "the agent's session %s, started elsewhere, is Tether session %s", agent_id, session_id
         )
 
 
-def supported(runtime: object) -> bool:
-    return hasattr(runtime, "agent_news")
-
-
-async def sync_locked(engine: RunEngine, session_id: str) -> None:
+async def sync_locked(engine: RunEngine, agent: AgentHistory, session_id: str) -> None:
     """One pass for one session; the caller holds the session's lock."""
     state = engine.store.index_state(session_id)
     if state is None or state["continuation_session_id"] or engine.registry.busy(session_id):
         return
     fold = await engine.sessions.folds.get(session_id)
     watermark = fold.transcript.agent_watermark
-    news = await engine.runtime.agent_news(session_id, watermark)
+    news = await agent.agent_news(session_id, watermark)
     if news is None:
         return
     if news.entries:  # nothing imported: no event (the runtime keeps how far it looked)
@@ -117,7 +115,7 @@ async def sync_locked(engine: RunEngine, session_id: str) -> None:
                 Draft(
                     ev.AGENT_IMPORTED,
                     {
-                        "source": engine.runtime.name,
+                        "source": agent.name,
                         "watermark": news.watermark,
                         "entries": news.entries,
                     },
@@ -125,24 +123,26 @@ async def sync_locked(engine: RunEngine, session_id: str) -> None:
             ],
         )
     if news.continuation is not None:
-        await _continue(engine, session_id, news.continuation)
+        await _continue(engine, agent, session_id, news.continuation)
 
 
-async def _continue(engine: RunEngine, session_id: str, agent_session_id: str) -> None:
+async def _continue(
+    engine: RunEngine, agent: AgentHistory, session_id: str, agent_session_id: str
+) -> None:
     """Bound first, created second: a crash in between leaves a binding to a session that
     does not exist yet, which the next pass completes, never a child driving nothing."""
-    owner = await engine.runtime.agent_owner(agent_session_id)
+    owner = await agent.agent_owner(agent_session_id)
     if owner == session_id:
         return
     if owner is not None and engine.store.last_seq(owner) is not None:
         await continue_in(engine, session_id, owner, create=False)  # it exists already
         return
     child_id = owner or new_id("s")
-    if owner is None and not await engine.runtime.bind(child_id, agent_session_id):
+    if owner is None and not await agent.bind(child_id, agent_session_id):
         return  # bound elsewhere meanwhile: the next pass links to that session
     await continue_in(engine, session_id, child_id, create=True, agent_session_id=agent_session_id)
     async with engine.sessions.locks(child_id):  # locks go parent -> child only
-        await sync_locked(engine, child_id)  # whoever follows the 409 finds its history
+        await sync_locked(engine, agent, child_id)  # whoever follows the 409 finds its history
     log.info(
         "the agent continued %s in its session %s: Tether session %s",
         session_id,

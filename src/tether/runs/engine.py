@@ -19,9 +19,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from tether import events as ev
+from tether.errors import ServerClosing, SessionBusy
 from tether.events import new_id
 from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
@@ -32,9 +33,28 @@ from tether.runs.intake import Upload
 from tether.runs.pump import END, STOP, Signal, outcome, pump
 from tether.runs.registry import CANCELLING, RUNNING, STARTING, Run, RunRegistry
 from tether.runtimes.base import AttachmentRef, ProviderError, Runtime, TurnInput
-from tether.sessions.service import SessionError, SessionService
+from tether.sessions.service import SessionService
 
 log = logging.getLogger("tether.runs")
+
+
+class BeforeStart(Protocol):
+    """Runs under the session's lock before a turn is admitted (runs.agent_sync.AgentSync)."""
+
+    async def before_start(self, session_id: str) -> None: ...
+
+
+class Rotation(Protocol):
+    """After a completed turn, while its run still holds the session (runs.rotation.Rotator):
+    returns the session the next turn goes to."""
+
+    async def maybe_rotate(self, session_id: str, normalizer: Normalizer) -> str: ...
+
+
+class NextTurn(Protocol):
+    """Once the session is free after a completed turn (runs.queue.QueueService)."""
+
+    async def start_next(self, session_id: str) -> str | None: ...
 
 
 class RunEngine:
@@ -56,12 +76,22 @@ class RunEngine:
         self.coalesce_seconds = coalesce_seconds
         self.handles = HandleCache()
         self.closing = False
-        # Between turns (set by the app): rotation runs while the finished run still holds
-        # the session, so no turn can slip into the parent; the queue starts the next turn
-        # once the session is free.
-        self.rotator: Any = None
-        self.queue: Any = None
-        self.agent_sync: Any = None  # runs.agent_sync.AgentSync, for runtimes that offer it
+        # Between turns: rotation runs while the finished run still holds the session, so no
+        # turn can slip into the parent; the queue starts the next turn once the session is
+        # free. They act on the engine, so `connect` (tether.services) hands them over after
+        # it is built.
+        self.rotator: Rotation | None = None
+        self.queue: NextTurn | None = None
+        self.agent_sync: BeforeStart | None = None  # for runtimes that keep their own history
+
+    def connect(
+        self,
+        *,
+        rotator: Rotation | None = None,
+        queue: NextTurn | None = None,
+        agent_sync: BeforeStart | None = None,
+    ) -> None:
+        self.rotator, self.queue, self.agent_sync = rotator, queue, agent_sync
 
     # -- start ------------------------------------------------------------------------------
     async def start(
@@ -127,13 +157,12 @@ class RunEngine:
         if not starting:
             return
         if self.registry.busy(session_id):
-            raise SessionError(
-                "session_busy",
+            raise SessionBusy(
                 "A run is still using this session.",
                 active_stream_id=self.registry.attachable_stream(session_id),
             )
         if self.closing:
-            raise SessionError("server_closing", "The server is shutting down.")
+            raise ServerClosing("The server is shutting down.")
 
     # -- Stop and steer ---------------------------------------------------------------------
     async def cancel(
@@ -212,7 +241,8 @@ class RunEngine:
     # -- the worker -------------------------------------------------------------------------
     async def _work(self, run: Run, model: str | None) -> None:
         normalizer = Normalizer(run.stream_id, run.turn_id)
-        state, extra = "error", {}
+        state = "error"
+        extra: dict[str, Any] = {}
         try:
             turn = await self._turn_input(run, model)
             handle = await self._admit_handle(run)

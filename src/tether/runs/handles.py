@@ -19,30 +19,19 @@ cancellation" rules, as Tether keeps them:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Protocol
 
-from tether.runtimes.base import RuntimeEvent, TurnInput
-
-
-class RuntimeHandle(Protocol):
-    def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]: ...
-
-    def interrupt(self) -> None:
-        """Stop the invocation in flight (called only for an admitted, started invocation)."""
-
-    async def close(self) -> None: ...
+from tether.runtimes.base import Runtime, RuntimeHandle, RuntimeStream, TurnInput
 
 
 class StatelessHandle:
     """For runtimes with no per-session state: cancelling the consuming task is the
     interrupt, and there is nothing to close."""
 
-    def __init__(self, runtime: Any):
+    def __init__(self, runtime: Runtime):
         self._runtime = runtime
 
-    def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+    def stream(self, turn: TurnInput) -> RuntimeStream:
         return self._runtime.stream(turn)
 
     def interrupt(self) -> None:
@@ -52,11 +41,9 @@ class StatelessHandle:
         return None
 
 
-async def open_handle(runtime: Any, session_id: str) -> RuntimeHandle:
-    opener = getattr(runtime, "open_handle", None)
-    if opener is None:
-        return StatelessHandle(runtime)
-    return await opener(session_id)
+async def open_handle(runtime: Runtime, session_id: str) -> RuntimeHandle:
+    handle = await runtime.open_handle(session_id)
+    return handle if handle is not None else StatelessHandle(runtime)
 
 
 @dataclass

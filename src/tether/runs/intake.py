@@ -1,5 +1,5 @@
 """What a new turn may carry: checked in full before anything is written, so a refused start
-leaves no trace (API.md §4: bad input is a 400/413 before the turn is recorded)."""
+leaves no trace (docs/api.md §4: bad input is a 400/413 before the turn is recorded)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import base64
 import binascii
 from dataclasses import dataclass
 
+from tether.errors import InvalidRequest, PayloadTooLarge
 from tether.runtimes.base import Runtime
-from tether.sessions.service import SessionError
 from tether.settings import Settings
 
 NAME_MAX_CHARS = 255
@@ -23,10 +23,9 @@ class Upload:
 
 def check_message(text: str, settings: Settings) -> str:
     if not text.strip():
-        raise SessionError("invalid_request", "The message is empty.")
+        raise InvalidRequest("The message is empty.")
     if len(text) > settings.max_message_chars:
-        raise SessionError(
-            "payload_too_large",
+        raise PayloadTooLarge(
             f"The message is {len(text):,} characters long; the limit is "
             f"{settings.max_message_chars:,}.",
             limit_chars=settings.max_message_chars,
@@ -36,8 +35,7 @@ def check_message(text: str, settings: Settings) -> str:
 
 def decode_uploads(raw: list[dict[str, str]], settings: Settings, runtime: Runtime) -> list[Upload]:
     if len(raw) > settings.max_attachments:
-        raise SessionError(
-            "invalid_request",
+        raise InvalidRequest(
             f"{len(raw)} attachments; at most {settings.max_attachments} fit in one message.",
         )
     uploads = []
@@ -45,22 +43,18 @@ def decode_uploads(raw: list[dict[str, str]], settings: Settings, runtime: Runti
         name = item["name"].strip()
         mime = item["mime"].strip().lower()
         if not name or len(name) > NAME_MAX_CHARS or "/" in name or "\\" in name:
-            raise SessionError("invalid_request", f"Attachment {index} needs a plain file name.")
+            raise InvalidRequest(f"Attachment {index} needs a plain file name.")
         if not runtime.accepts(mime):
-            raise SessionError(
-                "invalid_request",
+            raise InvalidRequest(
                 f"{name}: the {runtime.name} runtime cannot take {mime or 'this'} "
                 "files. Attach images or text files.",
             )
         try:
             data = base64.b64decode(item["data_base64"], validate=True)
         except (binascii.Error, ValueError):
-            raise SessionError(
-                "invalid_request", f"{name}: data_base64 is not valid base64."
-            ) from None
+            raise InvalidRequest(f"{name}: data_base64 is not valid base64.") from None
         if len(data) > settings.max_attachment_bytes:
-            raise SessionError(
-                "payload_too_large",
+            raise PayloadTooLarge(
                 f"{name} is {len(data):,} bytes; one attachment may be at most "
                 f"{settings.max_attachment_bytes:,}.",
                 limit_bytes=settings.max_attachment_bytes,

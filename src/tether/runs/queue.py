@@ -1,4 +1,4 @@
-"""Queued messages (API.md §4): typed while a run is busy, started as the next turn when the
+"""Queued messages (docs/api.md §4): typed while a run is busy, started as the next turn when the
 run completes, kept (visible, editable, removable) when it is cancelled or fails. They live
 in the log, so they survive reloads and restarts."""
 
@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from tether import events as ev
+from tether.errors import ApiError, QueueItemNotFound
 from tether.events import new_id
 from tether.log import Draft
 from tether.runs.engine import RunEngine
 from tether.runs.intake import Upload
-from tether.sessions.service import SessionError
 
 log = logging.getLogger("tether.runs")
 
@@ -51,8 +51,7 @@ class QueueService:
             item = fold.transcript.queued.get(queue_id)
             if item is not None:
                 return session_id, item
-        raise SessionError(
-            "queue_item_not_found",
+        raise QueueItemNotFound(
             "That queued message is not queued any more (it was sent or removed).",
         )
 
@@ -84,7 +83,7 @@ class QueueService:
         refs = [{k: a[k] for k in ("id", "name", "mime", "size")} for a in item["attachments"]]
         try:
             started = await self.engine.start(session_id, item["text"], refs=refs)
-        except SessionError as exc:
+        except ApiError as exc:  # busy, rotated, closing, gone: it stays queued
             log.info("queued message %s stays queued: %s", item["queue_id"], exc.message)
             return None
         await self.store.append(

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.runtimes.base import ApprovalDesk, SteerInbox
+from tether.runtimes.base import ApprovalDesk, RuntimeHandle, SteerInbox
 
 STARTING, RUNNING, CANCELLING, FINISHED = "starting", "running", "cancelling", "finished"
 _NEXT = {
@@ -47,7 +47,7 @@ class Run:
     channel_open: bool = True
     steer: SteerInbox = field(default_factory=SteerInbox, repr=False)
     approvals: ApprovalDesk = field(default_factory=ApprovalDesk, repr=False)
-    handle: Any = field(default=None, repr=False)  # the runtime handle admitted for this run
+    handle: RuntimeHandle | None = field(default=None, repr=False)  # admitted for this run
 
     def move(self, phase: str) -> None:
         if phase not in _NEXT[self.phase]:
@@ -63,9 +63,6 @@ class RunRegistry:
     def __init__(self, on_change: Callable[[str], None] | None = None):
         self._by_session: dict[str, Run] = {}
         self._by_stream: dict[str, Run] = {}
-        self._on_change = on_change
-
-    def set_listener(self, on_change: Callable[[str], None]) -> None:
         self._on_change = on_change
 
     def _changed(self, session_id: str) -> None:

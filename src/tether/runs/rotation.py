@@ -38,7 +38,7 @@ class Rotator:
         self.settings = settings
 
     def _window(self) -> int | None:
-        return self.settings.context_window or getattr(self.engine.runtime, "context_window", None)
+        return self.settings.context_window or self.engine.runtime.context_window
 
     def crossed(self, normalizer: Normalizer) -> bool:
         if normalizer.compressed:

@@ -8,10 +8,12 @@ and the single terminal event.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
+
+from tether.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +106,11 @@ RuntimeEvent = (
     | ApprovalResolved
 )
 
-# Stable error codes of API.md §4.
+# What a turn yields. A generator rather than any iterator, so the engine can close it
+# (`contextlib.aclosing`) and the runtime's `finally` closes the model request at once.
+RuntimeStream = AsyncGenerator[RuntimeEvent, None]
+
+# Stable error codes of docs/api.md §4.
 ERROR_CODES = (
     "auth",
     "rate_limit",
@@ -225,29 +231,121 @@ class AgentNews:
     """What an agent that keeps its own history (Hermes' state.db) holds for a session that
     Tether's log does not: the payload of an `agent.imported` event, and a continuation
     session the agent's lineage authorizes (contract: inactive compression continuation
-    recovery). Runtimes offering it implement `agent_news(session_id, watermark)`,
-    `agent_changed()` (sessions worth a look), `bind(session_id, agent_session_id)` and
-    `agent_owner(agent_session_id)`. Without `entries` no event is written: the runtime
-    keeps, durably and privately, how far it looked, and starts there next time."""
+    recovery). Runtimes offering it implement `AgentHistory`. Without `entries` no event is
+    written: the runtime keeps, durably and privately, how far it looked, and starts there
+    next time."""
 
     watermark: int
     entries: list[dict[str, Any]] = field(default_factory=list)
     continuation: str | None = None  # the agent's session id that continues this one
 
 
-class Runtime(Protocol):
-    name: str
+class AgentHistory(Protocol):
+    """What runs/agent_sync.py needs of a runtime whose agent keeps its own history."""
+
+    name: ClassVar[str]
+
+    async def agent_news(self, session_id: str, watermark: int) -> AgentNews | None:
+        """What the agent holds for `session_id` after `watermark`; None while a turn of
+        the session is still being written."""
+
+    async def agent_changed(self) -> list[str]:
+        """Tether sessions whose agent rows moved since the last call."""
+
+    async def agent_started_elsewhere(self, exists: Callable[[str], bool]) -> list[dict[str, Any]]:
+        """Agent sessions started in another client that no Tether session drives."""
+
+    async def bind(self, session_id: str, agent_session_id: str) -> bool:
+        """Bind the agent session to the Tether session; False when bound elsewhere."""
+
+    async def agent_owner(self, agent_session_id: str) -> str | None:
+        """The Tether session bound to this agent session, if any."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a runtime can do, declared on its class: `tether runtimes` lists it and
+    `GET /api/health` reports it, so nothing has to probe a runtime for methods."""
+
+    streaming: bool = True
+    """Text and reasoning arrive as deltas while the model writes."""
+    tools: bool = False
+    """The agent calls tools (`tool.started` / `tool.completed`)."""
+    attachments: tuple[str, ...] = ()
+    """The kinds of file a turn may carry (`accepts(mime)` decides each one)."""
+    steer: bool = False
+    """The agent takes in `TurnInput.steer` at its next step."""
+    interrupt: bool = False
+    """Stop reaches the agent mid-turn (the request in flight is closed or interrupted)."""
+    compression: bool = False
+    """The runtime compresses its context (`compression.*` events, `summarize`)."""
+    agent_sync: bool = False
+    """The agent keeps its own history (`agent_history()`, runs/agent_sync.py)."""
+    approvals: bool = False
+    """The agent asks before flagged actions (`approval.*` events, `TurnInput.approvals`)."""
+
+    def names(self) -> list[str]:
+        """The capabilities it has, by name (attachment kinds as `attachments:<kind>`)."""
+        flags = [k for k, v in vars(self).items() if v is True]
+        return flags + [f"attachments:{kind}" for kind in self.attachments]
+
+
+class RuntimeHandle(Protocol):
+    """What a stateful runtime builds to run one session's turns (runs/handles.py)."""
+
+    def stream(self, turn: TurnInput) -> RuntimeStream: ...
+
+    def interrupt(self) -> None:
+        """Stop the invocation in flight (called only for an admitted, started invocation)."""
+
+    async def close(self) -> None: ...
+
+
+class Runtime:
+    """Who answers a turn: the whole surface the engine, the run handles, rotation, agent
+    sync and the health route use. A runtime sets `name`, `model` and `capabilities`,
+    implements `stream` (and `summarize` when it compresses) and keeps the defaults for
+    what it does not do. Built-ins and plugins alike are registered in the entry-point group
+    `tether.runtimes` (docs/runtimes.md)."""
+
+    name: ClassVar[str]
     model: str
-    demo: bool
+    demo: bool = False
+    """The offline demo: the page says so."""
+    description: ClassVar[str] = ""
+    """One line for `tether runtimes`."""
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    def __init__(self, settings: Settings) -> None:
+        """Built once, before the server serves; raise RuntimeUnavailable (with the reason
+        a person can act on) to refuse the configuration."""
+
+    @property
+    def context_window(self) -> int | None:
+        """The model's context size in tokens, once known (the page's context meter)."""
+        return None
 
     def accepts(self, mime: str) -> bool:
         """Whether an attachment of this type can go to the model."""
+        return False
 
-    def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+    def stream(self, turn: TurnInput) -> RuntimeStream:
         """Run the turn. Cancelling the consuming task must stop it promptly, closing any
         model request in flight. Raises ProviderError for provider failures."""
+        raise NotImplementedError
 
     async def summarize(self, messages: list[dict[str, Any]], model: str | None) -> str:
         """A handoff summary of `messages` (for rotation between turns)."""
+        raise ProviderError("internal", f"The {self.name} runtime cannot summarize.")
 
-    async def aclose(self) -> None: ...
+    async def open_handle(self, session_id: str) -> RuntimeHandle | None:
+        """A handle of the session's own, for a runtime with per-session state; None: the
+        engine drives `stream` directly."""
+        return None
+
+    def agent_history(self) -> AgentHistory | None:
+        """For a runtime whose agent keeps its own history (capability `agent_sync`)."""
+        return None
+
+    async def aclose(self) -> None:
+        return None

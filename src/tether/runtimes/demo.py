@@ -23,8 +23,11 @@ from typing import Any
 from tether.runtimes.base import (
     ApprovalRequested,
     ApprovalResolved,
+    Capabilities,
     ReasoningDelta,
+    Runtime,
     RuntimeEvent,
+    RuntimeStream,
     TextDelta,
     ToolCompleted,
     ToolStarted,
@@ -116,8 +119,12 @@ async def _ask_approval(turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
     )
 
 
-class DemoRuntime:
+class DemoRuntime(Runtime):
     name = "demo"
+    description = "the offline demo: canned answers, no model"
+    capabilities = Capabilities(
+        tools=True, attachments=("image", "text"), steer=True, approvals=True
+    )
     model = "tether-demo"
     demo = True
 
@@ -127,7 +134,7 @@ class DemoRuntime:
     def accepts(self, mime: str) -> bool:
         return mime.startswith(("image/", "text/")) or mime in ("application/json",)
 
-    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+    async def stream(self, turn: TurnInput) -> RuntimeStream:
         prompt = _last_user_text(turn.messages).strip()
         if prompt.startswith("/approve"):
             async for e in _ask_approval(turn):

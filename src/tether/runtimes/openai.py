@@ -32,7 +32,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -40,12 +40,15 @@ import openai
 
 from tether.runtimes.attachments import accepts_mime, expand_part
 from tether.runtimes.base import (
+    Capabilities,
     CompressionCompleted,
     CompressionStarted,
     Finished,
     ProviderError,
     ReasoningDelta,
+    Runtime,
     RuntimeEvent,
+    RuntimeStream,
     RuntimeUnavailable,
     TextDelta,
     ToolCompleted,
@@ -196,11 +199,14 @@ def _stream_error(error: Any, response: Any) -> openai.APIError:
     return openai.APIError(message, response.http_request, body=error)
 
 
-class OpenAIRuntime:
+class OpenAIRuntime(Runtime):
     """A Chat Completions client with a bounded, read-only tool loop."""
 
     name = "openai"
-    demo = False
+    description = "any OpenAI-compatible Chat Completions endpoint (--base-url, --model)"
+    capabilities = Capabilities(
+        tools=True, attachments=("image", "text"), steer=True, interrupt=True, compression=True
+    )
 
     def __init__(self, settings: Settings, *, max_iterations: int = MAX_TOOL_ITERATIONS):
         if not settings.model:
@@ -236,7 +242,7 @@ class OpenAIRuntime:
 
     # ---- the turn ----------------------------------------------------------------------------
 
-    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+    async def stream(self, turn: TurnInput) -> RuntimeStream:
         """Model request, tools, model request, ... until an answer without tool calls or
         `max_iterations` requests, compressing the context before a request that would not
         fit. Consumers should close it (`contextlib.aclosing`) when they stop early, so the
@@ -315,7 +321,7 @@ class OpenAIRuntime:
 
     async def _request(
         self, model: str, messages: list[dict[str, Any]], acc: _Accumulator
-    ) -> AsyncIterator[RuntimeEvent]:
+    ) -> AsyncGenerator[RuntimeEvent, None]:
         """One streamed completion; the HTTP response is closed however this ends."""
         body: dict[str, Any] = {
             "model": model,
@@ -378,7 +384,7 @@ class OpenAIRuntime:
 
     async def _fit(
         self, ctx: WorkingContext, window: int, model: str, turn: TurnInput
-    ) -> AsyncIterator[RuntimeEvent]:
+    ) -> AsyncGenerator[RuntimeEvent, None]:
         """Compress `ctx` when the next request passes the threshold; ends with Finished when
         even the compressed request passes the window."""
         before = size = ctx.size()

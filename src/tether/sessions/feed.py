@@ -14,7 +14,6 @@ from tether.events import Event
 from tether.projections.sidebar import ROW_EVENT_TYPES
 
 _MAX_PENDING = 512
-RESYNC = "resync"
 
 
 class FeedClient:

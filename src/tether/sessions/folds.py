@@ -2,7 +2,7 @@
 
 A cached fold is advanced by the live tail as events are published, and otherwise by reading
 only the events after its `last_seq`, so a read costs what is new, not the session's size.
-Reads never write (ARCHITECTURE.md §1).
+Reads never write (docs/architecture.md §1).
 """
 
 from __future__ import annotations

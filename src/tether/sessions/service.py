@@ -1,31 +1,21 @@
-"""Session commands and reads (API.md §3). Every command validates first and appends only
+"""Session commands and reads (docs/api.md §3). Every command validates first and appends only
 when something changes, so a rejected or empty request leaves the log untouched."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
 
 from tether import events as ev
+from tether.errors import InvalidRequest, SessionBusy, SessionRotated
 from tether.events import new_id
 from tether.log import Draft, SessionNotFound
 from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
 from tether.projections.sidebar import public_row, sort_key
-from tether.runs.registry import RunRegistry
 from tether.sessions.folds import FoldCache
 
 TITLE_MAX_CHARS = 200
-
-
-class SessionError(Exception):
-    """A request the session layer refuses; the HTTP layer maps `code` to a status."""
-
-    def __init__(self, code: str, message: str, **extra: Any):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.extra = extra
 
 
 class SessionLocks:
@@ -45,17 +35,25 @@ class SessionLocks:
 def clean_title(title: str) -> str:
     title = title.strip()
     if not title:
-        raise SessionError("invalid_request", "The title must not be empty.")
+        raise InvalidRequest("The title must not be empty.")
     if len(title) > TITLE_MAX_CHARS:
-        raise SessionError(
-            "invalid_request", f"The title is longer than {TITLE_MAX_CHARS} characters."
-        )
+        raise InvalidRequest(f"The title is longer than {TITLE_MAX_CHARS} characters.")
     return title
+
+
+class RunOccupancy(Protocol):
+    """The run registry's two predicates (contract invariant 9) as the session layer reads
+    them; `runs.registry.RunRegistry` provides them. Declared here, so the session layer
+    needs nothing from the runs layer above it."""
+
+    def busy(self, session_id: str) -> bool: ...
+
+    def attachable_stream(self, session_id: str) -> str | None: ...
 
 
 class SessionService:
     def __init__(
-        self, store: SQLiteEventStore, registry: RunRegistry, attachments: AttachmentStore
+        self, store: SQLiteEventStore, registry: RunOccupancy, attachments: AttachmentStore
     ):
         self.store = store
         self.registry = registry
@@ -114,8 +112,7 @@ class SessionService:
         409 `session_rotated` with the newest continuation, before any mutation. Starting a
         turn, queueing one and truncating (the base of edit, retry and undo) all check this."""
         if state["continuation_session_id"]:
-            raise SessionError(
-                "session_rotated",
+            raise SessionRotated(
                 "This conversation continues in a newer session.",
                 continuation_session_id=self.newest_continuation(state["session_id"]),
             )
@@ -160,9 +157,7 @@ class SessionService:
 
     async def patch(self, session_id: str, changes: dict[str, Any]) -> dict[str, Any]:
         if not changes:
-            raise SessionError(
-                "invalid_request", "Nothing to change: send title, pinned or archived."
-            )
+            raise InvalidRequest("Nothing to change: send title, pinned or archived.")
         if "title" in changes:
             changes["title"] = clean_title(changes["title"])
         async with self.locks(session_id):
@@ -181,8 +176,7 @@ class SessionService:
     async def delete(self, session_id: str) -> None:
         async with self.locks(session_id):
             if self.registry.busy(session_id):
-                raise SessionError(
-                    "session_busy",
+                raise SessionBusy(
                     "Stop the running turn before deleting this session.",
                     active_stream_id=self.registry.attachable_stream(session_id),
                 )
@@ -204,8 +198,7 @@ class SessionService:
                 raise SessionNotFound(session_id)
             self.refuse_if_rotated(state)
             if self.registry.busy(session_id):
-                raise SessionError(
-                    "session_busy",
+                raise SessionBusy(
                     "A run is still using this session; stop it first.",
                     active_stream_id=self.registry.attachable_stream(session_id),
                 )
@@ -213,8 +206,7 @@ class SessionService:
             assert fold.row is not None
             count = len(fold.transcript.messages)
             if keep_count > count:
-                raise SessionError(
-                    "invalid_request",
+                raise InvalidRequest(
                     f"keep_count {keep_count} is more than the {count} messages this session has.",
                 )
             if keep_count < count:

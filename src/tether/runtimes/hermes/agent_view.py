@@ -56,7 +56,9 @@ def _tool_calls(raw: Any) -> list[dict[str, Any]]:
     calls = []
     for call in raw if isinstance(raw, list) else []:
         if isinstance(call, dict):
-            function = call.get("function") if isinstance(call.get("function"), dict) else {}
+            function = call.get("function")
+            if not isinstance(function, dict):
+                function = {}
             calls.append(
                 {
                     "id": str(call.get("id") or ""),

@@ -13,15 +13,18 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tether.runtimes.attachments import accepts_mime
 from tether.runtimes.base import (
+    AgentHistory,
     AgentNews,
+    Capabilities,
     ProviderError,
-    RuntimeEvent,
+    Runtime,
+    RuntimeStream,
     RuntimeUnavailable,
     TurnInput,
 )
@@ -30,6 +33,7 @@ from tether.runtimes.hermes.client import SidecarError, SidecarProcess
 from tether.runtimes.hermes.lineage import live_tip
 from tether.runtimes.hermes.proofs import ProofStore
 from tether.runtimes.hermes.reconcile import max_row_id
+from tether.runtimes.hermes.streaming import run_turn
 from tether.settings import Settings
 
 log = logging.getLogger("tether.hermes")
@@ -57,16 +61,23 @@ def _env_int(name: str) -> int | None:
     return int(value) if value and value.strip().lstrip("-").isdigit() else None
 
 
-class HermesRuntime:
+class HermesRuntime(Runtime):
     name = "hermes"
-    demo = False
+    description = "Hermes Agent in a sidecar process of its own (the `hermes` extra)"
+    capabilities = Capabilities(
+        tools=True,
+        attachments=("image", "text"),
+        steer=True,
+        interrupt=True,
+        compression=True,
+        agent_sync=True,
+        approvals=True,
+    )
 
     def __init__(self, settings: Settings):
         self.settings = settings
         python = (
-            getattr(settings, "hermes_python", None)
-            or os.environ.get("TETHER_HERMES_PYTHON")
-            or default_python()
+            settings.hermes_python or os.environ.get("TETHER_HERMES_PYTHON") or default_python()
         )
         if not python:
             raise RuntimeUnavailable(
@@ -169,7 +180,7 @@ class HermesRuntime:
         self._handles.add(handle)
         return handle
 
-    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+    async def stream(self, turn: TurnInput) -> RuntimeStream:
         handle = await self.open_handle(turn.session_id)
         try:
             async with contextlib.aclosing(handle.stream(turn)) as events:
@@ -206,6 +217,9 @@ class HermesRuntime:
         return await asyncio.to_thread(
             agent_news, self.state_db, self.proofs, session_id, watermark, self.profile
         )
+
+    def agent_history(self) -> AgentHistory:
+        return self
 
     async def agent_changed(self) -> list[str]:
         bindings = await asyncio.to_thread(self.proofs.bindings)
@@ -276,7 +290,7 @@ class HermesHandle:
             await self.process.close()
             self.process = None
 
-    async def _settle_previous(self) -> None:
+    async def settle_previous(self) -> None:
         """Wait (bounded) for an interrupted turn's `done`; replace a sidecar that hangs."""
         if not self.turn_open or self.process is None:
             return
@@ -342,8 +356,5 @@ class HermesHandle:
                 return str(event.get("text") or "")
             process.handle_side_event(event)
 
-    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
-        from tether.runtimes.hermes.streaming import run_turn
-
-        async for event in run_turn(self, turn):
-            yield event
+    def stream(self, turn: TurnInput) -> RuntimeStream:
+        return run_turn(self, turn)

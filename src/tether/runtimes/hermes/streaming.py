@@ -10,8 +10,8 @@ never took is put back into the inbox, so the engine reports it as leftover.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from tether.runtimes.base import (
     ApprovalRequested,
@@ -21,6 +21,7 @@ from tether.runtimes.base import (
     ProviderError,
     ReasoningDelta,
     RuntimeEvent,
+    RuntimeStream,
     SteerInbox,
     TextDelta,
     ToolCompleted,
@@ -28,13 +29,40 @@ from tether.runtimes.base import (
     TurnInput,
     Usage,
 )
+from tether.runtimes.hermes.client import SidecarProcess
 from tether.runtimes.hermes.messages import split_turn
-from tether.runtimes.hermes.proofs import Proof
-
-if TYPE_CHECKING:
-    from tether.runtimes.hermes.runtime import HermesHandle
+from tether.runtimes.hermes.proofs import Proof, ProofStore
 
 STEER_POLL_SECONDS = 0.05
+
+
+class TurnHost(Protocol):
+    """What a turn needs of the runtime that owns its handle (runtime.HermesRuntime)."""
+
+    proofs: ProofStore
+
+    def next_timestamp(self) -> float: ...
+
+
+class TurnHandle(Protocol):
+    """What a turn needs of its session's handle (runtime.HermesHandle). Declared here, so
+    this module needs nothing from runtime.py, which imports it."""
+
+    agent_session_id: str
+    turn_open: bool
+
+    @property
+    def runtime(self) -> TurnHost: ...
+
+    async def settle_previous(self) -> None: ...
+
+    async def ensure_started(self) -> SidecarProcess: ...
+
+    def turn_begins(self, stream_id: str) -> None: ...
+
+    async def turn_done(self, event: dict[str, Any]) -> None: ...
+
+    def interrupt(self) -> None: ...
 
 
 class _Steers:
@@ -120,8 +148,8 @@ def _map(event: dict[str, Any], turn: TurnInput) -> RuntimeEvent | None:
     return None
 
 
-async def run_turn(handle: HermesHandle, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
-    await handle._settle_previous()
+async def run_turn(handle: TurnHandle, turn: TurnInput) -> RuntimeStream:
+    await handle.settle_previous()
     process = await handle.ensure_started()
     history, message, persist_text = await asyncio.to_thread(split_turn, turn)
     runtime = handle.runtime

@@ -1,11 +1,11 @@
-// The HTTP API (API.md): JSON in and out; a non-2xx answer becomes an ApiError carrying the
+// The HTTP API (docs/api.md): JSON in and out; a non-2xx answer becomes an ApiError carrying the
 // server's stable `code` and its message for people.
 
 export class ApiError extends Error {
   constructor(status, body) {
-    super((body && body.message) || `Request failed (${status})`);
+    super(body?.message || `Request failed (${status})`);
     this.status = status;
-    this.code = (body && body.code) || "error";
+    this.code = body?.code || "error";
     this.body = body || {};
   }
 }
@@ -19,7 +19,7 @@ export async function api(method, path, body) {
   let response;
   try {
     response = await fetch(path, init);
-  } catch (err) {
+  } catch {
     throw new ApiError(0, { code: "network", message: "Tether is not reachable right now." });
   }
   const text = await response.text();

@@ -9,7 +9,7 @@ document.documentElement.dataset.theme = dark ? "dark" : "light";
 
 function nextPath() {
   const next = new URLSearchParams(location.search).get("next");
-  if (!next || !next.startsWith("/") || next.startsWith("//") || next.includes("\\")) return "/";
+  if (!next?.startsWith("/") || next.startsWith("//") || next.includes("\\")) return "/";
   try {
     const url = new URL(next, location.origin);
     return url.origin === location.origin ? url.pathname + url.search + url.hash : "/";

@@ -14,12 +14,15 @@ function flush() {
   const texts = [...batch.keys()];
   if (!texts.length) return;
   post("/api/render", { texts }).then(
-    (res) =>
+    (res) => {
       texts.forEach((text, i) => {
         remember(text, res.html[i]);
-        batch.get(text).forEach((resolve) => resolve(res.html[i]));
-      }),
-    () => texts.forEach((text) => batch.get(text).forEach((resolve) => resolve(null))),
+        for (const resolve of batch.get(text)) resolve(res.html[i]);
+      });
+    },
+    () => {
+      for (const text of texts) for (const resolve of batch.get(text)) resolve(null);
+    },
   );
 }
 

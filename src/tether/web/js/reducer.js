@@ -1,4 +1,4 @@
-// One reducer per session over `(seq, event)` (ARCHITECTURE.md §4): live, replayed and
+// One reducer per session over `(seq, event)` (docs/architecture.md §4): live, replayed and
 // snapshot-hydrated events take the same path. It mirrors the server's pure fold,
 // `tether/projections/transcript.py` (TranscriptFold), so `view(state)` equals the Python
 // `TranscriptFold.view()` for the same events (tests/browser/test_reducer_equivalence.py).
@@ -18,8 +18,7 @@ const BARRIERS = new Set(["tool", "compression", "steer"]);
 // A steer that was never delivered is no barrier: the agent never saw it.
 const isBarrier = (item) => BARRIERS.has(item.type) && !truthy(get(item, "leftover"));
 
-const has = (obj, key) =>
-  obj !== null && typeof obj === "object" && Object.prototype.hasOwnProperty.call(obj, key);
+const has = (obj, key) => obj !== null && typeof obj === "object" && Object.hasOwn(obj, key);
 // Python's `dict.get(key, default)`: a present null stays null.
 const get = (obj, key, fallback = null) => (has(obj, key) ? obj[key] : fallback);
 
@@ -395,7 +394,7 @@ on(["run.finished"], (state, env, data) => {
   state.dirty.add(DIRTY_MESSAGES).add(DIRTY_LIVE);
 });
 
-on(["transcript.truncated"], (state, env, data) => {
+on(["transcript.truncated"], (state, _env, data) => {
   const removed = state.messages.splice(data.keep_count);
   if (removed.length === 0) return;
   for (const row of removed) state.dirty.add(row.id);
@@ -447,12 +446,12 @@ function importedTimeline(state, rows, turnId) {
       Object.assign(item, { result, result_preview: pySlice(result, 500), done: true });
     }
   }
-  items.forEach((item) => touch(state, item));
+  for (const item of items) touch(state, item);
   markInterim(state, items);
   return items;
 }
 
-on(["agent.imported"], (state, env, data) => {
+on(["agent.imported"], (state, _env, data) => {
   for (const entry of get(data, "entries") ?? []) {
     const rows = get(entry, "rows") ?? [];
     if (get(entry, "kind") !== "turn" || rows.length === 0) continue;
@@ -523,7 +522,7 @@ export function applySnapshot(state, session) {
   state.lastSeq = Number(session.last_seq ?? 0);
   state.messages = (session.messages ?? []).map((row) => {
     const copy = hydrate(row);
-    if (Array.isArray(copy.timeline)) copy.timeline.forEach((item) => touch(state, item));
+    if (Array.isArray(copy.timeline)) for (const item of copy.timeline) touch(state, item);
     return copy;
   });
   state.users = new Map();

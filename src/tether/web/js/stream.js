@@ -1,5 +1,5 @@
 // One reattach state machine per open session, with a visible state (contract invariant 3,
-// ARCHITECTURE.md §4): connecting → replaying N events → live; reconnecting after an error;
+// docs/architecture.md §4): connecting → replaying N events → live; reconnecting after an error;
 // stalled when heartbeats stop (shown, then reconnected); degraded when the server could not
 // honour the cursor and sent a snapshot. The cursor is always the reducer's last seq, so a
 // resume asks for exactly what is missing.
@@ -78,8 +78,7 @@ export class SessionStream {
   open() {
     const after = this.h.cursor();
     // sidebar=1: this one connection also carries the sidebar's changes (one per tab).
-    const url =
-      `/api/sessions/${encodeURIComponent(this.sessionId)}/events?after=${after}` + "&sidebar=1";
+    const url = `/api/sessions/${encodeURIComponent(this.sessionId)}/events?after=${after}&sidebar=1`;
     this.es = new EventSource(url);
     this.lastFrameAt = Date.now();
     this.setState(this.target > after ? "replaying" : "connecting", {

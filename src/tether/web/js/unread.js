@@ -1,5 +1,5 @@
 // unread.js: the sidebar's client-side unread stores (contract: "Client-side unread persistence
-// (sidebar layer)"; API.md section 7). Plain ES module, no build step, no dependencies.
+// (sidebar layer)"; docs/api.md §7). Plain ES module, no build step, no dependencies.
 //
 // Contract rule -> code
 //  - Keys: VIEWED_KEY, MARKERS_KEY, CLEARED_PREFIX + <encoded sid> + ':' + <stamp>, DELETED_PREFIX
@@ -180,7 +180,7 @@ export class UnreadStore {
   }
 
   _evaluate(row, active, mayLoad) {
-    const sid = row && row.session_id;
+    const sid = row?.session_id;
     if (!sid || active || this._deleted.has(sid)) return false;
     const marker = this._markers.get(sid);
     if (marker && orderOf(marker) > this._clearOf(sid)) return true;
@@ -207,7 +207,7 @@ export class UnreadStore {
 
   /** The user saw `row`: advance its viewed count and clear its completion marker. */
   acknowledge(row) {
-    const sid = row && row.session_id;
+    const sid = row?.session_id;
     if (!sid) return;
     const stored = this._load();
     if (this._deleted.has(sid)) return;

@@ -1,0 +1,98 @@
+"""The errors the API can return: one family, each class carrying its stable `code` and its
+HTTP status (docs/api.md §2 lists them all). Any layer raises them (the log, the session
+layer, the runs, the HTTP routes); the HTTP layer turns the whole family into a
+`{code, message, ...}` body in one handler (`http/errors.py`). This module depends on
+nothing, so the lowest layer can raise them too.
+
+Errors that never reach a client as such (a provider failure ends the run with
+`run.finished`, docs/api.md §4) are not in the family.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class ApiError(Exception):
+    """An answer the API gives instead of the one asked for. `extra` are the body's fields
+    besides `code` and `message` (e.g. `active_stream_id` of `session_busy`). Raise one of
+    its subclasses: each names its code and status."""
+
+    code: ClassVar[str]
+    status: ClassVar[int]
+
+    def __init__(self, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.extra = extra
+
+    @property
+    def message(self) -> str:
+        """For people: what went wrong and, where it helps, what to do."""
+        return str(self)
+
+    def body(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, **self.extra}
+
+
+class InvalidRequest(ApiError):
+    code, status = "invalid_request", 400
+
+
+class BadCredentials(ApiError):
+    code, status = "bad_credentials", 401
+
+
+class Unauthenticated(ApiError):
+    code, status = "unauthenticated", 401
+
+
+class BadOrigin(ApiError):
+    code, status = "bad_origin", 403
+
+
+class Forbidden(ApiError):
+    code, status = "forbidden", 403
+
+
+class RouteNotFound(ApiError):
+    code, status = "not_found", 404
+
+
+class QueueItemNotFound(ApiError):
+    code, status = "queue_item_not_found", 404
+
+
+class AttachmentNotFound(ApiError):
+    code, status = "attachment_not_found", 404
+
+
+class MethodNotAllowed(ApiError):
+    code, status = "method_not_allowed", 405
+
+
+class SessionBusy(ApiError):
+    code, status = "session_busy", 409
+
+
+class SessionRotated(ApiError):
+    code, status = "session_rotated", 409
+
+
+class PayloadTooLarge(ApiError):
+    code, status = "payload_too_large", 413
+
+
+class TooManyStreams(ApiError):
+    code, status = "too_many_streams", 429
+
+
+class RateLimited(ApiError):
+    code, status = "rate_limited", 429
+
+
+class InternalError(ApiError):
+    code, status = "internal", 500
+
+
+class ServerClosing(ApiError):
+    code, status = "server_closing", 503

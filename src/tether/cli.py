@@ -7,6 +7,7 @@ import logging
 import signal
 import threading
 import webbrowser
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -17,10 +18,35 @@ from tether.log import StorageError
 from tether.settings import Settings, is_loopback
 
 
-def option(flag: str, **kwargs: object):  # noqa: ANN201 - a click decorator
+def option(flag: str, *names: str, envvar: str | None = None, **kwargs: object):  # noqa: ANN201
     """A `serve` option that also reads TETHER_<FLAG> (e.g. --data-dir: TETHER_DATA_DIR)."""
-    envvar = "TETHER_" + flag.lstrip("-").replace("-", "_").upper()
-    return click.option(flag, envvar=envvar, show_envvar=True, **kwargs)
+    envvar = envvar or "TETHER_" + flag.lstrip("-").replace("-", "_").upper()
+    return click.option(flag, *names, envvar=envvar, show_envvar=True, **kwargs)
+
+
+class CommaListed(click.ParamType):
+    """A repeatable option whose environment variable lists its values separated by commas
+    (`TETHER_ALLOWED_HOSTS=a.example,b.example`); an empty item is ignored."""
+
+    def __init__(self, name: str, check: Callable[[str], object]) -> None:
+        self.name = name
+        self._check = check
+
+    def split_envvar_value(self, rv: str) -> list[str]:
+        return [item.strip() for item in rv.split(",") if item.strip()]
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):  # noqa: ANN201
+        text = str(value).strip()
+        try:
+            self._check(text)
+        except ValueError as exc:
+            self.fail(f"{text!r} is not a valid {self.name}: {exc}", param, ctx)
+        return text
+
+
+def _host_name(value: str) -> None:
+    if value != "*" and (not value or any(c in value for c in "/ @?#")):
+        raise ValueError("give a host name such as tether.example.com, or *")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,6 +58,15 @@ def main() -> None:
 @main.command()
 @option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @option("--port", default=8787, show_default=True, type=click.IntRange(0, 65535))
+@option(
+    "--allowed-host",
+    "allowed_hosts",
+    envvar="TETHER_ALLOWED_HOSTS",
+    multiple=True,
+    type=CommaListed("host name", _host_name),
+    help="A host name the server may be reached by, besides loopback and --host (repeatable; "
+    "* allows any). Other Host headers get 421.",
+)
 @option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),

@@ -29,6 +29,7 @@ def is_loopback(host: str) -> bool:
 class Settings:
     host: str = "127.0.0.1"
     port: int = 8787
+    allowed_hosts: tuple[str, ...] = ()
     data_dir: Path = None  # type: ignore[assignment]  # filled by __post_init__
     runtime: str = "demo"
     base_url: str | None = None

@@ -21,6 +21,7 @@ from tether import __version__
 from tether.http import auth_routes, errors, health, pages, runs, sessions, streams
 from tether.http.auth import Authenticator, AuthGate
 from tether.http.deps import Services
+from tether.http.hosts import AllowedHosts, HostGuard
 from tether.http.limits import BodyLimit
 from tether.http.stream_slots import StreamSlots
 from tether.log import Hub
@@ -143,4 +144,5 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     # Added last, so it runs first: a refused request never reaches the body limit or a route.
     app.add_middleware(AuthGate, auth=auth)
+    app.add_middleware(HostGuard, allowed=AllowedHosts.from_settings(settings))  # before login
     return app

@@ -132,7 +132,7 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
         title="Tether",
         version=__version__,
         lifespan=lifespan,
-        docs_url="/api/docs",
+        docs_url=None,  # the Swagger UI loaded a floating-version script from a CDN
         redoc_url=None,
         openapi_url="/api/openapi.json",
     )

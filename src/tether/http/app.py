@@ -21,6 +21,7 @@ from tether import __version__
 from tether.http import auth_routes, errors, health, pages, runs, sessions, streams
 from tether.http.auth import Authenticator, AuthGate
 from tether.http.deps import Services
+from tether.http.head import HeadAsGet
 from tether.http.hosts import AllowedHosts, HostGuard
 from tether.http.limits import BodyLimit
 from tether.http.stream_slots import StreamSlots
@@ -141,6 +142,7 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
     for module in (health, auth_routes, sessions, runs, streams, pages):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=str(pages.WEB_ROOT)), name="static")
+    app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     # Added last, so it runs first: a refused request never reaches the body limit or a route.
     app.add_middleware(AuthGate, auth=auth)

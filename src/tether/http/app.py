@@ -27,6 +27,7 @@ from tether.http.limits import BodyLimit
 from tether.http.stream_slots import StreamSlots
 from tether.log import Hub
 from tether.log.attachments import AttachmentStore
+from tether.log.private import private_dir
 from tether.log.sqlite import SQLiteEventStore
 from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
 from tether.runs import agent_sync, maintenance
@@ -43,7 +44,7 @@ log = logging.getLogger("tether")
 
 
 def open_store(settings: Settings) -> SQLiteEventStore:
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.data_dir)
     return SQLiteEventStore(
         settings.database_path, index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION
     )

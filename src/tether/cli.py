@@ -3,6 +3,7 @@ so a service file can configure it without arguments."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import threading
@@ -44,6 +45,10 @@ class CommaListed(click.ParamType):
         return text
 
 
+def _proxy_address(value: str) -> None:
+    ipaddress.ip_network(value, strict=False)
+
+
 def _host_name(value: str) -> None:
     if value != "*" and (not value or any(c in value for c in "/ @?#")):
         raise ValueError("give a host name such as tether.example.com, or *")
@@ -66,6 +71,29 @@ def main() -> None:
     type=CommaListed("host name", _host_name),
     help="A host name the server may be reached by, besides loopback and --host (repeatable; "
     "* allows any). Other Host headers get 421.",
+)
+@option(
+    "--trusted-proxy",
+    "trusted_proxies",
+    envvar="TETHER_TRUSTED_PROXIES",
+    multiple=True,
+    type=CommaListed("proxy address", _proxy_address),
+    help="Address or network of a reverse proxy whose X-Forwarded-For and X-Forwarded-Proto "
+    "are believed (repeatable; default: none).",
+)
+@option(
+    "--header-timeout-seconds",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Close a connection whose request headers have not all arrived in this time.",
+)
+@option(
+    "--body-timeout-seconds",
+    type=click.FloatRange(min=0.1),
+    default=60.0,
+    show_default=True,
+    help="Answer 408 to a request whose body has not all arrived in this time.",
 )
 @option(
     "--data-dir",
@@ -189,6 +217,7 @@ def serve(log_level: str, **options: object) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
 
     from tether.http.app import create_app, open_store
+    from tether.http.slow_clients import header_deadline_protocol
 
     try:  # a database that cannot be opened is a clear one-line error, not a traceback
         open_store(settings).close()
@@ -207,6 +236,8 @@ def serve(log_level: str, **options: object) -> None:
         log_level=log_level,
         lifespan="on",
         timeout_graceful_shutdown=10,
+        http=header_deadline_protocol(settings.header_timeout_seconds),
+        proxy_headers=False,  # uvicorn would trust 127.0.0.1's X-Forwarded-For; the app decides
     )
     server = uvicorn.Server(config)
     if not settings.no_browser:

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from tether import __version__
 from tether.http import auth_routes, errors, health, pages, runs, sessions, streams
@@ -24,6 +25,7 @@ from tether.http.deps import Services
 from tether.http.head import HeadAsGet
 from tether.http.hosts import AllowedHosts, HostGuard
 from tether.http.limits import BodyLimit
+from tether.http.slow_clients import BodyDeadline
 from tether.http.stream_slots import StreamSlots
 from tether.log import Hub
 from tether.log.attachments import AttachmentStore
@@ -147,5 +149,8 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     # Added last, so it runs first: a refused request never reaches the body limit or a route.
     app.add_middleware(AuthGate, auth=auth)
+    app.add_middleware(BodyDeadline, seconds=settings.body_timeout_seconds)
     app.add_middleware(HostGuard, allowed=AllowedHosts.from_settings(settings))  # before login
+    if settings.trusted_proxies:  # first of all: the client address and scheme everyone sees
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=list(settings.trusted_proxies))
     return app

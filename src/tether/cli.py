@@ -3,10 +3,12 @@ so a service file can configure it without arguments."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import threading
 import webbrowser
+from collections.abc import Callable
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
@@ -24,14 +26,44 @@ from tether.settings import Settings, is_loopback
 _DEFAULTS = {f.name: f.default for f in fields(Settings) if f.default is not MISSING}
 
 
-def option(flag: str, **kwargs: Any):  # noqa: ANN201 - a click decorator
+def option(flag: str, *names: str, envvar: str | None = None, **kwargs: Any):  # noqa: ANN201
     """A `serve` option that also reads TETHER_<FLAG> (e.g. --data-dir: TETHER_DATA_DIR),
     with the default of the Settings field of the same name."""
     name = flag.lstrip("-").replace("-", "_")
-    default = _DEFAULTS.get(name)
+    default = _DEFAULTS.get(names[0] if names else name)
     if default is not None and not kwargs.get("is_flag"):
-        kwargs.update(default=default, show_default=True)
-    return click.option(flag, envvar="TETHER_" + name.upper(), show_envvar=True, **kwargs)
+        kwargs.update(default=default, show_default=bool(default) or not kwargs.get("multiple"))
+    envvar = envvar or "TETHER_" + name.upper()
+    return click.option(flag, *names, envvar=envvar, show_envvar=True, **kwargs)
+
+
+class CommaListed(click.ParamType):
+    """A repeatable option whose environment variable lists its values separated by commas
+    (`TETHER_ALLOWED_HOSTS=a.example,b.example`); an empty item is ignored."""
+
+    def __init__(self, name: str, check: Callable[[str], object]) -> None:
+        self.name = name
+        self._check = check
+
+    def split_envvar_value(self, rv: str) -> list[str]:
+        return [item.strip() for item in rv.split(",") if item.strip()]
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):  # noqa: ANN201
+        text = str(value).strip()
+        try:
+            self._check(text)
+        except ValueError as exc:
+            self.fail(f"{text!r} is not a valid {self.name}: {exc}", param, ctx)
+        return text
+
+
+def _proxy_address(value: str) -> None:
+    ipaddress.ip_network(value, strict=False)
+
+
+def _host_name(value: str) -> None:
+    if value != "*" and (not value or any(c in value for c in "/ @?#")):
+        raise ValueError("give a host name such as tether.example.com, or *")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -43,6 +75,34 @@ def main() -> None:
 @main.command()
 @option("--host", help="Address to listen on.")
 @option("--port", type=click.IntRange(0, 65535))
+@option(
+    "--allowed-host",
+    "allowed_hosts",
+    envvar="TETHER_ALLOWED_HOSTS",
+    multiple=True,
+    type=CommaListed("host name", _host_name),
+    help="A host name the server may be reached by, besides loopback and --host (repeatable; "
+    "* allows any). Other Host headers get 421.",
+)
+@option(
+    "--trusted-proxy",
+    "trusted_proxies",
+    envvar="TETHER_TRUSTED_PROXIES",
+    multiple=True,
+    type=CommaListed("proxy address", _proxy_address),
+    help="Address or network of a reverse proxy whose X-Forwarded-For and X-Forwarded-Proto "
+    "are believed (repeatable; default: none).",
+)
+@option(
+    "--header-timeout-seconds",
+    type=click.FloatRange(min=0.1),
+    help="Close a connection whose request headers have not all arrived in this time.",
+)
+@option(
+    "--body-timeout-seconds",
+    type=click.FloatRange(min=0.1),
+    help="Answer 408 to a request whose body has not all arrived in this time.",
+)
 @option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -146,6 +206,7 @@ def serve(log_level: str, **options: object) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
 
     from tether.http.app import create_app
+    from tether.http.slow_clients import header_deadline_protocol
     from tether.services import open_store
 
     try:  # a database that cannot be opened is a clear one-line error, not a traceback
@@ -169,6 +230,8 @@ def serve(log_level: str, **options: object) -> None:
         log_level=log_level,
         lifespan="on",
         timeout_graceful_shutdown=10,
+        http=header_deadline_protocol(settings.header_timeout_seconds),
+        proxy_headers=False,  # uvicorn would trust 127.0.0.1's X-Forwarded-For; the app decides
     )
     server = uvicorn.Server(config)
     if not settings.no_browser:

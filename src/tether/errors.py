@@ -78,6 +78,14 @@ class SessionRotated(ApiError):
     code, status = "session_rotated", 409
 
 
+class RequestTimeout(ApiError):
+    code, status = "request_timeout", 408
+
+
+class HostNotAllowed(ApiError):
+    code, status = "host_not_allowed", 421
+
+
 class PayloadTooLarge(ApiError):
     code, status = "payload_too_large", 413
 

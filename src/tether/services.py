@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from tether.log import Hub
 from tether.log.attachments import AttachmentStore
+from tether.log.private import private_dir
 from tether.log.sqlite import SQLiteEventStore
 from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
 from tether.runs import agent_sync
@@ -42,7 +43,7 @@ class Services:
 
 
 def open_store(settings: Settings) -> SQLiteEventStore:
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.data_dir)
     return SQLiteEventStore(
         settings.database_path, index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION
     )

@@ -29,6 +29,10 @@ def is_loopback(host: str) -> bool:
 class Settings:
     host: str = "127.0.0.1"
     port: int = 8787
+    allowed_hosts: tuple[str, ...] = ()
+    trusted_proxies: tuple[str, ...] = ()
+    header_timeout_seconds: float = 10.0
+    body_timeout_seconds: float = 60.0
     data_dir: Path = None  # type: ignore[assignment]  # filled by __post_init__
     runtime: str = "demo"
     base_url: str | None = None

@@ -16,12 +16,16 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from tether import __version__
 from tether.http import auth_routes, errors, health, pages, runs, sessions, streams
 from tether.http.auth import Authenticator, AuthGate
 from tether.http.deps import Services
+from tether.http.head import HeadAsGet
+from tether.http.hosts import AllowedHosts, HostGuard
 from tether.http.limits import BodyLimit
+from tether.http.slow_clients import BodyDeadline
 from tether.http.stream_slots import StreamSlots
 from tether.runs import maintenance
 from tether.runtimes.base import Runtime
@@ -91,7 +95,7 @@ def create_app(
         title="Tether",
         version=__version__,
         lifespan=lifespan,
-        docs_url="/api/docs",
+        docs_url=None,  # the Swagger UI loaded a floating-version script from a CDN
         redoc_url=None,
         openapi_url="/api/openapi.json",
     )
@@ -100,7 +104,12 @@ def create_app(
     for module in (health, auth_routes, sessions, runs, streams, pages):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=str(pages.WEB_ROOT)), name="static")
+    app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     # Added last, so it runs first: a refused request never reaches the body limit or a route.
     app.add_middleware(AuthGate, auth=auth)
+    app.add_middleware(BodyDeadline, seconds=settings.body_timeout_seconds)
+    app.add_middleware(HostGuard, allowed=AllowedHosts.from_settings(settings))  # before login
+    if settings.trusted_proxies:  # first of all: the client address and scheme everyone sees
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=list(settings.trusted_proxies))
     return app

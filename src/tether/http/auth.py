@@ -35,6 +35,7 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tether.errors import ApiError, BadOrigin, Unauthenticated
+from tether.log.private import private_dir
 from tether.settings import Settings
 
 log = logging.getLogger("tether.auth")
@@ -148,7 +149,7 @@ class Authenticator:
         if password is None:
             return
         self._hasher = PasswordHasher()
-        data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(data_dir)
         self._state_path = data_dir / "auth.json"
         self._secret_path = data_dir / "secret_key"
         state = self._read_state()

@@ -12,11 +12,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tether.log.private import DIR_MODE, FILE_MODE, private_dir
+
 
 class AttachmentStore:
     def __init__(self, root: Path):
         self.root = root
-        root.mkdir(parents=True, exist_ok=True)
+        private_dir(root)
 
     def _path(self, attachment_id: str) -> Path:
         return self.root / attachment_id[:2] / attachment_id
@@ -37,7 +39,7 @@ class AttachmentStore:
         path = self._path(attachment_id)
         ref = {"id": attachment_id, "name": name, "mime": mime, "size": len(data)}
         if not path.exists():
-            path.parent.mkdir(exist_ok=True)
+            path.parent.mkdir(exist_ok=True, mode=DIR_MODE)
             _write_durably(path, data)
             _write_durably(
                 path.with_suffix(".json"),
@@ -52,7 +54,7 @@ class AttachmentStore:
 
 def _write_durably(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE), "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())

@@ -37,6 +37,7 @@ from tether.log.errors import (
     StreamClosed,
 )
 from tether.log.migrations import apply_migrations
+from tether.log.private import FILE_MODE, private_file, tighten
 from tether.log.store import Draft, IndexFold
 from tether.log.subscriptions import Hub
 
@@ -161,6 +162,10 @@ class SQLiteEventStore:
         self._readers_lock = threading.Lock()
         self._closed_streams: dict[str, bool] = {}
         try:
+            private_file(self.path)  # before SQLite would create it 0644
+            for leftover in (Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+                if leftover.exists():
+                    tighten(leftover, FILE_MODE)
             self._db = _connect(self.path)
             _refuse_foreign(self._db, self.path)  # before anything below writes to the file
             _refuse_cut_short(self._db, self.path)

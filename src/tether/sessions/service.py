@@ -14,6 +14,7 @@ from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
 from tether.projections.sidebar import public_row, sort_key
 from tether.sessions.folds import FoldCache
+from tether.sessions.titles import TitleRefused, normalise_title
 
 TITLE_MAX_CHARS = 200
 
@@ -33,9 +34,10 @@ class SessionLocks:
 
 
 def clean_title(title: str) -> str:
-    title = title.strip()
-    if not title:
-        raise InvalidRequest("The title must not be empty.")
+    try:
+        title = normalise_title(title)
+    except TitleRefused as exc:
+        raise InvalidRequest(str(exc)) from None
     if len(title) > TITLE_MAX_CHARS:
         raise InvalidRequest(f"The title is longer than {TITLE_MAX_CHARS} characters.")
     return title

@@ -129,7 +129,7 @@ def test_a_failed_commit_changes_nothing_and_the_log_recovers(tmp_path: Path) ->
         store._db.execute("PRAGMA busy_timeout=50")
         with pytest.raises(StorageError):
             await store.append("s1", [Draft("x")])
-        assert store.last_seq("s1") == 1
+        assert await store.last_seq("s1") == 1
         blocker.rollback()
         blocker.close()
         events = await store.append("s1", [Draft("y")])
@@ -147,10 +147,10 @@ def test_acknowledged_events_and_rows_survive_reopening(tmp_path: Path) -> None:
         await store.append("s1", [Draft("session.updated", {"pinned": True})])
         store.close()
         again = open_store(tmp_path / "t.db")
-        assert again.last_seq("s1") == 2
-        assert again.index_state("s1")["pinned"] is True
+        assert await again.last_seq("s1") == 2
+        assert (await again.index_state("s1"))["pinned"] is True
         await again.append("s1", [Draft("x")])
-        assert again.last_seq("s1") == 3
+        assert await again.last_seq("s1") == 3
         again.close()
 
     asyncio.run(main())
@@ -164,7 +164,7 @@ def test_a_stale_row_index_is_rebuilt_from_the_log(tmp_path: Path) -> None:
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE session_index SET state='{}', last_seq=0")
     again = open_store(db)
-    assert again.index_state("s1")["title"] == "kept"
+    assert asyncio.run(again.index_state("s1"))["title"] == "kept"
     again.close()
 
 
@@ -181,7 +181,7 @@ def test_an_old_database_is_migrated_forward(tmp_path: Path) -> None:
     )
     conn.close()
     store = open_store(db)
-    assert store.index_state("old")["title"] == "From v0"
+    assert asyncio.run(store.index_state("old"))["title"] == "From v0"
     store.close()
     conn = sqlite3.connect(db, isolation_level=None)
     assert apply_migrations(conn) == []  # nothing left to apply, and applying is idempotent

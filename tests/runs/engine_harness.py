@@ -12,6 +12,7 @@ from pathlib import Path
 from tether.log import Hub
 from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
+from tether.log.store import EventStore
 from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
 from tether.runs import maintenance
 from tether.runs.engine import RunEngine
@@ -22,7 +23,7 @@ from tether.sessions.service import SessionService
 
 @dataclass
 class Harness:
-    store: SQLiteEventStore
+    store: EventStore
     registry: RunRegistry
     sessions: SessionService
     engine: RunEngine
@@ -54,4 +55,4 @@ async def harness(tmp_path: Path, runtime: Runtime) -> AsyncIterator[Harness]:
         yield Harness(store, registry, sessions, engine)
     finally:
         await maintenance.shutdown(engine, grace=1)
-        store.close()
+        await store.aclose()

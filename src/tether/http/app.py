@@ -26,6 +26,7 @@ from tether.http.stream_slots import StreamSlots
 from tether.log import Hub
 from tether.log.attachments import AttachmentStore
 from tether.log.sqlite import SQLiteEventStore
+from tether.log.store import EventStore
 from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
 from tether.runs import agent_sync, maintenance
 from tether.runs.engine import RunEngine
@@ -40,7 +41,7 @@ from tether.settings import Settings
 log = logging.getLogger("tether")
 
 
-def open_store(settings: Settings) -> SQLiteEventStore:
+def open_store(settings: Settings) -> EventStore:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     return SQLiteEventStore(
         settings.database_path, index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION
@@ -125,7 +126,7 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
             await maintenance.shutdown(engine)
             await runtime.aclose()
             store.attach_hub(None)
-            store.close()
+            await store.aclose()
 
     app = FastAPI(
         title="Tether",

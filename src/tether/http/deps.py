@@ -10,7 +10,7 @@ from fastapi import Depends, Request
 from tether.http.stream_slots import StreamSlots
 from tether.log import Hub
 from tether.log.attachments import AttachmentStore
-from tether.log.sqlite import SQLiteEventStore
+from tether.log.store import EventStore
 from tether.runs.engine import RunEngine
 from tether.runs.queue import QueueService
 from tether.runs.registry import RunRegistry
@@ -22,7 +22,7 @@ from tether.settings import Settings
 @dataclass
 class Services:
     settings: Settings
-    store: SQLiteEventStore
+    store: EventStore
     hub: Hub
     registry: RunRegistry
     sessions: SessionService

@@ -209,8 +209,8 @@ def check_tether(store: SQLiteEventStore, acked: list[list[int]], events: int) -
         raise SanityError(f"tether: the log's seqs are not exactly 1..{total}")
     if logged[0].type != SESSION_CREATED or any(ev.type != TEXT_DELTA for ev in logged[1:]):
         raise SanityError("tether: the log holds unexpected event types")
-    row = store.index_state(SESSION)
-    if store.last_seq(SESSION) != total or row is None or row["last_seq"] != total:
+    row = asyncio.run(store.index_state(SESSION))
+    if asyncio.run(store.last_seq(SESSION)) != total or row is None or row["last_seq"] != total:
         raise SanityError(f"tether: last_seq / sidebar index is not {total}")
 
 

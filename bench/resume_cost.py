@@ -85,7 +85,7 @@ def build(db_path: Path, sizes: list[int]) -> dict[str, int]:
     try:
         for events in sizes:
             asyncio.run(_fill(store, session_id(events), events))
-        last = {session_id(n): store.last_seq(session_id(n)) for n in sizes}
+        last = {session_id(n): asyncio.run(store.last_seq(session_id(n))) for n in sizes}
     finally:
         store.close()
     for events in sizes:

@@ -3,6 +3,7 @@ so a service file can configure it without arguments."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import signal
@@ -210,7 +211,7 @@ def serve(log_level: str, **options: object) -> None:
     from tether.services import open_store
 
     try:  # a database that cannot be opened is a clear one-line error, not a traceback
-        open_store(settings).close()
+        asyncio.run(open_store(settings).aclose())
     except StorageError as exc:
         raise click.ClickException(str(exc)) from exc
     try:  # so is a runtime that cannot start, before anything is served

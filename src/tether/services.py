@@ -14,6 +14,7 @@ from tether.log import Hub
 from tether.log.attachments import AttachmentStore
 from tether.log.private import private_dir
 from tether.log.sqlite import SQLiteEventStore
+from tether.log.store import EventStore
 from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
 from tether.runs import agent_sync
 from tether.runs.engine import RunEngine
@@ -31,7 +32,7 @@ from tether.settings import Settings
 class Services:
     settings: Settings
     runtime: Runtime
-    store: SQLiteEventStore
+    store: EventStore
     hub: Hub
     registry: RunRegistry
     sessions: SessionService
@@ -42,7 +43,7 @@ class Services:
     agent_sync: agent_sync.AgentSync | None
 
 
-def open_store(settings: Settings) -> SQLiteEventStore:
+def open_store(settings: Settings) -> EventStore:
     private_dir(settings.data_dir)
     return SQLiteEventStore(
         settings.database_path, index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION

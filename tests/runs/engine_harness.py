@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tether.log.sqlite import SQLiteEventStore
+from tether.log.store import EventStore
 from tether.runs import maintenance
 from tether.runs.engine import RunEngine
 from tether.runs.registry import RunRegistry
@@ -22,7 +22,7 @@ from tether.settings import Settings
 
 @dataclass
 class Harness:
-    store: SQLiteEventStore
+    store: EventStore
     registry: RunRegistry
     sessions: SessionService
     engine: RunEngine
@@ -47,4 +47,4 @@ async def harness(
         yield Harness(services.store, services.registry, services.sessions, services.engine)
     finally:
         await maintenance.shutdown(services.engine, grace=1)
-        services.store.close()
+        await services.store.aclose()

@@ -58,12 +58,12 @@ def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) 
             parent = (await h.sessions.create("Research"))["session_id"]
             await h.engine.start(parent, "first question")
             for _ in range(500):
-                child = h.sessions.row(parent)["continuation_session_id"]
+                child = (await h.sessions.row(parent))["continuation_session_id"]
                 if child and not h.registry.busy(parent):
                     break
                 await asyncio.sleep(0.01)
             assert child
-            parent_row, child_row = h.sessions.row(parent), h.sessions.row(child)
+            parent_row, child_row = await h.sessions.row(parent), await h.sessions.row(child)
             # the turn finished in the parent, then the parent rotated
             parent_view = await h.sessions.view(parent)
             assert [m["role"] for m in parent_view["messages"]] == ["user", "assistant"]
@@ -99,14 +99,14 @@ def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) 
             # the next turn goes to the child and the model sees summary + new turn
             await h.engine.start(child, "second question")
             for _ in range(500):
-                grandchild = h.sessions.row(child)["continuation_session_id"]
+                grandchild = (await h.sessions.row(child))["continuation_session_id"]
                 if grandchild and not h.registry.busy(child):
                     break
                 await asyncio.sleep(0.01)
             assert runtime.turns[1][0]["content"] == SUMMARY_PREFIX + "handoff #1"
             assert runtime.turns[1][1] == {"role": "user", "content": "second question"}
             # several hops: the parent points at the newest continuation
-            assert h.sessions.row(parent)["continuation_session_id"] == grandchild
+            assert (await h.sessions.row(parent))["continuation_session_id"] == grandchild
             with pytest.raises(SessionRotated) as info:
                 await h.engine.start(parent, "very stale")
             assert info.value.extra["continuation_session_id"] == grandchild
@@ -131,7 +131,7 @@ def test_in_place_mode_never_rotates(tmp_path: Path) -> None:
             await h.engine.start(sid, "q")
             await h.wait_idle(sid)
             await asyncio.sleep(0.05)
-            assert h.sessions.row(sid)["continuation_session_id"] is None
+            assert (await h.sessions.row(sid))["continuation_session_id"] is None
             assert runtime.summaries == []
 
     asyncio.run(main())

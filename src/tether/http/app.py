@@ -89,7 +89,7 @@ def create_app(
             await maintenance.shutdown(engine)
             await services.runtime.aclose()
             store.attach_hub(None)
-            store.close()
+            await store.aclose()
 
     app = FastAPI(
         title="Tether",

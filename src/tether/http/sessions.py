@@ -141,7 +141,7 @@ async def truncate_session(app: App, body: TruncateSession) -> dict:
 async def session_status(app: App, session_id: SessionIdQuery) -> dict:
     """Whether a worker occupies the session, the run a browser may attach to, its phase
     (`idle`, `starting`, `running`, `cancelling`) and the log position."""
-    last_seq = app.store.last_seq(session_id)
+    last_seq = await app.store.last_seq(session_id)
     if last_seq is None:
         raise SessionNotFound(session_id)
     return {

@@ -63,13 +63,13 @@ def _heartbeat(app: Services, session_id: str, last_seq: int) -> ServerSentEvent
     )
 
 
-def _changes(app: Services, changes: list[tuple[str, str]] | None) -> list[ServerSentEvent]:
+async def _changes(app: Services, changes: list[tuple[str, str]] | None) -> list[ServerSentEvent]:
     if changes is None:
         return [ServerSentEvent(event="resync", data=_dumps({"reason": "overflow"}))]
     return [
         ServerSentEvent(
             event="session.changed",
-            data=_dumps({"session_id": sid, "reason": reason, "row": app.sessions.row(sid)}),
+            data=_dumps({"session_id": sid, "reason": reason, "row": await app.sessions.row(sid)}),
         )
         for sid, reason in changes
     ]
@@ -98,7 +98,7 @@ async def _follow(
     feed: FeedClient | None,
     interval: float,
 ) -> AsyncIterator[ServerSentEvent]:
-    current = app.store.last_seq(session_id)
+    current = await app.store.last_seq(session_id)
     if current is None:
         return
     cursor = parse_cursor(cursor_raw)
@@ -139,7 +139,7 @@ async def _follow(
                 continue
         quiet_until = loop.time() + interval
         if feed is not None and feed.has_pending():
-            for frame in _changes(app, feed.take()):
+            for frame in await _changes(app, feed.take()):
                 yield frame
         try:
             batch = sub.take()
@@ -196,7 +196,7 @@ async def session_events(
     """Every durable event of the session as one frame (`id: <seq>`, `event: <type>`,
     `data: <envelope>`), replayed after the cursor and then live, with no gap and no
     duplicate; `heartbeat` frames while idle. No cursor means "from now"."""
-    if app.store.last_seq(session_id) is None:
+    if await app.store.last_seq(session_id) is None:
         raise SessionNotFound(session_id)
     cursor = after if after is not None else last_event_id
     return _stream(request, app, _session_frames(app, session_id, cursor, sidebar))
@@ -240,7 +240,7 @@ async def _sidebar_frames(app: Services) -> AsyncIterator[ServerSentEvent]:
             if changes == []:
                 yield ServerSentEvent(event="heartbeat", data=_dumps({"server_time": time.time()}))
                 continue
-            for frame in _changes(app, changes):
+            for frame in await _changes(app, changes):
                 yield frame
     finally:
         app.feed.disconnect(client)

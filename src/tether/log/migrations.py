@@ -1,5 +1,6 @@
-"""Numbered schema migrations, recorded in the database and applied in order at start
-(the habit of llm's migrations.py). Never edit a released migration: add the next one."""
+"""The SQLite backend's numbered schema migrations, recorded in the database and applied in
+order at start (the habit of llm's migrations.py). Never edit a released migration: add the
+next one. Another backend keeps its own list beside its code (docs/architecture.md)."""
 
 from __future__ import annotations
 

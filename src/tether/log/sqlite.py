@@ -38,7 +38,7 @@ from tether.log.errors import (
 )
 from tether.log.migrations import apply_migrations
 from tether.log.private import FILE_MODE, private_file, tighten
-from tether.log.store import Draft, IndexFold
+from tether.log.store import Draft, IndexFold, OpenStream
 from tether.log.subscriptions import Hub
 
 log = logging.getLogger("tether.log")
@@ -141,9 +141,11 @@ def _refuse_cut_short(db: sqlite3.Connection, path: Path) -> None:
 
 
 class SQLiteEventStore:
-    """See the module docstring. `index_fold` is the per-session fold (the sidebar row) that is
-    kept in the same transaction as the events; `index_version` names its code, so a new fold
-    rebuilds the index from the log at start instead of trusting stale state."""
+    """The `log.store.EventStore` backend on one SQLite file; see the module docstring.
+    `index_fold` is the per-session fold (the sidebar row) that is kept in the same
+    transaction as the events; `index_version` names its code, so a new fold rebuilds the
+    index from the log at start instead of trusting stale state. The writer keeps every
+    session's last seq and index state in memory, so those reads cost no query."""
 
     def __init__(
         self,
@@ -450,13 +452,13 @@ class SQLiteEventStore:
     async def read(self, session_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
         return await asyncio.to_thread(self.read_sync, session_id, after, limit)
 
-    def last_seq(self, session_id: str) -> int | None:
+    async def last_seq(self, session_id: str) -> int | None:
         return self._visible_seq.get(session_id)
 
-    def index_state(self, session_id: str) -> dict[str, Any] | None:
+    async def index_state(self, session_id: str) -> dict[str, Any] | None:
         return self._visible_index.get(session_id)
 
-    def index_states(self) -> dict[str, dict[str, Any]]:
+    async def index_states(self) -> dict[str, dict[str, Any]]:
         return dict(self._visible_index)
 
     def _search_sync(self, needle: str) -> set[str]:
@@ -470,18 +472,22 @@ class SQLiteEventStore:
     async def search_text(self, needle: str) -> set[str]:
         return await asyncio.to_thread(self._search_sync, needle)
 
-    def unfinished_streams(self) -> list[tuple[str, str, str | None]]:
-        """(session_id, stream_id, turn_id) of every submitted turn without a `run.finished`:
-        the runs a restart must settle."""
+    async def unfinished_streams(self) -> list[OpenStream]:
+        return await asyncio.to_thread(self._unfinished_sync)
+
+    def _unfinished_sync(self) -> list[OpenStream]:
         rows = self._query(
             "SELECT t.session_id, t.stream_id, t.turn_id FROM events t WHERE t.type=? "
             "AND t.stream_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM events f WHERE "
             "f.stream_id=t.stream_id AND f.type=?) ORDER BY t.id",
             (TURN_SUBMITTED, RUN_FINISHED),
         )
-        return [tuple(row) for row in rows]
+        return [OpenStream(*row) for row in rows]
 
-    def queue_session(self, queue_id: str) -> str | None:
+    async def queue_session(self, queue_id: str) -> str | None:
+        return await asyncio.to_thread(self._queue_session_sync, queue_id)
+
+    def _queue_session_sync(self, queue_id: str) -> str | None:
         rows = self._query(
             "SELECT session_id FROM events WHERE type=? AND json_extract(data, '$.queue_id')=? "
             "LIMIT 1",
@@ -489,14 +495,21 @@ class SQLiteEventStore:
         )
         return rows[0][0] if rows else None
 
-    def attachment_in_use(self, attachment_id: str) -> bool:
+    async def attachment_in_use(self, attachment_id: str) -> bool:
+        return await asyncio.to_thread(self._attachment_in_use_sync, attachment_id)
+
+    def _attachment_in_use_sync(self, attachment_id: str) -> bool:
         rows = self._query(
             "SELECT 1 FROM events WHERE type=? AND instr(data, ?) > 0 LIMIT 1",
             (TURN_SUBMITTED, attachment_id),
         )
         return bool(rows)
 
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)
+
     def close(self) -> None:
+        """`aclose` for callers without an event loop (tests, bench, tools)."""
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()

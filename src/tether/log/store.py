@@ -1,16 +1,31 @@
-"""The narrow storage seam: projections and HTTP see only this, so a PostgreSQL backend can
-replace SQLite without touching them (docs/architecture.md §2)."""
+"""The storage seam: every layer above the log is typed against `EventStore`, never a backend.
+
+A backend is one class implementing this protocol (today `log.sqlite.SQLiteEventStore`). It
+owns its schema and its numbered migrations, takes the per-session `IndexFold` and its version
+at construction, and proves itself by passing the backend contract suite
+(tests/log/backend_contract/). docs/architecture.md §2 (the storage seam) lists what a backend
+must guarantee and how to add one.
+
+Everything that may touch the database is a coroutine, so a backend whose state lives in a
+server shared by several processes (PostgreSQL: per-session counter rows, LISTEN/NOTIFY) can
+answer from there; a backend that keeps it in memory (SQLite's single writer) just returns.
+No driver type crosses the seam: events in and out, plain dicts for index states.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from tether.events import Event
+from tether.log.subscriptions import Hub
 
-# A pure fold kept per session in the same transaction as the events (the sidebar row).
 IndexFold = Callable[[dict[str, Any] | None, Event], dict[str, Any]]
+"""A pure fold the backend keeps per session in the same transaction as its events (the
+sidebar row): `index_state(sid)` always equals this fold over `read(sid)`. The backend is
+given the fold and a version naming its code; when the stored version differs, or a session's
+stored state is not at its last seq, it rebuilds the state from the log when it opens."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,27 +38,71 @@ class Draft:
     turn_id: str | None = None
 
 
+class OpenStream(NamedTuple):
+    """A run the log shows started (`turn.submitted` with a stream) and not finished."""
+
+    session_id: str
+    stream_id: str
+    turn_id: str | None
+
+
 class EventStore(Protocol):
+    """One durable, append-only log per session.
+
+    Writes: the backend allocates `seq` (1, 2, ... per session, contiguous, no gaps, whatever
+    the number of concurrent appenders or processes) in the transaction that makes the events
+    durable, and an append returns only once they are. Every event carrying a `stream_id` is
+    refused with StreamClosed once that stream has its `run.finished` (so exactly one
+    terminal event per stream, and a late worker's output never lands). An append is atomic:
+    all its drafts are written with consecutive seqs, or none is.
+
+    Publication: committed events reach the attached Hub after commit, in seq order per
+    session, each once (events committed by another process too, for a shared backend).
+
+    Reads never write, and never see past what is committed: once `last_seq` reports a seq,
+    `read` returns it.
+    """
+
+    def attach_hub(self, hub: Hub | None) -> None:
+        """Committed batches go to `hub` from now on (None: nobody is listening)."""
+
     async def create_session(self, session_id: str, drafts: list[Draft]) -> list[Event]:
-        """Start a new log whose first events are `drafts` (seq 1, 2, ...)."""
+        """Start a new log whose first events are `drafts` (seq 1, 2, ...); SessionExists
+        when the session has a log already."""
 
     async def append(self, session_id: str, drafts: list[Draft]) -> list[Event]:
-        """Append atomically, contiguous seqs; raises SessionNotFound / StreamClosed."""
+        """Append atomically, contiguous seqs; raises SessionNotFound, StreamClosed,
+        InvalidEvent (data JSON cannot carry) or StorageError, and then writes nothing."""
 
-    async def delete_session(self, session_id: str) -> None: ...
+    async def delete_session(self, session_id: str) -> None:
+        """Remove the session's log and index state; SessionNotFound when there is none.
+        Subscribers are told through `Hub.publish_deleted`."""
 
     async def read(self, session_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
-        """Events with seq > after, in seq order."""
+        """Events with seq > after, in seq order, at most `limit`."""
 
-    def last_seq(self, session_id: str) -> int | None:
-        """None when the session does not exist."""
+    async def last_seq(self, session_id: str) -> int | None:
+        """The last committed seq; None when the session does not exist."""
 
-    def index_state(self, session_id: str) -> dict[str, Any] | None:
-        """The persisted fold (sidebar row state) of one session."""
+    async def index_state(self, session_id: str) -> dict[str, Any] | None:
+        """The `IndexFold` state of one session at its last committed seq."""
 
-    def index_states(self) -> dict[str, dict[str, Any]]: ...
+    async def index_states(self) -> dict[str, dict[str, Any]]:
+        """The `IndexFold` state of every session, by session id."""
 
+    # -- event queries: what a scan of every log would answer, from the backend's indexes --
     async def search_text(self, needle: str) -> set[str]:
-        """Sessions whose user messages contain `needle` (case-insensitive)."""
+        """Sessions with a `turn.submitted` whose `text` contains `needle`, ignoring case."""
 
-    def close(self) -> None: ...
+    async def unfinished_streams(self) -> list[OpenStream]:
+        """Every `turn.submitted` stream without a `run.finished`, in append order: the runs a
+        restart must settle."""
+
+    async def queue_session(self, queue_id: str) -> str | None:
+        """The session whose `queue.added` carries `queue_id` (None: no such item)."""
+
+    async def attachment_in_use(self, attachment_id: str) -> bool:
+        """Whether any `turn.submitted` still refers to the attachment."""
+
+    async def aclose(self) -> None:
+        """Finish what is queued and release the database; nothing is accepted after."""

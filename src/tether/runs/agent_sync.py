@@ -45,8 +45,8 @@ class AgentSync:
         session turns out to continue elsewhere (the start will get 409), the continuation
         is brought up to date too: whoever follows the 409 finds its whole history."""
         await sync_locked(self.engine, self.agent, session_id)
-        newest = self.engine.sessions.newest_continuation(session_id)
-        if newest is not None and self.engine.store.last_seq(newest) is not None:
+        newest = await self.engine.sessions.newest_continuation(session_id)
+        if newest is not None and await self.engine.store.last_seq(newest) is not None:
             async with self.engine.sessions.locks(newest):  # locks go parent -> child only
                 await sync_locked(self.engine, self.agent, newest)
 
@@ -70,11 +70,12 @@ async def adopt_sessions_started_elsewhere(engine: RunEngine, agent: AgentHistor
     history, and continue there. Bound first, created second (a crash in between is
     completed by the next pass); the row takes the agent session's start as its activity
     time, so an old conversation does not jump to the top of the sidebar."""
-    for found in await agent.agent_started_elsewhere(
-        lambda sid: engine.store.last_seq(sid) is not None
-    ):
+    known = await engine.store.index_states()
+    for found in await agent.agent_started_elsewhere(lambda sid: sid in known):
         agent_id = found["agent_session_id"]
         session_id = await agent.agent_owner(agent_id) or new_id("s")
+        if await engine.store.last_seq(session_id) is not None:
+            continue  # created since `known` was read: it is driven from Tether after all
         if not await agent.bind(session_id, agent_id):
             continue
         await engine.store.create_session(
@@ -100,7 +101,7 @@ async def adopt_sessions_started_elsewhere(engine: RunEngine, agent: AgentHistor
 
 async def sync_locked(engine: RunEngine, agent: AgentHistory, session_id: str) -> None:
     """One pass for one session; the caller holds the session's lock."""
-    state = engine.store.index_state(session_id)
+    state = await engine.store.index_state(session_id)
     if state is None or state["continuation_session_id"] or engine.registry.busy(session_id):
         return
     fold = await engine.sessions.folds.get(session_id)
@@ -134,7 +135,7 @@ async def _continue(
     owner = await agent.agent_owner(agent_session_id)
     if owner == session_id:
         return
-    if owner is not None and engine.store.last_seq(owner) is not None:
+    if owner is not None and await engine.store.last_seq(owner) is not None:
         await continue_in(engine, session_id, owner, create=False)  # it exists already
         return
     child_id = owner or new_id("s")

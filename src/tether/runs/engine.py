@@ -27,7 +27,7 @@ from tether.events import new_id
 from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
 from tether.log.attachments import AttachmentStore
-from tether.log.sqlite import SQLiteEventStore
+from tether.log.store import EventStore
 from tether.runs.handles import HandleCache, RuntimeHandle, open_handle
 from tether.runs.intake import Upload
 from tether.runs.pump import END, STOP, Signal, outcome, pump
@@ -61,7 +61,7 @@ class RunEngine:
     def __init__(
         self,
         *,
-        store: SQLiteEventStore,
+        store: EventStore,
         sessions: SessionService,
         registry: RunRegistry,
         runtime: Runtime,
@@ -107,7 +107,7 @@ class RunEngine:
         async with self.sessions.locks(session_id):
             if self.agent_sync is not None:  # an unknown session: nothing to sync, 404 below
                 await self.agent_sync.before_start(session_id)  # may reveal a continuation
-            self.check_admissible(session_id, starting=True)
+            await self.check_admissible(session_id, starting=True)
             stored = list(refs)
             for upload in uploads:
                 stored.append(
@@ -147,13 +147,13 @@ class RunEngine:
             "pending_started_at": submitted_at,
         }
 
-    def check_admissible(self, session_id: str, *, starting: bool) -> None:
+    async def check_admissible(self, session_id: str, *, starting: bool) -> None:
         """The refusals that come before any mutation: unknown, rotated (409 session_rotated
         with the newest continuation), and, for a start, busy or shutting down."""
-        state = self.store.index_state(session_id)
+        state = await self.store.index_state(session_id)
         if state is None:
             raise SessionNotFound(session_id)
-        self.sessions.refuse_if_rotated(state)
+        await self.sessions.refuse_if_rotated(state)
         if not starting:
             return
         if self.registry.busy(session_id):

@@ -49,7 +49,7 @@ async def reclaim_forever(engine: RunEngine, window: float) -> None:
 async def recover(engine: RunEngine) -> int:
     """Settle every run the log shows open without a live worker, as interrupted. Its turn
     and partial output stay visible and in the model context (invariant 1)."""
-    unfinished = await asyncio.to_thread(engine.store.unfinished_streams)
+    unfinished = await engine.store.unfinished_streams()
     settled = 0
     for session_id, stream_id, turn_id in unfinished:
         if engine.registry.get(stream_id) is not None:

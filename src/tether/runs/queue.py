@@ -27,7 +27,7 @@ class QueueService:
 
     async def add(self, session_id: str, text: str, uploads: Sequence[Upload]) -> dict[str, Any]:
         async with self.sessions.locks(session_id):
-            self.engine.check_admissible(session_id, starting=False)
+            await self.engine.check_admissible(session_id, starting=False)
             refs = [
                 await asyncio.to_thread(
                     self.engine.attachments.put, u.data, name=u.name, mime=u.mime
@@ -45,7 +45,7 @@ class QueueService:
         return {"queue_id": queue_id, "started": started}
 
     async def _locate(self, queue_id: str) -> tuple[str, dict[str, Any]]:
-        session_id = await asyncio.to_thread(self.store.queue_session, queue_id)
+        session_id = await self.store.queue_session(queue_id)
         if session_id is not None:
             fold = await self.sessions.folds.get(session_id)
             item = fold.transcript.queued.get(queue_id)

@@ -88,7 +88,7 @@ async def continue_in(
     `session.created` (its handoff, the agent session it drives)."""
     store = engine.store
     fold = await engine.sessions.folds.get(parent_id)
-    parent = engine.sessions.row(parent_id)
+    parent = await engine.sessions.row(parent_id)
     assert parent is not None and fold.row is not None
     if create:
         await store.create_session(

@@ -13,7 +13,7 @@ from typing import Any
 
 from tether.events import Event
 from tether.log import SessionNotFound
-from tether.log.sqlite import SQLiteEventStore
+from tether.log.store import EventStore
 from tether.projections.sidebar import fold_row
 from tether.projections.transcript import TranscriptFold
 
@@ -35,7 +35,7 @@ class SessionFold:
 
 
 class FoldCache:
-    def __init__(self, store: SQLiteEventStore, capacity: int = 128):
+    def __init__(self, store: EventStore, capacity: int = 128):
         self._store = store
         self._capacity = capacity
         self._folds: OrderedDict[str, SessionFold] = OrderedDict()
@@ -45,11 +45,11 @@ class FoldCache:
         """The session's fold at (at least) its current last seq; SessionNotFound if none."""
         lock = self._locks.setdefault(session_id, asyncio.Lock())
         async with lock:
-            if self._store.last_seq(session_id) is None:
+            if await self._store.last_seq(session_id) is None:
                 self.forget(session_id)
                 raise SessionNotFound(session_id)
             fold = self._folds.get(session_id) or SessionFold()
-            while fold.last_seq < (self._store.last_seq(session_id) or 0):
+            while fold.last_seq < (await self._store.last_seq(session_id) or 0):
                 events = await self._store.read(session_id, after=fold.last_seq, limit=5000)
                 if not events:  # deleted while we read
                     raise SessionNotFound(session_id)

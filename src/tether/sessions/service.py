@@ -11,7 +11,7 @@ from tether.errors import InvalidRequest, SessionBusy, SessionRotated
 from tether.events import new_id
 from tether.log import Draft, SessionNotFound
 from tether.log.attachments import AttachmentStore
-from tether.log.sqlite import SQLiteEventStore
+from tether.log.store import EventStore
 from tether.projections.sidebar import public_row, sort_key
 from tether.sessions.folds import FoldCache
 from tether.sessions.titles import TitleRefused, normalise_title
@@ -54,9 +54,7 @@ class RunOccupancy(Protocol):
 
 
 class SessionService:
-    def __init__(
-        self, store: SQLiteEventStore, registry: RunOccupancy, attachments: AttachmentStore
-    ):
+    def __init__(self, store: EventStore, registry: RunOccupancy, attachments: AttachmentStore):
         self.store = store
         self.registry = registry
         self.attachments = attachments
@@ -64,11 +62,11 @@ class SessionService:
         self.locks = SessionLocks()
 
     # -- reads ------------------------------------------------------------------------------
-    def row(self, session_id: str) -> dict[str, Any] | None:
-        state = self.store.index_state(session_id)
-        return None if state is None else self._public(state)
+    async def row(self, session_id: str) -> dict[str, Any] | None:
+        state = await self.store.index_state(session_id)
+        return None if state is None else await self._public(state)
 
-    def _public(self, state: dict[str, Any]) -> dict[str, Any]:
+    async def _public(self, state: dict[str, Any]) -> dict[str, Any]:
         sid = state["session_id"]
         row = public_row(
             state,
@@ -76,11 +74,11 @@ class SessionService:
             active_stream_id=self.registry.attachable_stream(sid),
         )
         if row["continuation_session_id"]:  # several hops: point at the newest
-            row["continuation_session_id"] = self.newest_continuation(sid)
+            row["continuation_session_id"] = await self.newest_continuation(sid)
         return row
 
     async def list_rows(self, *, archived: bool, query: str | None) -> list[dict[str, Any]]:
-        states = self.store.index_states().values()
+        states = (await self.store.index_states()).values()
         if archived:
             chosen = [s for s in states if s["archived"]]
         else:
@@ -91,24 +89,25 @@ class SessionService:
             chosen = [
                 s
                 for s in chosen
-                if s["session_id"] in by_text or needle in self._public(s)["title"].casefold()
+                if s["session_id"] in by_text
+                or needle in (await self._public(s))["title"].casefold()
             ]
-        return [self._public(s) for s in sorted(chosen, key=sort_key)]
+        return [await self._public(s) for s in sorted(chosen, key=sort_key)]
 
-    def newest_continuation(self, session_id: str) -> str | None:
+    async def newest_continuation(self, session_id: str) -> str | None:
         """Follow `continuation_session_id` hops to the newest session of the lineage."""
         seen = {session_id}
-        state = self.store.index_state(session_id)
+        state = await self.store.index_state(session_id)
         newest = None
         while state is not None and state["continuation_session_id"]:
             newest = state["continuation_session_id"]
             if newest in seen:
                 break
             seen.add(newest)
-            state = self.store.index_state(newest)
+            state = await self.store.index_state(newest)
         return newest
 
-    def refuse_if_rotated(self, state: dict[str, Any]) -> None:
+    async def refuse_if_rotated(self, state: dict[str, Any]) -> None:
         """A rotated session's transcript is history its continuation builds on (display
         and, through the handoff, model context): a command that would change it answers
         409 `session_rotated` with the newest continuation, before any mutation. Starting a
@@ -116,14 +115,14 @@ class SessionService:
         if state["continuation_session_id"]:
             raise SessionRotated(
                 "This conversation continues in a newer session.",
-                continuation_session_id=self.newest_continuation(state["session_id"]),
+                continuation_session_id=await self.newest_continuation(state["session_id"]),
             )
 
     async def view(self, session_id: str) -> dict[str, Any]:
         """The `session` object of `GET /api/session`: Row + transcript + pending + live."""
         fold = await self.folds.get(session_id)
         assert fold.row is not None
-        body = self._public(fold.row)
+        body = await self._public(fold.row)
         body.update(fold.transcript.view())
         body["last_seq"] = fold.last_seq
         body["inherited_messages"] = await self._inherited(fold.row["parent_session_id"])
@@ -153,7 +152,7 @@ class SessionService:
         data = {"title": clean_title(title)} if title is not None else {"title": None}
         session_id = new_id("s")
         await self.store.create_session(session_id, [Draft(ev.SESSION_CREATED, data)])
-        row = self.row(session_id)
+        row = await self.row(session_id)
         assert row is not None
         return row
 
@@ -163,14 +162,14 @@ class SessionService:
         if "title" in changes:
             changes["title"] = clean_title(changes["title"])
         async with self.locks(session_id):
-            state = self.store.index_state(session_id)
+            state = await self.store.index_state(session_id)
             if state is None:
                 raise SessionNotFound(session_id)
-            current = self._public(state)
+            current = await self._public(state)
             delta = {k: v for k, v in changes.items() if current[k] != v}
             if delta:
                 await self.store.append(session_id, [Draft(ev.SESSION_UPDATED, delta)])
-        row = self.row(session_id)
+        row = await self.row(session_id)
         if row is None:
             raise SessionNotFound(session_id)
         return row
@@ -190,15 +189,15 @@ class SessionService:
         self.folds.forget(session_id)
         self.locks.forget(session_id)
         for attachment_id in attachment_ids:  # stored once: remove when nothing refers to it
-            if not await asyncio.to_thread(self.store.attachment_in_use, attachment_id):
+            if not await self.store.attachment_in_use(attachment_id):
                 self.attachments.remove(attachment_id)
 
     async def truncate(self, session_id: str, keep_count: int) -> dict[str, Any]:
         async with self.locks(session_id):
-            state = self.store.index_state(session_id)
+            state = await self.store.index_state(session_id)
             if state is None:
                 raise SessionNotFound(session_id)
-            self.refuse_if_rotated(state)
+            await self.refuse_if_rotated(state)
             if self.registry.busy(session_id):
                 raise SessionBusy(
                     "A run is still using this session; stop it first.",
@@ -222,6 +221,6 @@ class SessionService:
                         )
                     ],
                 )
-        row = self.row(session_id)
+        row = await self.row(session_id)
         assert row is not None
         return row

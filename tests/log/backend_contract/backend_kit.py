@@ -1,0 +1,118 @@
+"""The backends the contract suite runs against, and what the suite needs from each.
+
+A backend here is a factory for one database: `open()` returns an `EventStore` on it (call
+it again to reopen the same data), and a few inspection hooks look at the database through
+a connection of their own, behind the store's back. Adding a backend to Tether means adding
+a class like `SQLiteBackend` and its name to `BACKENDS`; every contract test then runs
+against it. `spec()` / `from_spec()` let the crash test open the same database in a child
+process.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any, Protocol
+
+from tether.events import Event
+from tether.log.sqlite import SQLiteEventStore
+from tether.log.store import EventStore, IndexFold
+
+PROBE_FOLD_VERSION = "probe-1"
+
+
+def probe_fold(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
+    """An index fold that records every seq it was given: the state shows whether each event
+    was folded once, in order, and nothing else was."""
+    seqs = [] if state is None else state["seqs"]
+    return {"session_id": event.session_id, "seqs": [*seqs, event.seq], "last_type": event.type}
+
+
+def other_probe_fold(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
+    """A different fold (a new version of the index code): counts instead of listing."""
+    count = 0 if state is None else state["count"]
+    return {"session_id": event.session_id, "count": count + 1}
+
+
+class Backend(Protocol):
+    name: str
+
+    async def open(
+        self, fold: IndexFold = probe_fold, version: str = PROBE_FOLD_VERSION
+    ) -> EventStore:
+        """A store on this backend's database (the same data every time)."""
+
+    def spec(self) -> dict[str, Any]:
+        """JSON that `from_spec` turns back into this backend in another process."""
+
+    def physical_order(self, session_id: str) -> list[int]:
+        """The session's seqs in the order the rows were physically appended."""
+
+    def committed_last_seq(self, session_id: str) -> int | None:
+        """The highest seq of the session that another connection can see committed."""
+
+    def make_index_stale(self, session_id: str) -> None:
+        """Overwrite the session's persisted index state with a wrong, older one."""
+
+    def dispose(self) -> None:
+        """Drop the database."""
+
+
+class SQLiteBackend:
+    name = "sqlite"
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._peek: sqlite3.Connection | None = None
+
+    async def open(
+        self, fold: IndexFold = probe_fold, version: str = PROBE_FOLD_VERSION
+    ) -> EventStore:
+        return SQLiteEventStore(self.path, index_fold=fold, index_version=version)
+
+    def spec(self) -> dict[str, Any]:
+        return {"backend": self.name, "path": str(self.path)}
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._peek is None:
+            self._peek = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        return self._peek
+
+    def physical_order(self, session_id: str) -> list[int]:
+        rows = self._conn().execute(
+            "SELECT seq FROM events WHERE session_id=? ORDER BY id", (session_id,)
+        )
+        return [seq for (seq,) in rows]
+
+    def committed_last_seq(self, session_id: str) -> int | None:
+        row = (
+            self._conn()
+            .execute("SELECT MAX(seq) FROM events WHERE session_id=?", (session_id,))
+            .fetchone()
+        )
+        return row[0]
+
+    def make_index_stale(self, session_id: str) -> None:
+        self._conn().execute(
+            "UPDATE session_index SET state='{}', last_seq=0 WHERE session_id=?", (session_id,)
+        )
+
+    def dispose(self) -> None:
+        if self._peek is not None:
+            self._peek.close()
+            self._peek = None
+
+
+BACKENDS = ["sqlite"]
+
+
+def make_backend(name: str, workdir: Path) -> Backend:
+    if name == "sqlite":
+        return SQLiteBackend(workdir / "tether.db")
+    raise ValueError(f"unknown backend {name!r}")
+
+
+def from_spec(spec: dict[str, Any]) -> Backend:
+    if spec["backend"] == "sqlite":
+        return SQLiteBackend(Path(spec["path"]))
+    raise ValueError(f"unknown backend {spec['backend']!r}")

@@ -12,23 +12,27 @@ from typing import Any
 
 from tether.log import Draft
 from tether.runs.agent_sync import adopt_sessions_started_elsewhere
+from tether.runtimes.base import AgentHistory, Capabilities, Runtime
 
 from engine_harness import Harness, harness
 
 
-class ScanningRuntime:
+class ScanningRuntime(Runtime):
     """An agent whose one session `a1` is bound to Tether session `s_bound`, which another
     pass creates while this runtime's scan runs."""
 
     name = "scanning"
-    model = "scan-1"
-    demo = False
+    capabilities = Capabilities(agent_sync=True)
 
     def __init__(self) -> None:
+        self.model = "scan-1"
         self.h: Harness | None = None
 
-    def accepts(self, mime: str) -> bool:
-        return True
+    def agent_history(self) -> AgentHistory:
+        return self
+
+    async def agent_changed(self) -> list[str]:
+        return []
 
     async def agent_started_elsewhere(self, exists: Callable[[str], bool]) -> list[dict]:
         assert self.h is not None
@@ -49,16 +53,13 @@ class ScanningRuntime:
     async def agent_news(self, session_id: str, watermark: Any) -> None:
         return None
 
-    async def aclose(self) -> None:
-        return None
-
 
 def test_a_session_created_during_the_scan_is_not_adopted_twice(tmp_path: Path) -> None:
     async def main() -> list[str]:
         runtime = ScanningRuntime()
-        async with harness(tmp_path, runtime) as h:  # type: ignore[arg-type]
+        async with harness(tmp_path, runtime) as h:
             runtime.h = h
-            await adopt_sessions_started_elsewhere(h.engine)
+            await adopt_sessions_started_elsewhere(h.engine, runtime)
             return await h.types("s_bound")
 
     assert asyncio.run(main()) == ["session.created"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Path
+import asyncio
+
+from fastapi import APIRouter, Path, Query
 from fastapi.responses import FileResponse
 
 from tether.events import ID_PATTERN
@@ -145,18 +147,22 @@ _BINARY = {"schema": {"type": "string", "format": "binary"}}
 async def get_attachment(
     app: App,
     attachment_id: str = Path(pattern=ID_PATTERN, description="An attachment id"),
+    session_id: str | None = Query(
+        None, pattern=ID_PATTERN, description="The session that holds the upload"
+    ),
 ) -> object:
-    """The stored bytes. Images a browser renders without running anything are served
-    inline; everything else is a download (`application/octet-stream`)."""
-    path = app.attachments.path(attachment_id)
-    meta = app.attachments.meta(attachment_id)
-    if path is None or meta is None:
+    """The stored bytes, under the name and type given in the session that uploaded them.
+    Images a browser renders without running anything are served inline; everything else is
+    a download (`application/octet-stream`). 404 when `session_id` does not hold the upload."""
+    upload = await asyncio.to_thread(app.store.attachment, attachment_id, session_id)
+    path = None if upload is None else app.attachments.path(upload["blob"])
+    if upload is None or path is None:
         return error(404, "attachment_not_found", "There is no such attachment.")
-    mime = meta["mime"] if meta["mime"] in _INLINE_TYPES else "application/octet-stream"
+    mime = upload["mime"] if upload["mime"] in _INLINE_TYPES else "application/octet-stream"
     return FileResponse(
         path,
         media_type=mime,
-        filename=meta["name"],
+        filename=upload["name"],
         content_disposition_type="inline" if mime in _INLINE_TYPES else "attachment",
         headers={
             "X-Content-Type-Options": "nosniff",

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.events import QUEUE_ADDED, RUN_FINISHED, TURN_SUBMITTED, Event
+from tether.log import owners
 from tether.log.errors import (
     InvalidEvent,
     LogError,
@@ -81,7 +82,7 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 # Every table a Tether database may hold (log/migrations.py); sqlite_* are SQLite's own.
-_TETHER_TABLES = frozenset({"migrations", "events", "session_index", "meta"})
+_TETHER_TABLES = frozenset({"migrations", "events", "session_index", "meta", "attachments"})
 
 
 def _refuse_foreign(db: sqlite3.Connection, path: Path) -> None:
@@ -376,6 +377,8 @@ class SQLiteEventStore:
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (sid, last, draft.type, now, draft.stream_id, draft.turn_id, payload),
             )
+            if draft.type in owners.CARRIERS:
+                owners.record(self._db, sid, draft.data, draft.blobs)
             state = self._fold(state, event)
             events.append(event)
         for stream_id in finishing:
@@ -404,6 +407,7 @@ class SQLiteEventStore:
         if sid not in self._last_seq:
             raise SessionNotFound(sid)
         self._db.execute("DELETE FROM events WHERE session_id=?", (sid,))
+        owners.forget(self._db, sid)
         del self._last_seq[sid]
         self._index.pop(sid, None)
 
@@ -484,12 +488,24 @@ class SQLiteEventStore:
         )
         return rows[0][0] if rows else None
 
-    def attachment_in_use(self, attachment_id: str) -> bool:
+    def attachment(self, attachment_id: str, session_id: str | None) -> dict[str, Any] | None:
+        columns = "SELECT session_id, id, blob, name, mime, size FROM attachments WHERE id=?"
+        if session_id is None:
+            rows = self._query(columns + " LIMIT 2", (attachment_id,))
+        else:
+            rows = self._query(columns + " AND session_id=?", (attachment_id, session_id))
+        if len(rows) != 1:
+            return None
+        return dict(zip(("session_id", "id", "blob", "name", "mime", "size"), rows[0], strict=True))
+
+    def blob_in_use(self, blob: str) -> bool:
+        return bool(self._query("SELECT 1 FROM attachments WHERE blob=? LIMIT 1", (blob,)))
+
+    def session_blobs(self, session_id: str) -> set[str]:
         rows = self._query(
-            "SELECT 1 FROM events WHERE type=? AND instr(data, ?) > 0 LIMIT 1",
-            (TURN_SUBMITTED, attachment_id),
+            "SELECT DISTINCT blob FROM attachments WHERE session_id=?", (session_id,)
         )
-        return bool(rows)
+        return {row[0] for row in rows}
 
     def close(self) -> None:
         if self._thread.is_alive():

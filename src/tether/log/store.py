@@ -21,6 +21,9 @@ class Draft:
     data: dict[str, Any] = field(default_factory=dict)
     stream_id: str | None = None
     turn_id: str | None = None
+    # New uploads this event refers to: attachment id -> the blob (SHA-256) holding its bytes.
+    # Kept beside the event (log/owners.py), never in it.
+    blobs: dict[str, str] = field(default_factory=dict)
 
 
 class EventStore(Protocol):
@@ -45,5 +48,13 @@ class EventStore(Protocol):
 
     async def search_text(self, needle: str) -> set[str]:
         """Sessions whose user messages contain `needle` (case-insensitive)."""
+
+    def attachment(self, attachment_id: str, session_id: str | None) -> dict[str, Any] | None:
+        """An upload's `{id, session_id, blob, name, mime, size}`: the one of `session_id`,
+        or, without a session, the upload if exactly one session holds that id."""
+
+    def blob_in_use(self, blob: str) -> bool: ...
+
+    def session_blobs(self, session_id: str) -> set[str]: ...
 
     def close(self) -> None: ...

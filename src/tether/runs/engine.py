@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from tether import events as ev
@@ -79,12 +80,13 @@ class RunEngine:
                 await self.agent_sync.before_start(session_id)  # may reveal a continuation
             self.check_admissible(session_id, starting=True)
             stored = list(refs)
+            blobs = {}
             for upload in uploads:
-                stored.append(
-                    await asyncio.to_thread(
-                        self.attachments.put, upload.data, name=upload.name, mime=upload.mime
-                    )
+                new = await asyncio.to_thread(
+                    self.attachments.put, upload.data, name=upload.name, mime=upload.mime
                 )
+                stored.append(new.ref)
+                blobs[new.ref["id"]] = new.blob
             run = Run(session_id, new_id("r"), new_id("u"))
             self.registry.add(run)
             submitted_at = time.time()
@@ -103,6 +105,7 @@ class RunEngine:
                             },
                             stream_id=run.stream_id,
                             turn_id=run.turn_id,
+                            blobs=blobs,
                         )
                     ],
                 )
@@ -343,13 +346,17 @@ class RunEngine:
         run.handle = handle
         return handle
 
+    def _upload_path(self, session_id: str, attachment_id: str) -> Path | None:
+        upload = self.store.attachment(attachment_id, session_id)
+        return None if upload is None else self.attachments.path(upload["blob"])
+
     async def _turn_input(self, run: Run, model: str | None) -> TurnInput:
         fold = await self.sessions.folds.get(run.session_id)
         messages = fold.transcript.context()["context_messages"]
         refs: dict[str, AttachmentRef] = {}
         for row in fold.transcript.messages:
             for att in row.get("attachments") or []:
-                path = self.attachments.path(att["id"])
+                path = await asyncio.to_thread(self._upload_path, run.session_id, att["id"])
                 if path is not None:
                     refs[att["id"]] = AttachmentRef(att["id"], att["name"], att["mime"], path)
         run.steer.on_drain = lambda ids: run.inbox.put_nowait(SteerDelivered(ids))

@@ -174,16 +174,13 @@ class SessionService:
                     "Stop the running turn before deleting this session.",
                     active_stream_id=self.registry.attachable_stream(session_id),
                 )
-            fold = await self.folds.get(session_id)
-            attachment_ids = {
-                a["id"] for row in fold.transcript.users.values() for a in row["attachments"]
-            }
-            await self.store.delete_session(session_id)
+            blobs = await asyncio.to_thread(self.store.session_blobs, session_id)
+            await self.store.delete_session(session_id)  # its uploads' rows go with its events
         self.folds.forget(session_id)
         self.locks.forget(session_id)
-        for attachment_id in attachment_ids:  # stored once: remove when nothing refers to it
-            if not await asyncio.to_thread(self.store.attachment_in_use, attachment_id):
-                self.attachments.remove(attachment_id)
+        for blob in blobs:  # bytes are stored once: remove them when no upload holds them
+            if not await asyncio.to_thread(self.store.blob_in_use, blob):
+                self.attachments.remove(blob)
 
     async def truncate(self, session_id: str, keep_count: int) -> dict[str, Any]:
         async with self.locks(session_id):

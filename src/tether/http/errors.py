@@ -143,7 +143,7 @@ def install(app: FastAPI) -> None:
         return error(
             503,
             "storage_unavailable",
-            f"Tether could not use its database; nothing was changed. Details: {exc}",
+            f"Tether could not use its storage; nothing was changed. Details: {exc}",
         )
 
     @app.exception_handler(Exception)

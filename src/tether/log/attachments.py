@@ -8,6 +8,7 @@ dangles.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.events import new_id
+from tether.log.errors import StorageError
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,8 @@ class AttachmentStore:
         # beside it, shared by every session: the names now live per upload in the database.
         for legacy in root.glob("??/*.json"):
             legacy.unlink(missing_ok=True)
+        for unfinished in root.glob("??/*.tmp"):  # a write cut short by a crash
+            unfinished.unlink(missing_ok=True)
 
     def _path(self, blob: str) -> Path:
         return self.root / blob[:2] / blob
@@ -46,19 +50,38 @@ class AttachmentStore:
         blob = hashlib.sha256(data).hexdigest()
         path = self._path(blob)
         if not path.exists():
-            path.parent.mkdir(exist_ok=True)
-            _write_durably(path, data)
+            try:
+                _write_durably(path, data)
+            except OSError as exc:  # disk full, quota, read-only: 503, and no file left
+                raise StorageError(
+                    f"could not store the attachment {name!r} in {self.root}: {exc.strerror or exc}"
+                ) from exc
         ref = {"id": new_id("a"), "name": name, "mime": mime, "size": len(data)}
         return StoredUpload(ref, blob)
 
     def remove(self, blob: str) -> None:
-        self._path(blob).unlink(missing_ok=True)
+        path = self._path(blob)
+        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # still holds other blobs
+            path.parent.rmdir()
 
 
 def _write_durably(path: Path, data: bytes) -> None:
+    """Write to a temporary file, fsync, rename. Fault found by
+    tests/faults/test_storage_faults.py: on a full disk the temporary file (and a new
+    directory) stayed behind, empty, after the failure; now a failed write leaves nothing."""
+    made_dir = not path.parent.exists()
+    path.parent.mkdir(exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        if made_dir:
+            with contextlib.suppress(OSError):  # another upload may have put a file there
+                path.parent.rmdir()
+        raise

@@ -27,5 +27,9 @@ class StorageError(LogError):
     """The database could not be opened or written (corrupt file, disk full, read-only)."""
 
 
+class StorageReadOnly(StorageError):
+    """The data directory (or the database in it) cannot be written at all: refused at start."""
+
+
 class InvalidEvent(LogError):
     """The event's data cannot be stored (not JSON, or text UTF-8 cannot encode)."""

@@ -18,6 +18,7 @@ import concurrent.futures
 import contextlib
 import json
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -35,6 +36,7 @@ from tether.log.errors import (
     SessionExists,
     SessionNotFound,
     StorageError,
+    StorageReadOnly,
     StreamClosed,
 )
 from tether.log.migrations import apply_migrations
@@ -117,6 +119,22 @@ def _refuse_foreign(db: sqlite3.Connection, path: Path) -> None:
         )
 
 
+def _refuse_read_only(path: Path) -> None:
+    """Refuse a database Tether could only read. Fault found by
+    tests/faults/test_storage_faults.py: a read-only data directory was reported as a broken
+    database ("attempt to write a readonly database ... restore it from a backup"). Reads are
+    not served instead: in WAL mode even a reader must write the `-shm` index beside the
+    file, and a server whose every message would be refused is worse than a clear refusal."""
+    directory = path.parent
+    for where in (directory, path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if where.exists() and not os.access(where, os.W_OK):
+            raise StorageReadOnly(
+                f"The data directory {directory} is read-only ({where} cannot be written): "
+                "Tether keeps its log there and must be able to write it. Nothing was "
+                "changed; make the directory writable or choose another --data-dir."
+            )
+
+
 def _refuse_cut_short(db: sqlite3.Connection, path: Path) -> None:
     """Refuse a database file that ends inside a page.
 
@@ -162,6 +180,7 @@ class SQLiteEventStore:
         self._readers_lock = threading.Lock()
         self._closed_streams: dict[str, bool] = {}
         try:
+            _refuse_read_only(self.path)
             self._db = _connect(self.path)
             _refuse_foreign(self._db, self.path)  # before anything below writes to the file
             _refuse_cut_short(self._db, self.path)

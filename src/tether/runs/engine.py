@@ -79,14 +79,8 @@ class RunEngine:
             if self.agent_sync is not None:  # an unknown session: nothing to sync, 404 below
                 await self.agent_sync.before_start(session_id)  # may reveal a continuation
             self.check_admissible(session_id, starting=True)
-            stored = list(refs)
-            blobs = {}
-            for upload in uploads:
-                new = await asyncio.to_thread(
-                    self.attachments.put, upload.data, name=upload.name, mime=upload.mime
-                )
-                stored.append(new.ref)
-                blobs[new.ref["id"]] = new.blob
+            new_refs, blobs = await self.store_uploads(uploads)
+            stored = [*refs, *new_refs]
             run = Run(session_id, new_id("r"), new_id("u"))
             self.registry.add(run)
             submitted_at = time.time()
@@ -111,6 +105,7 @@ class RunEngine:
                 )
             except BaseException:
                 self.registry.remove(run)
+                await self.sessions.release_blobs(blobs.values())
                 raise
             run.worker = asyncio.create_task(self._work(run, model), name=run.stream_id)
         return {
@@ -119,6 +114,25 @@ class RunEngine:
             "turn_id": run.turn_id,
             "pending_started_at": submitted_at,
         }
+
+    async def store_uploads(
+        self, uploads: Sequence[Upload]
+    ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        """Write the bytes of `uploads`: (the refs an event carries, their blobs). When one
+        cannot be written, the bytes written before it are removed again (503, no trace)."""
+        refs: list[dict[str, Any]] = []
+        blobs: dict[str, str] = {}
+        try:
+            for upload in uploads:
+                new = await asyncio.to_thread(
+                    self.attachments.put, upload.data, name=upload.name, mime=upload.mime
+                )
+                refs.append(new.ref)
+                blobs[new.ref["id"]] = new.blob
+        except BaseException:
+            await self.sessions.release_blobs(blobs.values())
+            raise
+        return refs, blobs
 
     def check_admissible(self, session_id: str, *, starting: bool) -> None:
         """The refusals that come before any mutation: unknown, rotated (409 session_rotated

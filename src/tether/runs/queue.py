@@ -28,16 +28,14 @@ class QueueService:
     async def add(self, session_id: str, text: str, uploads: Sequence[Upload]) -> dict[str, Any]:
         async with self.sessions.locks(session_id):
             self.engine.check_admissible(session_id, starting=False)
-            stored = [
-                await asyncio.to_thread(
-                    self.engine.attachments.put, u.data, name=u.name, mime=u.mime
-                )
-                for u in uploads
-            ]
+            refs, blobs = await self.engine.store_uploads(uploads)
             queue_id = new_id("q")
-            data = {"queue_id": queue_id, "text": text, "attachments": [s.ref for s in stored]}
-            blobs = {s.ref["id"]: s.blob for s in stored}
-            await self.store.append(session_id, [Draft(ev.QUEUE_ADDED, data, blobs=blobs)])
+            data = {"queue_id": queue_id, "text": text, "attachments": refs}
+            try:
+                await self.store.append(session_id, [Draft(ev.QUEUE_ADDED, data, blobs=blobs)])
+            except BaseException:
+                await self.sessions.release_blobs(blobs.values())
+                raise
         started = None
         if not self.engine.registry.busy(session_id):
             started = await self.start_next(session_id)

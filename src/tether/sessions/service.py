@@ -4,6 +4,7 @@ when something changes, so a rejected or empty request leaves the log untouched.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 from tether import events as ev
@@ -178,7 +179,12 @@ class SessionService:
             await self.store.delete_session(session_id)  # its uploads' rows go with its events
         self.folds.forget(session_id)
         self.locks.forget(session_id)
-        for blob in blobs:  # bytes are stored once: remove them when no upload holds them
+        await self.release_blobs(blobs)
+
+    async def release_blobs(self, blobs: Iterable[str]) -> None:
+        """Bytes are stored once per content: remove those no upload holds (after a session
+        is deleted, or when the event that would have held new bytes was not written)."""
+        for blob in set(blobs):
             if not await asyncio.to_thread(self.store.blob_in_use, blob):
                 self.attachments.remove(blob)
 

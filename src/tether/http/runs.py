@@ -147,14 +147,16 @@ _BINARY = {"schema": {"type": "string", "format": "binary"}}
 async def get_attachment(
     app: App,
     attachment_id: str = Path(pattern=ID_PATTERN, description="An attachment id"),
-    session_id: str | None = Query(
-        None, pattern=ID_PATTERN, description="The session that holds the upload"
+    session_id: str = Query(
+        "",  # absent: the upload, if exactly one session holds that id
+        pattern=ID_PATTERN,
+        description="The session that holds the upload (the transcript's `url` names it)",
     ),
 ) -> object:
     """The stored bytes, under the name and type given in the session that uploaded them.
     Images a browser renders without running anything are served inline; everything else is
     a download (`application/octet-stream`). 404 when `session_id` does not hold the upload."""
-    upload = await asyncio.to_thread(app.store.attachment, attachment_id, session_id)
+    upload = await asyncio.to_thread(app.store.attachment, attachment_id, session_id or None)
     path = None if upload is None else app.attachments.path(upload["blob"])
     if upload is None or path is None:
         return error(404, "attachment_not_found", "There is no such attachment.")

@@ -22,6 +22,7 @@ from tether.http import auth_routes, errors, health, pages, runs, sessions, stre
 from tether.http.auth import Authenticator, AuthGate
 from tether.http.deps import Services
 from tether.http.limits import BodyLimit
+from tether.http.render_pool import RenderPool
 from tether.http.stream_slots import StreamSlots
 from tether.log import Hub
 from tether.log.attachments import AttachmentStore
@@ -112,6 +113,7 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
             if engine.agent_sync is not None and settings.agent_sync_seconds > 0
             else None
         )
+        app.state.renderer = RenderPool()
         _freeze_startup_heap()
         log.info(
             "Tether %s ready (%s runtime): data in %s", __version__, runtime.name, settings.data_dir
@@ -124,6 +126,7 @@ def create_app(settings: Settings, auth: Authenticator | None = None) -> FastAPI
                 syncer.cancel()
             await maintenance.shutdown(engine)
             await runtime.aclose()
+            app.state.renderer.close()
             store.attach_hub(None)
             store.close()
 

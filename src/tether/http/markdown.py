@@ -22,10 +22,13 @@ from typing import Any
 
 import nh3
 from markdown_it import MarkdownIt
+from pydantic import ValidationError
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
+
+from tether.http.schemas import RenderRequest
 
 _TAGS = {
     "p",
@@ -186,10 +189,6 @@ def render_request(raw: bytes) -> tuple[str, Any]:
     """The worker's entry point: the raw body of `POST /api/render` in, `("ok", the JSON
     response body)` or `("invalid", pydantic's errors)` out. Parsing, validating and encoding
     happen here too, so the event loop never spends time proportional to the texts."""
-    from pydantic import ValidationError
-
-    from tether.http.schemas import RenderRequest
-
     try:  # Python's parser, as FastAPI's: a lone surrogate gets the validator's own message
         data = json.loads(raw)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError

@@ -90,6 +90,10 @@ class PayloadTooLarge(ApiError):
     code, status = "payload_too_large", 413
 
 
+class RenderTooLarge(ApiError):
+    code, status = "render_too_large", 413
+
+
 class TooManyStreams(ApiError):
     code, status = "too_many_streams", 429
 
@@ -104,3 +108,11 @@ class InternalError(ApiError):
 
 class ServerClosing(ApiError):
     code, status = "server_closing", 503
+
+
+class RenderBusy(ApiError):
+    code, status = "render_busy", 503
+
+
+class RenderUnavailable(ApiError):
+    code, status = "render_unavailable", 503

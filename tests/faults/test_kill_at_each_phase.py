@@ -51,7 +51,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def server(tmp_path: Path, fake: FakeOpenAI, workspace: Path) -> Iterator[ServerProcess]:
-    os.mkfifo(workspace / "pipe")  # read_file blocks opening it: a tool stays in flight
+    # A search that stays in flight for seconds: 1,500 names (hard links) of one 2 MB file
+    # without a match; the search reads them all until its 10 s budget runs out. (A FIFO
+    # used to hold a tool open forever; the tools now refuse one at once.)
+    slow = workspace / "slow"
+    slow.mkdir()
+    (slow / "0.txt").write_text(("nothing to find on this line " * 3 + "\n") * 23_000)
+    for n in range(1, 1500):
+        os.link(slow / "0.txt", slow / f"{n}.txt")
     with running_server(tmp_path / "data", *openai_flags(fake, workspace)) as srv:
         yield srv
 
@@ -217,10 +224,13 @@ def test_kill_mid_tool_call_leaves_the_tool_unfinished_and_answered_with_no_resu
     server: ServerProcess, fake: FakeOpenAI
 ) -> None:
     fake.script(
-        reply(text("Reading the pipe."), tool_call("call_pipe", "read_file", {"path": "pipe"})),
+        reply(
+            text("Searching."),
+            tool_call("call_slow", "search_files", {"pattern": "needle", "path": "slow"}),
+        ),
         reply(text("never requested")),
     )
-    message = "What is in the pipe?"
+    message = "Where is the needle?"
     with server.client() as client:
         sid = new_session(client)
         run = start_turn(client, sid, message)
@@ -233,18 +243,18 @@ def test_kill_mid_tool_call_leaves_the_tool_unfinished_and_answered_with_no_resu
         assert "tool.started" in types and "tool.completed" not in types
         assert fake.requests_count == 1  # the tool is still in flight: no second request
         tool = seen.live[-1]
-        assert tool["name"] == "read_file" and tool["done"] is False
+        assert tool["name"] == "search_files" and tool["done"] is False
     kill_and_restart(server)
     with server.client() as client:
         assistant, context, log = assert_recovered(client, seen)
         assert "tool.completed" not in [e["type"] for e in log]
         tool = [i for i in assistant["timeline"] if i["type"] == "tool"]
-        assert len(tool) == 1 and tool[0]["done"] is False and tool[0]["call_id"] == "call_pipe"
-        call = {"role": "tool", "tool_call_id": "call_pipe", "content": UNFINISHED_TOOL_RESULT}
+        assert len(tool) == 1 and tool[0]["done"] is False and tool[0]["call_id"] == "call_slow"
+        call = {"role": "tool", "tool_call_id": "call_slow", "content": UNFINISHED_TOOL_RESULT}
         messages = context["context_messages"]
         asked = messages.index(call) - 1
         assert messages[asked]["role"] == "assistant"
-        assert [c["id"] for c in messages[asked]["tool_calls"]] == ["call_pipe"]
+        assert [c["id"] for c in messages[asked]["tool_calls"]] == ["call_slow"]
         sent = assert_accepts_a_new_turn(client, fake, seen)
         assert call in sent  # the model is told the tool never returned
 

@@ -12,6 +12,10 @@ is hit, or the database files become read-only. What the user sees:
   its assistant row keeps the text shown before the fault and ends with an error notice; the
   log is contiguous (the refused batch left no gap); new turns complete, here and elsewhere;
 - a shutdown during the fault exits 0, and the next start settles the run as interrupted.
+- a start (or queued message) with an attachment on a full disk is 503 `storage_unavailable`
+  naming the attachment and its directory, and leaves no file (not even an empty temporary
+  one); when the bytes fit but the turn cannot be logged, they are removed again;
+- a read-only data directory is refused at start with a message that says so and names it.
 
 How the fault is injected, as root: "full" mounts a small tmpfs on the data directory and
 fills it (ENOSPC), then deletes the filler; "fsize" lowers RLIMIT_FSIZE of the server
@@ -23,11 +27,13 @@ possible, or the immutable attribute does not stop writes, the file-size limit s
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import os
 import resource
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,7 +70,7 @@ def _succeeds(*command: str) -> bool:
 class Fault:
     """Stops the server's database writes (`inject`) and lets them through again (`lift`)."""
 
-    def __init__(self, kind: str, data_dir: Path):
+    def __init__(self, kind: str, data_dir: Path, size: str = "16m"):
         self.kind = kind
         self.data_dir = data_dir
         self.mounted = False
@@ -74,7 +80,7 @@ class Fault:
         data_dir.mkdir(parents=True)
         if kind == "full":
             self.mounted = _succeeds(
-                "mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(data_dir)
+                "mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(data_dir)
             )
             if not self.mounted:
                 self.kind = "fsize"
@@ -276,3 +282,131 @@ def test_a_shutdown_during_the_fault_leaves_the_run_for_recovery(
         fake.script(reply(text("Back.")))
         start_turn(client, sid, "Still here?")
         assert wait_idle(client, sid)["messages"][-1]["state"] == "completed"
+
+
+def _text_upload(name: str, size: int) -> dict:
+    data = base64.b64encode(b"x" * size).decode()
+    return {"name": name, "mime": "text/plain", "data_base64": data}
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*"))
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Fault]:
+    """A data directory on an 8 MiB tmpfs (where mounting is not possible: the file-size
+    limit, injected once the server runs)."""
+    injector = Fault("full", tmp_path / "data", size="8m")
+    try:
+        yield injector
+    finally:
+        injector.close()
+
+
+@pytest.fixture
+def demo_server(tiny_disk: Fault) -> Iterator[ServerProcess]:
+    srv = ServerProcess(tiny_disk.data_dir).start()
+    tiny_disk.server = srv
+    try:
+        yield srv
+    finally:
+        if srv.proc is not None and srv.proc.poll() is None:
+            tiny_disk.lift()
+            srv.stop()
+
+
+def test_a_start_with_an_attachment_on_a_full_disk_is_503_and_leaves_no_file(
+    demo_server: ServerProcess, tiny_disk: Fault
+) -> None:
+    """Issue 11, point 6: this answered 500 (the connection reset) and left an empty
+    temporary file in attachments/."""
+    attachments = tiny_disk.data_dir / "attachments"
+    with demo_server.client() as client:
+        sid = new_session(client, "kept as it was")
+        if tiny_disk.kind == "fsize":  # no tmpfs: the file-size limit stands in for the disk
+            tiny_disk.inject()
+        before, log_before, files_before = (
+            session_body(client, sid),
+            whole_log(client, sid),
+            _files(attachments),
+        )
+        refused = client.post(
+            "/api/chat/start",
+            json={
+                "session_id": sid,
+                "message": "Read this",
+                "attachments": [_text_upload("big.txt", 10 * 2**20)],
+            },
+        )
+        assert refused.status_code == 503, refused.text
+        body = refused.json()
+        assert body["code"] == "storage_unavailable"
+        assert str(attachments) in body["message"] and "'big.txt'" in body["message"]
+        assert session_body(client, sid) == before
+        assert whole_log(client, sid) == log_before
+        assert _files(attachments) == files_before == []
+        tiny_disk.lift()
+        start_turn(client, sid, "A small one", attachments=[_text_upload("small.txt", 100)])
+        assert wait_idle(client, sid)["messages"][0]["attachments"][0]["name"] == "small.txt"
+
+
+@pytest.mark.parametrize("fault", ["fsize"], indirect=True)
+def test_a_start_whose_turn_cannot_be_logged_leaves_no_attachment_bytes(
+    server: ServerProcess, fault: Fault
+) -> None:
+    """The bytes fit but the event that would hold them does not: they are removed again."""
+    attachments = fault.data_dir / "attachments"
+    with server.client() as client:
+        sid = new_session(client, "kept as it was")
+        before = session_body(client, sid)
+        fault.inject()  # the log cannot grow; a 100-byte attachment still fits under the limit
+        for path, body in (
+            ("/api/chat/start", {"session_id": sid, "message": "Read this"}),
+            ("/api/chat/queue", {"session_id": sid, "message": "And this"}),
+        ):
+            body["attachments"] = [_text_upload("notes.txt", 100)]
+            refused = client.post(path, json=body)
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["code"] == "storage_unavailable"
+            assert _files(attachments) == []
+        fault.lift()
+        assert session_body(client, sid) == before
+
+
+def test_a_read_only_data_directory_is_refused_at_start_and_named(tmp_path: Path) -> None:
+    """It was reported as a damaged database ("attempt to write a readonly database ...
+    restore it from a backup"). As root, a read-only mount (or, where mounting is not
+    possible, the immutable attribute) is what makes a directory read-only."""
+    data = tmp_path / "data"
+    data.mkdir()
+    mounted = _succeeds("mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(data))
+    try:
+        server = ServerProcess(data).start()
+        with server.client() as client:
+            sid = new_session(client, "still here")
+        server.stop()
+        if mounted:
+            assert _succeeds("mount", "-o", "remount,ro", str(data))
+        else:
+            subprocess.run(["chattr", "+i", str(data), *map(str, data.glob("*"))], check=True)
+        refused = subprocess.run(
+            [sys.executable, "-m", "tether", "serve", "--data-dir", str(data), "--no-browser"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == 1
+        assert f"The data directory {data} is read-only" in refused.stderr
+        assert "restore it from a backup" not in refused.stderr
+        if mounted:
+            assert _succeeds("mount", "-o", "remount,rw", str(data))
+        else:
+            subprocess.run(["chattr", "-i", str(data), *map(str, data.glob("*"))], check=True)
+        server = ServerProcess(data).start()
+        with server.client() as client:
+            assert session_body(client, sid)["title"] == "still here"
+        server.stop()
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(data)])

@@ -112,17 +112,16 @@ def test_attachments_are_stored_once_served_safely_and_reach_the_context(
         # the same bytes in another session are stored once
         other = new_session(client)
         start_turn(client, other, "again", attachments=files[:1])
-        wait_idle(client, other)
-        stored = [
-            p
-            for p in (demo_server.data_dir / "attachments").rglob("*")
-            if p.is_file() and p.suffix != ".json"
-        ]
+        other_image = wait_idle(client, other)["messages"][0]["attachments"][0]
+        stored = [p for p in (demo_server.data_dir / "attachments").rglob("*") if p.is_file()]
         assert len(stored) == 2
-        # deleting a session removes what only it referred to
+        # deleting a session removes its uploads, and the bytes only it held
         client.delete("/api/session", params={"session_id": sid})
         assert client.get(text["url"]).status_code == 404
-        assert client.get(image["url"]).status_code == 200
+        assert client.get(image["url"]).status_code == 404
+        assert client.get(other_image["url"]).content == PNG
+        stored = [p for p in (demo_server.data_dir / "attachments").rglob("*") if p.is_file()]
+        assert len(stored) == 1
 
 
 def test_unknown_attachment_is_404(shared_demo_server: ServerProcess) -> None:

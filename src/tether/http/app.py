@@ -25,6 +25,7 @@ from tether.http.deps import Services
 from tether.http.head import HeadAsGet
 from tether.http.hosts import AllowedHosts, HostGuard
 from tether.http.limits import BodyLimit
+from tether.http.render_pool import RenderPool
 from tether.http.slow_clients import BodyDeadline
 from tether.http.stream_slots import StreamSlots
 from tether.runs import maintenance
@@ -73,6 +74,7 @@ def create_app(
             if services.agent_sync is not None and settings.agent_sync_seconds > 0
             else None
         )
+        app.state.renderer = RenderPool()
         _freeze_startup_heap()
         log.info(
             "Tether %s ready (%s runtime): data in %s",
@@ -88,6 +90,7 @@ def create_app(
                 syncer.cancel()
             await maintenance.shutdown(engine)
             await services.runtime.aclose()
+            app.state.renderer.close()
             store.attach_hub(None)
             await store.aclose()
 

@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 from importlib.resources import files
-from typing import Annotated
 
-from fastapi import APIRouter, Path
-from fastapi.responses import HTMLResponse
-from pydantic import Field, StrictStr
+from fastapi import APIRouter, Path, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, Response
 
+from tether.errors import InvalidRequest, RenderBusy, RenderTooLarge, RenderUnavailable
 from tether.events import ID_PATTERN
-from tether.http.markdown import render
-from tether.http.schemas import Body
+from tether.http.errors import documented
+from tether.http.render_pool import RenderFailed, RenderQueueFull
+from tether.http.schemas import Rendered, RenderRequest
 
 router = APIRouter()
 WEB_ROOT = files("tether") / "web"
@@ -44,10 +45,39 @@ async def session_shell(session_id: str = Path(pattern=ID_PATTERN)) -> HTMLRespo
     return _shell()
 
 
-class RenderRequest(Body):
-    texts: Annotated[list[StrictStr], Field(max_length=500)]
+MAX_RENDER_BODY_BYTES = 16 * 1024 * 1024
+_RENDER_BODY = {
+    "required": True,
+    "content": {"application/json": {"schema": RenderRequest.model_json_schema()}},
+}
 
 
-@router.post("/api/render")
-async def render_markdown(body: RenderRequest) -> dict:
-    return {"html": [render(text) for text in body.texts]}
+@router.post(
+    "/api/render",
+    response_model=None,
+    responses=documented(400, 413, 503, ok=Rendered),
+    openapi_extra={"requestBody": _RENDER_BODY},
+)
+async def render_markdown(request: Request) -> Response:
+    """Markdown to sanitized HTML, one per text (at most 500 texts and 16 MiB a request; a
+    text over 50,000 characters comes back as escaped plain text with a note). Rendered in
+    a worker process: the server answers everything else meanwhile."""
+    content_type = request.headers.get("content-type", "application/json")
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        raise InvalidRequest("Send the request body as JSON (Content-Type: application/json).")
+    raw = await request.body()
+    if len(raw) > MAX_RENDER_BODY_BYTES:
+        raise RenderTooLarge(
+            f"At most {MAX_RENDER_BODY_BYTES:,} bytes of texts can be rendered in one "
+            "request; send fewer texts at a time.",
+            limit_bytes=MAX_RENDER_BODY_BYTES,
+        )
+    try:
+        outcome, result = await request.app.state.renderer.render(raw)
+    except RenderQueueFull:
+        raise RenderBusy("Too many texts are waiting to be rendered; retry soon.") from None
+    except RenderFailed:
+        raise RenderUnavailable("The renderer stopped; retry.") from None
+    if outcome == "invalid":
+        raise RequestValidationError(result)
+    return Response(result, media_type="application/json")

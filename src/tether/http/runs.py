@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Query
 from fastapi.responses import FileResponse
 
 from tether.errors import AttachmentNotFound, InvalidRequest
@@ -146,18 +146,24 @@ _BINARY = {"schema": {"type": "string", "format": "binary"}}
 async def get_attachment(
     app: App,
     attachment_id: str = Path(pattern=ID_PATTERN, description="An attachment id"),
+    session_id: str = Query(
+        "",  # absent: the upload, if exactly one session holds that id
+        pattern=ID_PATTERN,
+        description="The session that holds the upload (the transcript's `url` names it)",
+    ),
 ) -> object:
-    """The stored bytes. Images a browser renders without running anything are served
-    inline; everything else is a download (`application/octet-stream`)."""
-    path = app.attachments.path(attachment_id)
-    meta = app.attachments.meta(attachment_id)
-    if path is None or meta is None:
+    """The stored bytes, under the name and type given in the session that uploaded them.
+    Images a browser renders without running anything are served inline; everything else is
+    a download (`application/octet-stream`). 404 when `session_id` does not hold the upload."""
+    upload = await app.store.attachment(attachment_id, session_id or None)
+    path = None if upload is None else app.attachments.path(upload["blob"])
+    if upload is None or path is None:
         raise AttachmentNotFound("There is no such attachment.")
-    mime = meta["mime"] if meta["mime"] in _INLINE_TYPES else "application/octet-stream"
+    mime = upload["mime"] if upload["mime"] in _INLINE_TYPES else "application/octet-stream"
     return FileResponse(
         path,
         media_type=mime,
-        filename=meta["name"],
+        filename=upload["name"],
         content_disposition_type="inline" if mime in _INLINE_TYPES else "attachment",
         headers={
             "X-Content-Type-Options": "nosniff",

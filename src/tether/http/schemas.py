@@ -117,6 +117,10 @@ class EditQueued(Body):
 # filtered out); the fuzz suite checks real responses against them. Extra fields are allowed.
 
 
+class RenderRequest(Body):
+    texts: Annotated[list[StrictStr], Field(max_length=500)]
+
+
 class Out(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -223,3 +227,7 @@ class Queued(Out):
 class QueueChanged(Out):
     ok: bool
     queue_id: str
+
+
+class Rendered(Out):
+    html: list[str]

@@ -1,61 +1,89 @@
-"""Attachments, stored once beside the log and addressed by their SHA-256.
+"""Attachment bytes, stored once beside the log and addressed by their SHA-256 (the blob).
 
-Events refer to an attachment by id (its hash); the bytes are written (and fsynced) before the
-event that refers to them is appended, so a logged reference never dangles.
+Everything else about an upload (its id, name, type and session) is per upload and lives in
+the database (log/owners.py), so sharing the bytes stays invisible. The bytes are written (and
+fsynced) before the event that refers to them is appended, so a logged reference never
+dangles.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tether.events import new_id
+from tether.log.errors import StorageError
 from tether.log.private import DIR_MODE, FILE_MODE, private_dir
+
+
+@dataclass(frozen=True, slots=True)
+class StoredUpload:
+    """`ref` is what the event carries (`{id, name, mime, size}`); `blob` goes beside it."""
+
+    ref: dict[str, Any]
+    blob: str
 
 
 class AttachmentStore:
     def __init__(self, root: Path):
         self.root = root
         private_dir(root)
+        # Before migration m003 every blob had a file of the first uploader's name and type
+        # beside it, shared by every session: the names now live per upload in the database.
+        for legacy in root.glob("??/*.json"):
+            legacy.unlink(missing_ok=True)
+        for unfinished in root.glob("??/*.tmp"):  # a write cut short by a crash
+            unfinished.unlink(missing_ok=True)
 
-    def _path(self, attachment_id: str) -> Path:
-        return self.root / attachment_id[:2] / attachment_id
+    def _path(self, blob: str) -> Path:
+        return self.root / blob[:2] / blob
 
-    def path(self, attachment_id: str) -> Path | None:
-        path = self._path(attachment_id)
+    def path(self, blob: str) -> Path | None:
+        path = self._path(blob)
         return path if path.is_file() else None
 
-    def meta(self, attachment_id: str) -> dict[str, Any] | None:
-        try:
-            return json.loads(self._path(attachment_id).with_suffix(".json").read_text())
-        except (OSError, ValueError):
-            return None
-
-    def put(self, data: bytes, *, name: str, mime: str) -> dict[str, Any]:
-        """Store `data` (idempotent) and return the reference events carry."""
-        attachment_id = hashlib.sha256(data).hexdigest()
-        path = self._path(attachment_id)
-        ref = {"id": attachment_id, "name": name, "mime": mime, "size": len(data)}
+    def put(self, data: bytes, *, name: str, mime: str) -> StoredUpload:
+        """Store `data` (once per content) and return a new upload of it."""
+        blob = hashlib.sha256(data).hexdigest()
+        path = self._path(blob)
         if not path.exists():
-            path.parent.mkdir(exist_ok=True, mode=DIR_MODE)
-            _write_durably(path, data)
-            _write_durably(
-                path.with_suffix(".json"),
-                json.dumps({"name": name, "mime": mime, "size": len(data)}).encode(),
-            )
-        return ref
+            try:
+                _write_durably(path, data)
+            except OSError as exc:  # disk full, quota, read-only: 503, and no file left
+                raise StorageError(
+                    f"could not store the attachment {name!r} in {self.root}: {exc.strerror or exc}"
+                ) from exc
+        ref = {"id": new_id("a"), "name": name, "mime": mime, "size": len(data)}
+        return StoredUpload(ref, blob)
 
-    def remove(self, attachment_id: str) -> None:
-        for path in (self._path(attachment_id), self._path(attachment_id).with_suffix(".json")):
-            path.unlink(missing_ok=True)
+    def remove(self, blob: str) -> None:
+        path = self._path(blob)
+        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # still holds other blobs
+            path.parent.rmdir()
 
 
 def _write_durably(path: Path, data: bytes) -> None:
+    """Write to a temporary file, fsync, rename. Fault found by
+    tests/faults/test_storage_faults.py: on a full disk the temporary file (and a new
+    directory) stayed behind, empty, after the failure; now a failed write leaves nothing."""
+    made_dir = not path.parent.exists()
+    path.parent.mkdir(exist_ok=True, mode=DIR_MODE)
     tmp = path.with_name(path.name + ".tmp")
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE), "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        if made_dir:
+            with contextlib.suppress(OSError):  # another upload may have put a file there
+                path.parent.rmdir()
+        raise

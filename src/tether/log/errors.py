@@ -39,7 +39,11 @@ class StorageError(LogError, ApiError):
 
     @property
     def message(self) -> str:
-        return f"Tether could not use its database; nothing was changed. Details: {self}"
+        return f"Tether could not use its storage; nothing was changed. Details: {self}"
+
+
+class StorageReadOnly(StorageError):
+    """The data directory (or the database in it) cannot be written at all: refused at start."""
 
 
 class InvalidEvent(LogError, InvalidRequest):

@@ -4,6 +4,7 @@ next one. Another backend keeps its own list beside its code (docs/architecture.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Callable
@@ -49,6 +50,40 @@ def m002_session_index(db: sqlite3.Connection) -> None:
         """
     )
     db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+
+
+@migration
+def m003_attachment_owners(db: sqlite3.Connection) -> None:
+    """Attachments become per upload (log/owners.py). Until now an attachment's id was the
+    SHA-256 of its bytes and its name and type lived in a file beside them, shared by every
+    session that uploaded the same bytes. Each existing reference becomes a row of the
+    session that made it, with the name and type that session gave; the old ids keep
+    working, and the shared files of names are deleted by the attachment store."""
+    db.execute(
+        """
+        CREATE TABLE attachments (
+            session_id TEXT NOT NULL,
+            id TEXT NOT NULL,
+            blob TEXT NOT NULL,              -- the SHA-256 the bytes are stored under
+            name TEXT NOT NULL,
+            mime TEXT NOT NULL,
+            size INTEGER NOT NULL,
+            PRIMARY KEY (session_id, id)
+        )
+        """
+    )
+    db.execute("CREATE INDEX attachments_by_id ON attachments(id)")
+    db.execute("CREATE INDEX attachments_by_blob ON attachments(blob)")
+    rows = db.execute(
+        "SELECT session_id, data FROM events WHERE type IN ('turn.submitted', 'queue.added') "
+        "ORDER BY id"
+    )
+    for session_id, data in rows.fetchall():
+        for ref in json.loads(data).get("attachments") or []:
+            db.execute(
+                "INSERT OR IGNORE INTO attachments VALUES (?, ?, ?, ?, ?, ?)",
+                (session_id, ref["id"], ref["id"], ref["name"], ref["mime"], ref["size"]),
+            )
 
 
 def apply_migrations(db: sqlite3.Connection) -> list[str]:

@@ -18,6 +18,7 @@ import concurrent.futures
 import contextlib
 import json
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -28,12 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from tether.events import QUEUE_ADDED, RUN_FINISHED, TURN_SUBMITTED, Event
+from tether.log import owners
 from tether.log.errors import (
     InvalidEvent,
     LogError,
     SessionExists,
     SessionNotFound,
     StorageError,
+    StorageReadOnly,
     StreamClosed,
 )
 from tether.log.migrations import apply_migrations
@@ -82,7 +85,7 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 # Every table a Tether database may hold (log/migrations.py); sqlite_* are SQLite's own.
-_TETHER_TABLES = frozenset({"migrations", "events", "session_index", "meta"})
+_TETHER_TABLES = frozenset({"migrations", "events", "session_index", "meta", "attachments"})
 
 
 def _refuse_foreign(db: sqlite3.Connection, path: Path) -> None:
@@ -115,6 +118,22 @@ def _refuse_foreign(db: sqlite3.Connection, path: Path) -> None:
             f"{', '.join(sorted(tables))}). The file was left as it is; move it aside or "
             "choose another --data-dir."
         )
+
+
+def _refuse_read_only(path: Path) -> None:
+    """Refuse a database Tether could only read. Fault found by
+    tests/faults/test_storage_faults.py: a read-only data directory was reported as a broken
+    database ("attempt to write a readonly database ... restore it from a backup"). Reads are
+    not served instead: in WAL mode even a reader must write the `-shm` index beside the
+    file, and a server whose every message would be refused is worse than a clear refusal."""
+    directory = path.parent
+    for where in (directory, path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if where.exists() and not os.access(where, os.W_OK):
+            raise StorageReadOnly(
+                f"The data directory {directory} is read-only ({where} cannot be written): "
+                "Tether keeps its log there and must be able to write it. Nothing was "
+                "changed; make the directory writable or choose another --data-dir."
+            )
 
 
 def _refuse_cut_short(db: sqlite3.Connection, path: Path) -> None:
@@ -164,6 +183,7 @@ class SQLiteEventStore:
         self._readers_lock = threading.Lock()
         self._closed_streams: dict[str, bool] = {}
         try:
+            _refuse_read_only(self.path)
             private_file(self.path)  # before SQLite would create it 0644
             for leftover in (Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
                 if leftover.exists():
@@ -383,6 +403,8 @@ class SQLiteEventStore:
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (sid, last, draft.type, now, draft.stream_id, draft.turn_id, payload),
             )
+            if draft.type in owners.CARRIERS:
+                owners.record(self._db, sid, draft.data, draft.blobs)
             state = self._fold(state, event)
             events.append(event)
         for stream_id in finishing:
@@ -411,6 +433,7 @@ class SQLiteEventStore:
         if sid not in self._last_seq:
             raise SessionNotFound(sid)
         self._db.execute("DELETE FROM events WHERE session_id=?", (sid,))
+        owners.forget(self._db, sid)
         del self._last_seq[sid]
         self._index.pop(sid, None)
 
@@ -495,15 +518,33 @@ class SQLiteEventStore:
         )
         return rows[0][0] if rows else None
 
-    async def attachment_in_use(self, attachment_id: str) -> bool:
-        return await asyncio.to_thread(self._attachment_in_use_sync, attachment_id)
+    async def attachment(self, attachment_id: str, session_id: str | None) -> dict[str, Any] | None:
+        return await asyncio.to_thread(self._attachment_sync, attachment_id, session_id)
 
-    def _attachment_in_use_sync(self, attachment_id: str) -> bool:
-        rows = self._query(
-            "SELECT 1 FROM events WHERE type=? AND instr(data, ?) > 0 LIMIT 1",
-            (TURN_SUBMITTED, attachment_id),
+    def _attachment_sync(self, attachment_id: str, session_id: str | None) -> dict[str, Any] | None:
+        columns = "SELECT session_id, id, blob, name, mime, size FROM attachments WHERE id=?"
+        if session_id is None:
+            rows = self._query(columns + " LIMIT 2", (attachment_id,))
+        else:
+            rows = self._query(columns + " AND session_id=?", (attachment_id, session_id))
+        if len(rows) != 1:
+            return None
+        return dict(zip(("session_id", "id", "blob", "name", "mime", "size"), rows[0], strict=True))
+
+    async def blob_in_use(self, blob: str) -> bool:
+        rows = await asyncio.to_thread(
+            self._query, "SELECT 1 FROM attachments WHERE blob=? LIMIT 1", (blob,)
         )
         return bool(rows)
+
+    async def session_blobs(self, session_id: str) -> set[str]:
+        return await asyncio.to_thread(self._session_blobs_sync, session_id)
+
+    def _session_blobs_sync(self, session_id: str) -> set[str]:
+        rows = self._query(
+            "SELECT DISTINCT blob FROM attachments WHERE session_id=?", (session_id,)
+        )
+        return {row[0] for row in rows}
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)

@@ -36,6 +36,9 @@ class Draft:
     data: dict[str, Any] = field(default_factory=dict)
     stream_id: str | None = None
     turn_id: str | None = None
+    # New uploads this event refers to: attachment id -> the blob (SHA-256) holding its bytes.
+    # Kept beside the event (log/owners.py), never in it.
+    blobs: dict[str, str] = field(default_factory=dict)
 
 
 class OpenStream(NamedTuple):
@@ -101,8 +104,16 @@ class EventStore(Protocol):
     async def queue_session(self, queue_id: str) -> str | None:
         """The session whose `queue.added` carries `queue_id` (None: no such item)."""
 
-    async def attachment_in_use(self, attachment_id: str) -> bool:
-        """Whether any `turn.submitted` still refers to the attachment."""
+    async def attachment(self, attachment_id: str, session_id: str | None) -> dict[str, Any] | None:
+        """An upload's `{id, session_id, blob, name, mime, size}`: the one of `session_id`,
+        or, without a session, the upload if exactly one session holds that id. Uploads are
+        recorded from `Draft.blobs` in the transaction that appends their event."""
+
+    async def blob_in_use(self, blob: str) -> bool:
+        """Whether any upload still holds these bytes (content is stored once)."""
+
+    async def session_blobs(self, session_id: str) -> set[str]:
+        """The blobs the session's uploads hold (what its deletion may free)."""
 
     async def aclose(self) -> None:
         """Finish what is queued and release the database; nothing is accepted after."""

@@ -39,6 +39,12 @@ class RunScene:
         return found
 
 
+def download_url(session_id: str, attachment_id: str) -> str:
+    """Where the page downloads an upload: through the session that holds it, so an id used
+    through another session is not found."""
+    return f"/api/attachments/{attachment_id}?session_id={session_id}"
+
+
 def notice_text(state: str, data: dict[str, Any]) -> str | None:
     error = data.get("error") or {}
     reason = data.get("reason")
@@ -98,7 +104,8 @@ class TranscriptFold:
             "created_at": data.get("submitted_at", event.at),
             "content": data.get("text", ""),
             "attachments": [
-                {**a, "url": f"/api/attachments/{a['id']}"} for a in data.get("attachments") or []
+                {**a, "url": download_url(event.session_id, a["id"])}
+                for a in data.get("attachments") or []
             ],
         }
         self.messages.append(row)
@@ -251,7 +258,7 @@ class TranscriptFold:
                 "queue_id": queue_id,
                 "text": data.get("text", ""),
                 "attachments": [
-                    {**a, "url": f"/api/attachments/{a['id']}"}
+                    {**a, "url": download_url(event.session_id, a["id"])}
                     for a in data.get("attachments") or []
                 ],
                 "created_at": event.at,

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from tether import events as ev
@@ -108,13 +109,8 @@ class RunEngine:
             if self.agent_sync is not None:  # an unknown session: nothing to sync, 404 below
                 await self.agent_sync.before_start(session_id)  # may reveal a continuation
             await self.check_admissible(session_id, starting=True)
-            stored = list(refs)
-            for upload in uploads:
-                stored.append(
-                    await asyncio.to_thread(
-                        self.attachments.put, upload.data, name=upload.name, mime=upload.mime
-                    )
-                )
+            new_refs, blobs = await self.store_uploads(uploads)
+            stored = [*refs, *new_refs]
             run = Run(session_id, new_id("r"), new_id("u"))
             self.registry.add(run)
             submitted_at = time.time()
@@ -133,11 +129,13 @@ class RunEngine:
                             },
                             stream_id=run.stream_id,
                             turn_id=run.turn_id,
+                            blobs=blobs,
                         )
                     ],
                 )
             except BaseException:
                 self.registry.remove(run)
+                await self.sessions.release_blobs(blobs.values())
                 raise
             run.worker = asyncio.create_task(self._work(run, model), name=run.stream_id)
         return {
@@ -146,6 +144,25 @@ class RunEngine:
             "turn_id": run.turn_id,
             "pending_started_at": submitted_at,
         }
+
+    async def store_uploads(
+        self, uploads: Sequence[Upload]
+    ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        """Write the bytes of `uploads`: (the refs an event carries, their blobs). When one
+        cannot be written, the bytes written before it are removed again (503, no trace)."""
+        refs: list[dict[str, Any]] = []
+        blobs: dict[str, str] = {}
+        try:
+            for upload in uploads:
+                new = await asyncio.to_thread(
+                    self.attachments.put, upload.data, name=upload.name, mime=upload.mime
+                )
+                refs.append(new.ref)
+                blobs[new.ref["id"]] = new.blob
+        except BaseException:
+            await self.sessions.release_blobs(blobs.values())
+            raise
+        return refs, blobs
 
     async def check_admissible(self, session_id: str, *, starting: bool) -> None:
         """The refusals that come before any mutation: unknown, rotated (409 session_rotated
@@ -368,13 +385,17 @@ class RunEngine:
         run.handle = handle
         return handle
 
+    async def _upload_path(self, session_id: str, attachment_id: str) -> Path | None:
+        upload = await self.store.attachment(attachment_id, session_id)
+        return None if upload is None else self.attachments.path(upload["blob"])
+
     async def _turn_input(self, run: Run, model: str | None) -> TurnInput:
         fold = await self.sessions.folds.get(run.session_id)
         messages = fold.transcript.context()["context_messages"]
         refs: dict[str, AttachmentRef] = {}
         for row in fold.transcript.messages:
             for att in row.get("attachments") or []:
-                path = self.attachments.path(att["id"])
+                path = await self._upload_path(run.session_id, att["id"])
                 if path is not None:
                     refs[att["id"]] = AttachmentRef(att["id"], att["name"], att["mime"], path)
         run.steer.on_drain = lambda ids: run.inbox.put_nowait(SteerDelivered(ids))

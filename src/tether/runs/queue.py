@@ -4,7 +4,6 @@ in the log, so they survive reloads and restarts."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -28,17 +27,14 @@ class QueueService:
     async def add(self, session_id: str, text: str, uploads: Sequence[Upload]) -> dict[str, Any]:
         async with self.sessions.locks(session_id):
             await self.engine.check_admissible(session_id, starting=False)
-            refs = [
-                await asyncio.to_thread(
-                    self.engine.attachments.put, u.data, name=u.name, mime=u.mime
-                )
-                for u in uploads
-            ]
+            refs, blobs = await self.engine.store_uploads(uploads)
             queue_id = new_id("q")
-            await self.store.append(
-                session_id,
-                [Draft(ev.QUEUE_ADDED, {"queue_id": queue_id, "text": text, "attachments": refs})],
-            )
+            data = {"queue_id": queue_id, "text": text, "attachments": refs}
+            try:
+                await self.store.append(session_id, [Draft(ev.QUEUE_ADDED, data, blobs=blobs)])
+            except BaseException:
+                await self.sessions.release_blobs(blobs.values())
+                raise
         started = None
         if not self.engine.registry.busy(session_id):
             started = await self.start_next(session_id)

@@ -63,7 +63,7 @@ from tether.runtimes.compression import (
     summary_request,
 )
 from tether.runtimes.openai_errors import classify
-from tether.runtimes.tools import WorkspaceTools
+from tether.runtimes.tools import ToolRunner, WorkspaceTools
 from tether.settings import Settings
 
 MAX_TOOL_ITERATIONS = 10
@@ -222,6 +222,7 @@ class OpenAIRuntime(Runtime):
             if not workspace.is_dir():
                 raise RuntimeUnavailable(f"The workspace {str(workspace)!r} is not a directory.")
             self.tools = WorkspaceTools(workspace)
+            self._tool_runner = ToolRunner(self.tools)
         self._tools_tokens = estimate_tools_tokens(self.tools.schemas if self.tools else None)
         self._threshold = min(1.0, max(0.05, float(settings.compression_threshold)))
         self._windows: dict[str, int | None] = {}
@@ -493,10 +494,7 @@ class OpenAIRuntime(Runtime):
     async def _run_tool(self, name: str, args: dict[str, Any]) -> tuple[str, bool]:
         if self.tools is None:
             return ("No tools are available: Tether was started without --workspace.", True)
-        try:
-            return await asyncio.to_thread(self.tools.run_tool, name, args)
-        except Exception as exc:  # a tool bug must not end the run
-            return f"{name} failed unexpectedly: {exc}", True
+        return await self._tool_runner.run(name, args)
 
     # ---- attachments -------------------------------------------------------------------------
 

@@ -5,11 +5,27 @@ without being able to change anything or see anything outside it. Every path is 
 (`..` and symlinks included) and refused unless it lands inside the workspace root. Failures
 come back as `(message, True)` tool results for the model to read, never as exceptions, so a
 bad call costs one tool round instead of the whole run.
+
+Only regular files are read. Opening a FIFO blocks until something writes to it, and a
+device may never stop answering: issue 11 found a named pipe in the workspace hanging a
+worker thread per call, then the tools of other sessions, then shutdown. Every file is
+opened with `O_NONBLOCK | O_NOFOLLOW` (so neither a FIFO nor a symlink swapped in after the
+path was resolved is followed) and checked with `fstat` on the open descriptor before any
+read; anything that is not a regular file is a tool error naming what it is. Reads are capped
+in bytes, a search also in time (`MAX_SEARCH_SECONDS`), and `ToolRunner` runs each call on
+its own daemon thread, at most `MAX_CONCURRENT_TOOLS` at once, with a deadline
+(`TOOL_TIMEOUT_SECONDS`), so a call stuck in the kernel (a hung network mount) can neither
+hold up the run, nor the threads the rest of the server uses, nor the process's exit.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import stat
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +37,13 @@ MAX_SEARCH_HITS = 200
 MAX_SEARCH_FILES = 20_000
 MAX_SEARCH_FILE_BYTES = 2 * 1024 * 1024
 MAX_HIT_LINE_CHARS = 300
+MAX_SEARCH_SECONDS = 10.0
+TOOL_TIMEOUT_SECONDS = 30.0
+MAX_CONCURRENT_TOOLS = 4
 _SNIFF_BYTES = 8192
+_OPEN_FLAGS = (
+    os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_NOCTTY", 0) | os.O_CLOEXEC
+)
 # Directories a search walks past: version control and dependency caches drown real hits.
 SKIP_DIRS = frozenset(
     {
@@ -115,6 +137,44 @@ class ToolError(Exception):
 
 def _is_binary(head: bytes) -> bool:
     return b"\x00" in head
+
+
+def _kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def _not_regular(path: str, mode: int) -> ToolError:
+    return ToolError(
+        f"{path} is {_kind(mode)}, not a regular file; the workspace tools read regular files only."
+    )
+
+
+def read_regular(target: Path, shown: str, limit: int) -> tuple[bytes, int]:
+    """At most `limit` bytes of the regular file `target` and its size. Never blocks on a
+    FIFO or device: opened non-blocking, without following a final symlink, and checked on
+    the descriptor itself (no window between the check and the read)."""
+    try:
+        fd = os.open(target, _OPEN_FLAGS)
+    except OSError as exc:
+        try:
+            mode = os.lstat(target).st_mode  # a socket cannot be opened at all (ENXIO)
+        except OSError:
+            raise exc from None
+        if not stat.S_ISREG(mode):
+            raise _not_regular(shown, mode) from None
+        raise
+    with open(fd, "rb", closefd=True) as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _not_regular(shown, info.st_mode)
+        return handle.read(limit), info.st_size
 
 
 def _str_arg(args: dict[str, Any], key: str, default: str | None = None) -> str:
@@ -212,10 +272,8 @@ class WorkspaceTools:
             raise ToolError(f"No such file: {path}")
         if target.is_dir():
             raise ToolError(f"{path} is a directory; use list_files to see what it holds.")
-        size = target.stat().st_size
-        with target.open("rb") as fh:
-            # UTF-8 takes at most 4 bytes a character: this many bytes always suffice.
-            data = fh.read(max_chars * 4 + 4)
+        # UTF-8 takes at most 4 bytes a character: this many bytes always suffice.
+        data, size = read_regular(target, path, max_chars * 4 + 4)
         if _is_binary(data[:_SNIFF_BYTES]):
             raise ToolError(
                 f"{path} looks like a binary file ({size:,} bytes); read_file only "
@@ -238,11 +296,18 @@ class WorkspaceTools:
         target = self.resolve(path)
         if not target.exists():
             raise ToolError(f"No such file or directory: {path}")
+        mode = target.stat().st_mode
+        if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+            raise _not_regular(path, mode)
         needle = pattern.casefold()
         hits: list[str] = []
+        deadline = time.monotonic() + MAX_SEARCH_SECONDS
         for scanned, file in enumerate(self._walk(target), 1):
             if scanned > MAX_SEARCH_FILES:
                 hits.append(f"... (stopped after scanning {MAX_SEARCH_FILES:,} files)")
+                break
+            if time.monotonic() > deadline:
+                hits.append(f"... (stopped after {MAX_SEARCH_SECONDS:g} s of searching)")
                 break
             if self._search_one(file, needle, hits):
                 hits.append(f"... (stopped after {MAX_SEARCH_HITS} matches)")
@@ -270,10 +335,11 @@ class WorkspaceTools:
     def _search_one(self, file: Path, needle: str, hits: list[str]) -> bool:
         """Append the matches in `file` to `hits`; True once the hit limit is reached."""
         try:
-            if file.stat().st_size > MAX_SEARCH_FILE_BYTES:
-                return False
-            data = file.read_bytes()
-        except OSError:
+            real = file.resolve()  # inside the root: _walk checked; a later swap is refused
+            data, size = read_regular(real, str(file), MAX_SEARCH_FILE_BYTES + 1)
+        except (OSError, ToolError):  # swapped for something else since the walk saw it
+            return False
+        if size > MAX_SEARCH_FILE_BYTES or len(data) > MAX_SEARCH_FILE_BYTES:
             return False
         if _is_binary(data[:_SNIFF_BYTES]):
             return False
@@ -287,3 +353,45 @@ class WorkspaceTools:
                 if len(hits) >= MAX_SEARCH_HITS:
                     return True
         return False
+
+
+class ToolRunner:
+    """Runs tool calls off the event loop on daemon threads, at most MAX_CONCURRENT_TOOLS at
+    once, each with a deadline. Not the shared thread pool: a call stuck in the kernel would
+    hold one of its threads for good (attachment starts and log reads queue behind them), and
+    the pool's threads are joined at exit, so SIGTERM would wait for it forever."""
+
+    def __init__(self, tools: WorkspaceTools, timeout: float = TOOL_TIMEOUT_SECONDS) -> None:
+        self.tools = tools
+        self.timeout = timeout
+        self._slots = threading.BoundedSemaphore(MAX_CONCURRENT_TOOLS)
+
+    async def run(self, name: str, args: dict[str, Any]) -> tuple[str, bool]:
+        if not self._slots.acquire(blocking=False):
+            return (
+                f"{name} could not run: {MAX_CONCURRENT_TOOLS} tool calls are still running "
+                "(one may be stuck on a slow file system). Try again later.",
+                True,
+            )
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[tuple[str, bool]] = loop.create_future()
+
+        def deliver(result: tuple[str, bool]) -> None:
+            if not done.done():
+                done.set_result(result)
+
+        def work() -> None:
+            try:
+                result = self.tools.run_tool(name, args)
+            except Exception as exc:  # a tool bug must not end the run
+                result = (f"{name} failed unexpectedly: {exc}", True)
+            finally:
+                self._slots.release()
+            with contextlib.suppress(RuntimeError):  # the loop is gone: shutting down
+                loop.call_soon_threadsafe(deliver, result)
+
+        threading.Thread(target=work, name=f"tether-tool-{name}", daemon=True).start()
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), self.timeout)
+        except TimeoutError:
+            return (f"{name} did not finish within {self.timeout:g} s and was abandoned.", True)

@@ -4,6 +4,7 @@ when something changes, so a rejected or empty request leaves the log untouched.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from tether import events as ev
@@ -181,16 +182,18 @@ class SessionService:
                     "Stop the running turn before deleting this session.",
                     active_stream_id=self.registry.attachable_stream(session_id),
                 )
-            fold = await self.folds.get(session_id)
-            attachment_ids = {
-                a["id"] for row in fold.transcript.users.values() for a in row["attachments"]
-            }
-            await self.store.delete_session(session_id)
+            blobs = await self.store.session_blobs(session_id)
+            await self.store.delete_session(session_id)  # its uploads' rows go with its events
         self.folds.forget(session_id)
         self.locks.forget(session_id)
-        for attachment_id in attachment_ids:  # stored once: remove when nothing refers to it
-            if not await self.store.attachment_in_use(attachment_id):
-                self.attachments.remove(attachment_id)
+        await self.release_blobs(blobs)
+
+    async def release_blobs(self, blobs: Iterable[str]) -> None:
+        """Bytes are stored once per content: remove those no upload holds (after a session
+        is deleted, or when the event that would have held new bytes was not written)."""
+        for blob in set(blobs):
+            if not await self.store.blob_in_use(blob):
+                self.attachments.remove(blob)
 
     async def truncate(self, session_id: str, keep_count: int) -> dict[str, Any]:
         async with self.locks(session_id):

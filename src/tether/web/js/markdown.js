@@ -7,12 +7,30 @@ const CACHE_LIMIT = 1500;
 let pending = new Map(); // text -> [resolve...]
 let scheduled = false;
 
+// The server takes at most 500 texts and 16 MiB a request (docs/api.md); 2M characters stay
+// under that whatever the encoding. A longer text goes alone and comes back as plain text.
+const BATCH_TEXTS = 500;
+const BATCH_CHARS = 2_000_000;
+
 function flush() {
   scheduled = false;
   const batch = pending;
   pending = new Map();
-  const texts = [...batch.keys()];
-  if (!texts.length) return;
+  let texts = [];
+  let chars = 0;
+  for (const text of batch.keys()) {
+    if (texts.length && (texts.length >= BATCH_TEXTS || chars + text.length > BATCH_CHARS)) {
+      send(texts, batch);
+      texts = [];
+      chars = 0;
+    }
+    texts.push(text);
+    chars += text.length;
+  }
+  if (texts.length) send(texts, batch);
+}
+
+function send(texts, batch) {
   post("/api/render", { texts }).then(
     (res) => {
       texts.forEach((text, i) => {

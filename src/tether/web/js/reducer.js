@@ -78,8 +78,12 @@ function pySlice(text, length) {
   return Array.from(text).slice(0, length).join("");
 }
 
-function attachments(list) {
-  return (truthy(list) ? list : []).map((a) => ({ ...a, url: `/api/attachments/${pyStr(a.id)}` }));
+// Downloaded through the session that holds the upload (projections/transcript.py).
+function attachments(list, sessionId) {
+  return (truthy(list) ? list : []).map((a) => ({
+    ...a,
+    url: `/api/attachments/${pyStr(a.id)}?session_id=${pyStr(sessionId)}`,
+  }));
 }
 
 function touch(state, obj, id = obj.id) {
@@ -193,7 +197,7 @@ on(["turn.submitted"], (state, env, data) => {
     turn_id: data.turn_id,
     created_at: at,
     content: get(data, "text", ""),
-    attachments: attachments(get(data, "attachments")),
+    attachments: attachments(get(data, "attachments"), env.session_id),
   };
   state.messages.push(touch(state, row));
   state.dirty.add(DIRTY_MESSAGES);
@@ -334,7 +338,7 @@ on(["queue.added", "queue.updated", "queue.removed"], (state, env, data) => {
         {
           queue_id: id,
           text: get(data, "text", ""),
-          attachments: attachments(get(data, "attachments")),
+          attachments: attachments(get(data, "attachments"), env.session_id),
           created_at: env.at,
         },
         id,

@@ -1,0 +1,113 @@
+"""`POST /api/render` (http/markdown.py, http/render_pool.py) against a real server: Markdown
+renders in a worker process with its work capped, so a worst-case request cannot freeze the
+server (issue 11, point 2: 100 texts of 42 KB took 62 s on the event loop and `/api/health`
+waited 50 s meanwhile)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from helpers import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+
+def worst_case_texts(count: int = 300) -> list[str]:
+    """Distinct texts (no cache hits) just under the formatting cap, of the slowest shape
+    found: an unclosed-bracket run costs markdown-it-py about 30 ms per KB."""
+    return ["[" * (49_000 + i) + "x" for i in range(count)]
+
+
+def p99(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+def health_latencies(client: httpx.Client, count: int) -> list[float]:
+    out = []
+    for _ in range(count):
+        started = time.perf_counter()
+        assert client.get("/api/health").status_code == 200
+        out.append(time.perf_counter() - started)
+    return out
+
+
+def test_health_p99_stays_under_twice_idle_while_a_worst_case_render_runs(
+    server: ServerProcess,
+) -> None:
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        assert client.post("/api/render", json={"texts": ["*warm*"]}).status_code == 200
+        idle = health_latencies(client, 300)
+        result: dict[str, object] = {}
+
+        def worst() -> None:
+            with httpx.Client(base_url=server.base_url, timeout=120) as other:
+                started = time.perf_counter()
+                result["response"] = other.post("/api/render", json={"texts": worst_case_texts()})
+                result["seconds"] = time.perf_counter() - started
+
+        render = threading.Thread(target=worst)
+        render.start()
+        time.sleep(0.3)  # the body is on its way: measure while the worker renders
+        during: list[float] = []
+        while render.is_alive():
+            during += health_latencies(client, 1)
+        render.join()
+        idle += health_latencies(client, 300)  # idle on both sides of the render
+
+    response = result["response"]
+    assert isinstance(response, httpx.Response) and response.status_code == 200
+    html = response.json()["html"]
+    assert len(html) == 300 and html[0].startswith("<p>[[[")
+    assert "more to format than one request may" in html[-1]  # the request's budget held
+    assert len(during) >= 50, during
+    assert p99(during) < 2 * p99(idle), (p99(during), p99(idle), result["seconds"])
+
+
+def test_a_text_over_the_cap_comes_back_as_escaped_plain_text_with_a_note(
+    server: ServerProcess,
+) -> None:
+    huge = "<script>alert(1)</script> **not bold**\n" * 1500  # 58,500 characters
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        started = time.perf_counter()
+        html = client.post("/api/render", json={"texts": [huge, "**bold**"]}).json()["html"]
+        assert time.perf_counter() - started < 10
+    assert html[0].startswith(
+        '<p class="render-note">Shown as plain text: 58,500 characters is more than the '
+        "50,000 that are formatted.</p>"
+    )
+    assert '<pre class="render-plain">&lt;script&gt;alert(1)&lt;/script&gt; **not bold**' in html[0]
+    assert "<script" not in html[0] and "<strong>" not in html[0]
+    assert html[1] == "<p><strong>bold</strong></p>\n"
+
+
+def test_a_rendered_text_is_served_from_the_cache(server: ServerProcess) -> None:
+    text = worst_case_texts(1)[0]
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        client.post("/api/render", json={"texts": ["*warm*"]})
+        timings, bodies = [], []
+        for _ in range(2):
+            started = time.perf_counter()
+            bodies.append(client.post("/api/render", json={"texts": [text]}).json())
+            timings.append(time.perf_counter() - started)
+    assert bodies[0] == bodies[1]
+    assert timings[1] < timings[0] / 5, timings
+
+
+def test_render_requests_over_the_caps_are_refused_clearly(server: ServerProcess) -> None:
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        too_many = client.post("/api/render", json={"texts": ["a"] * 501})
+        assert too_many.status_code == 400 and too_many.json()["code"] == "invalid_request"
+        assert "500" in too_many.json()["message"]
+        too_big = client.post("/api/render", json={"texts": ["a" * 1_000_000] * 17})
+        assert too_big.status_code == 413, too_big.text
+        assert too_big.json()["code"] == "render_too_large"
+        assert too_big.json()["limit_bytes"] == 16 * 1024 * 1024
+        wrong = client.post("/api/render", json={"texts": "not a list"})
+        assert wrong.status_code == 400 and wrong.json()["code"] == "invalid_request"
+        assert client.post("/api/render", content=b"{").json()["code"] == "invalid_request"
+        assert client.get("/api/health").status_code == 200

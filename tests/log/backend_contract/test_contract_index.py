@@ -122,11 +122,13 @@ def open_streams(logs: dict[str, list[Event]]) -> set[tuple[str, str, str | None
     }
 
 
-def submit(n: int, text: str, attachment: str | None = None) -> Draft:
-    refs = [{"id": attachment, "name": "a.txt", "mime": "text/plain", "size": 1}]
+def submit(n: int, text: str, attachment: str | None = None, blob: str = "") -> Draft:
+    """A turn; with `attachment`, a new upload of it whose bytes are `blob`."""
+    refs = [{"id": attachment, "name": f"{attachment}.txt", "mime": "text/plain", "size": 1}]
     data: dict[str, Any] = {"turn_id": f"u{n}", "stream_id": f"r{n}", "text": text}
     data["attachments"] = refs if attachment else []
-    return Draft("turn.submitted", data, f"r{n}", f"u{n}")
+    blobs = {attachment: blob} if attachment else {}
+    return Draft("turn.submitted", data, f"r{n}", f"u{n}", blobs=blobs)
 
 
 def test_event_queries_answer_what_a_scan_of_the_logs_answers(backend: Backend) -> None:
@@ -134,10 +136,11 @@ def test_event_queries_answer_what_a_scan_of_the_logs_answers(backend: Backend) 
         store = await backend.open()
         for sid in ("s1", "s2", "s3"):
             await store.create_session(sid, [Draft("session.created", {"title": "Queue"})])
-        await store.append("s1", [submit(1, "Find the Invoice", "att-1")])
+        await store.append("s1", [submit(1, "Find the Invoice", "att-1", "blob-shared")])
         await store.append("s1", [Draft("run.finished", {"state": "completed"}, "r1", "u1")])
         await store.append("s1", [submit(2, "then the receipt")])
-        await store.append("s2", [submit(3, "invoices, again", "att-2")])
+        await store.append("s2", [submit(3, "invoices, again", "att-2", "blob-shared")])
+        await store.append("s2", [submit(4, "and this", "att-3", "blob-own")])
         await store.append("s2", [Draft("queue.added", {"queue_id": "q1", "text": "later"})])
         await store.append("s3", [Draft("text.delta", {"text": "invoice"})])  # not a turn
         await store.append("s3", [Draft("queue.added", {"queue_id": "q2", "text": "x"})])
@@ -147,6 +150,7 @@ def test_event_queries_answer_what_a_scan_of_the_logs_answers(backend: Backend) 
         assert [tuple(s) for s in await store.unfinished_streams()] == [
             ("s1", "r2", "u2"),
             ("s2", "r3", "u3"),
+            ("s2", "r4", "u4"),
         ]  # in append order
         assert await store.search_text("INVOICE") == {"s1", "s2"}
         assert await store.search_text("receipt") == {"s1"}
@@ -154,13 +158,22 @@ def test_event_queries_answer_what_a_scan_of_the_logs_answers(backend: Backend) 
         assert await store.queue_session("q1") == "s2"
         assert await store.queue_session("q2") == "s3"
         assert await store.queue_session("q3") is None
-        assert await store.attachment_in_use("att-1")
-        assert await store.attachment_in_use("att-2")
-        assert not await store.attachment_in_use("att-3")
+        # Uploads are per session: the same bytes under two names stay two uploads.
+        upload = await store.attachment("att-1", "s1")
+        assert upload is not None
+        assert (upload["name"], upload["blob"]) == ("att-1.txt", "blob-shared")
+        assert await store.attachment("att-1", "s2") is None  # not s2's upload
+        assert (await store.attachment("att-2", None) or {}).get("session_id") == "s2"
+        assert await store.session_blobs("s2") == {"blob-shared", "blob-own"}
+        assert await store.blob_in_use("blob-shared")
+        assert await store.blob_in_use("blob-own")
+        assert not await store.blob_in_use("blob-none")
 
         await store.delete_session("s2")
-        assert await store.attachment_in_use("att-1")
-        assert not await store.attachment_in_use("att-2")
+        assert await store.blob_in_use("blob-shared")  # s1 still holds it
+        assert not await store.blob_in_use("blob-own")
+        assert await store.attachment("att-2", None) is None
+        assert await store.session_blobs("s2") == set()
         assert await store.queue_session("q1") is None
         assert await store.search_text("invoice") == {"s1"}
         assert set(await store.unfinished_streams()) == open_streams(await logs(store))

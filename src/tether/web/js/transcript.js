@@ -1,11 +1,11 @@
 // The conversation view: rows keyed by message id, blocks keyed by item id, each patched in
 // place when its content changes. Untrusted text only ever goes through textContent; the only
-// HTML inserted is the server's sanitized Markdown.
+// HTML inserted is sanitised Markdown (markdown.js).
 import { blocksFor } from "./blocks.js";
 import { formatDuration, h, patchChildren } from "./dom.js";
-import { cachedHtml, renderMarkdown } from "./markdown.js";
+import { MarkdownView } from "./markdown.js";
 
-const LIVE_RENDER_MS = 200;
+const LIVE_RENDER_MS = 100;
 const TERMINAL_LABELS = {
   cancelled: "Stopped",
   interrupted: "Interrupted",
@@ -14,37 +14,36 @@ const TERMINAL_LABELS = {
   compression_exhausted: "Context full",
 };
 
+/** Live text renders at most every LIVE_RENDER_MS (the tail only: markdown.js); settled text
+ *  at once. Either way through the same renderer, so the settled render changes nothing. */
 function setMarkdown(el, text, live) {
-  if (el._text === text) return;
-  el._text = text;
-  const html = cachedHtml(text);
-  if (html != null) {
-    el.classList.remove("plain");
-    el.innerHTML = html;
+  el._md ??= new MarkdownView(el);
+  el._pending = text;
+  if (!live) {
+    clearTimeout(el._renderTimer);
+    el._renderTimer = null;
+    el._md.show(text);
     return;
   }
-  if (!el._rendered) {
-    // show the words at once; formatting follows
-    el.classList.add("plain");
-    el.textContent = text;
-  }
-  clearTimeout(el._renderTimer);
-  el._renderTimer = setTimeout(
-    () => {
-      renderMarkdown(text).then((rendered) => {
-        if (el._text !== text) return;
-        if (rendered == null) {
-          el.classList.add("plain");
-          el.textContent = text;
-          return;
-        }
-        el.classList.remove("plain");
-        el._rendered = true;
-        el.innerHTML = rendered;
-      });
-    },
-    live ? LIVE_RENDER_MS : 0,
-  );
+  if (el._renderTimer) return;
+  const tick = () => {
+    if (el._md.text === el._pending) {
+      el._renderTimer = null;
+      return;
+    }
+    el._md.show(el._pending);
+    el._renderTimer = setTimeout(tick, LIVE_RENDER_MS);
+  };
+  tick();
+}
+
+/** The settled head line, where the live one said "Working mm:ss": how the run ended and how
+ *  long it took ("Done in 14 s"), so the row keeps its height when the run ends. */
+function settledLine(row) {
+  const label = TERMINAL_LABELS[row.state] ?? "Done";
+  const seconds = (Date.parse(row.finished_at) - Date.parse(row.created_at)) / 1000;
+  if (!Number.isFinite(seconds)) return label;
+  return `${label} in ${seconds < 60 ? `${Math.max(1, Math.round(seconds))} s` : formatDuration(seconds)}`;
 }
 
 function toolStatus(item) {
@@ -252,6 +251,22 @@ function updateUserRow(el, row) {
   );
 }
 
+/** A code block's Copy button puts its code on the clipboard. */
+async function copyCode(event) {
+  const button = event.target.closest(".copy-code");
+  if (!button) return;
+  const code = button.closest(".code-block").querySelector("code").textContent;
+  try {
+    await navigator.clipboard.writeText(code);
+    button.textContent = "Copied";
+  } catch {
+    button.textContent = "Copy failed";
+  }
+  setTimeout(() => {
+    button.textContent = "Copy";
+  }, 1500);
+}
+
 export class TranscriptView {
   constructor(root) {
     this.root = root;
@@ -265,6 +280,41 @@ export class TranscriptView {
     this.rowsEl = h("div", { class: "rows" });
     root.append(this.inheritedEl, this.dividerEl, this.rowsEl);
     this.dividerEl.hidden = true;
+    root.addEventListener("click", (event) => copyCode(event));
+    this.followScroll(root);
+  }
+
+  /**
+   * A reader at the bottom follows new output; one scrolled up stays where they are, and a
+   * "Jump to latest" button appears while output arrives below. Content grows in renders and
+   * in throttled Markdown renders alike, so a ResizeObserver on the rows decides.
+   */
+  followScroll(root) {
+    this.following = true;
+    this.jumpEl = h("button", {
+      type: "button",
+      class: "btn jump-latest",
+      text: "Jump to latest",
+      hidden: true,
+      onclick: () => {
+        this.following = true;
+        this.jumpEl.hidden = true;
+        root.scrollTop = root.scrollHeight;
+      },
+    });
+    root.append(h("div", { class: "jump-wrap" }, this.jumpEl));
+    const atBottom = () => root.scrollHeight - root.scrollTop - root.clientHeight < 40;
+    root.addEventListener("scroll", () => {
+      this.following = atBottom();
+      if (this.following) this.jumpEl.hidden = true;
+    });
+    let height = 0;
+    new ResizeObserver(() => {
+      const grew = this.rowsEl.offsetHeight > height;
+      height = this.rowsEl.offsetHeight;
+      if (this.following) root.scrollTop = root.scrollHeight;
+      else if (grew && this.rowsEl.querySelector(".row.live")) this.jumpEl.hidden = false;
+    }).observe(this.rowsEl);
   }
 
   setMode(mode) {
@@ -272,6 +322,8 @@ export class TranscriptView {
   }
 
   clear() {
+    this.following = true;
+    this.jumpEl.hidden = true;
     this.rowsEl.replaceChildren();
     this.inheritedEl.replaceChildren();
     this.dividerEl.hidden = true;
@@ -279,7 +331,6 @@ export class TranscriptView {
 
   /** Patch the DOM to show `view` (the reducer's view of one session). */
   render(view, inherited = []) {
-    const nearBottom = this.root.scrollHeight - this.root.scrollTop - this.root.clientHeight < 80;
     const rows = view.messages.map((m) => ({ ...m, key: m.id }));
     if (view.live) {
       rows.push({
@@ -294,7 +345,6 @@ export class TranscriptView {
     const old = inherited.map((m) => ({ ...m, key: `inh:${m.session_id}:${m.id}` }));
     patchChildren(this.inheritedEl, old, buildRow, (el, row) => this.updateRow(el, row));
     this.dividerEl.hidden = old.length === 0;
-    if (nearBottom) this.root.scrollTop = this.root.scrollHeight;
   }
 
   updateRow(el, row) {
@@ -308,7 +358,7 @@ export class TranscriptView {
       this.tickOne(working);
     } else {
       delete working.dataset.started;
-      working.textContent = "";
+      working.textContent = settledLine(row);
     }
     el.querySelector(".model").textContent = live && row.live.model ? row.live.model : "";
     const blocks = blocksFor(row, this.mode, live);

@@ -197,3 +197,50 @@ def test_live_markdown_is_sanitised_like_settled_history(
     after = page.locator(".row.assistant .markdown").evaluate(INERT_JS)
     assert during == after == {"xss": None, "active": 0, "hrefs": [], "strong": 1}
     expect(page.locator(".row.assistant .markdown code")).to_contain_text("<script>")
+
+
+RICH = (
+    "| left | centre | right |\n|:--|:-:|--:|\n| a | b | c |\n\n"
+    "- [x] shipped\n- [ ] pending\n\n"
+    "Docs at https://example.com/docs, not README.md.\n\n"
+    "> a quoted line\n\n"
+    "```python\nprint('hi')\n```\n\n    indented\n"
+)
+
+
+def test_settled_markdown_has_alignment_tasks_links_quotes_and_copyable_code(
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
+    fake.script(reply(text(RICH)))
+    context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    open_app(page, openai_web.base_url)
+    send(page, "show me")
+    wait_settled(page)
+    fresh = context.new_page()
+    errors: list[str] = []
+    fresh.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    open_app(fresh, openai_web.base_url, f"/s/{session_id_of(page)}")
+    answer = fresh.locator(".row.assistant .markdown")
+    expect(answer.locator("table")).to_be_visible()
+    aligns = answer.locator("td").evaluate_all(
+        "(cells) => cells.map((c) => getComputedStyle(c).textAlign)"
+    )
+    assert aligns == ["left", "center", "right"]
+    assert answer.locator("[style]").count() == 0
+    expect(answer.get_by_role("checkbox", name="Done", exact=True)).to_be_checked()
+    expect(answer.get_by_role("checkbox", name="Not done")).not_to_be_checked()
+    expect(answer.locator("li.task").first).to_have_text("shipped")
+    expect(answer.get_by_role("link", name="https://example.com/docs")).to_have_attribute(
+        "href", "https://example.com/docs"
+    )
+    expect(answer.locator("a")).to_have_count(1)  # README.md stays text
+    quote = answer.locator("blockquote")
+    assert quote.evaluate("(q) => getComputedStyle(q).borderLeftStyle") == "solid"
+    heads = answer.locator(".code-head .code-lang")
+    expect(heads).to_have_text(["python", "text"])
+    expect(answer.locator(".code-block .hljs-built_in")).to_have_text("print")
+    answer.get_by_role("button", name="Copy").first.click()
+    expect(answer.get_by_role("button", name="Copied")).to_be_visible()
+    assert fresh.evaluate("navigator.clipboard.readText()") == "print('hi')\n"
+    assert errors == []  # no CSP violation from the table's alignment

@@ -47,6 +47,7 @@ export class Composer {
     });
     this.steerBtn.addEventListener("click", () => this.steer());
     this.queueBtn.addEventListener("click", () => this.queue());
+    document.getElementById("attach-btn").addEventListener("click", () => this.fileInput.click());
     this.fileInput.addEventListener("change", () => {
       this.addFiles([...this.fileInput.files]);
       this.fileInput.value = "";

@@ -252,6 +252,8 @@ class App {
     const share = Math.min(1, used / window_);
     meter.hidden = false;
     $("meter-fill").style.width = `${Math.round(share * 100)}%`;
+    $("meter-bar").setAttribute("aria-valuenow", String(Math.round(share * 100)));
+    $("meter-bar").setAttribute("aria-valuetext", `${Math.round(share * 100)}% of the context`);
     $("meter-text").textContent =
       `${Math.round(share * 100)}% of ${window_.toLocaleString()} tokens`;
   }
@@ -259,10 +261,11 @@ class App {
   setConn(state, detail = {}) {
     const el = $("conn");
     el.dataset.state = state;
-    el.textContent =
-      state === "replaying"
-        ? `Replaying ${detail.missing ?? ""} events…`.replace("  ", " ")
-        : (CONN_TEXT[state] ?? state);
+    // A status is announced once: the live region's words change only with the state; the
+    // count of events still to replay is shown beside it, outside the region.
+    const text = state === "replaying" ? "Replaying events…" : (CONN_TEXT[state] ?? state);
+    if (el.textContent !== text) el.textContent = text;
+    $("conn-count").textContent = state === "replaying" ? String(detail.missing ?? "") : "";
   }
 
   notify(message, action) {

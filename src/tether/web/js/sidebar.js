@@ -218,7 +218,9 @@ export class Sidebar {
       item("Delete…", () => this.remove(row)),
     );
     menu.addEventListener("keydown", (e) => {
-      if (e.key === "Escape") this.closeMenus();
+      if (e.key !== "Escape") return;
+      this.closeMenus();
+      el.querySelector(".row-menu-btn").focus(); // focus returns to the menu's button
     });
     el.classList.add("menu-open");
     el.append(menu);

@@ -206,8 +206,8 @@ function updateBlock(el, block, live) {
 function buildRow(row) {
   if (row.role === "user") {
     return h(
-      "div",
-      { class: "row user" },
+      "article",
+      { class: "row user", "aria-label": "You" },
       h(
         "div",
         { class: "user-bubble" },
@@ -217,8 +217,8 @@ function buildRow(row) {
     );
   }
   return h(
-    "div",
-    { class: "row assistant" },
+    "article",
+    { class: "row assistant", "aria-label": "Assistant" },
     h(
       "div",
       { class: "assistant-head" },
@@ -233,6 +233,7 @@ function updateUserRow(el, row) {
   // A turn another client of the agent wrote (its CLI): marked, so nobody wonders who sent it.
   el.classList.toggle("elsewhere", row.origin === "agent");
   el.title = row.origin === "agent" ? "Sent from another client of the agent (its CLI)" : "";
+  el.setAttribute("aria-label", row.origin === "agent" ? "You, from another client" : "You");
   const sig = JSON.stringify([row.content, row.attachments]);
   if (el.dataset.sig === sig) return;
   el.dataset.sig = sig;
@@ -271,7 +272,11 @@ export class TranscriptView {
   constructor(root) {
     this.root = root;
     this.mode = "worklog";
-    this.inheritedEl = h("div", { class: "inherited", "aria-label": "Earlier session" });
+    this.inheritedEl = h("div", {
+      class: "inherited",
+      role: "group",
+      "aria-label": "Earlier session",
+    });
     this.dividerEl = h("div", {
       class: "divider inherited-divider",
       role: "separator",

@@ -60,7 +60,7 @@ def test_main_states_have_no_serious_axe_violation(
     expect(page.locator(".row.live .tool-card").first).to_be_attached(timeout=20_000)
     found["running"] = axe_violations(page)
     if size == "phone":
-        page.get_by_role("button", name="Sessions").click()
+        page.get_by_role("button", name="Sessions", exact=True).click()
         expect(page.locator("#sidebar")).to_be_in_viewport()
         found["drawer"] = axe_violations(page)
         page.keyboard.press("Escape")

@@ -85,12 +85,22 @@ class App {
     $("new-chat").addEventListener("click", () => this.newChat());
     const shell = $("shell");
     const toggle = $("menu-toggle");
-    const setNav = (open) => {
+    // The phone's drawer: opened by ☰ (which it never covers), closed by ☰, its × button, a
+    // tap on the dimmed page or Esc; closing by hand returns focus to ☰.
+    const setNav = (open, { refocus = false } = {}) => {
       shell.classList.toggle("nav-open", open);
       toggle.setAttribute("aria-expanded", String(open));
+      if (refocus) toggle.focus();
     };
-    toggle.addEventListener("click", () => setNav(!shell.classList.contains("nav-open")));
-    $("scrim").addEventListener("click", () => setNav(false));
+    const navOpen = () => shell.classList.contains("nav-open");
+    toggle.addEventListener("click", () => setNav(!navOpen()));
+    $("scrim").addEventListener("click", () => setNav(false, { refocus: true }));
+    $("nav-close").addEventListener("click", () => setNav(false, { refocus: true }));
+    document.addEventListener("keydown", (e) => {
+      if (e.key === "Escape" && navOpen() && !e.target.closest?.(".row-menu, dialog")) {
+        setNav(false, { refocus: true });
+      }
+    });
     this.closeNav = () => setNav(false);
   }
 

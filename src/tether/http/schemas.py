@@ -146,6 +146,9 @@ class SessionRow(Out):
     active_stream_id: str | None
     parent_session_id: str | None
     continuation_session_id: str | None
+    last_run_state: str | None = Field(
+        default=None, description="How the last run ended (`completed`, `error`, ...), or null"
+    )
 
 
 class SessionRowOut(Out):

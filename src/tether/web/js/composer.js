@@ -170,11 +170,20 @@ export class Composer {
     this.refresh();
   }
 
+  /** While the server is unreachable Stop cannot reach it: disabled, and it says why. */
+  setOffline(offline) {
+    this.offline = offline;
+    this.refresh();
+  }
+
   refresh() {
     this.primary.textContent = this.running ? "Stop" : "Send";
     this.primary.setAttribute("aria-label", this.running ? "Stop" : "Send");
     this.primary.classList.toggle("stop", this.running);
-    this.primary.disabled = !this.running && (!this.hasContent() || this.busy);
+    this.primary.disabled =
+      (this.running && !!this.offline) || (!this.running && (!this.hasContent() || this.busy));
+    this.primary.title =
+      this.running && this.offline ? "The server is unreachable: Stop waits for it" : "";
     const extra = this.running && this.hasContent();
     this.steerBtn.hidden = !extra || this.files.length > 0;
     this.queueBtn.hidden = !extra;

@@ -61,6 +61,7 @@ class App {
     window.addEventListener("popstate", () => this.route());
     document.addEventListener("visibilitychange", () => this.sidebar.render());
     setInterval(() => this.transcript.tick(), 1000);
+    setInterval(() => this.sidebar.render(), 60_000); // relative times ("2 h") stay true
     $("transcript").addEventListener("click", (event) => this.onApprovalClick(event));
     await this.route();
   }
@@ -118,7 +119,8 @@ class App {
     this.sidebar.setActive(null);
     this.transcript.clear();
     $("empty-state").hidden = false;
-    $("session-title").textContent = "Tether";
+    this.running = false;
+    this.showHeader();
     this.setConn("idle");
     this.composer.setRunning(false);
     this.composer.renderQueue([]);
@@ -207,10 +209,18 @@ class App {
     const entry = this.sessions.get(row.session_id);
     if (entry) entry.row = { ...entry.row, ...row };
     if (row.session_id === this.openId) {
-      $("session-title").textContent = row.title;
-      document.title = `${row.title} · Tether`;
+      this.showHeader();
       if (row.continuation_session_id) this.showContinuation(row.continuation_session_id);
     }
+  }
+
+  /** The header and the tab title: the open session's title, and whether a run is going. */
+  showHeader() {
+    const entry = this.sessions.get(this.openId);
+    const title = entry?.row?.title ?? "Tether";
+    $("session-title").textContent = title;
+    $("run-badge").hidden = !this.running;
+    document.title = this.openId ? `${this.running ? "● " : ""}${title} · Tether` : "Tether";
   }
 
   onDeleted(sid) {
@@ -244,6 +254,10 @@ class App {
     const v = view(entry.state);
     this.transcript.render(v, entry.inherited);
     const live = v.live;
+    if (this.running !== !!live) {
+      this.running = !!live;
+      this.showHeader();
+    }
     this.composer.busy = !!live;
     this.composer.setRunning(!!live && live.phase !== "cancelling");
     this.composer.renderQueue(v.queued || []);
@@ -269,6 +283,11 @@ class App {
   }
 
   setConn(state, detail = {}) {
+    const offline = state === "reconnecting" || state === "stalled";
+    this.transcript.setOffline(offline);
+    this.composer.setOffline(offline);
+    if (offline) this.notify("The server is unreachable. Reconnecting…", null, "offline");
+    else if (this.noticeKind === "offline") this.clearNotice(); // back: the banner goes itself
     const el = $("conn");
     el.dataset.state = state;
     // A status is announced once: the live region's words change only with the state; the
@@ -278,7 +297,13 @@ class App {
     $("conn-count").textContent = state === "replaying" ? String(detail.missing ?? "") : "";
   }
 
-  notify(message, action) {
+  clearNotice() {
+    $("notice-bar").hidden = true;
+    this.noticeKind = null;
+  }
+
+  notify(message, action, kind = "message") {
+    this.noticeKind = kind;
     const bar = $("notice-bar");
     bar.replaceChildren(document.createTextNode(message));
     if (action) {

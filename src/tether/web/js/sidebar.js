@@ -14,6 +14,17 @@ function groupOf(row, now = new Date()) {
 }
 const GROUPS = ["Pinned", "Today", "Yesterday", "Older"];
 
+/** "now", "5 min", "2 h", "3 d", then the date: how long ago a row last had activity. */
+export function relativeTime(seconds, now = Date.now() / 1000) {
+  const ago = Math.max(0, now - seconds);
+  if (ago < 60) return "now";
+  if (ago < 3600) return `${Math.floor(ago / 60)} min`;
+  if (ago < 86_400) return `${Math.floor(ago / 3600)} h`;
+  if (ago < 7 * 86_400) return `${Math.floor(ago / 86_400)} d`;
+  return new Date(seconds * 1000).toLocaleDateString();
+}
+const FAILED = { error: "failed", interrupted: "interrupted" };
+
 export class Sidebar {
   /** opts: unread (UnreadStore), onOpen(sid), onDeleted(sid), onChanged(row), notify(msg) */
   constructor(opts) {
@@ -127,6 +138,7 @@ export class Sidebar {
       specs.push({ key: `group:${name}`, group: name });
       for (const row of rows) specs.push({ key: row.session_id, row });
     }
+    if (!specs.length) specs.push({ key: "empty", empty: this.emptyText() });
     patchChildren(
       this.list,
       specs,
@@ -135,12 +147,22 @@ export class Sidebar {
     );
   }
 
+  emptyText() {
+    const query = this.search.value.trim();
+    if (query) return `No session matches “${query}”.`;
+    if (this.archivedToggle.checked) return "No archived sessions.";
+    return "No sessions yet. Start one with New chat.";
+  }
+
   build(spec) {
+    if (spec.empty !== undefined) return h("p", { class: "sidebar-empty", role: "status" });
     if (spec.group) return h("div", { class: "group-label", role: "heading", "aria-level": 2 });
     const link = h(
       "a",
       { class: "session-link" },
       h("span", { class: "session-name" }),
+      h("span", { class: "session-failed" }),
+      h("span", { class: "session-when" }),
       h("span", { class: "running-dot" }),
       h("span", { class: "unread-dot" }),
     );
@@ -163,6 +185,10 @@ export class Sidebar {
   }
 
   update(el, spec) {
+    if (spec.empty !== undefined) {
+      el.textContent = spec.empty;
+      return;
+    }
     if (spec.group) {
       el.textContent = spec.group;
       return;
@@ -178,11 +204,17 @@ export class Sidebar {
     else link.removeAttribute("aria-current");
     el.classList.toggle("active", active);
     el.querySelector(".session-name").textContent = row.title;
+    const failed = row.busy ? undefined : FAILED[row.last_run_state];
+    el.querySelector(".session-failed").textContent = failed ?? "";
+    el.querySelector(".session-when").textContent = relativeTime(row.updated_at);
     el.querySelector(".running-dot").hidden = !row.busy;
     el.querySelector(".unread-dot").hidden = !unread;
-    const states = [row.busy && "running", unread && "unread", row.pinned && "pinned"].filter(
-      Boolean,
-    );
+    const states = [
+      row.busy && "running",
+      failed && `last run ${failed}`,
+      unread && "unread",
+      row.pinned && "pinned",
+    ].filter(Boolean);
     link.setAttribute("aria-label", [row.title, ...states].join(", "));
     el.querySelector(".row-menu-btn").setAttribute("aria-label", `Actions for ${row.title}`);
   }

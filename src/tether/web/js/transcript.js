@@ -372,10 +372,18 @@ export class TranscriptView {
     );
   }
 
+  /** The server is unreachable: the running turn says so and its timer stops. */
+  setOffline(offline) {
+    this.offline = offline;
+    this.tick();
+  }
+
   tickOne(working) {
     const elapsed = Date.now() / 1000 - Number(working.dataset.started);
-    working.textContent =
-      working.dataset.phase === "cancelling" ? "Stopping…" : `Working ${formatDuration(elapsed)}`;
+    if (this.offline) working.textContent = "Server unreachable: reconnecting…";
+    else if (working.dataset.phase === "cancelling") working.textContent = "Stopping…";
+    else working.textContent = `Working ${formatDuration(elapsed)}`;
+    working.classList.toggle("offline", !!this.offline);
   }
 
   /** Called every second: the live "Working mm:ss" timers. */

@@ -105,3 +105,28 @@ def test_sidebar_rows_show_relative_time_a_failed_run_and_empty_states(
     expect(page.locator(".session-row .session-failed")).to_have_text("")
     page.get_by_role("searchbox", name="Search sessions").fill("zebra")
     expect(sidebar).to_have_text("No session matches “zebra”.")
+
+
+def test_a_queued_message_offers_send_now_after_stop(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    send(page, "/slow a long one")
+    expect(page.get_by_role("button", name="Stop")).to_be_visible()
+    box = page.get_by_role("textbox", name="Message")
+    box.fill("and then this")
+    box.press("Enter")  # queued while running
+    queued = page.locator("#queue li")
+    expect(queued).to_contain_text("and then this")
+    send_now = queued.get_by_role("button", name="Send now")
+    expect(send_now).to_be_hidden()  # the run will start it when it completes
+    page.get_by_role("button", name="Stop").click()
+    wait_settled(page)
+    expect(send_now).to_be_visible()  # stopped: the queue waits, and says how to go on
+    page.reload()
+    send_now = page.locator("#queue li").get_by_role("button", name="Send now")
+    send_now.click()
+    expect(page.locator(".row.user").last).to_have_text("and then this")
+    expect(page.locator("#queue li")).to_have_count(0)
+    wait_settled(page)

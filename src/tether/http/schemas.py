@@ -113,6 +113,10 @@ class EditQueued(Body):
     text: StrictStr
 
 
+class StartQueued(Body):
+    queue_id: Id
+
+
 # -- Responses: documentation only (routes return plain dicts, so a field added here is never
 # filtered out); the fuzz suite checks real responses against them. Extra fields are allowed.
 

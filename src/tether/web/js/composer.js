@@ -189,7 +189,9 @@ export class Composer {
     this.queueBtn.hidden = !extra;
   }
 
-  renderQueue(queued) {
+  /** Queued messages; while the session is idle (after a Stop or an error the queue waits)
+   *  each offers "Send now", so none is stranded. */
+  renderQueue(queued, idle = false) {
     const specs = queued.map((q) => ({ key: q.queue_id, q }));
     patchChildren(
       this.queueList,
@@ -200,6 +202,7 @@ export class Composer {
           {},
           h("span", { class: "queued-label", text: "Queued:" }),
           h("span", { class: "queued-text" }),
+          h("button", { type: "button", class: "btn send-now", text: "Send now" }),
           h("button", { type: "button", class: "btn icon edit", text: "Edit" }),
           h("button", {
             type: "button",
@@ -212,6 +215,9 @@ export class Composer {
         if (this.editing !== q.queue_id) el.querySelector(".queued-text").textContent = q.text;
         el.querySelector(".remove").onclick = () => this.actions.removeQueued(q.queue_id);
         el.querySelector(".edit").onclick = () => this.editQueued(el, q);
+        const sendNow = el.querySelector(".send-now");
+        sendNow.hidden = !idle;
+        sendNow.onclick = () => this.actions.sendQueued(q.queue_id);
       },
     );
   }

@@ -45,6 +45,7 @@ class App {
       editQueued: (id, text) =>
         this.call(() => patch(`/api/chat/queue?${q({ queue_id: id })}`, { text })),
       removeQueued: (id) => this.call(() => del(`/api/chat/queue?${q({ queue_id: id })}`)),
+      sendQueued: (id) => this.call(() => post("/api/chat/queue/start", { queue_id: id })),
     });
   }
 
@@ -260,7 +261,7 @@ class App {
     }
     this.composer.busy = !!live;
     this.composer.setRunning(!!live && live.phase !== "cancelling");
-    this.composer.renderQueue(v.queued || []);
+    this.composer.renderQueue(v.queued || [], !live);
     this.renderMeter(v);
   }
 

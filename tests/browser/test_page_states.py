@@ -7,13 +7,14 @@ moves `updated_at` or the order)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import BrowserContext, expect
 
-from fake_openai import FakeOpenAI, barrier, error, reply, text
+from fake_openai import FakeOpenAI, barrier, error, reasoning, reply, text, tool_call
 from helpers import ServerProcess, running_server
 from pagekit import open_app, send, session_id_of, wait_settled
 
@@ -28,8 +29,11 @@ def fake() -> Iterator[FakeOpenAI]:
 
 @pytest.fixture
 def openai_web(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
+    (tmp_path / "ws").mkdir()
     with running_server(
-        tmp_path / "data", "--runtime", "openai", "--base-url", fake.base_url, "--model", "fake"
+        tmp_path / "data",
+        *("--runtime", "openai", "--base-url", fake.base_url, "--model", "fake"),
+        *("--workspace", str(tmp_path / "ws")),
     ) as srv:
         yield srv
 
@@ -130,3 +134,26 @@ def test_a_queued_message_offers_send_now_after_stop(
     expect(page.locator(".row.user").last).to_have_text("and then this")
     expect(page.locator("#queue li")).to_have_count(0)
     wait_settled(page)
+
+
+def test_the_worklog_says_what_happened_and_live_thinking_is_open(
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
+    fake.script(
+        reply(reasoning("weighing the options"), tool_call("c1", "list_files", {}), barrier("b")),
+        reply(tool_call("c2", "list_files", {})),
+        reply(text("All done.")),
+    )
+    page = context.new_page()
+    open_app(page, openai_web.base_url)
+    send(page, "work")
+    thinking = page.locator(".row.live .reasoning-text")
+    expect(thinking).to_have_text("weighing the options")
+    expect(thinking).to_be_visible()  # readable without a click
+    fake.release("b")
+    wait_settled(page)
+    head = page.locator(".row.assistant .working")
+    expect(head).to_have_text(re.compile(r"^Activity: Thought · 2 tools · Done in \d+ s$"))
+    expect(page.locator(".row.assistant .reasoning-text")).to_be_hidden()  # folded when settled
+    page.select_option("#display-mode", "final")
+    expect(head).to_have_text(re.compile(r"^Done in \d+ s$"))

@@ -1,7 +1,7 @@
 // The conversation view: rows keyed by message id, blocks keyed by item id, each patched in
 // place when its content changes. Untrusted text only ever goes through textContent; the only
 // HTML inserted is sanitised Markdown (markdown.js).
-import { blocksFor } from "./blocks.js";
+import { activityParts, blocksFor } from "./blocks.js";
 import { formatDuration, h, patchChildren } from "./dom.js";
 import { MarkdownView } from "./markdown.js";
 
@@ -37,13 +37,16 @@ function setMarkdown(el, text, live) {
   tick();
 }
 
-/** The settled head line, where the live one said "Working mm:ss": how the run ended and how
- *  long it took ("Done in 14 s"), so the row keeps its height when the run ends. */
-function settledLine(row) {
+/** The settled head line, where the live one said "Working mm:ss": in the Worklog what the
+ *  run did, then how it ended and how long it took ("Activity: 2 tools · Done in 14 s"); the
+ *  row keeps its height when the run ends. */
+function settledLine(row, mode) {
   const label = TERMINAL_LABELS[row.state] ?? "Done";
-  const seconds = (Date.parse(row.finished_at) - Date.parse(row.created_at)) / 1000;
-  if (!Number.isFinite(seconds)) return label;
-  return `${label} in ${seconds < 60 ? `${Math.max(1, Math.round(seconds))} s` : formatDuration(seconds)}`;
+  const seconds = row.finished_at - row.created_at; // epoch seconds
+  const took = seconds < 60 ? `${Math.max(1, Math.round(seconds))} s` : formatDuration(seconds);
+  const ended = Number.isFinite(seconds) ? `${label} in ${took}` : label;
+  const activity = mode === "worklog" ? activityParts(row.timeline || []) : "";
+  return activity ? `Activity: ${activity} · ${ended}` : ended;
 }
 
 function toolStatus(item) {
@@ -149,6 +152,10 @@ function updateBlock(el, block, live) {
       setMarkdown(el, item.text, live);
       break;
     case "reasoning":
+      // live thinking is open to read; it folds away when the run settles
+      if (el.dataset.live === "1" && !live) el.open = false;
+      if (el.dataset.live === undefined) el.open = live;
+      el.dataset.live = live ? "1" : "0";
       el.querySelector(".reasoning-text").textContent = item.text;
       break;
     case "tool": {
@@ -363,7 +370,7 @@ export class TranscriptView {
       this.tickOne(working);
     } else {
       delete working.dataset.started;
-      working.textContent = settledLine(row);
+      working.textContent = settledLine(row, this.mode);
     }
     el.querySelector(".model").textContent = live && row.live.model ? row.live.model : "";
     const blocks = blocksFor(row, this.mode, live);

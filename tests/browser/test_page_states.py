@@ -32,7 +32,7 @@ def openai_web(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
     (tmp_path / "ws").mkdir()
     with running_server(
         tmp_path / "data",
-        *("--runtime", "openai", "--base-url", fake.base_url, "--model", "fake"),
+        *("--runtime", "openai", "--base-url", fake.base_url, "--model", "fake-model"),
         *("--workspace", str(tmp_path / "ws")),
     ) as srv:
         yield srv
@@ -157,3 +157,34 @@ def test_the_worklog_says_what_happened_and_live_thinking_is_open(
     expect(page.locator(".row.assistant .reasoning-text")).to_be_hidden()  # folded when settled
     page.select_option("#display-mode", "final")
     expect(head).to_have_text(re.compile(r"^Done in \d+ s$"))
+
+
+def test_compression_leaves_a_mark_in_settled_history_and_after_a_reload(
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
+    fake.context_length = 400
+    fake.script(reply(text("word " * 300), usage={"prompt_tokens": 10, "completion_tokens": 330}))
+    page = context.new_page()
+    open_app(page, openai_web.base_url)
+    send(page, "first")
+    wait_settled(page)
+    fake.script(reply(text("handoff summary for the agent")), reply(text("second answer")))
+    send(page, "second")
+    wait_settled(page)
+    for view in (page, context.new_page()):
+        if view is not page:
+            open_app(view, openai_web.base_url, f"/s/{session_id_of(page)}")
+        mark = view.locator(".rows > .context-mark")
+        expect(mark).to_have_text(
+            re.compile(r"^Context compressed: [\d,]+ → [\d,]+ tokens\. The model sees the turns")
+        )
+        order = view.locator(".rows > [data-key]").evaluate_all(
+            "(rows) => rows.map((r) => r.classList.contains('context-mark') ? 'mark'"
+            " : (r.classList.contains('user') ? 'user' : 'assistant')"
+            " + (r.classList.contains('excluded') ? '-excluded' : ''))"
+        )
+        assert order == ["user-excluded", "assistant-excluded", "mark", "user", "assistant"]
+        expect(view.locator(".row.user.excluded .excluded-note")).to_contain_text(
+            "Not in the model's context. Summarized by automatic context compression"
+        )
+        expect(view.locator("#transcript")).not_to_contain_text("handoff summary for the agent")

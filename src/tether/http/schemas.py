@@ -183,6 +183,10 @@ class SessionContext(Out):
     context_messages: list[dict] = Field(description="OpenAI-shaped messages of the next call")
     excluded: list[dict]
     compressions: int
+    compressed_at: dict | None = Field(
+        default=None,
+        description="`{turn_id, tokens_before, tokens_after}`: where the model's view starts",
+    )
 
 
 class SessionStatus(Out):

@@ -253,6 +253,8 @@ class App {
     const entry = this.sessions.get(this.openId);
     if (!entry) return;
     const v = view(entry.state);
+    if (!v.live) this.refreshContext(entry);
+    this.transcript.setContext(entry.context);
     this.transcript.render(v, entry.inherited);
     const live = v.live;
     if (this.running !== !!live) {
@@ -263,6 +265,24 @@ class App {
     this.composer.setRunning(!!live && live.phase !== "cancelling");
     this.composer.renderQueue(v.queued || [], !live);
     this.renderMeter(v);
+  }
+
+  /** Settled history shows what the model no longer sees (the compression divider and the
+   *  excluded turns): asked of the model-context layer once per settled log position. */
+  async refreshContext(entry) {
+    const seq = entry.state.lastSeq;
+    if (entry.contextSeq === seq || entry.contextLoading) return;
+    entry.contextLoading = true;
+    try {
+      const sid = entry.state.sessionId ?? this.openId;
+      entry.context = await get(`/api/session/context?${q({ session_id: sid })}`);
+      entry.contextSeq = seq;
+    } catch {
+      // the marks wait for the next settled render
+    } finally {
+      entry.contextLoading = false;
+    }
+    if (entry === this.sessions.get(this.openId)) this.scheduleRender();
   }
 
   renderMeter(v) {

@@ -210,7 +210,20 @@ function updateBlock(el, block, live) {
   }
 }
 
+/** "Context compressed: 12,300 → 2,100 tokens": where the model's view of the session starts. */
+function compressionMarkText(at) {
+  const n = (v) => Number(v).toLocaleString("en");
+  const tokens =
+    at.tokens_before != null && at.tokens_after != null
+      ? `: ${n(at.tokens_before)} → ${n(at.tokens_after)} tokens`
+      : "";
+  return `Context compressed${tokens}. The model sees the turns above only as a summary.`;
+}
+
 function buildRow(row) {
+  if (row.role === "mark") {
+    return h("div", { class: "divider context-mark", role: "separator" });
+  }
   if (row.role === "user") {
     return h(
       "article",
@@ -289,6 +302,8 @@ export class TranscriptView {
       role: "separator",
       text: "Continued from an earlier session",
     });
+    this.excluded = new Map();
+    this.compressedAt = null;
     this.rowsEl = h("div", { class: "rows" });
     root.append(this.inheritedEl, this.dividerEl, this.rowsEl);
     this.dividerEl.hidden = true;
@@ -333,6 +348,13 @@ export class TranscriptView {
     this.mode = mode;
   }
 
+  /** The model-context layer's view (`GET /api/session/context`): excluded turns and where
+   *  the last compression left the model's view, shown in settled history. */
+  setContext(context) {
+    this.excluded = new Map((context?.excluded ?? []).map((e) => [e.turn_id, e.reason]));
+    this.compressedAt = context?.compressed_at ?? null;
+  }
+
   clear() {
     this.following = true;
     this.jumpEl.hidden = true;
@@ -343,7 +365,13 @@ export class TranscriptView {
 
   /** Patch the DOM to show `view` (the reducer's view of one session). */
   render(view, inherited = []) {
-    const rows = view.messages.map((m) => ({ ...m, key: m.id }));
+    const rows = [];
+    for (const m of view.messages) {
+      if (this.compressedAt && m.role === "user" && m.turn_id === this.compressedAt.turn_id) {
+        rows.push({ key: "context-mark", role: "mark", at: this.compressedAt });
+      }
+      rows.push({ ...m, key: m.id });
+    }
     if (view.live) {
       rows.push({
         key: view.live.stream_id,
@@ -360,6 +388,21 @@ export class TranscriptView {
   }
 
   updateRow(el, row) {
+    if (row.role === "mark") {
+      el.textContent = compressionMarkText(row.at);
+      return;
+    }
+    // a turn the model no longer sees is marked, with the reason (contract invariant 1)
+    const reason = this.excluded.get(row.turn_id);
+    el.classList.toggle("excluded", reason !== undefined);
+    let note = el.querySelector(":scope > .excluded-note");
+    if (reason !== undefined && row.role === "user") {
+      if (!note) {
+        note = h("div", { class: "excluded-note" });
+        el.prepend(note);
+      }
+      note.textContent = `Not in the model's context. ${reason}`;
+    } else note?.remove();
     if (row.role === "user") return updateUserRow(el, row);
     const live = !!row.live;
     el.classList.toggle("live", live);

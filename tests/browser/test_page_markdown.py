@@ -134,20 +134,56 @@ def test_a_streaming_answer_renders_live_and_settles_without_moving(
     assert errors == []  # no CSP violation (table alignment is a class, not a style)
 
 
+BLOCK = (
+    "### Section\n\nSome text with **bold**, `code` and a link https://example.com/a.\n\n"
+    "- item one\n- item two\n\n| a | b |\n|:-|-:|\n| 1 | 2 |\n\n"
+    "```python\nprint('hello')\nfor i in range(3):\n    print(i)\n```\n\n"
+)
+ANSWER = (BLOCK * (100_000 // len(BLOCK) + 1))[:100_000]
+DELTAS = [ANSWER[i : i + 50] for i in range(0, len(ANSWER), 50)]
+
+# The page's cadence without the server competing for the two cores: the deltas arrive
+# (2,000 over about 5 s) and the live text renders every 100 ms, so every 20 deltas here
+# (100 renders, twice the real rate); each round alternates a streamed and a whole render.
+BUDGET_JS = """async (deltas) => {
+  const { MarkdownView } = await import('/static/js/markdown.js');
+  const streamed = [], whole = [];
+  for (let round = 0; round < 3; round++) {
+    let text = '', began = performance.now();
+    const live = new MarkdownView(document.createElement('div'));
+    deltas.forEach((delta, i) => {
+      text += delta;
+      if (i % 20 === 19) live.show(text);
+    });
+    live.show(text);
+    streamed.push(performance.now() - began);
+    began = performance.now();
+    const once = new MarkdownView(document.createElement('div'));
+    once.show(text);
+    whole.push(performance.now() - began);
+    if (live.el.innerHTML !== once.el.innerHTML) throw new Error('renders differ');
+  }
+  const median = (xs) => xs.sort((a, b) => a - b)[1];
+  return { streamed: median(streamed), whole: median(whole) };
+}"""
+
+
 def test_streaming_100_kb_in_2000_deltas_costs_at_most_twice_one_render(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    assert len(DELTAS) == 2000
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    cost = page.evaluate(BUDGET_JS, DELTAS)
+    print(f"streamed {cost['streamed']:.0f} ms, whole {cost['whole']:.0f} ms")
+    assert cost["streamed"] <= 2 * cost["whole"]
+
+
+def test_a_100_kb_answer_streamed_through_the_server_settles_as_rendered(
     context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
 ) -> None:
-    block = (
-        "### Section\n\nSome text with **bold**, `code` and a link https://example.com/a.\n\n"
-        "- item one\n- item two\n\n| a | b |\n|:-|-:|\n| 1 | 2 |\n\n"
-        "```python\nprint('hello')\nfor i in range(3):\n    print(i)\n```\n\n"
-    )
-    answer = (block * (100_000 // len(block) + 1))[:100_000]
-    size = len(answer) // 2000
-    deltas = [answer[i : i + size] for i in range(0, len(answer), size)]
-    assert len(deltas) == 2000
     steps = []
-    for i, chunk in enumerate(deltas):
+    for i, chunk in enumerate(DELTAS):
         steps.append(text(chunk))
         if i % 10 == 9:
             steps.append(delay(0.02))  # about 5 s of streaming
@@ -157,15 +193,14 @@ def test_streaming_100_kb_in_2000_deltas_costs_at_most_twice_one_render(
     send(page, "long answer")
     wait_settled(page, timeout=120_000)
     streamed = page.evaluate("import('/static/js/markdown.js').then((m) => m.renderStats)")
-
     fresh = context.new_page()
     open_app(fresh, openai_web.base_url, f"/s/{session_id_of(page)}")
     expect(fresh.locator(".row.assistant .code-block")).not_to_have_count(0)
     once = fresh.evaluate("import('/static/js/markdown.js').then((m) => m.renderStats)")
     assert settled_html(fresh) == settled_html(page)
-    print(f"streamed: {streamed}, once: {once}, ratio {streamed['ms'] / once['ms']:.2f}")
-    assert streamed["renders"] > 20  # it really rendered while streaming
-    assert streamed["ms"] <= 2 * once["ms"]
+    # measured beside a busy server, so printed; the budget is asserted above
+    print(f"through the server: {streamed} vs once {once}")
+    assert 20 < streamed["renders"] < 200  # it rendered while streaming, throttled
 
 
 HOSTILE = (

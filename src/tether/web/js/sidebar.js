@@ -161,8 +161,7 @@ export class Sidebar {
       "a",
       { class: "session-link" },
       h("span", { class: "session-name" }),
-      h("span", { class: "session-failed" }),
-      h("span", { class: "session-when" }),
+
       h("span", { class: "running-dot" }),
       h("span", { class: "unread-dot" }),
     );
@@ -181,7 +180,10 @@ export class Sidebar {
       e.stopPropagation();
       this.openMenu(menuBtn.closest(".session-row"));
     });
-    return h("div", { class: "session-row" }, link, menuBtn);
+    // beside the link, not in it (its label says both, and its visible text is its title)
+    const failed = h("span", { class: "session-failed", "aria-hidden": "true" });
+    const when = h("span", { class: "session-when", "aria-hidden": "true" });
+    return h("div", { class: "session-row" }, link, failed, when, menuBtn);
   }
 
   update(el, spec) {
@@ -206,7 +208,8 @@ export class Sidebar {
     el.querySelector(".session-name").textContent = row.title;
     const failed = row.busy ? undefined : FAILED[row.last_run_state];
     el.querySelector(".session-failed").textContent = failed ?? "";
-    el.querySelector(".session-when").textContent = relativeTime(row.updated_at);
+    const when = relativeTime(row.updated_at);
+    el.querySelector(".session-when").textContent = when;
     el.querySelector(".running-dot").hidden = !row.busy;
     el.querySelector(".unread-dot").hidden = !unread;
     const states = [
@@ -214,6 +217,7 @@ export class Sidebar {
       failed && `last run ${failed}`,
       unread && "unread",
       row.pinned && "pinned",
+      when,
     ].filter(Boolean);
     link.setAttribute("aria-label", [row.title, ...states].join(", "));
     el.querySelector(".row-menu-btn").setAttribute("aria-label", `Actions for ${row.title}`);

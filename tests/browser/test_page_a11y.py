@@ -140,4 +140,10 @@ def test_context_meter_is_a_meter_and_statuses_are_announced_once(
         repeats = [a for a, b in zip(announced, announced[1:], strict=False) if a == b]
         assert repeats == []
         assert not any(ch.isdigit() for text in announced for ch in text)
+        # a replay counting down changes the count beside the status, not the status
+        page.evaluate("window.__announced = []")
+        for missing in (3, 2, 1):
+            page.evaluate(f"window.tether.setConn('replaying', {{ missing: {missing} }})")
+        expect(page.locator("#conn-count")).to_have_text("1")
+        assert page.evaluate("window.__announced") == ["Replaying events…"]
         page.context.close()

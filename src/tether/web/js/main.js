@@ -11,6 +11,7 @@ import { TranscriptView } from "./transcript.js";
 import { UnreadStore } from "./unread.js";
 
 const $ = (id) => document.getElementById(id);
+const DEFAULT_TITLE = "New chat"; // the server's name for a session its first message has not named
 const CONN_TEXT = {
   connecting: "Connecting…",
   live: "Live",
@@ -203,7 +204,23 @@ class App {
       this.notify("The agent finished before it saw your steer; it is back in the composer.");
     }
     if (env.type === "session.rotated") this.showContinuation(env.data.continuation_session_id);
+    if (env.type === "turn.submitted" && entry.row?.title === DEFAULT_TITLE) {
+      this.refreshRow(entry.state.sessionId); // the first message names it: ask the server
+    }
     this.scheduleRender();
+  }
+
+  /** A new chat's title as soon as the server has it, even when its sidebar change went by
+   *  before this tab's stream connected (the stream replays events, not sidebar changes). */
+  async refreshRow(sid) {
+    try {
+      const { session } = await get(`/api/session?${q({ session_id: sid })}`);
+      const { messages, live, queued, inherited_messages, ...row } = session;
+      this.onRowChanged(row);
+      this.sidebar.load();
+    } catch {
+      // the sidebar stream brings it later
+    }
   }
 
   onRowChanged(row) {

@@ -37,7 +37,7 @@ SETTLED_JS = """() => {
 def wait_settled(page: Page, timeout: float = 30_000) -> None:
     """Every turn has its settled answer, no run is live, and Send is offered again."""
     page.wait_for_function(SETTLED_JS, timeout=timeout)
-    expect(page.get_by_role("button", name="Send")).to_be_visible(timeout=timeout)
+    expect(page.get_by_role("button", name="Send", exact=True)).to_be_visible(timeout=timeout)
 
 
 def session_id_of(page: Page) -> str:

@@ -171,3 +171,36 @@ def test_bad_queue_requests_change_nothing(
         response = client.post("/api/chat/queue", json={"session_id": sid, "message": "x", **body})
         assert response.status_code == status
         assert session_body(client, sid) == before
+
+
+def test_a_queued_message_waiting_after_a_stop_can_be_sent_now(
+    demo_server: ServerProcess,
+) -> None:
+    """`POST /api/chat/queue/start`: after a Stop the queue waits; the user starts the item,
+    which becomes the turn and leaves the queue. Refusals (busy, gone, malformed) change
+    nothing."""
+    with demo_server.client() as client:
+        sid = new_session(client)
+        run = start_turn(client, sid, "/slow first")
+        queue_id = client.post(
+            "/api/chat/queue", json={"session_id": sid, "message": "later"}
+        ).json()["queue_id"]
+        busy = client.post("/api/chat/queue/start", json={"queue_id": queue_id})
+        assert busy.status_code == 409 and busy.json()["code"] == "session_busy"
+        client.post("/api/chat/cancel", json={"stream_id": run["stream_id"]})
+        before = wait_idle(client, sid)
+        assert [q["queue_id"] for q in before["queued"]] == [queue_id]
+        for bad, status in (({"queue_id": 5}, 400), ({}, 400)):
+            assert client.post("/api/chat/queue/start", json=bad).status_code == status
+        assert session_body(client, sid) == before
+
+        started = client.post("/api/chat/queue/start", json={"queue_id": queue_id})
+        assert started.status_code == 200 and started.json()["stream_id"]
+        body = wait_idle(client, sid)
+        assert body["queued"] == []
+        assert [m["content"] for m in body["messages"] if m["role"] == "user"] == [
+            "/slow first",
+            "later",
+        ]
+        gone = client.post("/api/chat/queue/start", json={"queue_id": queue_id})
+        assert gone.status_code == 404 and gone.json()["code"] == "queue_item_not_found"

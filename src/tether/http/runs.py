@@ -19,6 +19,7 @@ from tether.http.schemas import (
     Queued,
     QueueIdQuery,
     QueueMessage,
+    StartQueued,
     StartTurn,
     SteerResult,
     SteerRun,
@@ -113,6 +114,20 @@ async def remove_queued(app: App, queue_id: QueueIdQuery) -> dict:
     """Remove a message that is still queued; 404 `queue_item_not_found` once it was sent or
     removed."""
     return await app.queue.remove(queue_id)
+
+
+@router.post(
+    "/api/chat/queue/start",
+    summary="Send a queued message now",
+    response_model=None,
+    responses=documented(400, 404, 409, 503, ok=TurnStarted),
+)
+async def start_queued(app: App, body: StartQueued) -> dict:
+    """Start a queued message as the turn at once, while the session is idle (after a Stop
+    or an error the queue waits for the user): the same answer as `chat/start`, and the item
+    leaves the queue. 409 `session_busy` while a run is active (it stays queued); 404
+    `queue_item_not_found` once it was sent or removed."""
+    return await app.queue.start(body.queue_id)
 
 
 @router.post(

@@ -113,6 +113,10 @@ class EditQueued(Body):
     text: StrictStr
 
 
+class StartQueued(Body):
+    queue_id: Id
+
+
 # -- Responses: documentation only (routes return plain dicts, so a field added here is never
 # filtered out); the fuzz suite checks real responses against them. Extra fields are allowed.
 
@@ -151,6 +155,9 @@ class SessionRow(Out):
     active_stream_id: str | None
     parent_session_id: str | None
     continuation_session_id: str | None
+    last_run_state: str | None = Field(
+        default=None, description="How the last run ended (`completed`, `error`, ...), or null"
+    )
 
 
 class SessionRowOut(Out):
@@ -181,6 +188,10 @@ class SessionContext(Out):
     context_messages: list[dict] = Field(description="OpenAI-shaped messages of the next call")
     excluded: list[dict]
     compressions: int
+    compressed_at: dict | None = Field(
+        default=None,
+        description="`{turn_id, tokens_before, tokens_after}`: where the model's view starts",
+    )
 
 
 class SessionStatus(Out):

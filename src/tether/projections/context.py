@@ -113,7 +113,7 @@ def context_messages(
     handoff: dict[str, Any] | None = None,
     agent_compactions: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """`{context_messages, excluded, compressions}` for the visible transcript `messages`,
+    """`{context_messages, excluded, compressions, compressed_at}` for the visible `messages`,
     the session's compression passes, for a rotated child its parent's handoff, and the
     compactions another client of the agent did in place (`agent.imported`)."""
     start, compression = _boundary(messages, compressions)
@@ -123,6 +123,21 @@ def context_messages(
     compaction = next((c for c in reversed(agent_compactions) if c["at"] >= start), None)
     if compaction is not None:
         start, summary, carried = compaction["at"], compaction["summary"], compaction["carried"]
+    # Where the model's view of the transcript starts, for the page's divider (invariant 1:
+    # the turns before it are excluded with a reason the user can read).
+    compressed_at = None
+    if compaction is None and compression is not None:
+        compressed_at = {
+            "turn_id": compression["boundary_turn_id"],
+            "tokens_before": compression.get("tokens_before"),
+            "tokens_after": compression.get("tokens_after"),
+        }
+    elif compaction is not None and start < len(messages):
+        compressed_at = {
+            "turn_id": messages[start]["turn_id"],
+            "tokens_before": None,
+            "tokens_after": None,
+        }
     out: list[dict[str, Any]] = []
     if summary:
         out.append(summary_message(summary))
@@ -143,4 +158,5 @@ def context_messages(
         "context_messages": out,
         "excluded": excluded,
         "compressions": len(compressions) + (1 if handoff else 0) + len(agent_compactions),
+        "compressed_at": compressed_at,
     }

@@ -63,6 +63,7 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
             "transcript_generation_baseline": 0,
             "parent_session_id": None,
             "continuation_session_id": None,
+            "last_run_state": None,
             "last_seq": 0,
         }
     if event.seq <= state["last_seq"]:
@@ -88,6 +89,8 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
             row["title_from_message"] = title_from_message(data.get("text", "")) or None
     elif event.type == ev.RUN_FINISHED:
         row["message_count"] += 1
+        if not data.get("maintenance"):
+            row["last_run_state"] = data.get("state", "completed")  # shown, never sorted on
         if data.get("state") not in _MAINTENANCE_STATES and not data.get("maintenance"):
             row["updated_at"] = row["last_message_at"] = event.at
         else:
@@ -139,6 +142,7 @@ def public_row(state: dict[str, Any], *, busy: bool, active_stream_id: str | Non
         "active_stream_id": active_stream_id,
         "parent_session_id": state["parent_session_id"],
         "continuation_session_id": state["continuation_session_id"],
+        "last_run_state": state.get("last_run_state"),
     }
 
 

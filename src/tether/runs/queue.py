@@ -69,6 +69,12 @@ class QueueService:
             )
         return {"ok": True, "queue_id": queue_id}
 
+    async def start(self, queue_id: str) -> dict[str, Any]:
+        """Start one queued message as the turn now (`POST /api/chat/queue/start`); a refused
+        start (`session_busy`, ...) raises and leaves it queued."""
+        session_id, item = await self._locate(queue_id)
+        return await self._start_item(session_id, item)
+
     async def start_next(self, session_id: str) -> str | None:
         """Start the oldest queued message as the next turn; None when nothing is queued or
         the session is taken. It stays queued if the start is refused."""
@@ -76,12 +82,16 @@ class QueueService:
         item = next(iter(fold.transcript.queued.values()), None)
         if item is None:
             return None
-        refs = [{k: a[k] for k in ("id", "name", "mime", "size")} for a in item["attachments"]]
         try:
-            started = await self.engine.start(session_id, item["text"], refs=refs)
+            started = await self._start_item(session_id, item)
         except ApiError as exc:  # busy, rotated, closing, gone: it stays queued
             log.info("queued message %s stays queued: %s", item["queue_id"], exc.message)
             return None
+        return started["stream_id"]
+
+    async def _start_item(self, session_id: str, item: dict[str, Any]) -> dict[str, Any]:
+        refs = [{k: a[k] for k in ("id", "name", "mime", "size")} for a in item["attachments"]]
+        started = await self.engine.start(session_id, item["text"], refs=refs)
         await self.store.append(
             session_id,
             [
@@ -95,4 +105,4 @@ class QueueService:
                 )
             ],
         )
-        return started["stream_id"]
+        return started

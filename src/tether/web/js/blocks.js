@@ -25,7 +25,8 @@ function itemBlock(item, index, items) {
   }
 }
 
-export function activitySummary(items, live) {
+/** What some activity amounts to: "Thought · 2 tools · 1 failed" ("" for none). */
+export function activityParts(items) {
   const tools = items.filter((i) => i.type === "tool").length;
   const thought = items.some((i) => i.type === "reasoning");
   const parts = [];
@@ -33,8 +34,12 @@ export function activitySummary(items, live) {
   if (tools) parts.push(`${tools} tool${tools === 1 ? "" : "s"}`);
   const errors = items.filter((i) => i.type === "tool" && i.is_error).length;
   if (errors) parts.push(`${errors} failed`);
+  return parts.join(" · ");
+}
+
+export function activitySummary(items, live) {
   const running = items.some((i) => i.type === "tool" && !i.done);
-  return (live && running ? "Working… " : "") + (parts.join(" · ") || "Activity");
+  return (live && running ? "Working… " : "") + (activityParts(items) || "Activity");
 }
 
 /** The blocks of one assistant row (`live` true while its run is active). */

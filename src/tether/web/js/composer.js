@@ -47,6 +47,7 @@ export class Composer {
     });
     this.steerBtn.addEventListener("click", () => this.steer());
     this.queueBtn.addEventListener("click", () => this.queue());
+    document.getElementById("attach-btn").addEventListener("click", () => this.fileInput.click());
     this.fileInput.addEventListener("change", () => {
       this.addFiles([...this.fileInput.files]);
       this.fileInput.value = "";
@@ -169,17 +170,28 @@ export class Composer {
     this.refresh();
   }
 
+  /** While the server is unreachable Stop cannot reach it: disabled, and it says why. */
+  setOffline(offline) {
+    this.offline = offline;
+    this.refresh();
+  }
+
   refresh() {
     this.primary.textContent = this.running ? "Stop" : "Send";
     this.primary.setAttribute("aria-label", this.running ? "Stop" : "Send");
     this.primary.classList.toggle("stop", this.running);
-    this.primary.disabled = !this.running && (!this.hasContent() || this.busy);
+    this.primary.disabled =
+      (this.running && !!this.offline) || (!this.running && (!this.hasContent() || this.busy));
+    this.primary.title =
+      this.running && this.offline ? "The server is unreachable: Stop waits for it" : "";
     const extra = this.running && this.hasContent();
     this.steerBtn.hidden = !extra || this.files.length > 0;
     this.queueBtn.hidden = !extra;
   }
 
-  renderQueue(queued) {
+  /** Queued messages; while the session is idle (after a Stop or an error the queue waits)
+   *  each offers "Send now", so none is stranded. */
+  renderQueue(queued, idle = false) {
     const specs = queued.map((q) => ({ key: q.queue_id, q }));
     patchChildren(
       this.queueList,
@@ -190,6 +202,7 @@ export class Composer {
           {},
           h("span", { class: "queued-label", text: "Queued:" }),
           h("span", { class: "queued-text" }),
+          h("button", { type: "button", class: "btn send-now", text: "Send now" }),
           h("button", { type: "button", class: "btn icon edit", text: "Edit" }),
           h("button", {
             type: "button",
@@ -202,6 +215,9 @@ export class Composer {
         if (this.editing !== q.queue_id) el.querySelector(".queued-text").textContent = q.text;
         el.querySelector(".remove").onclick = () => this.actions.removeQueued(q.queue_id);
         el.querySelector(".edit").onclick = () => this.editQueued(el, q);
+        const sendNow = el.querySelector(".send-now");
+        sendNow.hidden = !idle;
+        sendNow.onclick = () => this.actions.sendQueued(q.queue_id);
       },
     );
   }

@@ -11,6 +11,7 @@ import { TranscriptView } from "./transcript.js";
 import { UnreadStore } from "./unread.js";
 
 const $ = (id) => document.getElementById(id);
+const DEFAULT_TITLE = "New chat"; // the server's name for a session its first message has not named
 const CONN_TEXT = {
   connecting: "Connecting…",
   live: "Live",
@@ -45,6 +46,7 @@ class App {
       editQueued: (id, text) =>
         this.call(() => patch(`/api/chat/queue?${q({ queue_id: id })}`, { text })),
       removeQueued: (id) => this.call(() => del(`/api/chat/queue?${q({ queue_id: id })}`)),
+      sendQueued: (id) => this.call(() => post("/api/chat/queue/start", { queue_id: id })),
     });
   }
 
@@ -61,6 +63,7 @@ class App {
     window.addEventListener("popstate", () => this.route());
     document.addEventListener("visibilitychange", () => this.sidebar.render());
     setInterval(() => this.transcript.tick(), 1000);
+    setInterval(() => this.sidebar.render(), 60_000); // relative times ("2 h") stay true
     $("transcript").addEventListener("click", (event) => this.onApprovalClick(event));
     await this.route();
   }
@@ -85,12 +88,22 @@ class App {
     $("new-chat").addEventListener("click", () => this.newChat());
     const shell = $("shell");
     const toggle = $("menu-toggle");
-    const setNav = (open) => {
+    // The phone's drawer: opened by ☰ (which it never covers), closed by ☰, its × button, a
+    // tap on the dimmed page or Esc; closing by hand returns focus to ☰.
+    const setNav = (open, { refocus = false } = {}) => {
       shell.classList.toggle("nav-open", open);
       toggle.setAttribute("aria-expanded", String(open));
+      if (refocus) toggle.focus();
     };
-    toggle.addEventListener("click", () => setNav(!shell.classList.contains("nav-open")));
-    $("scrim").addEventListener("click", () => setNav(false));
+    const navOpen = () => shell.classList.contains("nav-open");
+    toggle.addEventListener("click", () => setNav(!navOpen()));
+    $("scrim").addEventListener("click", () => setNav(false, { refocus: true }));
+    $("nav-close").addEventListener("click", () => setNav(false, { refocus: true }));
+    document.addEventListener("keydown", (e) => {
+      if (e.key === "Escape" && navOpen() && !e.target.closest?.(".row-menu, dialog")) {
+        setNav(false, { refocus: true });
+      }
+    });
     this.closeNav = () => setNav(false);
   }
 
@@ -108,7 +121,8 @@ class App {
     this.sidebar.setActive(null);
     this.transcript.clear();
     $("empty-state").hidden = false;
-    $("session-title").textContent = "Tether";
+    this.running = false;
+    this.showHeader();
     this.setConn("idle");
     this.composer.setRunning(false);
     this.composer.renderQueue([]);
@@ -190,17 +204,41 @@ class App {
       this.notify("The agent finished before it saw your steer; it is back in the composer.");
     }
     if (env.type === "session.rotated") this.showContinuation(env.data.continuation_session_id);
+    if (env.type === "turn.submitted" && entry.row?.title === DEFAULT_TITLE) {
+      this.refreshRow(entry.state.sessionId); // the first message names it: ask the server
+    }
     this.scheduleRender();
+  }
+
+  /** A new chat's title as soon as the server has it, even when its sidebar change went by
+   *  before this tab's stream connected (the stream replays events, not sidebar changes). */
+  async refreshRow(sid) {
+    try {
+      const { session } = await get(`/api/session?${q({ session_id: sid })}`);
+      const { messages, live, queued, inherited_messages, ...row } = session;
+      this.onRowChanged(row);
+      this.sidebar.load();
+    } catch {
+      // the sidebar stream brings it later
+    }
   }
 
   onRowChanged(row) {
     const entry = this.sessions.get(row.session_id);
     if (entry) entry.row = { ...entry.row, ...row };
     if (row.session_id === this.openId) {
-      $("session-title").textContent = row.title;
-      document.title = `${row.title} · Tether`;
+      this.showHeader();
       if (row.continuation_session_id) this.showContinuation(row.continuation_session_id);
     }
+  }
+
+  /** The header and the tab title: the open session's title, and whether a run is going. */
+  showHeader() {
+    const entry = this.sessions.get(this.openId);
+    const title = entry?.row?.title ?? "Tether";
+    $("session-title").textContent = title;
+    $("run-badge").hidden = !this.running;
+    document.title = this.openId ? `${this.running ? "● " : ""}${title} · Tether` : "Tether";
   }
 
   onDeleted(sid) {
@@ -232,12 +270,36 @@ class App {
     const entry = this.sessions.get(this.openId);
     if (!entry) return;
     const v = view(entry.state);
+    if (!v.live) this.refreshContext(entry);
+    this.transcript.setContext(entry.context);
     this.transcript.render(v, entry.inherited);
     const live = v.live;
+    if (this.running !== !!live) {
+      this.running = !!live;
+      this.showHeader();
+    }
     this.composer.busy = !!live;
     this.composer.setRunning(!!live && live.phase !== "cancelling");
-    this.composer.renderQueue(v.queued || []);
+    this.composer.renderQueue(v.queued || [], !live);
     this.renderMeter(v);
+  }
+
+  /** Settled history shows what the model no longer sees (the compression divider and the
+   *  excluded turns): asked of the model-context layer once per settled log position. */
+  async refreshContext(entry) {
+    const seq = entry.state.lastSeq;
+    if (entry.contextSeq === seq || entry.contextLoading) return;
+    entry.contextLoading = true;
+    try {
+      const sid = entry.state.sessionId ?? this.openId;
+      entry.context = await get(`/api/session/context?${q({ session_id: sid })}`);
+      entry.contextSeq = seq;
+    } catch {
+      // the marks wait for the next settled render
+    } finally {
+      entry.contextLoading = false;
+    }
+    if (entry === this.sessions.get(this.openId)) this.scheduleRender();
   }
 
   renderMeter(v) {
@@ -252,20 +314,34 @@ class App {
     const share = Math.min(1, used / window_);
     meter.hidden = false;
     $("meter-fill").style.width = `${Math.round(share * 100)}%`;
+    $("meter-bar").setAttribute("aria-valuenow", String(Math.round(share * 100)));
+    $("meter-bar").setAttribute("aria-valuetext", `${Math.round(share * 100)}% of the context`);
     $("meter-text").textContent =
       `${Math.round(share * 100)}% of ${window_.toLocaleString()} tokens`;
   }
 
   setConn(state, detail = {}) {
+    const offline = state === "reconnecting" || state === "stalled";
+    this.transcript.setOffline(offline);
+    this.composer.setOffline(offline);
+    if (offline) this.notify("The server is unreachable. Reconnecting…", null, "offline");
+    else if (this.noticeKind === "offline") this.clearNotice(); // back: the banner goes itself
     const el = $("conn");
     el.dataset.state = state;
-    el.textContent =
-      state === "replaying"
-        ? `Replaying ${detail.missing ?? ""} events…`.replace("  ", " ")
-        : (CONN_TEXT[state] ?? state);
+    // A status is announced once: the live region's words change only with the state; the
+    // count of events still to replay is shown beside it, outside the region.
+    const text = state === "replaying" ? "Replaying events…" : (CONN_TEXT[state] ?? state);
+    if (el.textContent !== text) el.textContent = text;
+    $("conn-count").textContent = state === "replaying" ? String(detail.missing ?? "") : "";
   }
 
-  notify(message, action) {
+  clearNotice() {
+    $("notice-bar").hidden = true;
+    this.noticeKind = null;
+  }
+
+  notify(message, action, kind = "message") {
+    this.noticeKind = kind;
     const bar = $("notice-bar");
     bar.replaceChildren(document.createTextNode(message));
     if (action) {

@@ -1,67 +1,221 @@
-// Markdown is rendered by the server (markdown-it-py + nh3): the only HTML this page ever
-// inserts. Requests are batched per animation frame and cached by text.
-import { post } from "./api.js";
+// Markdown to sanitised HTML, in the page, with maintained libraries copied byte for byte
+// from their pinned npm packages into vendor/ (docs/page.md says which and why):
+// markdown-it parses CommonMark plus tables, strikethrough and bare http(s) URLs with raw HTML
+// disabled, highlight.js colours code, DOMPurify keeps only an allowlist of tags, attributes
+// and URL schemes. One renderer serves the live stream and settled history, so the live
+// render of the final text is the settled render and nothing moves when a run ends.
+import DOMPurify from "../vendor/purify.es.js";
+import hljs from "../vendor/highlight.min.js";
+import markdownit from "../vendor/markdown-it.esm.min.js";
 
-const cache = new Map();
-const CACHE_LIMIT = 1500;
-let pending = new Map(); // text -> [resolve...]
-let scheduled = false;
+const TAGS = [
+  "p",
+  "br",
+  "hr",
+  "em",
+  "strong",
+  "del",
+  "s",
+  "code",
+  "pre",
+  "span",
+  "div",
+  "a",
+  "ul",
+  "ol",
+  "li",
+  "blockquote",
+  "h1",
+  "h2",
+  "h3",
+  "h4",
+  "h5",
+  "h6",
+  "table",
+  "thead",
+  "tbody",
+  "tr",
+  "th",
+  "td",
+  "input",
+];
+const PURIFY = {
+  ALLOWED_TAGS: TAGS,
+  ALLOWED_ATTR: ["href", "title", "class", "start", "type", "checked", "disabled", "aria-label"],
+  ALLOW_DATA_ATTR: false,
+  // http, https and mailto links, or links without a scheme (relative to this page)
+  ALLOWED_URI_REGEXP: /^(?:(?:https?|mailto):|(?![a-z][a-z0-9+.-]*:))/i,
+  IN_PLACE: true,
+};
+DOMPurify.setConfig(PURIFY); // once: a config passed per call is parsed again on every call
+// HTML is parsed into this inert document (no scripts run, nothing loads) and sanitised there
+// in place, which spares the sanitiser building a document on every live render.
+const INERT = document.implementation.createHTMLDocument("");
+DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+  if (node.nodeName === "A") node.setAttribute("rel", "noopener noreferrer nofollow");
+  // the only input the renderer writes is a task list's read-only checkbox
+  if (node.nodeName === "INPUT" && !(node.type === "checkbox" && node.disabled)) node.remove();
+});
 
-// The server takes at most 500 texts and 16 MiB a request (docs/api.md); 2M characters stay
-// under that whatever the encoding. A longer text goes alone and comes back as plain text.
-const BATCH_TEXTS = 500;
-const BATCH_CHARS = 2_000_000;
+const escapeHtml = (s) =>
+  s.replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
 
-function flush() {
-  scheduled = false;
-  const batch = pending;
-  pending = new Map();
-  let texts = [];
-  let chars = 0;
-  for (const text of batch.keys()) {
-    if (texts.length && (texts.length >= BATCH_TEXTS || chars + text.length > BATCH_CHARS)) {
-      send(texts, batch);
-      texts = [];
-      chars = 0;
-    }
-    texts.push(text);
-    chars += text.length;
-  }
-  if (texts.length) send(texts, batch);
+function highlighted(code, lang) {
+  if (!lang || !hljs.getLanguage(lang)) return escapeHtml(code);
+  return hljs.highlight(code, { language: lang, ignoreIllegals: true }).value;
 }
 
-function send(texts, batch) {
-  post("/api/render", { texts }).then(
-    (res) => {
-      texts.forEach((text, i) => {
-        remember(text, res.html[i]);
-        for (const resolve of batch.get(text)) resolve(res.html[i]);
-      });
-    },
-    () => {
-      for (const text of texts) for (const resolve of batch.get(text)) resolve(null);
-    },
+/** A code block: a head with its language (the Copy button is added by `decorate`). */
+function codeBlock(code, lang) {
+  const cls = lang ? ` class="language-${escapeHtml(lang)}"` : "";
+  return (
+    `<div class="code-block"><div class="code-head"><span class="code-lang">` +
+    `${escapeHtml(lang || "text")}</span></div>` +
+    `<pre><code${cls}>${highlighted(code, lang)}</code></pre></div>\n`
   );
 }
 
-function remember(text, html) {
-  cache.set(text, html);
-  if (cache.size > CACHE_LIMIT) cache.delete(cache.keys().next().value);
+const md = markdownit("commonmark", { html: false, linkify: true }).enable([
+  "table",
+  "strikethrough",
+  "linkify",
+]);
+md.linkify.set({ fuzzyLink: false, fuzzyEmail: false }); // "README.md" is not a link
+md.renderer.rules.fence = (tokens, idx) => {
+  const info = md.utils.unescapeAll(tokens[idx].info).trim();
+  return codeBlock(tokens[idx].content, info.split(/\s+/)[0]);
+};
+md.renderer.rules.code_block = (tokens, idx) => codeBlock(tokens[idx].content, "");
+md.renderer.rules.task_checkbox = (tokens, idx) =>
+  tokens[idx].meta.checked
+    ? '<input type="checkbox" class="task-check" disabled checked aria-label="Done"> '
+    : '<input type="checkbox" class="task-check" disabled aria-label="Not done"> ';
+
+// Table alignment as a class: the page's CSP blocks inline style attributes.
+md.core.ruler.push("align_classes", (state) => {
+  for (const token of state.tokens) {
+    const style = token.attrGet("style");
+    if (style === null || !(token.type === "th_open" || token.type === "td_open")) continue;
+    token.attrs = token.attrs.filter(([name]) => name !== "style");
+    const align = /text-align:(left|right|center)/.exec(style);
+    if (align) token.attrJoin("class", `align-${align[1]}`);
+  }
+});
+
+// GitHub task lists: a list item whose text starts with "[ ] " or "[x] ". (The maintained
+// plugin imports markdown-it by a bare module name, which a no-build page cannot resolve,
+// and numbers its ids by source line, which differ between a live and a settled render.)
+md.core.ruler.push("task_lists", (state) => {
+  const tokens = state.tokens;
+  for (let i = 2; i < tokens.length; i++) {
+    const inline = tokens[i];
+    if (inline.type !== "inline" || tokens[i - 1].type !== "paragraph_open") continue;
+    if (tokens[i - 2].type !== "list_item_open") continue;
+    const mark = /^\[([ xX])\][ \t]/.exec(inline.content);
+    const first = inline.children[0];
+    if (!mark || first?.type !== "text" || !first.content.startsWith(mark[0])) continue;
+    first.content = first.content.slice(mark[0].length);
+    const box = new state.Token("task_checkbox", "input", 0);
+    box.meta = { checked: mark[1] !== " " };
+    inline.children.unshift(box);
+    tokens[i - 2].attrJoin("class", "task");
+  }
+});
+
+/** Sanitised DOM for `html`: a <div> in the inert document holding it (the Copy buttons of
+ *  code blocks added). */
+function sanitised(html) {
+  const box = INERT.createElement("div");
+  box.innerHTML = html;
+  DOMPurify.sanitize(box);
+  for (const head of box.querySelectorAll(".code-head")) {
+    const button = INERT.createElement("button");
+    button.type = "button";
+    button.className = "btn copy-code";
+    button.textContent = "Copy";
+    head.append(button);
+  }
+  return box;
 }
 
-export function cachedHtml(text) {
-  return cache.get(text);
-}
-
-/** Resolves with sanitized HTML for `text`, or null when the server could not render it. */
-export function renderMarkdown(text) {
-  if (cache.has(text)) return Promise.resolve(cache.get(text));
-  return new Promise((resolve) => {
-    if (!pending.has(text)) pending.set(text, []);
-    pending.get(text).push(resolve);
-    if (!scheduled) {
-      scheduled = true;
-      requestAnimationFrame(flush);
-    }
+/** The top-level blocks of a token list: [{start, end, line}] (token indexes, first line). */
+function topLevelBlocks(tokens) {
+  const blocks = [];
+  let depth = 0;
+  tokens.forEach((token, index) => {
+    if (depth === 0) blocks.push({ start: index, end: index + 1, line: token.map?.[0] ?? 0 });
+    depth += token.nesting;
+    blocks[blocks.length - 1].end = index + 1;
   });
+  return blocks;
+}
+
+function lineOffset(text, line) {
+  let offset = 0;
+  for (let i = 0; i < line; i++) offset = text.indexOf("\n", offset) + 1;
+  return offset;
+}
+
+/** Time spent rendering Markdown, for the budget test and profiling. */
+export const renderStats = { ms: 0, renders: 0 };
+
+/**
+ * One element's Markdown, rendered incrementally as its text grows. A top-level block is
+ * frozen (never parsed or touched again) once a later block has started on a complete line:
+ * CommonMark never reopens a closed block, so the frozen blocks plus the re-rendered tail are
+ * exactly the render of the whole text. Reference definitions reach back to earlier blocks,
+ * so a text with one is rendered whole.
+ */
+export class MarkdownView {
+  constructor(el) {
+    this.el = el;
+    this.text = "";
+    this.frozenEnd = 0; // characters of `text` whose blocks are frozen
+    this.tailNodes = [];
+    this.shown = false;
+  }
+
+  show(text) {
+    if (text === this.text && this.shown) return;
+    this.shown = true;
+    const began = performance.now();
+    if (!text.startsWith(this.text.slice(0, this.frozenEnd))) this.reset();
+    this.text = text;
+    const tail = text.slice(this.frozenEnd);
+    const env = {};
+    const tokens = md.parse(tail, env);
+    if (env.references && this.frozenEnd > 0) {
+      this.reset();
+      this.show(text);
+      return;
+    }
+    const blocks = topLevelBlocks(tokens);
+    const completeLines = tail.split("\n").length - 1;
+    let frozen = 0;
+    const freezable = !env.references && !tail.includes("\r");
+    while (freezable && frozen < blocks.length - 1 && blocks[frozen + 1].line < completeLines) {
+      frozen++;
+    }
+    const split = frozen > 0 ? blocks[frozen - 1].end : 0;
+    // one sanitiser pass: the newly frozen blocks and the tail
+    const [done, rest] = sanitised(
+      `<div>${md.renderer.render(tokens.slice(0, split), md.options, env)}</div>` +
+        `<div>${md.renderer.render(tokens.slice(split), md.options, env)}</div>`,
+    ).children;
+    for (const node of this.tailNodes) node.remove();
+    this.el.append(...done.childNodes);
+    this.tailNodes = [...rest.childNodes];
+    this.el.append(...this.tailNodes);
+    if (frozen > 0) this.frozenEnd += lineOffset(tail, blocks[frozen].line);
+    renderStats.ms += performance.now() - began;
+    renderStats.renders += 1;
+  }
+
+  reset() {
+    this.el.replaceChildren();
+    this.text = "";
+    this.frozenEnd = 0;
+    this.tailNodes = [];
+    this.shown = false;
+  }
 }

@@ -14,6 +14,17 @@ function groupOf(row, now = new Date()) {
 }
 const GROUPS = ["Pinned", "Today", "Yesterday", "Older"];
 
+/** "now", "5 min", "2 h", "3 d", then the date: how long ago a row last had activity. */
+export function relativeTime(seconds, now = Date.now() / 1000) {
+  const ago = Math.max(0, now - seconds);
+  if (ago < 60) return "now";
+  if (ago < 3600) return `${Math.floor(ago / 60)} min`;
+  if (ago < 86_400) return `${Math.floor(ago / 3600)} h`;
+  if (ago < 7 * 86_400) return `${Math.floor(ago / 86_400)} d`;
+  return new Date(seconds * 1000).toLocaleDateString();
+}
+const FAILED = { error: "failed", interrupted: "interrupted" };
+
 export class Sidebar {
   /** opts: unread (UnreadStore), onOpen(sid), onDeleted(sid), onChanged(row), notify(msg) */
   constructor(opts) {
@@ -129,6 +140,7 @@ export class Sidebar {
       specs.push({ key: `group:${name}`, group: name });
       for (const row of rows) specs.push({ key: row.session_id, row });
     }
+    if (!specs.length) specs.push({ key: "empty", empty: this.emptyText() });
     patchChildren(
       this.list,
       specs,
@@ -137,12 +149,21 @@ export class Sidebar {
     );
   }
 
+  emptyText() {
+    const query = this.search.value.trim();
+    if (query) return `No session matches “${query}”.`;
+    if (this.archivedToggle.checked) return "No archived sessions.";
+    return "No sessions yet. Start one with New chat.";
+  }
+
   build(spec) {
+    if (spec.empty !== undefined) return h("p", { class: "sidebar-empty", role: "status" });
     if (spec.group) return h("div", { class: "group-label", role: "heading", "aria-level": 2 });
     const link = h(
       "a",
       { class: "session-link" },
       h("span", { class: "session-name" }),
+
       h("span", { class: "running-dot" }),
       h("span", { class: "unread-dot" }),
     );
@@ -161,10 +182,17 @@ export class Sidebar {
       e.stopPropagation();
       this.openMenu(menuBtn.closest(".session-row"));
     });
-    return h("div", { class: "session-row" }, link, menuBtn);
+    // beside the link, not in it (its label says both, and its visible text is its title)
+    const failed = h("span", { class: "session-failed", "aria-hidden": "true" });
+    const when = h("span", { class: "session-when", "aria-hidden": "true" });
+    return h("div", { class: "session-row" }, link, failed, when, menuBtn);
   }
 
   update(el, spec) {
+    if (spec.empty !== undefined) {
+      el.textContent = spec.empty;
+      return;
+    }
     if (spec.group) {
       el.textContent = spec.group;
       return;
@@ -180,11 +208,19 @@ export class Sidebar {
     else link.removeAttribute("aria-current");
     el.classList.toggle("active", active);
     el.querySelector(".session-name").textContent = row.title;
+    const failed = row.busy ? undefined : FAILED[row.last_run_state];
+    el.querySelector(".session-failed").textContent = failed ?? "";
+    const when = relativeTime(row.updated_at);
+    el.querySelector(".session-when").textContent = when;
     el.querySelector(".running-dot").hidden = !row.busy;
     el.querySelector(".unread-dot").hidden = !unread;
-    const states = [row.busy && "running", unread && "unread", row.pinned && "pinned"].filter(
-      Boolean,
-    );
+    const states = [
+      row.busy && "running",
+      failed && `last run ${failed}`,
+      unread && "unread",
+      row.pinned && "pinned",
+      when,
+    ].filter(Boolean);
     link.setAttribute("aria-label", [row.title, ...states].join(", "));
     el.querySelector(".row-menu-btn").setAttribute("aria-label", `Actions for ${row.title}`);
   }
@@ -220,7 +256,9 @@ export class Sidebar {
       item("Delete…", () => this.remove(row)),
     );
     menu.addEventListener("keydown", (e) => {
-      if (e.key === "Escape") this.closeMenus();
+      if (e.key !== "Escape") return;
+      this.closeMenus();
+      el.querySelector(".row-menu-btn").focus(); // focus returns to the menu's button
     });
     el.classList.add("menu-open");
     el.append(menu);

@@ -1,11 +1,11 @@
 // The conversation view: rows keyed by message id, blocks keyed by item id, each patched in
 // place when its content changes. Untrusted text only ever goes through textContent; the only
-// HTML inserted is the server's sanitized Markdown.
-import { blocksFor } from "./blocks.js";
+// HTML inserted is sanitised Markdown (markdown.js).
+import { activityParts, blocksFor } from "./blocks.js";
 import { formatDuration, h, patchChildren } from "./dom.js";
-import { cachedHtml, renderMarkdown } from "./markdown.js";
+import { MarkdownView } from "./markdown.js";
 
-const LIVE_RENDER_MS = 200;
+const LIVE_RENDER_MS = 100;
 const TERMINAL_LABELS = {
   cancelled: "Stopped",
   interrupted: "Interrupted",
@@ -14,37 +14,39 @@ const TERMINAL_LABELS = {
   compression_exhausted: "Context full",
 };
 
+/** Live text renders at most every LIVE_RENDER_MS (the tail only: markdown.js); settled text
+ *  at once. Either way through the same renderer, so the settled render changes nothing. */
 function setMarkdown(el, text, live) {
-  if (el._text === text) return;
-  el._text = text;
-  const html = cachedHtml(text);
-  if (html != null) {
-    el.classList.remove("plain");
-    el.innerHTML = html;
+  el._md ??= new MarkdownView(el);
+  el._pending = text;
+  if (!live) {
+    clearTimeout(el._renderTimer);
+    el._renderTimer = null;
+    el._md.show(text);
     return;
   }
-  if (!el._rendered) {
-    // show the words at once; formatting follows
-    el.classList.add("plain");
-    el.textContent = text;
-  }
-  clearTimeout(el._renderTimer);
-  el._renderTimer = setTimeout(
-    () => {
-      renderMarkdown(text).then((rendered) => {
-        if (el._text !== text) return;
-        if (rendered == null) {
-          el.classList.add("plain");
-          el.textContent = text;
-          return;
-        }
-        el.classList.remove("plain");
-        el._rendered = true;
-        el.innerHTML = rendered;
-      });
-    },
-    live ? LIVE_RENDER_MS : 0,
-  );
+  if (el._renderTimer) return;
+  const tick = () => {
+    if (el._md.text === el._pending) {
+      el._renderTimer = null;
+      return;
+    }
+    el._md.show(el._pending);
+    el._renderTimer = setTimeout(tick, LIVE_RENDER_MS);
+  };
+  tick();
+}
+
+/** The settled head line, where the live one said "Working mm:ss": in the Worklog what the
+ *  run did, then how it ended and how long it took ("Activity: 2 tools · Done in 14 s"); the
+ *  row keeps its height when the run ends. */
+function settledLine(row, mode) {
+  const label = TERMINAL_LABELS[row.state] ?? "Done";
+  const seconds = row.finished_at - row.created_at; // epoch seconds
+  const took = seconds < 60 ? `${Math.max(1, Math.round(seconds))} s` : formatDuration(seconds);
+  const ended = Number.isFinite(seconds) ? `${label} in ${took}` : label;
+  const activity = mode === "worklog" ? activityParts(row.timeline || []) : "";
+  return activity ? `Activity: ${activity} · ${ended}` : ended;
 }
 
 function toolStatus(item) {
@@ -150,6 +152,10 @@ function updateBlock(el, block, live) {
       setMarkdown(el, item.text, live);
       break;
     case "reasoning":
+      // live thinking is open to read; it folds away when the run settles
+      if (el.dataset.live === "1" && !live) el.open = false;
+      if (el.dataset.live === undefined) el.open = live;
+      el.dataset.live = live ? "1" : "0";
       el.querySelector(".reasoning-text").textContent = item.text;
       break;
     case "tool": {
@@ -204,11 +210,24 @@ function updateBlock(el, block, live) {
   }
 }
 
+/** "Context compressed: 12,300 → 2,100 tokens": where the model's view of the session starts. */
+function compressionMarkText(at) {
+  const n = (v) => Number(v).toLocaleString("en");
+  const tokens =
+    at.tokens_before != null && at.tokens_after != null
+      ? `: ${n(at.tokens_before)} → ${n(at.tokens_after)} tokens`
+      : "";
+  return `Context compressed${tokens}. The model sees the turns above only as a summary.`;
+}
+
 function buildRow(row) {
+  if (row.role === "mark") {
+    return h("div", { class: "divider context-mark", role: "separator" });
+  }
   if (row.role === "user") {
     return h(
-      "div",
-      { class: "row user" },
+      "article",
+      { class: "row user", "aria-label": "You" },
       h(
         "div",
         { class: "user-bubble" },
@@ -218,8 +237,8 @@ function buildRow(row) {
     );
   }
   return h(
-    "div",
-    { class: "row assistant" },
+    "article",
+    { class: "row assistant", "aria-label": "Assistant" },
     h(
       "div",
       { class: "assistant-head" },
@@ -234,6 +253,7 @@ function updateUserRow(el, row) {
   // A turn another client of the agent wrote (its CLI): marked, so nobody wonders who sent it.
   el.classList.toggle("elsewhere", row.origin === "agent");
   el.title = row.origin === "agent" ? "Sent from another client of the agent (its CLI)" : "";
+  el.setAttribute("aria-label", row.origin === "agent" ? "You, from another client" : "You");
   const sig = JSON.stringify([row.content, row.attachments]);
   if (el.dataset.sig === sig) return;
   el.dataset.sig = sig;
@@ -252,26 +272,92 @@ function updateUserRow(el, row) {
   );
 }
 
+/** A code block's Copy button puts its code on the clipboard. */
+async function copyCode(event) {
+  const button = event.target.closest(".copy-code");
+  if (!button) return;
+  const code = button.closest(".code-block").querySelector("code").textContent;
+  try {
+    await navigator.clipboard.writeText(code);
+    button.textContent = "Copied";
+  } catch {
+    button.textContent = "Copy failed";
+  }
+  setTimeout(() => {
+    button.textContent = "Copy";
+  }, 1500);
+}
+
 export class TranscriptView {
   constructor(root) {
     this.root = root;
     this.mode = "worklog";
-    this.inheritedEl = h("div", { class: "inherited", "aria-label": "Earlier session" });
+    this.inheritedEl = h("div", {
+      class: "inherited",
+      role: "group",
+      "aria-label": "Earlier session",
+    });
     this.dividerEl = h("div", {
       class: "divider inherited-divider",
       role: "separator",
       text: "Continued from an earlier session",
     });
+    this.excluded = new Map();
+    this.compressedAt = null;
     this.rowsEl = h("div", { class: "rows" });
     root.append(this.inheritedEl, this.dividerEl, this.rowsEl);
     this.dividerEl.hidden = true;
+    root.addEventListener("click", (event) => copyCode(event));
+    this.followScroll(root);
+  }
+
+  /**
+   * A reader at the bottom follows new output; one scrolled up stays where they are, and a
+   * "Jump to latest" button appears while output arrives below. Content grows in renders and
+   * in throttled Markdown renders alike, so a ResizeObserver on the rows decides.
+   */
+  followScroll(root) {
+    this.following = true;
+    this.jumpEl = h("button", {
+      type: "button",
+      class: "btn jump-latest",
+      text: "Jump to latest",
+      hidden: true,
+      onclick: () => {
+        this.following = true;
+        this.jumpEl.hidden = true;
+        root.scrollTop = root.scrollHeight;
+      },
+    });
+    root.append(h("div", { class: "jump-wrap" }, this.jumpEl));
+    const atBottom = () => root.scrollHeight - root.scrollTop - root.clientHeight < 40;
+    root.addEventListener("scroll", () => {
+      this.following = atBottom();
+      if (this.following) this.jumpEl.hidden = true;
+    });
+    let height = 0;
+    new ResizeObserver(() => {
+      const grew = this.rowsEl.offsetHeight > height;
+      height = this.rowsEl.offsetHeight;
+      if (this.following) root.scrollTop = root.scrollHeight;
+      else if (grew && this.rowsEl.querySelector(".row.live")) this.jumpEl.hidden = false;
+    }).observe(this.rowsEl);
   }
 
   setMode(mode) {
     this.mode = mode;
   }
 
+  /** The model-context layer's view (`GET /api/session/context`): excluded turns and where
+   *  the last compression left the model's view, shown in settled history. */
+  setContext(context) {
+    this.excluded = new Map((context?.excluded ?? []).map((e) => [e.turn_id, e.reason]));
+    this.compressedAt = context?.compressed_at ?? null;
+  }
+
   clear() {
+    this.following = true;
+    this.jumpEl.hidden = true;
     this.rowsEl.replaceChildren();
     this.inheritedEl.replaceChildren();
     this.dividerEl.hidden = true;
@@ -279,8 +365,13 @@ export class TranscriptView {
 
   /** Patch the DOM to show `view` (the reducer's view of one session). */
   render(view, inherited = []) {
-    const nearBottom = this.root.scrollHeight - this.root.scrollTop - this.root.clientHeight < 80;
-    const rows = view.messages.map((m) => ({ ...m, key: m.id }));
+    const rows = [];
+    for (const m of view.messages) {
+      if (this.compressedAt && m.role === "user" && m.turn_id === this.compressedAt.turn_id) {
+        rows.push({ key: "context-mark", role: "mark", at: this.compressedAt });
+      }
+      rows.push({ ...m, key: m.id });
+    }
     if (view.live) {
       rows.push({
         key: view.live.stream_id,
@@ -294,10 +385,24 @@ export class TranscriptView {
     const old = inherited.map((m) => ({ ...m, key: `inh:${m.session_id}:${m.id}` }));
     patchChildren(this.inheritedEl, old, buildRow, (el, row) => this.updateRow(el, row));
     this.dividerEl.hidden = old.length === 0;
-    if (nearBottom) this.root.scrollTop = this.root.scrollHeight;
   }
 
   updateRow(el, row) {
+    if (row.role === "mark") {
+      el.textContent = compressionMarkText(row.at);
+      return;
+    }
+    // a turn the model no longer sees is marked, with the reason (contract invariant 1)
+    const reason = this.excluded.get(row.turn_id);
+    el.classList.toggle("excluded", reason !== undefined);
+    let note = el.querySelector(":scope > .excluded-note");
+    if (reason !== undefined && row.role === "user") {
+      if (!note) {
+        note = h("div", { class: "excluded-note" });
+        el.prepend(note);
+      }
+      note.textContent = `Not in the model's context. ${reason}`;
+    } else note?.remove();
     if (row.role === "user") return updateUserRow(el, row);
     const live = !!row.live;
     el.classList.toggle("live", live);
@@ -308,7 +413,7 @@ export class TranscriptView {
       this.tickOne(working);
     } else {
       delete working.dataset.started;
-      working.textContent = "";
+      working.textContent = settledLine(row, this.mode);
     }
     el.querySelector(".model").textContent = live && row.live.model ? row.live.model : "";
     const blocks = blocksFor(row, this.mode, live);
@@ -317,10 +422,18 @@ export class TranscriptView {
     );
   }
 
+  /** The server is unreachable: the running turn says so and its timer stops. */
+  setOffline(offline) {
+    this.offline = offline;
+    this.tick();
+  }
+
   tickOne(working) {
     const elapsed = Date.now() / 1000 - Number(working.dataset.started);
-    working.textContent =
-      working.dataset.phase === "cancelling" ? "Stopping…" : `Working ${formatDuration(elapsed)}`;
+    if (this.offline) working.textContent = "Server unreachable: reconnecting…";
+    else if (working.dataset.phase === "cancelling") working.textContent = "Stopping…";
+    else working.textContent = `Working ${formatDuration(elapsed)}`;
+    working.classList.toggle("offline", !!this.offline);
   }
 
   /** Called every second: the live "Working mm:ss" timers. */

@@ -1,0 +1,281 @@
+"""Markdown in the page (issue 15): rendered while it streams, sanitised like settled history,
+identical to the settled render at the end (nothing moves), a reader scrolled up stays put, and
+streaming costs at most twice one whole render. Layers: the page's transcript view only; the
+reducer and the log are untouched."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import BrowserContext, Page, expect
+
+from fake_openai import FakeOpenAI, barrier, delay, reply, text
+from helpers import ServerProcess, running_server
+from pagekit import open_app, send, session_id_of, wait_settled
+
+pytestmark = pytest.mark.slow
+
+DOCUMENTS = [
+    "# Title\n\nSome *emphasis* and **bold**, `code`, ~~gone~~.\n\n## Next\n\npara one\n"
+    "continues\n\n---\n\nlast",
+    "| left | mid | right |\n|:--|:-:|--:|\n| 1 | 2 | 3 |\n| four | five | six |\n\nafter",
+    "```python\ndef f(x):\n    return x * 2\n```\n\ntext\n\n```\nunclosed fence\nstill code",
+    "- a\n- b\n\n  more of b\n- c\n\n1. one\n2. two\n\n- [ ] todo\n- [x] done\n\nend",
+    "> quoted\nlazy line\n#x\n\n> second\n\n# heading\npara\n===\n\nsetext\n---\n",
+    "See https://example.com/path?q=1 and README.md.\n\n    indented code\n\n<b>raw</b>",
+    "para\n| a | b |\n| - | - |\n| 1 | 2 |\n\n[ref]: https://example.com\n\nuse [ref] here",
+    "* item\n#\n\ntext <script>window.__xss=1</script> [x](javascript:alert(1))\n",
+]
+
+EVERY_PREFIX_JS = """async (docs) => {
+  const { MarkdownView } = await import('/static/js/markdown.js');
+  const failures = [];
+  for (const doc of docs) {
+    for (const step of [1, 3, 7]) {
+      const live = new MarkdownView(document.createElement('div'));
+      for (let end = step; end < doc.length + step; end += step) {
+        const prefix = doc.slice(0, end);
+        live.show(prefix);
+        const whole = new MarkdownView(document.createElement('div'));
+        whole.show(prefix);
+        if (live.el.innerHTML !== whole.el.innerHTML) {
+          failures.push({ prefix, live: live.el.innerHTML, whole: whole.el.innerHTML });
+          break;
+        }
+      }
+    }
+  }
+  return failures;
+}"""
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as server:
+        yield server
+
+
+@pytest.fixture
+def openai_web(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
+    with running_server(
+        tmp_path / "data", "--runtime", "openai", "--base-url", fake.base_url, "--model", "fake"
+    ) as srv:
+        yield srv
+
+
+def test_the_incremental_render_of_every_prefix_is_the_whole_render(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    assert page.evaluate(EVERY_PREFIX_JS, DOCUMENTS) == []
+
+
+def settled_html(page: Page) -> str:
+    return page.locator(".row.assistant .markdown").last.inner_html()
+
+
+def test_a_streaming_answer_renders_live_and_settles_without_moving(
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
+    intro = "## Plan\n\n| step | cost |\n|:--|--:|\n| one | 1 |\n\n```js\nlet x = 1;\n"
+    filler = "".join(f"Paragraph {i} with **bold** words.\n\n" for i in range(40))
+    fake.script(
+        reply(
+            text(intro),
+            barrier("mid"),
+            text("```\n\n" + filler),
+            barrier("late"),
+            text("The end."),
+            barrier("finish"),
+        )
+    )
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    open_app(page, openai_web.base_url)
+    send(page, "explain")
+    live = page.locator(".row.live .markdown")
+    # mid-stream: the heading, the table and the unclosed fence already render
+    expect(live.locator("h2")).to_have_text("Plan")
+    expect(live.locator("th.align-right")).to_have_text("cost")
+    expect(live.locator(".code-block .code-lang")).to_have_text("js")
+    expect(live.locator("pre code")).to_contain_text("let x = 1;")
+    fake.release("mid")
+    expect(live.locator("p").filter(has_text="Paragraph 39")).to_have_count(1)
+
+    # a reader scrolls up: they stay put while output arrives, and may jump to the latest
+    transcript = page.locator("#transcript")
+    transcript.evaluate("(el) => { el.scrollTop = 100; }")
+    page.wait_for_timeout(100)
+    fake.release("late")
+    expect(live.locator("p").last).to_have_text("The end.")
+    jump = page.get_by_role("button", name="Jump to latest")
+    expect(jump).to_be_visible()
+    assert transcript.evaluate("(el) => el.scrollTop") == 100
+
+    first_p = page.locator(".row.assistant .markdown p").first
+    before = first_p.bounding_box()
+    fake.release("finish")
+    wait_settled(page)
+    assert first_p.bounding_box() == before  # nothing moved when the run ended
+    assert transcript.evaluate("(el) => el.scrollTop") == 100
+    final_live = settled_html(page)
+    jump.click()
+    expect(jump).to_be_hidden()
+    assert transcript.evaluate("(el) => el.scrollHeight - el.scrollTop - el.clientHeight") < 40
+
+    fresh = context.new_page()
+    open_app(fresh, openai_web.base_url, f"/s/{session_id_of(page)}")
+    expect(fresh.locator(".row.assistant .markdown p").last).to_have_text("The end.")
+    assert settled_html(fresh) == final_live  # the live render of the final text is the settled one
+    assert errors == []  # no CSP violation (table alignment is a class, not a style)
+
+
+BLOCK = (
+    "### Section\n\nSome text with **bold**, `code` and a link https://example.com/a.\n\n"
+    "- item one\n- item two\n\n| a | b |\n|:-|-:|\n| 1 | 2 |\n\n"
+    "```python\nprint('hello')\nfor i in range(3):\n    print(i)\n```\n\n"
+)
+ANSWER = (BLOCK * (100_000 // len(BLOCK) + 1))[:100_000]
+DELTAS = [ANSWER[i : i + 50] for i in range(0, len(ANSWER), 50)]
+
+# The page's cadence without the server competing for the two cores: the deltas arrive
+# (2,000 over about 5 s) and the live text renders every 100 ms, so every 20 deltas here
+# (100 renders, twice the real rate); each round alternates a streamed and a whole render.
+BUDGET_JS = """async (deltas) => {
+  const { MarkdownView } = await import('/static/js/markdown.js');
+  const streamed = [], whole = [];
+  for (let round = 0; round < 3; round++) {
+    let text = '', began = performance.now();
+    const live = new MarkdownView(document.createElement('div'));
+    deltas.forEach((delta, i) => {
+      text += delta;
+      if (i % 20 === 19) live.show(text);
+    });
+    live.show(text);
+    streamed.push(performance.now() - began);
+    began = performance.now();
+    const once = new MarkdownView(document.createElement('div'));
+    once.show(text);
+    whole.push(performance.now() - began);
+    if (live.el.innerHTML !== once.el.innerHTML) throw new Error('renders differ');
+  }
+  const median = (xs) => xs.sort((a, b) => a - b)[1];
+  return { streamed: median(streamed), whole: median(whole) };
+}"""
+
+
+def test_streaming_100_kb_in_2000_deltas_costs_at_most_twice_one_render(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    assert len(DELTAS) == 2000
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    cost = page.evaluate(BUDGET_JS, DELTAS)
+    print(f"streamed {cost['streamed']:.0f} ms, whole {cost['whole']:.0f} ms")
+    assert cost["streamed"] <= 2 * cost["whole"]
+
+
+def test_a_100_kb_answer_streamed_through_the_server_settles_as_rendered(
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
+    steps = []
+    for i, chunk in enumerate(DELTAS):
+        steps.append(text(chunk))
+        if i % 10 == 9:
+            steps.append(delay(0.02))  # about 5 s of streaming
+    fake.script(reply(*steps))
+    page = context.new_page()
+    open_app(page, openai_web.base_url)
+    send(page, "long answer")
+    wait_settled(page, timeout=120_000)
+    streamed = page.evaluate("import('/static/js/markdown.js').then((m) => m.renderStats)")
+    fresh = context.new_page()
+    open_app(fresh, openai_web.base_url, f"/s/{session_id_of(page)}")
+    expect(fresh.locator(".row.assistant .code-block")).not_to_have_count(0)
+    once = fresh.evaluate("import('/static/js/markdown.js').then((m) => m.renderStats)")
+    assert settled_html(fresh) == settled_html(page)
+    # measured beside a busy server, so printed; the budget is asserted above
+    print(f"through the server: {streamed} vs once {once}")
+    assert 20 < streamed["renders"] < 200  # it rendered while streaming, throttled
+
+
+HOSTILE = (
+    '**bold** <img src=x onerror="window.__xss=1"> <script>window.__xss=2</script>\n\n'
+    "[js](javascript:window.__xss=3) [data](data:text/html,<b>x</b>) ![pixel](https://example.com/p.png)\n\n"
+    "```html\n<script>window.__xss=4</script>\n```\n\n| a |\n|---|\n| <svg onload=x> |\n"
+)
+
+INERT_JS = """(root) => ({
+  xss: window.__xss ?? null,
+  active: root.querySelectorAll('script, img, svg, iframe, [onerror], [onload], [style]').length,
+  hrefs: [...root.querySelectorAll('a[href]')].map((a) => a.getAttribute('href')),
+  strong: root.querySelectorAll('strong').length,
+})"""
+
+
+def test_live_markdown_is_sanitised_like_settled_history(
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
+    fake.script(reply(text(HOSTILE), barrier("hold")))
+    page = context.new_page()
+    open_app(page, openai_web.base_url)
+    send(page, "go")
+    live = page.locator(".row.live .markdown")
+    expect(live.locator("strong")).to_have_count(1)
+    during = live.evaluate(INERT_JS)
+    fake.release("hold")
+    wait_settled(page)
+    after = page.locator(".row.assistant .markdown").evaluate(INERT_JS)
+    assert during == after == {"xss": None, "active": 0, "hrefs": [], "strong": 1}
+    expect(page.locator(".row.assistant .markdown code")).to_contain_text("<script>")
+
+
+RICH = (
+    "| left | centre | right |\n|:--|:-:|--:|\n| a | b | c |\n\n"
+    "- [x] shipped\n- [ ] pending\n\n"
+    "Docs at https://example.com/docs, not README.md.\n\n"
+    "> a quoted line\n\n"
+    "```python\nprint('hi')\n```\n\n    indented\n"
+)
+
+
+def test_settled_markdown_has_alignment_tasks_links_quotes_and_copyable_code(
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
+    fake.script(reply(text(RICH)))
+    context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    open_app(page, openai_web.base_url)
+    send(page, "show me")
+    wait_settled(page)
+    fresh = context.new_page()
+    errors: list[str] = []
+    fresh.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    open_app(fresh, openai_web.base_url, f"/s/{session_id_of(page)}")
+    answer = fresh.locator(".row.assistant .markdown")
+    expect(answer.locator("table")).to_be_visible()
+    aligns = answer.locator("td").evaluate_all(
+        "(cells) => cells.map((c) => getComputedStyle(c).textAlign)"
+    )
+    assert aligns == ["left", "center", "right"]
+    assert answer.locator("[style]").count() == 0
+    expect(answer.get_by_role("checkbox", name="Done", exact=True)).to_be_checked()
+    expect(answer.get_by_role("checkbox", name="Not done")).not_to_be_checked()
+    expect(answer.locator("li.task").first).to_have_text("shipped")
+    expect(answer.get_by_role("link", name="https://example.com/docs")).to_have_attribute(
+        "href", "https://example.com/docs"
+    )
+    expect(answer.locator("a")).to_have_count(1)  # README.md stays text
+    quote = answer.locator("blockquote")
+    assert quote.evaluate("(q) => getComputedStyle(q).borderLeftStyle") == "solid"
+    heads = answer.locator(".code-head .code-lang")
+    expect(heads).to_have_text(["python", "text"])
+    expect(answer.locator(".code-block .hljs-built_in")).to_have_text("print")
+    answer.get_by_role("button", name="Copy").first.click()
+    expect(answer.get_by_role("button", name="Copied")).to_be_visible()
+    assert fresh.evaluate("navigator.clipboard.readText()") == "print('hi')\n"
+    assert errors == []  # no CSP violation from the table's alignment

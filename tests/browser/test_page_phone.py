@@ -1,0 +1,104 @@
+"""The page on a phone (issue 15.3), 390x844: the session drawer closes with Esc, a tap on
+the dimmed page and its close button, and never covers ☰, its opener; touch targets are at
+least 44 px; the View control and the composer's placeholder are readable. Layers: the page
+only."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import Browser, Page, expect
+
+from helpers import ServerProcess
+from pagekit import open_app, send, wait_settled
+
+pytestmark = pytest.mark.slow
+
+PHONE = {"width": 390, "height": 844}
+SMALL_TARGETS_JS = """() => {
+  const seen = [];
+  const targets = document.querySelectorAll(
+    'button, a[href], select, textarea, summary, label.toggle,' +
+    'input:not([type=checkbox]):not([type=file])');
+  for (const el of targets) {
+    if (el.closest('.markdown') && el.matches('a')) continue;  // links inside text are exempt
+    const r = el.getBoundingClientRect();
+    if (!r.width || !r.height || getComputedStyle(el).visibility === 'hidden') continue;
+    if (r.width < 44 || r.height < 44) {
+      seen.push(`${el.tagName.toLowerCase()}#${el.id}.${el.className} ${r.width}x${r.height}`);
+    }
+  }
+  return seen;
+}"""
+FITS_JS = """(el) => {
+  const style = getComputedStyle(el);
+  const ctx = document.createElement('canvas').getContext('2d');
+  ctx.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+  const words = el.tagName === 'SELECT' ? el.selectedOptions[0].text : el.placeholder;
+  const room = el.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  return { words, need: ctx.measureText(words).width, room, size: parseFloat(style.fontSize) };
+}"""
+
+
+def phone_page(browser: Browser, base: str) -> Page:
+    page = browser.new_context(viewport=PHONE, has_touch=True).new_page()
+    open_app(page, base)
+    return page
+
+
+def covers_opener(page: Page) -> bool:
+    return page.evaluate("""() => {
+      const t = document.getElementById('menu-toggle').getBoundingClientRect();
+      const hit = document.elementFromPoint(t.x + t.width / 2, t.y + t.height / 2);
+      return hit.id !== 'menu-toggle';
+    }""")
+
+
+def test_the_drawer_closes_every_way_and_never_covers_its_opener(
+    browser: Browser, web_server: ServerProcess
+) -> None:
+    page = phone_page(browser, web_server.base_url)
+    send(page, "hello")
+    wait_settled(page)
+    toggle = page.get_by_role("button", name="Sessions", exact=True)
+    drawer = page.locator("#sidebar")
+
+    toggle.click()
+    expect(drawer).to_be_in_viewport()
+    assert not covers_opener(page)
+    page.keyboard.press("Escape")
+    expect(drawer).not_to_be_in_viewport()
+    expect(toggle).to_be_focused()
+    expect(toggle).to_have_attribute("aria-expanded", "false")
+
+    toggle.click()
+    expect(drawer).to_be_in_viewport()
+    page.touchscreen.tap(370, 500)  # the dimmed page beside the drawer
+    expect(drawer).not_to_be_in_viewport()
+
+    toggle.click()
+    page.get_by_role("button", name="Close sessions").click()
+    expect(drawer).not_to_be_in_viewport()
+    expect(toggle).to_be_focused()
+    page.context.close()
+
+
+def test_touch_targets_view_control_and_placeholder(
+    browser: Browser, web_server: ServerProcess
+) -> None:
+    page = phone_page(browser, web_server.base_url)
+    send(page, "hello")
+    wait_settled(page)
+    assert page.evaluate(SMALL_TARGETS_JS) == []
+    page.get_by_role("button", name="Sessions", exact=True).click()
+    expect(page.locator("#sidebar")).to_be_in_viewport()
+    assert page.evaluate(SMALL_TARGETS_JS) == []
+    page.keyboard.press("Escape")
+
+    view = page.get_by_role("combobox", name="Display mode")
+    for mode in ("worklog", "stream", "final"):
+        view.select_option(mode)
+        fit = view.evaluate(FITS_JS)
+        assert fit["size"] >= 12 and fit["need"] <= fit["room"], fit
+    placeholder = page.get_by_role("textbox", name="Message").evaluate(FITS_JS)
+    assert placeholder["need"] <= placeholder["room"], placeholder
+    page.context.close()

@@ -21,9 +21,10 @@ so it can be used from ordinary synchronous pytest fixtures::
 
 Scripted replies are served in order to ``POST /v1/chat/completions``; when the queue is empty
 ``fake.default_reply`` (plain text "ok") is served. Replies are lists of steps: content steps
-(``reasoning``, ``text``, ``tool_call``, ``stream_error``) and control steps (``delay``,
-``barrier``, ``hang``, ``drop``). Client disconnects during a response are detected at once
-(the ASGI ``http.disconnect`` message is watched by a separate task) and counted in
+(``reasoning``, ``text``, ``tool_call``, ``stream_error``, ``raw``) and control steps
+(``delay``, ``barrier``, ``hang``, ``drop``, ``end``). Client disconnects during a response
+are detected at once (the ASGI ``http.disconnect`` message is watched by a separate task) and
+counted in
 ``fake.disconnects`` / ``fake.disconnect_times`` (``time.monotonic()`` values).
 
 All public methods are safe to call from the test thread while the server thread runs.
@@ -52,10 +53,12 @@ __all__ = [
     "Barrier",
     "Delay",
     "Drop",
+    "End",
     "ErrorReply",
     "FakeOpenAI",
     "Hang",
     "MalformedReply",
+    "Raw",
     "Reasoning",
     "Reply",
     "StreamError",
@@ -65,9 +68,11 @@ __all__ = [
     "delay",
     "drop",
     "drop_connection",
+    "end",
     "error",
     "hang",
     "malformed",
+    "raw",
     "reasoning",
     "reply",
     "stream_error",
@@ -154,7 +159,20 @@ class StreamError:
     status: int = 500
 
 
-Step = Reasoning | Text | ToolCall | Delay | Barrier | Hang | Drop | StreamError
+@dataclass(frozen=True)
+class Raw:
+    """One SSE ``data:`` line sent verbatim (a chunk of the wrong shape, for example)."""
+
+    payload: str
+
+
+@dataclass(frozen=True)
+class End:
+    """End the response cleanly here: the HTTP body completes, but with no chunk carrying a
+    ``finish_reason`` and no ``[DONE]`` (how a server that crashed mid-answer looks)."""
+
+
+Step = Reasoning | Text | ToolCall | Delay | Barrier | Hang | Drop | StreamError | Raw | End
 
 
 @dataclass
@@ -244,6 +262,15 @@ def hang() -> Hang:
 
 def drop() -> Drop:
     return Drop()
+
+
+def raw(payload: str | dict[str, Any] | list[Any]) -> Raw:
+    """A verbatim ``data:`` line; a dict or list is JSON-encoded."""
+    return Raw(payload if isinstance(payload, str) else json.dumps(payload))
+
+
+def end() -> End:
+    return End()
 
 
 def stream_error(
@@ -861,6 +888,11 @@ class FakeOpenAI:
                 return
             elif isinstance(step, Drop):
                 return  # uvicorn closes the socket: incomplete chunked body
+            elif isinstance(step, Raw):
+                await resp.body(f"data: {step.payload}\n\n".encode())
+            elif isinstance(step, End):
+                await resp.finish()
+                return
             else:
                 await self._control(step)
         await resp.body(chunk({}, rep.resolved_finish_reason()))

@@ -69,6 +69,13 @@ def main() -> None:
     show_default=True,
 )
 @option(
+    "--stream-idle-timeout",
+    type=click.FloatRange(min=0.1),
+    default=300.0,
+    show_default=True,
+    help="End a model stream that sends nothing for this many seconds (openai runtime).",
+)
+@option(
     "--workspace",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Folder the agent's read-only tools may read; without it they are off.",

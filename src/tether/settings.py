@@ -37,6 +37,7 @@ class Settings:
     context_window: int | None = None
     compression_threshold: float = 0.8
     compression_mode: str = "in_place"
+    stream_idle_timeout: float = 300.0
     workspace: Path | None = None
     hermes_python: str | None = None
     password_env: str | None = None

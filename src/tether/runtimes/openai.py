@@ -119,16 +119,54 @@ def _window_of(card: Any) -> int | None:
     return None
 
 
+class WrongShape(ValueError):
+    """A streamed chunk that is not a Chat Completions chunk (the reason says what is off)."""
+
+
+def _check_shape(chunk: Any) -> None:
+    """Refuse what a Chat Completions stream never sends, so a stream of the wrong shape ends
+    as an error instead of as an empty answer."""
+    if not isinstance(chunk, dict):
+        raise WrongShape(f"a chunk is a JSON {type(chunk).__name__}, not an object")
+    choices = chunk.get("choices")
+    if choices is None and chunk.get("usage") is None:
+        raise WrongShape("a chunk has neither 'choices' nor 'usage'")
+    if choices is not None and not isinstance(choices, list):
+        raise WrongShape("'choices' is not a list")
+    for choice in choices or []:
+        if not isinstance(choice, dict):
+            raise WrongShape("a choice is not an object")
+        delta = choice.get("delta")
+        if delta is None and choice.get("finish_reason") is None:
+            raise WrongShape("a choice has no 'delta' (is this a non-streaming answer?)")
+        if delta is not None and not isinstance(delta, dict):
+            raise WrongShape("a choice's 'delta' is not an object")
+        for key in ("content", "refusal", "reasoning_content", "reasoning"):
+            if (delta or {}).get(key) is not None and not isinstance(delta[key], str):
+                raise WrongShape(f"'delta.{key}' is not a string")
+        calls = (delta or {}).get("tool_calls")
+        if calls is not None and not (
+            isinstance(calls, list) and all(isinstance(c, dict) for c in calls)
+        ):
+            raise WrongShape("'delta.tool_calls' is not a list of objects")
+    usage = chunk.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        raise WrongShape("'usage' is not an object")
+
+
 class _Accumulator:
-    """What one streamed response said: text, tool calls reassembled by index, usage."""
+    """What one streamed response said: text, tool calls reassembled by index, usage, and
+    the finish reason (None until the provider says the answer is complete)."""
 
     def __init__(self) -> None:
         self.text: list[str] = []
         self.calls: dict[int, dict[str, str]] = {}
         self._slot_for: dict[Any, int] = {}
         self.saw_completion = False
+        self.finish_reason: str | None = None
 
     def feed(self, chunk: Any) -> list[RuntimeEvent]:
+        _check_shape(chunk)
         events: list[RuntimeEvent] = []
         usage = _get(chunk, "usage")
         if usage is not None:
@@ -140,6 +178,9 @@ class _Accumulator:
                 )
             )
         for choice in _get(chunk, "choices") or []:
+            if finish := _get(choice, "finish_reason"):
+                self.finish_reason = str(finish)
+                self.saw_completion = True
             delta = _get(choice, "delta")
             if delta is None:
                 continue
@@ -221,6 +262,7 @@ class OpenAIRuntime:
         self._windows: dict[str, int | None] = {}
         self._anchors: dict[str, tuple[str, int, int]] = {}
         self._api_key_set = bool(os.environ.get(settings.api_key_env))
+        self._idle_timeout = float(settings.stream_idle_timeout)
         self._client = openai.AsyncOpenAI(
             base_url=settings.base_url,
             api_key=os.environ.get(settings.api_key_env) or PLACEHOLDER_API_KEY,
@@ -327,26 +369,36 @@ class OpenAIRuntime:
             body["tools"] = self.tools.schemas
         # The raw stream, parsed with json.loads: the SDK's typed chunk objects cost about
         # half of the server's event loop under load (bench/load_test.py profile).
+        idle = self._idle_timeout
+        # The SDK's own read timeout stays above the idle timeout, which says it better.
         opened = self._client.chat.completions.with_streaming_response.create(
-            **_untransformed(body)
+            **_untransformed(body), timeout=openai.Timeout(idle + 30.0, connect=10.0)
         )
         try:
-            response = await opened.__aenter__()
+            async with asyncio.timeout(idle):
+                response = await opened.__aenter__()
+        except TimeoutError:
+            self._stalled(idle, started=False)
         except Exception as exc:
             self._raise_classified(exc, model, streaming=False)
+        done = False
         try:
             lines = response.iter_lines()
             while True:
                 try:
-                    line = await anext(lines)
+                    async with asyncio.timeout(idle):
+                        line = await anext(lines)
                 except StopAsyncIteration:
                     break
+                except TimeoutError:
+                    self._stalled(idle, started=True)
                 except Exception as exc:
                     self._raise_classified(exc, model, streaming=True)
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
                 if payload == "[DONE]":
+                    done = True
                     break
                 try:
                     chunk = json.loads(payload)
@@ -356,7 +408,15 @@ class OpenAIRuntime:
                     self._raise_classified(
                         _stream_error(chunk["error"], response), model, streaming=True
                     )
-                for event in acc.feed(chunk):
+                try:
+                    events = acc.feed(chunk)
+                except WrongShape as exc:
+                    raise ProviderError(
+                        "bad_response",
+                        f"The model provider at {self._where()} sent a stream Tether cannot "
+                        f"read as Chat Completions chunks: {exc}.",
+                    ) from None
+                for event in events:
                     yield event
         finally:
             await opened.__aexit__(None, None, None)
@@ -366,6 +426,21 @@ class OpenAIRuntime:
                 f"The model provider at {self._where()} ended the stream "
                 "without sending any completion data.",
             )
+        if not done and acc.finish_reason is None:
+            # A server that crashed mid-answer closes the stream cleanly: not an answer.
+            raise ProviderError(
+                "network",
+                f"The model provider at {self._where()} closed the stream before the answer "
+                "was finished (no finish_reason and no [DONE]); the text so far is kept.",
+            )
+
+    def _stalled(self, idle: float, *, started: bool) -> NoReturn:
+        what = "stopped sending mid-answer" if started else "sent no answer"
+        raise ProviderError(
+            "network",
+            f"The model provider at {self._where()} {what}: nothing arrived for {idle:g} s "
+            "(the stream idle timeout, --stream-idle-timeout); the text so far is kept.",
+        )
 
     # ---- compression -------------------------------------------------------------------------
 

@@ -63,3 +63,27 @@ def test_a_stream_that_did_not_finish_ends_the_run_in_error_with_its_text(
         context = client.get("/api/session/context", params={"session_id": sid}).json()
         said = [m for m in context["context_messages"] if m["role"] == "assistant"]
         assert said and said[0]["content"].startswith("Half an answer")
+
+
+def test_an_answer_cut_off_at_the_token_limit_says_so(
+    server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    fake.script(reply(text("A long answer that stops"), finish_reason="length"), reply(text("ok")))
+    with server.client() as client:
+        sid = new_session(client)
+        start_turn(client, sid, "Tell me everything")
+        row = wait_idle(client, sid)["messages"][-1]
+        assert row["state"] == "completed"
+        assert row["finish_reason"] == "length"
+        assert row["content"] == "A long answer that stops"
+        notice = row["timeline"][-1]
+        assert notice["type"] == "notice" and notice["kind"] == "length"
+        assert notice["text"].startswith("Cut off at the token limit")
+        events = read_events(client, sid, after="0", stop_on="heartbeat")
+        finished = [f.json["data"] for f in events if f.event == "run.finished"]
+        assert [(f["state"], f["finish_reason"]) for f in finished] == [("completed", "length")]
+        # a plain answer has no notice and no finish_reason
+        start_turn(client, sid, "Thanks")
+        row = wait_idle(client, sid)["messages"][-1]
+        assert "finish_reason" not in row
+        assert [i["type"] for i in row["timeline"]] == ["text"]

@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from tether.runtimes.base import ProviderError, RuntimeEvent, TextDelta, TurnInput, Usage
+from tether.runtimes.base import (
+    AnswerFinished,
+    ProviderError,
+    RuntimeEvent,
+    TextDelta,
+    TurnInput,
+    Usage,
+)
 from tether.runtimes.openai import OpenAIRuntime
 from tether.settings import Settings
 
@@ -136,3 +143,12 @@ def test_a_slow_stream_that_keeps_sending_is_not_cut(fake: FakeOpenAI, tmp_path:
 
 def test_the_idle_timeout_defaults_to_five_minutes() -> None:
     assert Settings().stream_idle_timeout == 300.0
+
+
+def test_an_answer_cut_off_at_the_token_limit_is_reported(fake: FakeOpenAI, tmp_path: Path) -> None:
+    fake.script(reply(text("cut"), finish_reason="length"), reply(text("whole")))
+    assert content_events(run(runtime_for(fake, tmp_path))) == [
+        TextDelta("cut"),
+        AnswerFinished("length"),
+    ]
+    assert content_events(run(runtime_for(fake, tmp_path))) == [TextDelta("whole")]

@@ -67,6 +67,15 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class AnswerFinished:
+    """Why the provider ended the final answer (its `finish_reason`), when it is not a plain
+    `"stop"`: `"length"` means the answer was cut off at the token limit, which the row and
+    its notice say."""
+
+    finish_reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """The runtime decided how the run ends, other than plain completion."""
 
@@ -99,6 +108,7 @@ RuntimeEvent = (
     | CompressionStarted
     | CompressionCompleted
     | Usage
+    | AnswerFinished
     | Finished
     | ApprovalRequested
     | ApprovalResolved

@@ -40,6 +40,7 @@ import openai
 
 from tether.runtimes.attachments import accepts_mime, expand_part
 from tether.runtimes.base import (
+    AnswerFinished,
     CompressionCompleted,
     CompressionStarted,
     Finished,
@@ -309,6 +310,8 @@ class OpenAIRuntime:
             if not calls:
                 if window and usage is not None:
                     self._remember(turn.session_id, ctx, "".join(acc.text), usage, reasoning)
+                if acc.finish_reason not in (None, "stop"):  # "length": cut off
+                    yield AnswerFinished(acc.finish_reason)
                 return
             planned = []
             for call in calls:

@@ -11,6 +11,8 @@ import { TranscriptView } from "./transcript.js";
 import { UnreadStore } from "./unread.js";
 
 const $ = (id) => document.getElementById(id);
+// What Continue sends under an answer cut off at the token limit (a visible user turn).
+const CONTINUE_MESSAGE = "Continue from where your answer was cut off.";
 const CONN_TEXT = {
   connecting: "Connecting…",
   live: "Live",
@@ -62,6 +64,7 @@ class App {
     document.addEventListener("visibilitychange", () => this.sidebar.render());
     setInterval(() => this.transcript.tick(), 1000);
     $("transcript").addEventListener("click", (event) => this.onApprovalClick(event));
+    $("transcript").addEventListener("click", (event) => this.onContinueClick(event));
     await this.route();
   }
 
@@ -304,6 +307,14 @@ class App {
     );
     for (const b of actions.querySelectorAll("button")) b.disabled = false;
     if (res && !res.accepted) this.notify("That question is no longer open.");
+  }
+
+  /** "Continue" under an answer cut off at the token limit: a new turn asking for the rest. */
+  async onContinueClick(event) {
+    const button = event.target.closest("button.continue");
+    if (!button) return;
+    button.hidden = true;
+    await this.send(CONTINUE_MESSAGE, []);
   }
 
   async call(fn) {

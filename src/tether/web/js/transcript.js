@@ -12,6 +12,7 @@ const TERMINAL_LABELS = {
   error: "Error",
   tool_limit_reached: "Tool limit reached",
   compression_exhausted: "Context full",
+  length: "Cut off",
 };
 
 function setMarkdown(el, text, live) {
@@ -129,7 +130,12 @@ function buildBlock(block) {
         h("div", { class: "approval-outcome", role: "status" }),
       );
     case "notice":
-      return h("div", { class: "item terminal", role: "status" });
+      return h(
+        "div",
+        { class: "item terminal", role: "status" },
+        h("span", { class: "terminal-text" }),
+        h("button", { type: "button", class: "btn continue", text: "Continue", hidden: true }),
+      );
     case "activity":
       return h(
         "details",
@@ -142,7 +148,7 @@ function buildBlock(block) {
   }
 }
 
-function updateBlock(el, block, live) {
+function updateBlock(el, block, live, last = false) {
   const item = block.item;
   switch (block.kind) {
     case "text":
@@ -186,8 +192,10 @@ function updateBlock(el, block, live) {
     }
     case "notice":
       el.className = `item terminal ${item.kind}`;
-      el.textContent = item.text;
+      el.querySelector(".terminal-text").textContent = item.text;
       el.setAttribute("aria-label", `${TERMINAL_LABELS[item.kind] || "Ended"}: ${item.text}`);
+      // An answer cut off at the token limit can be continued, from the latest row only.
+      el.querySelector(".continue").hidden = !(item.kind === "length" && last);
       break;
     case "activity": {
       el.querySelector("summary").textContent = block.summary;
@@ -195,7 +203,7 @@ function updateBlock(el, block, live) {
       if (el.dataset.live === undefined) el.open = live;
       el.dataset.live = live ? "1" : "0";
       patchChildren(el.querySelector(".activity-items"), block.children, buildBlock, (child, b) =>
-        updateBlock(child, b, live),
+        updateBlock(child, b, live, last),
       );
       break;
     }
@@ -281,6 +289,7 @@ export class TranscriptView {
   render(view, inherited = []) {
     const nearBottom = this.root.scrollHeight - this.root.scrollTop - this.root.clientHeight < 80;
     const rows = view.messages.map((m) => ({ ...m, key: m.id }));
+    if (rows.length && !view.live) rows[rows.length - 1].last = true;
     if (view.live) {
       rows.push({
         key: view.live.stream_id,
@@ -313,7 +322,7 @@ export class TranscriptView {
     el.querySelector(".model").textContent = live && row.live.model ? row.live.model : "";
     const blocks = blocksFor(row, this.mode, live);
     patchChildren(el.querySelector(".items"), blocks, buildBlock, (child, block) =>
-      updateBlock(child, block, live),
+      updateBlock(child, block, live, !!row.last),
     );
   }
 

@@ -48,7 +48,6 @@ from tether.runtimes.base import (
     ReasoningDelta,
     RuntimeEvent,
     RuntimeUnavailable,
-    TextDelta,
     ToolCompleted,
     ToolStarted,
     TurnInput,
@@ -61,6 +60,7 @@ from tether.runtimes.compression import (
     summary_request,
 )
 from tether.runtimes.openai_errors import classify
+from tether.runtimes.openai_stream import Accumulator, WrongShape
 from tether.runtimes.tools import WorkspaceTools
 from tether.settings import Settings
 
@@ -90,22 +90,6 @@ def _parse_args(raw: str) -> tuple[dict[str, Any], str | None]:
     return value, None
 
 
-def _get(obj: Any, key: str) -> Any:
-    """A field of a streamed chunk, parsed as plain JSON (a dict) or as an SDK object."""
-    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
-
-
-def _reasoning_of(delta: Any) -> str | None:
-    extra = {} if isinstance(delta, dict) else (getattr(delta, "model_extra", None) or {})
-    for key in ("reasoning_content", "reasoning"):
-        value = _get(delta, key)
-        if value is None:
-            value = extra.get(key)
-        if isinstance(value, str) and value:
-            return value
-    return None
-
-
 def _window_of(card: Any) -> int | None:
     """The context length a model card states, if any (OpenRouter, LM Studio, vLLM, ...)."""
     data = card.model_dump() if hasattr(card, "model_dump") else card
@@ -118,106 +102,6 @@ def _window_of(card: Any) -> int | None:
                 if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
                     return int(value)
     return None
-
-
-class WrongShape(ValueError):
-    """A streamed chunk that is not a Chat Completions chunk (the reason says what is off)."""
-
-
-def _check_shape(chunk: Any) -> None:
-    """Refuse what a Chat Completions stream never sends, so a stream of the wrong shape ends
-    as an error instead of as an empty answer."""
-    if not isinstance(chunk, dict):
-        raise WrongShape(f"a chunk is a JSON {type(chunk).__name__}, not an object")
-    choices = chunk.get("choices")
-    if choices is None and chunk.get("usage") is None:
-        raise WrongShape("a chunk has neither 'choices' nor 'usage'")
-    if choices is not None and not isinstance(choices, list):
-        raise WrongShape("'choices' is not a list")
-    for choice in choices or []:
-        if not isinstance(choice, dict):
-            raise WrongShape("a choice is not an object")
-        delta = choice.get("delta")
-        if delta is None and choice.get("finish_reason") is None:
-            raise WrongShape("a choice has no 'delta' (is this a non-streaming answer?)")
-        if delta is not None and not isinstance(delta, dict):
-            raise WrongShape("a choice's 'delta' is not an object")
-        for key in ("content", "refusal", "reasoning_content", "reasoning"):
-            if (delta or {}).get(key) is not None and not isinstance(delta[key], str):
-                raise WrongShape(f"'delta.{key}' is not a string")
-        calls = (delta or {}).get("tool_calls")
-        if calls is not None and not (
-            isinstance(calls, list) and all(isinstance(c, dict) for c in calls)
-        ):
-            raise WrongShape("'delta.tool_calls' is not a list of objects")
-    usage = chunk.get("usage")
-    if usage is not None and not isinstance(usage, dict):
-        raise WrongShape("'usage' is not an object")
-
-
-class _Accumulator:
-    """What one streamed response said: text, tool calls reassembled by index, usage, and
-    the finish reason (None until the provider says the answer is complete)."""
-
-    def __init__(self) -> None:
-        self.text: list[str] = []
-        self.calls: dict[int, dict[str, str]] = {}
-        self._slot_for: dict[Any, int] = {}
-        self.saw_completion = False
-        self.finish_reason: str | None = None
-
-    def feed(self, chunk: Any) -> list[RuntimeEvent]:
-        _check_shape(chunk)
-        events: list[RuntimeEvent] = []
-        usage = _get(chunk, "usage")
-        if usage is not None:
-            self.saw_completion = True
-            events.append(
-                Usage(
-                    int(_get(usage, "prompt_tokens") or 0),
-                    int(_get(usage, "completion_tokens") or 0),
-                )
-            )
-        for choice in _get(chunk, "choices") or []:
-            if finish := _get(choice, "finish_reason"):
-                self.finish_reason = str(finish)
-                self.saw_completion = True
-            delta = _get(choice, "delta")
-            if delta is None:
-                continue
-            self.saw_completion = True
-            if reasoning := _reasoning_of(delta):
-                events.append(ReasoningDelta(reasoning))
-            content = _get(delta, "content") or _get(delta, "refusal")
-            if isinstance(content, str) and content:
-                self.text.append(content)
-                events.append(TextDelta(content))
-            for fragment in _get(delta, "tool_calls") or []:
-                self._add_fragment(fragment)
-        return events
-
-    def _add_fragment(self, fragment: Any) -> None:
-        index = _get(fragment, "index")
-        call_id = _get(fragment, "id")
-        function = _get(fragment, "function")
-        key = self._slot_for.get(index)
-        # Some servers reuse one index for several complete calls: a new id starts a new call.
-        if key is None or (call_id and self.calls[key]["id"] and call_id != self.calls[key]["id"]):
-            key = len(self.calls)
-            self._slot_for[index] = key
-            self.calls[key] = {"id": "", "name": "", "arguments": ""}
-        slot = self.calls[key]
-        if call_id:
-            slot["id"] = call_id
-        name = _get(function, "name") if function is not None else None
-        if name:
-            slot["name"] = name
-        arguments = _get(function, "arguments") if function is not None else None
-        if arguments:
-            slot["arguments"] += arguments if isinstance(arguments, str) else json.dumps(arguments)
-
-    def tool_calls(self) -> list[dict[str, str]]:
-        return [self.calls[k] for k in sorted(self.calls)]
 
 
 def _untransformed(body: dict[str, Any]) -> dict[str, Any]:
@@ -297,7 +181,7 @@ class OpenAIRuntime:
                         yield event
                         if isinstance(event, Finished):
                             return
-            acc = _Accumulator()
+            acc = Accumulator()
             usage: Usage | None = None
             reasoning = False
             async with contextlib.aclosing(self._request(model, ctx.messages, acc)) as events:
@@ -359,7 +243,7 @@ class OpenAIRuntime:
         )
 
     async def _request(
-        self, model: str, messages: list[dict[str, Any]], acc: _Accumulator
+        self, model: str, messages: list[dict[str, Any]], acc: Accumulator
     ) -> AsyncIterator[RuntimeEvent]:
         """One streamed completion; the HTTP response is closed however this ends."""
         body: dict[str, Any] = {

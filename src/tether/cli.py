@@ -69,6 +69,12 @@ def main() -> None:
     show_default=True,
 )
 @option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    help="Most tokens one answer may take (default: an eighth of the context window, "
+    "128 to 4096; not sent when the window is unknown).",
+)
+@option(
     "--stream-idle-timeout",
     type=click.FloatRange(min=0.1),
     default=300.0,

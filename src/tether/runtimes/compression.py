@@ -56,6 +56,8 @@ WORK_INSTRUCTION = (
 
 # The summary request itself must fit the window: leave room for the summary it returns.
 SUMMARY_REPLY_RESERVE = (64, 4096)  # (min, max) tokens, else window // 8
+# Room for the answer of a turn's request (its max_tokens), kept free when compressing.
+ANSWER_TOKENS = (128, 4096)  # (min, max) tokens, else window // 8
 MIN_SUMMARY_INPUT_TOKENS = 256
 _THINK_RE = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
 
@@ -344,10 +346,27 @@ def clip_blocks(blocks: list[str], max_chars: int) -> list[str]:
     return [b if len(b) <= lo else _cut_middle(b, lo) for b in blocks]
 
 
+def answer_tokens(window: int | None, configured: int | None) -> int | None:
+    """The most tokens one answer may take, sent as `max_tokens` and kept free in the
+    compression budget: `--max-tokens` (at most half the window), else an eighth of the
+    window within ANSWER_TOKENS; None (nothing sent) when neither is known."""
+    if configured:
+        return configured if window is None else max(1, min(configured, window // 2))
+    if window is None:
+        return None
+    low, high = ANSWER_TOKENS
+    return min(high, max(low, window // 8))
+
+
+def summary_reply_tokens(window: int) -> int:
+    """Room for the summary a summary request returns (its `max_tokens`)."""
+    low, high = SUMMARY_REPLY_RESERVE
+    return min(high, max(low, window // 8))
+
+
 def summary_input_tokens(window: int) -> int:
     """How much conversation a summary request may carry in a `window`-token context."""
-    low, high = SUMMARY_REPLY_RESERVE
-    reserve = min(high, max(low, window // 8))
+    reserve = summary_reply_tokens(window)
     instruction = estimate_text_tokens(SUMMARY_INSTRUCTION + WORK_INSTRUCTION) + 32
     return max(MIN_SUMMARY_INPUT_TOKENS, window - reserve - instruction)
 

@@ -13,14 +13,16 @@ Automatic context compression (`runtimes.compression` counts, estimates and spli
   once per model on first use. When none is found, compression is off for that model (the
   provider's ``context_overflow`` error is then the only guard). A lookup that cannot connect
   is not remembered and is tried again on the next turn.
-* Before every model request of a turn, if the request would pass
-  ``compression_threshold x window`` tokens, a pass runs: `CompressionStarted`, one
-  non-streaming summary request without tools, then `CompressionCompleted`. Level 1 replaces
-  everything before the current turn's user message with one system message holding the
-  summary. If the request still passes the whole window, level 2 (same pass) also summarizes
-  the current turn's earlier assistant/tool exchanges, keeping the user message and the
-  latest exchange. If it still does not fit, the turn ends with
-  ``Finished("compression_exhausted")`` and the over-sized request is never sent. Only what
+* Each request sends ``max_tokens`` (`compression.answer_tokens`), and compression budgets
+  the prompt to the window less that room (`_Room`). Before every model request of a turn,
+  if the request would pass ``compression_threshold x budget`` tokens, a pass runs:
+  `CompressionStarted`, one non-streaming summary request without tools, then
+  `CompressionCompleted`. Level 1 replaces everything before the current turn's user message
+  with one system message holding the summary. If the request still passes the budget,
+  level 2 (same pass) also summarizes the current turn's earlier assistant/tool exchanges,
+  keeping the user message and the latest exchange. If it still does not fit, the turn ends
+  with ``Finished("compression_exhausted")`` and the over-sized request is never sent. A
+  provider's ``context_overflow`` before any output forces one pass and one retry. Only what
   is sent changes: `TurnInput.messages` is never modified.
 """
 
@@ -33,6 +35,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -54,9 +57,12 @@ from tether.runtimes.base import (
     Usage,
 )
 from tether.runtimes.compression import (
+    ANSWER_TOKENS,
     WorkingContext,
+    answer_tokens,
     clean_summary,
     estimate_tools_tokens,
+    summary_reply_tokens,
     summary_request,
 )
 from tether.runtimes.openai_errors import classify
@@ -70,6 +76,7 @@ PLACEHOLDER_API_KEY = "not-needed"
 TIMEOUT = openai.Timeout(600.0, connect=10.0)
 MODELS_TIMEOUT = openai.Timeout(15.0, connect=5.0)  # the context-window lookup
 WINDOW_KEYS = ("context_length", "context_window", "max_context_length", "max_model_len")
+MIN_ANSWER = ANSWER_TOKENS[0]  # a prompt leaving less room than this is not sent
 MAX_REMEMBERED_SESSIONS = 256  # provider counts kept for the first request of the next turn
 
 
@@ -116,6 +123,35 @@ def _untransformed(body: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
+@dataclass(frozen=True, slots=True)
+class _Room:
+    """How a turn's requests share the context window: compression aims to leave `reserve`
+    tokens for the answer (its max_tokens), so the prompt's `budget` is the rest; a prompt
+    that cannot be made that small is still sent while it leaves the answer `MIN_ANSWER`
+    tokens (`limit`), with a smaller max_tokens. Both are None when the window is unknown."""
+
+    window: int | None
+    reserve: int | None
+
+    @property
+    def budget(self) -> int | None:
+        if self.window is None:
+            return None
+        return self.window - (self.reserve or 0)
+
+    @property
+    def limit(self) -> int | None:
+        if self.window is None:
+            return None
+        return self.window - min(self.reserve or 0, MIN_ANSWER)
+
+    def max_tokens(self, prompt: int) -> int | None:
+        """The answer's room for a prompt of about `prompt` tokens."""
+        if self.reserve is None or self.window is None:
+            return self.reserve
+        return max(1, min(self.reserve, self.window - prompt))
+
+
 def _stream_error(error: Any, response: Any) -> openai.APIError:
     """An error the provider sent inside the stream, as the SDK itself would raise it."""
     message = (error.get("message") if isinstance(error, dict) else None) or str(error)
@@ -148,6 +184,7 @@ class OpenAIRuntime:
         self._anchors: dict[str, tuple[str, int, int]] = {}
         self._api_key_set = bool(os.environ.get(settings.api_key_env))
         self._idle_timeout = float(settings.stream_idle_timeout)
+        self._max_tokens_key = "max_tokens"  # or max_completion_tokens, once a server asks
         self._client = openai.AsyncOpenAI(
             base_url=settings.base_url,
             api_key=os.environ.get(settings.api_key_env) or PLACEHOLDER_API_KEY,
@@ -174,22 +211,48 @@ class OpenAIRuntime:
         ctx = WorkingContext(messages, tools_tokens=self._tools_tokens)
         if window:
             ctx.adopt(self._anchors.get(turn.session_id))
+        reserve = answer_tokens(window, self.settings.max_tokens)
+        room = _Room(window, reserve)
+        overflowed = False  # a provider's context_overflow is answered by one forced pass
         for _ in range(self.max_iterations):
             if window:
-                async with contextlib.aclosing(self._fit(ctx, window, model, turn)) as passes:
+                async with contextlib.aclosing(self._fit(ctx, room, model, turn)) as passes:
                     async for event in passes:
                         yield event
                         if isinstance(event, Finished):
                             return
-            acc = Accumulator()
-            usage: Usage | None = None
-            reasoning = False
-            async with contextlib.aclosing(self._request(model, ctx.messages, acc)) as events:
-                async for event in events:
-                    if isinstance(event, Usage):
-                        usage = event
-                    reasoning = reasoning or isinstance(event, ReasoningDelta)
-                    yield event
+            while True:
+                acc = Accumulator()
+                usage: Usage | None = None
+                reasoning = streamed = False
+                overflow: ProviderError | None = None
+                request = self._request(model, ctx.messages, acc, room.max_tokens(ctx.size()))
+                try:
+                    async with contextlib.aclosing(request) as events:
+                        async for event in events:
+                            if isinstance(event, Usage):
+                                usage = event
+                            else:
+                                streamed = True
+                            reasoning = reasoning or isinstance(event, ReasoningDelta)
+                            yield event
+                except ProviderError as exc:
+                    if exc.code != "context_overflow" or streamed or overflowed:
+                        raise
+                    overflow = exc
+                if overflow is None:
+                    break
+                overflowed, compressed = True, False
+                async with contextlib.aclosing(
+                    self._fit(ctx, room, model, turn, force=True)
+                ) as passes:
+                    async for event in passes:
+                        compressed = compressed or isinstance(event, CompressionCompleted)
+                        yield event
+                        if isinstance(event, Finished):
+                            return
+                if not compressed:
+                    raise overflow
             calls = acc.tool_calls()
             if not calls:
                 if window and usage is not None:
@@ -243,7 +306,11 @@ class OpenAIRuntime:
         )
 
     async def _request(
-        self, model: str, messages: list[dict[str, Any]], acc: Accumulator
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        acc: Accumulator,
+        max_tokens: int | None,
     ) -> AsyncIterator[RuntimeEvent]:
         """One streamed completion; the HTTP response is closed however this ends."""
         body: dict[str, Any] = {
@@ -253,22 +320,29 @@ class OpenAIRuntime:
             "stream_options": {"include_usage": True},
         }
         if self.tools is not None:
+            # Without tool_choice some servers (llama-cpp-python) ignore the tools entirely.
             body["tools"] = self.tools.schemas
-        # The raw stream, parsed with json.loads: the SDK's typed chunk objects cost about
-        # half of the server's event loop under load (bench/load_test.py profile).
+            body["tool_choice"] = "auto"
         idle = self._idle_timeout
-        # The SDK's own read timeout stays above the idle timeout, which says it better.
-        opened = self._client.chat.completions.with_streaming_response.create(
-            **_untransformed(body), timeout=openai.Timeout(idle + 30.0, connect=10.0)
-        )
-        try:
-            async with asyncio.timeout(idle):
-                response = await opened.__aenter__()
-        except TimeoutError:
-            self._stalled(idle, started=False)
-        except Exception as exc:
-            self._raise_classified(exc, model, streaming=False)
-        done = False
+        while True:
+            if max_tokens is not None:
+                body[self._max_tokens_key] = max_tokens
+            # The raw stream, parsed with json.loads: the SDK's typed chunk objects cost about
+            # half of the server's event loop under load (bench/load_test.py profile). The
+            # SDK's own read timeout stays above the idle timeout, which says it better.
+            opened = self._client.chat.completions.with_streaming_response.create(
+                **_untransformed(body), timeout=openai.Timeout(idle + 30.0, connect=10.0)
+            )
+            try:
+                async with asyncio.timeout(idle):
+                    response = await opened.__aenter__()
+                break
+            except TimeoutError:
+                self._stalled(idle, started=False)
+            except Exception as exc:
+                if not self._renames_max_tokens(exc, body):
+                    self._raise_classified(exc, model, streaming=False, tools="tools" in body)
+        done = seen_data = False
         try:
             lines = response.iter_lines()
             while True:
@@ -283,6 +357,7 @@ class OpenAIRuntime:
                     self._raise_classified(exc, model, streaming=True)
                 if not line.startswith("data:"):
                     continue
+                seen_data = True
                 payload = line[5:].strip()
                 if payload == "[DONE]":
                     done = True
@@ -307,6 +382,14 @@ class OpenAIRuntime:
                     yield event
         finally:
             await opened.__aexit__(None, None, None)
+        if not seen_data and not done:
+            # llama.cpp's server answers a streamed request that does not fit its context
+            # with 200 and an empty body (the same request unstreamed is a 400 overflow).
+            raise ProviderError(
+                "context_overflow",
+                f"The model provider at {self._where()} answered with an empty stream, which "
+                "is how llama.cpp's server says the request does not fit its context window.",
+            )
         if not acc.saw_completion:
             raise ProviderError(
                 "bad_response",
@@ -320,6 +403,20 @@ class OpenAIRuntime:
                 f"The model provider at {self._where()} closed the stream before the answer "
                 "was finished (no finish_reason and no [DONE]); the text so far is kept.",
             )
+
+    def _renames_max_tokens(self, exc: Exception, body: dict[str, Any]) -> bool:
+        """OpenAI's reasoning models refuse `max_tokens` and ask for `max_completion_tokens`:
+        switch once (for every later request too) and tell the caller to send again."""
+        if (
+            self._max_tokens_key == "max_tokens"
+            and "max_tokens" in body
+            and isinstance(exc, openai.BadRequestError)
+            and "max_completion_tokens" in str(exc)
+        ):
+            self._max_tokens_key = "max_completion_tokens"
+            body["max_completion_tokens"] = body.pop("max_tokens")
+            return True
+        return False
 
     def _stalled(self, idle: float, *, started: bool) -> NoReturn:
         what = "stopped sending mid-answer" if started else "sent no answer"
@@ -336,25 +433,29 @@ class OpenAIRuntime:
         read) from one non-streaming request. Raises ProviderError."""
         model = model or self.model
         window = await self._context_window(model)
-        return await self._summary(model, summary_request(messages, window=window))
+        return await self._summary(model, summary_request(messages, window=window), window)
 
     async def _fit(
-        self, ctx: WorkingContext, window: int, model: str, turn: TurnInput
+        self, ctx: WorkingContext, room: _Room, model: str, turn: TurnInput, force: bool = False
     ) -> AsyncIterator[RuntimeEvent]:
-        """Compress `ctx` when the next request passes the threshold; ends with Finished when
-        even the compressed request passes the window."""
+        """Compress `ctx` when the next request passes the threshold of what the window
+        leaves after the answer's room (`force`: the provider said it overflowed); ends with
+        Finished when even the compressed request does not fit."""
+        window, budget = room.window, room.budget
         before = size = ctx.size()
-        if size <= window * self._threshold:
+        if not force and (budget is None or size <= budget * self._threshold):
             return
         level1 = ctx.level1_messages()
-        level2 = ctx.level2_messages() if level1 is None and size > window else None
+        too_big = force or (budget is not None and size > budget)
+        level2 = ctx.level2_messages() if level1 is None and too_big else None
         if level1 is not None or level2 is not None:
             pass_id = f"cmp_{uuid.uuid4().hex[:12]}"
             yield CompressionStarted(pass_id)
             if level1 is not None:
-                ctx.apply_level1(await self._summary(model, summary_request(level1, window=window)))
+                request = summary_request(level1, window=window)
+                ctx.apply_level1(await self._summary(model, request, window))
                 size = ctx.estimate()
-                level2 = ctx.level2_messages() if size > window else None
+                level2 = ctx.level2_messages() if budget is not None and size > budget else None
             if level2 is not None:
                 ctx.apply_level2(
                     await self._summary(
@@ -362,30 +463,38 @@ class OpenAIRuntime:
                         summary_request(
                             level2, window=window, work=True, previous=ctx.work_summary
                         ),
+                        window,
                     )
                 )
                 size = ctx.estimate()
             yield CompressionCompleted(pass_id, before, size, ctx.summary, turn.turn_id)
-        if size > window:
+        if room.limit is not None and size > room.limit:
             yield Finished(
                 "compression_exhausted",
                 reason=(
                     f"The next request to the model would need about {size:,} tokens, more than "
-                    f"its context window of {window:,} tokens, and compressing the earlier "
+                    f"its context window of {window:,} tokens takes with room for an answer, "
+                    "and compressing the earlier "
                     "conversation cannot make it smaller: the current message and the latest tool "
                     "results alone are too large. Ask for smaller pieces (a shorter excerpt of a "
                     "file, for example) or use a model with a larger context window."
                 ),
             )
 
-    async def _summary(self, model: str, messages: list[dict[str, Any]]) -> str:
+    async def _summary(
+        self, model: str, messages: list[dict[str, Any]], window: int | None = None
+    ) -> str:
         """One non-streaming summary request without tools."""
-        try:
-            response = await self._client.chat.completions.create(
-                **_untransformed({"model": model, "messages": messages})
-            )
-        except Exception as exc:
-            self._raise_classified(exc, model, streaming=False)
+        body: dict[str, Any] = {"model": model, "messages": messages}
+        if window:
+            body[self._max_tokens_key] = summary_reply_tokens(window)
+        while True:
+            try:
+                response = await self._client.chat.completions.create(**_untransformed(body))
+                break
+            except Exception as exc:
+                if not self._renames_max_tokens(exc, body):
+                    self._raise_classified(exc, model, streaming=False)
         choices = getattr(response, "choices", None) or []
         message = getattr(choices[0], "message", None) if choices else None
         summary = clean_summary(getattr(message, "content", None))
@@ -477,7 +586,9 @@ class OpenAIRuntime:
     def _where(self) -> str:
         return str(self._client.base_url).rstrip("/")
 
-    def _raise_classified(self, exc: Exception, model: str, *, streaming: bool) -> NoReturn:
+    def _raise_classified(
+        self, exc: Exception, model: str, *, streaming: bool, tools: bool = False
+    ) -> NoReturn:
         """Re-raise `exc` as a ProviderError, or unchanged if it is not a provider failure
         (a bug in Tether must not pass for a provider problem)."""
         error = classify(
@@ -487,6 +598,7 @@ class OpenAIRuntime:
             streaming=streaming,
             key_env=self.settings.api_key_env,
             key_set=self._api_key_set,
+            tools=tools,
         )
         if error is exc:
             raise exc

@@ -459,7 +459,7 @@ class FakeOpenAI:
         self,
         *,
         model: str = DEFAULT_MODEL,
-        context_length: int = DEFAULT_CONTEXT_LENGTH,
+        context_length: int | None = DEFAULT_CONTEXT_LENGTH,
         api_key: str | None = None,
         reasoning_field: str = "reasoning_content",
         host: str = "127.0.0.1",
@@ -472,6 +472,10 @@ class FakeOpenAI:
         self.host = host
         self.port = port
         self.default_reply: AnyReply = reply(text("ok"))
+        # Other servers' own endpoints, answered with this JSON: {("GET", "/props"): {...}}
+        # (llama.cpp), ("POST", "/api/show") (Ollama), ... Requests to them are in `hits`.
+        self.routes: dict[tuple[str, str], Any] = {}
+        self.hits: list[tuple[str, str, Any]] = []
 
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
@@ -683,7 +687,11 @@ class FakeOpenAI:
                 break
         resp = _Response(send)
 
-        if path == "/v1/chat/completions" and method == "POST":
+        if (method, path) in self.routes:
+            with self._lock:
+                self.hits.append((method, path, json.loads(body) if body else None))
+            await resp.json(200, self.routes[(method, path)])
+        elif path == "/v1/chat/completions" and method == "POST":
             try:
                 parsed: Any = json.loads(body) if body else None
             except ValueError:
@@ -725,13 +733,11 @@ class FakeOpenAI:
         return self.api_key is None or headers.get("authorization") == f"Bearer {self.api_key}"
 
     def _model_card(self) -> dict[str, Any]:
-        return {
-            "id": self.model,
-            "object": "model",
-            "created": 0,
-            "owned_by": "fake",
-            "context_length": self.context_length,
-        }
+        """The card states ``context_length`` unless it is None (like llama.cpp, Ollama)."""
+        card = {"id": self.model, "object": "model", "created": 0, "owned_by": "fake"}
+        if self.context_length is not None:
+            card["context_length"] = self.context_length
+        return card
 
     async def _guarded(self, producer: Any, receive: Any, resp: _Response) -> None:
         """Run ``producer`` while watching for the client going away."""

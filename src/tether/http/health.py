@@ -25,6 +25,9 @@ async def health(app: App) -> dict:
         "demo": app.engine.runtime.demo,
         "context_window": app.settings.context_window
         or getattr(app.engine.runtime, "context_window", None),
+        "context_window_source": "--context-window"
+        if app.settings.context_window
+        else getattr(app.engine.runtime, "context_window_source", None),
         "active_runs": len(runs),
         "attachable_runs": sum(
             1 for r in runs if app.registry.attachable_stream(r.session_id) == r.stream_id

@@ -7,12 +7,11 @@ Provider failures become `ProviderError` with a stable code and a message a pers
 
 Automatic context compression (`runtimes.compression` counts, estimates and splits):
 
-* The window is ``--context-window`` if set, else the model's ``context_length`` (or
-  ``context_window`` / ``max_context_length`` / ``max_model_len``) from
-  ``GET {base_url}/models/{model}``, else from the ``GET {base_url}/models`` list, looked up
-  once per model on first use. When none is found, compression is off for that model (the
-  provider's ``context_overflow`` error is then the only guard). A lookup that cannot connect
-  is not remembered and is tried again on the next turn.
+* The window is ``--context-window`` if set, else what the server says about the model
+  (`runtimes.openai_models`: ``/v1/models`` fields, llama.cpp ``/props``, LM Studio, Ollama),
+  looked up once per model on first use. When none is found, compression is off for that
+  model (the provider's ``context_overflow`` error is then the guard). A lookup that cannot
+  connect is not remembered and is tried again on the next turn.
 * Each request sends ``max_tokens`` (`compression.answer_tokens`), and compression budgets
   the prompt to the window less that room (`_Room`). Before every model request of a turn,
   if the request would pass ``compression_threshold x budget`` tokens, a pass runs:
@@ -66,6 +65,7 @@ from tether.runtimes.compression import (
     summary_request,
 )
 from tether.runtimes.openai_errors import classify
+from tether.runtimes.openai_models import Unreachable, Window, discover_window
 from tether.runtimes.openai_stream import Accumulator, WrongShape
 from tether.runtimes.tools import WorkspaceTools
 from tether.settings import Settings
@@ -74,8 +74,6 @@ MAX_TOOL_ITERATIONS = 10
 PLACEHOLDER_API_KEY = "not-needed"
 # Local models can think for minutes before the first token; a dead host should fail fast.
 TIMEOUT = openai.Timeout(600.0, connect=10.0)
-MODELS_TIMEOUT = openai.Timeout(15.0, connect=5.0)  # the context-window lookup
-WINDOW_KEYS = ("context_length", "context_window", "max_context_length", "max_model_len")
 MIN_ANSWER = ANSWER_TOKENS[0]  # a prompt leaving less room than this is not sent
 MAX_REMEMBERED_SESSIONS = 256  # provider counts kept for the first request of the next turn
 
@@ -95,20 +93,6 @@ def _parse_args(raw: str) -> tuple[dict[str, Any], str | None]:
             f"Invalid JSON arguments: expected a JSON object, got {type(value).__name__}."
         )
     return value, None
-
-
-def _window_of(card: Any) -> int | None:
-    """The context length a model card states, if any (OpenRouter, LM Studio, vLLM, ...)."""
-    data = card.model_dump() if hasattr(card, "model_dump") else card
-    if not isinstance(data, dict):
-        return None
-    for where in (data, data.get("top_provider"), data.get("meta")):
-        if isinstance(where, dict):
-            for key in WINDOW_KEYS:
-                value = where.get(key)
-                if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-                    return int(value)
-    return None
 
 
 def _untransformed(body: dict[str, Any]) -> dict[str, Any]:
@@ -180,7 +164,8 @@ class OpenAIRuntime:
             self.tools = WorkspaceTools(workspace)
         self._tools_tokens = estimate_tools_tokens(self.tools.schemas if self.tools else None)
         self._threshold = min(1.0, max(0.05, float(settings.compression_threshold)))
-        self._windows: dict[str, int | None] = {}
+        self._windows: dict[str, Window | None] = {}
+        self._lookup: asyncio.Task | None = None
         self._anchors: dict[str, tuple[str, int, int]] = {}
         self._api_key_set = bool(os.environ.get(settings.api_key_env))
         self._idle_timeout = float(settings.stream_idle_timeout)
@@ -509,35 +494,44 @@ class OpenAIRuntime:
 
     @property
     def context_window(self) -> int | None:
-        """The window of the default model, once known (the page's context meter)."""
-        return self.settings.context_window or self._windows.get(self.model)
-
-    async def _context_window(self, model: str) -> int | None:
-        """`--context-window`, else what the provider says about `model` (looked up once)."""
+        """The window of the default model, once known (the page's context meter). The
+        first read starts the lookup in the background, so /api/health soon shows it."""
         if self.settings.context_window:
             return int(self.settings.context_window)
-        if model in self._windows:
-            return self._windows[model]
-        client = self._client.with_options(timeout=MODELS_TIMEOUT)
-        window = None
-        try:
-            window = _window_of(await client.models.retrieve(model))
-        except openai.APIConnectionError:
-            return None  # not remembered: the provider may be back next turn
-        except (openai.APIError, ValueError, TypeError):
-            pass
-        if window is None:
+        window = self._windows.get(self.model)
+        if window is None and self.model not in self._windows and self._lookup is None:
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing to start
+                self._lookup = asyncio.get_running_loop().create_task(
+                    self._context_window(self.model)
+                )
+                self._lookup.add_done_callback(self._lookup_done)
+        return window.tokens if window else None
+
+    @property
+    def context_window_source(self) -> str | None:
+        """Where the default model's window came from (/api/health)."""
+        if self.settings.context_window:
+            return "--context-window"
+        window = self._windows.get(self.model)
+        return window.source if window else None
+
+    def _lookup_done(self, task: asyncio.Task) -> None:
+        self._lookup = None
+        if not task.cancelled():
+            task.exception()  # retrieved, so a failure is not logged as never awaited
+
+    async def _context_window(self, model: str) -> int | None:
+        """`--context-window`, else what the provider says about `model` (looked up once;
+        a provider that cannot be reached is asked again next time)."""
+        if self.settings.context_window:
+            return int(self.settings.context_window)
+        if model not in self._windows:
             try:
-                async for card in client.models.list():
-                    if getattr(card, "id", None) == model:
-                        window = _window_of(card)
-                        break
-            except openai.APIConnectionError:
+                self._windows[model] = await discover_window(self._client, model)
+            except Unreachable:
                 return None
-            except (openai.APIError, ValueError, TypeError):
-                pass
-        self._windows[model] = window
-        return window
+        window = self._windows[model]
+        return window.tokens if window else None
 
     def _remember(
         self, session_id: str, ctx: WorkingContext, text: str, usage: Usage, reasoning: bool

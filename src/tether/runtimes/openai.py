@@ -57,15 +57,19 @@ from tether.runtimes.base import (
 )
 from tether.runtimes.compression import (
     ANSWER_TOKENS,
+    SAFETY_SCALE,
     WorkingContext,
     answer_tokens,
     clean_summary,
+    content_text,
+    estimate_text_tokens,
     estimate_tools_tokens,
+    measured_scale,
     summary_reply_tokens,
     summary_request,
 )
 from tether.runtimes.openai_errors import classify
-from tether.runtimes.openai_models import Unreachable, Window, discover_window
+from tether.runtimes.openai_models import Unreachable, Window, count_tokens, discover_window
 from tether.runtimes.openai_stream import Accumulator, WrongShape
 from tether.runtimes.tools import WorkspaceTools
 from tether.settings import Settings
@@ -76,6 +80,7 @@ PLACEHOLDER_API_KEY = "not-needed"
 TIMEOUT = openai.Timeout(600.0, connect=10.0)
 MIN_ANSWER = ANSWER_TOKENS[0]  # a prompt leaving less room than this is not sent
 MAX_REMEMBERED_SESSIONS = 256  # provider counts kept for the first request of the next turn
+TOKENIZE_CHARS = 20_000  # the sample a server's /tokenize measures
 
 
 def _parse_args(raw: str) -> tuple[dict[str, Any], str | None]:
@@ -165,6 +170,7 @@ class OpenAIRuntime:
         self._tools_tokens = estimate_tools_tokens(self.tools.schemas if self.tools else None)
         self._threshold = min(1.0, max(0.05, float(settings.compression_threshold)))
         self._windows: dict[str, Window | None] = {}
+        self._scales: dict[str, float | None] = {}  # tokenizer density per model, once known
         self._lookup: asyncio.Task | None = None
         self._anchors: dict[str, tuple[str, int, int]] = {}
         self._api_key_set = bool(os.environ.get(settings.api_key_env))
@@ -196,6 +202,7 @@ class OpenAIRuntime:
         ctx = WorkingContext(messages, tools_tokens=self._tools_tokens)
         if window:
             ctx.adopt(self._anchors.get(turn.session_id))
+            ctx.scale = await self._scale(model, messages)
         reserve = answer_tokens(window, self.settings.max_tokens)
         room = _Room(window, reserve)
         overflowed = False  # a provider's context_overflow is answered by one forced pass
@@ -211,6 +218,7 @@ class OpenAIRuntime:
                 usage: Usage | None = None
                 reasoning = streamed = False
                 overflow: ProviderError | None = None
+                raw_estimate = ctx.raw_estimate()
                 request = self._request(model, ctx.messages, acc, room.max_tokens(ctx.size()))
                 try:
                     async with contextlib.aclosing(request) as events:
@@ -226,6 +234,10 @@ class OpenAIRuntime:
                         raise
                     overflow = exc
                 if overflow is None:
+                    if usage is not None and (
+                        scale := measured_scale(usage.prompt_tokens, raw_estimate)
+                    ):
+                        self._scales[model] = ctx.scale = scale
                     break
                 overflowed, compressed = True, False
                 async with contextlib.aclosing(
@@ -532,6 +544,17 @@ class OpenAIRuntime:
                 return None
         window = self._windows[model]
         return window.tokens if window else None
+
+    async def _scale(self, model: str, messages: list[dict[str, Any]]) -> float:
+        """How much denser than chars/4 this model's tokenizer counts: measured from an
+        earlier request's usage, else once by the server's /tokenize, else SAFETY_SCALE."""
+        if model not in self._scales:
+            sample = "\n".join(content_text(m.get("content")) for m in messages)[-TOKENIZE_CHARS:]
+            counted = await count_tokens(self._client, model, sample) if sample.strip() else None
+            self._scales[model] = (
+                measured_scale(counted, estimate_text_tokens(sample)) if counted else None
+            )
+        return self._scales[model] or SAFETY_SCALE
 
     def _remember(
         self, session_id: str, ctx: WorkingContext, text: str, usage: Usage, reasoning: bool

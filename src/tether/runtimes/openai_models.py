@@ -138,3 +138,25 @@ async def discover_window(client: openai.AsyncOpenAI, model: str) -> Window | No
     except (openai.APIError, ValueError, TypeError):
         pass
     return await _native(client, model)
+
+
+async def count_tokens(client: openai.AsyncOpenAI, model: str, text: str) -> int | None:
+    """The server's own token count of `text`, where it has ``POST {root}/tokenize``
+    (llama.cpp: ``{content}`` -> ``{tokens}``; vLLM: ``{model, prompt}`` -> ``{count}``);
+    None when it has none or cannot be reached."""
+    root = _root(str(client.base_url))
+    headers = {"Authorization": f"Bearer {client.api_key}"}
+    try:
+        async with httpx.AsyncClient(timeout=TIMEOUT, headers=headers) as http:
+            response = await http.post(
+                root + "/tokenize", json={"model": model, "content": text, "prompt": text}
+            )
+        body = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    if (count := _positive_int(body.get("count"))) is not None:
+        return count
+    tokens = body.get("tokens")
+    return len(tokens) if isinstance(tokens, list) and tokens else None

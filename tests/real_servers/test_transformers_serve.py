@@ -1,0 +1,123 @@
+"""Tether against Hugging Face `transformers serve` (a real OpenAI-compatible server, CPU
+torch) on loopback, through Tether's real server process: a turn, Stop ending the server's
+own generation, an answer cut off at the token limit, and the server killed mid-answer.
+Layers: the log's one run.finished and the row it settles (state, finish_reason, error,
+partial timeline), the run registry (Stop)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from servekit import TransformersServe
+
+from helpers import (
+    ServerProcess,
+    live_timeline,
+    new_session,
+    read_events,
+    running_server,
+    start_turn,
+    wait_idle,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@contextmanager
+def tether(tmp_path: Path, serve: TransformersServe, *extra: str) -> Iterator[ServerProcess]:
+    with running_server(
+        tmp_path / "data",
+        "--runtime",
+        "openai",
+        "--base-url",
+        serve.base_url,
+        "--model",
+        serve.model,
+        *extra,
+    ) as srv:
+        yield srv
+
+
+@pytest.fixture
+def tether_stops(tmp_path: Path, serve_stops: TransformersServe) -> Iterator[ServerProcess]:
+    with tether(tmp_path, serve_stops) as srv:
+        yield srv
+
+
+def test_a_turn_and_the_next_one(tether_stops: ServerProcess) -> None:
+    with tether_stops.client() as client:
+        sid = new_session(client)
+        start_turn(client, sid, "hello")
+        row = wait_idle(client, sid, timeout=60)["messages"][-1]
+        assert row["state"] == "completed", row
+        assert row["content"] == "hello world"
+        assert "finish_reason" not in row
+        assert row["usage"]["completion_tokens"] >= 2
+        start_turn(client, sid, "again")
+        body = wait_idle(client, sid, timeout=60)
+        assert [m["role"] for m in body["messages"]] == ["user", "assistant"] * 2
+        assert body["messages"][-1]["content"] == "hello world"
+        # transformers serve states no context window: it stays unknown (docs/runtimes.md)
+        health = client.get("/api/health").json()
+        assert health["context_window"] is None and health["context_window_source"] is None
+
+
+def test_an_answer_cut_off_at_the_token_limit(
+    tmp_path: Path, serve_endless: TransformersServe
+) -> None:
+    with tether(tmp_path, serve_endless, "--max-tokens", "12") as srv:
+        with srv.client() as client:
+            sid = new_session(client)
+            start_turn(client, sid, "write a long story")
+            row = wait_idle(client, sid, timeout=60)["messages"][-1]
+        assert row["state"] == "completed", row
+        assert row["finish_reason"] == "length"
+        assert row["content"].split() == ["more"] * 12
+        notice = row["timeline"][-1]
+        assert notice["type"] == "notice" and notice["kind"] == "length"
+
+
+def test_stop_ends_the_servers_generation(tmp_path: Path, serve_endless: TransformersServe) -> None:
+    with tether(tmp_path, serve_endless, "--context-window", "8192", "--max-tokens", "4000") as srv:
+        with srv.client() as client:
+            sid = new_session(client)
+            run = start_turn(client, sid, "tell me something long")
+            wait_until(lambda: live_timeline(client, sid), 60, "the first words")
+            before = serve_endless.cpu_seconds()
+            time.sleep(1.0)
+            generating = serve_endless.cpu_seconds() - before
+            assert client.post("/api/chat/cancel", json={"stream_id": run["stream_id"]}).json()[
+                "cancelled"
+            ]
+            row = wait_idle(client, sid, timeout=30)["messages"][-1]
+            time.sleep(1.0)  # let a generation that is still running show up in CPU time
+            before = serve_endless.cpu_seconds()
+            time.sleep(1.5)
+            after_stop = serve_endless.cpu_seconds() - before
+        assert row["state"] == "cancelled"
+        assert row["content"].split()[0] == "more"
+        assert generating > 0.3, f"the server was not generating ({generating:.2f} s CPU in 1 s)"
+        assert after_stop < 0.25, f"the server kept generating ({after_stop:.2f} s CPU in 1.5 s)"
+        assert len(row["content"].split()) < 4000
+
+
+def test_a_server_killed_mid_answer_ends_the_run_in_error_with_its_text(
+    tmp_path: Path, serve_to_kill: TransformersServe
+) -> None:
+    with tether(tmp_path, serve_to_kill, "--context-window", "8192", "--max-tokens", "4000") as srv:
+        with srv.client() as client:
+            sid = new_session(client)
+            start_turn(client, sid, "tell me something long")
+            wait_until(lambda: live_timeline(client, sid), 60, "the first words")
+            serve_to_kill.kill()
+            row = wait_idle(client, sid, timeout=30)["messages"][-1]
+            events = read_events(client, sid, after="0", stop_on="heartbeat")
+        assert row["state"] == "error", row
+        assert row["error"]["code"] == "network"
+        assert row["content"].split()[0] == "more"
+        assert [f.json["data"]["state"] for f in events if f.event == "run.finished"] == ["error"]

@@ -29,7 +29,8 @@ def transformers_python() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_models(transformers_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`stops/` (answers "hello world") and `endless/` (says "more" until cut off)."""
+    """`stops/` (answers "hello world"), `endless/` (says "more" until cut off) and `tools/`
+    (calls list_files, then answers "hello world")."""
     out = tmp_path_factory.mktemp("tiny-models")
     subprocess.run(
         [str(transformers_python), str(Path(__file__).parent / "tiny_model.py"), str(out)],
@@ -63,6 +64,14 @@ def serve_endless(
 ) -> Iterator[TransformersServe]:
     log = tmp_path_factory.mktemp("serve-endless") / "serve.log"
     yield from _serve(transformers_python, tiny_models / "endless", log)
+
+
+@pytest.fixture(scope="module")
+def serve_tools(
+    transformers_python: Path, tiny_models: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TransformersServe]:
+    log = tmp_path_factory.mktemp("serve-tools") / "serve.log"
+    yield from _serve(transformers_python, tiny_models / "tools", log)
 
 
 @pytest.fixture

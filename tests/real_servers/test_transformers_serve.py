@@ -1,6 +1,7 @@
 """Tether against Hugging Face `transformers serve` (a real OpenAI-compatible server, CPU
-torch) on loopback, through Tether's real server process: a turn, Stop ending the server's
-own generation, an answer cut off at the token limit, and the server killed mid-answer.
+torch) on loopback, through Tether's real server process: a turn, a tool call, compression,
+an unknown model, Stop ending the server's own generation, an answer cut off at the token
+limit, and the server killed mid-answer.
 Layers: the log's one run.finished and the row it settles (state, finish_reason, error,
 partial timeline), the run registry (Stop)."""
 
@@ -65,6 +66,73 @@ def test_a_turn_and_the_next_one(tether_stops: ServerProcess) -> None:
         # transformers serve states no context window: it stays unknown (docs/runtimes.md)
         health = client.get("/api/health").json()
         assert health["context_window"] is None and health["context_window_source"] is None
+
+
+def test_a_tool_call_and_the_answer_after_it(
+    tmp_path: Path, serve_tools: TransformersServe
+) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("launch on Tuesday\n")
+    with (
+        tether(tmp_path, serve_tools, "--workspace", str(workspace)) as srv,
+        srv.client() as client,
+    ):
+        sid = new_session(client)
+        start_turn(client, sid, "what files are there?")
+        row = wait_idle(client, sid, timeout=60)["messages"][-1]
+    assert row["state"] == "completed", row
+    tool, answer = row["timeline"]
+    assert tool["type"] == "tool" and tool["name"] == "list_files" and tool["done"]
+    assert not tool["is_error"] and "notes.txt" in tool["result_preview"]
+    assert answer["type"] == "text" and row["content"] == "hello world"
+
+
+def test_in_place_compression_of_an_earlier_turn(
+    tmp_path: Path, serve_stops: TransformersServe
+) -> None:
+    long = "tell me something long " * 100  # 400 words: one token each for this tokenizer
+    with (
+        tether(tmp_path, serve_stops, "--context-window", "1024") as srv,
+        srv.client() as client,
+    ):
+        sid = new_session(client)
+        start_turn(client, sid, long)
+        assert wait_idle(client, sid, timeout=60)["messages"][-1]["state"] == "completed"
+        start_turn(client, sid, long)
+        body = wait_idle(client, sid, timeout=60)
+        events = read_events(client, sid, after="0", stop_on="heartbeat")
+        context = client.get("/api/session/context", params={"session_id": sid}).json()
+    assert body["messages"][-1]["state"] == "completed", body["messages"][-1]
+    done = [f.json["data"] for f in events if f.event == "compression.completed"]
+    assert len(done) == 1 and done[0]["summary"] == "hello world"
+    assert done[0]["tokens_before"] > done[0]["tokens_after"]
+    first = context["context_messages"][0]
+    assert first["role"] == "system" and first["content"].endswith("hello world")
+    assert [e["turn_id"] for e in context["excluded"]] == [body["messages"][0]["turn_id"]]
+
+
+def test_a_model_the_server_is_not_pinned_to_is_model_not_found(
+    tmp_path: Path, serve_stops: TransformersServe
+) -> None:
+    with (
+        running_server(
+            tmp_path / "data",
+            "--runtime",
+            "openai",
+            "--base-url",
+            serve_stops.base_url,
+            "--model",
+            "some-other-model",
+        ) as srv,
+        srv.client() as client,
+    ):
+        sid = new_session(client)
+        start_turn(client, sid, "hello")
+        row = wait_idle(client, sid, timeout=60)["messages"][-1]
+    assert row["state"] == "error"
+    assert row["error"]["code"] == "model_not_found"
+    assert "pinned to" in row["error"]["message"]
 
 
 def test_an_answer_cut_off_at_the_token_limit(

@@ -8,6 +8,10 @@ greedy decoding picks `NEXT[token]`. Two behaviours:
 
 * `stops`: anything -> "hello" -> "world" -> "</s>": answers "hello world" and stops.
 * `endless`: anything -> "more" -> "more" -> ...: never stops (the token limit ends it).
+* `tools`: favours a tool call: asked anything, it calls `list_files` (the
+  `<tool_call>{json}</tool_call>` form `transformers serve` parses with the tokenizer's
+  `response_template`); given a tool result (the chat template then ends in `<|answer|>`),
+  it answers "hello world".
 
 Run with the transformers virtualenv's interpreter: ``python tiny_model.py OUT_DIR`` writes
 ``OUT_DIR/stops`` and ``OUT_DIR/endless``.
@@ -19,7 +23,10 @@ import sys
 from pathlib import Path
 
 SPECIAL = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>"]
+SPECIAL += ["<|answer|>"]  # the tool-call tags are words: decoding must keep them
+CALL = '<tool_call> {"name": "list_files", "arguments": {}} </tool_call>'
 CORPUS = [
+    CALL,
     "hello world",
     "more words and more words",
     "the answer is here",
@@ -29,14 +36,37 @@ CORPUS = [
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|> "
     "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}"
-    " <|end|> {% endfor %}{% if add_generation_prompt %}<|assistant|> {% endif %}"
+    "{% elif message['content'] %}{% for part in message['content'] %}{{ part['text'] }}"
+    "{% endfor %}{% endif %} <|end|> {% endfor %}{% if add_generation_prompt %}"
+    "{% if messages[-1]['role'] == 'tool' %}<|answer|> {% else %}<|assistant|> {% endif %}"
+    "{% endif %}"
 )
+RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor_pattern": r"<\|(?:assistant|answer)\|>\s*",
+    "fields": {
+        "tool_calls": {
+            "open_pattern": r"\s*<tool_call>",
+            "close": "</tool_call>",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"\s*</s>", "content": "text"},
+    },
+}
+CALL_WORDS = CALL.split()
 CHAINS = {
     "stops": {"hello": "world", "world": "</s>"},
     "endless": {"more": "more"},
+    "tools": {
+        **dict(zip(CALL_WORDS, [*CALL_WORDS[1:], "</s>"], strict=True)),
+        "<|answer|>": "hello",
+        "hello": "world",
+        "world": "</s>",
+    },
 }
-FIRST = {"stops": "hello", "endless": "more"}
+FIRST = {"stops": "hello", "endless": "more", "tools": CALL_WORDS[0]}
 
 
 def build(out: Path, kind: str) -> None:
@@ -60,8 +90,10 @@ def build(out: Path, kind: str) -> None:
         pad_token="<unk>",
     )
     tokenizer.chat_template = CHAT_TEMPLATE
+    if kind == "tools":
+        tokenizer.response_template = RESPONSE_TEMPLATE
     vocab = tokenizer.get_vocab()
-    size = len(vocab)
+    size = max(vocab.values()) + 1
     hidden = 8 * (-(-size // 8))
     config = LlamaConfig(
         vocab_size=size,

@@ -475,6 +475,7 @@ class FakeOpenAI:
         # Other servers' own endpoints, answered with this JSON: {("GET", "/props"): {...}}
         # (llama.cpp), ("POST", "/api/show") (Ollama), ... Requests to them are in `hits`.
         self.routes: dict[tuple[str, str], Any] = {}
+        self.models_delay = 0.0  # seconds before answering /v1/models (a slow lookup)
         self.hits: list[tuple[str, str, Any]] = []
 
         self._lock = threading.RLock()
@@ -707,6 +708,7 @@ class FakeOpenAI:
                 return
             await self._guarded(self._chat(parsed, seq, resp), receive, resp)
         elif path == "/v1/models" and method == "GET":
+            await asyncio.sleep(self.models_delay)
             if not self._authorized(headers):
                 await resp.json(
                     401, error(401, "Incorrect API key provided", code="invalid_api_key").body
@@ -714,6 +716,7 @@ class FakeOpenAI:
                 return
             await resp.json(200, {"object": "list", "data": [self._model_card()]})
         elif path.startswith("/v1/models/") and method == "GET":
+            await asyncio.sleep(self.models_delay)
             model_id = path[len("/v1/models/") :]
             if model_id == self.model:
                 await resp.json(200, self._model_card())

@@ -247,6 +247,14 @@ class App {
     const window_ = this.health?.context_window;
     const last = [...v.messages].reverse().find((m) => m.role === "assistant" && m.usage);
     const meter = $("context-meter");
+    if (!window_ && last && !this.healthAskedAgain) {
+      // The server looks the window up once asked (/api/health at boot): ask again once.
+      this.healthAskedAgain = true;
+      get("/api/health").then((health) => {
+        this.health = health;
+        this.scheduleRender();
+      });
+    }
     if (!window_ || !last) {
       meter.hidden = true;
       return;

@@ -1,5 +1,7 @@
-"""An answer cut off at the token limit (`finish_reason: "length"`) says so in the page and
-offers Continue under the latest row only; Continue sends a new turn asking for the rest."""
+"""The model's limits in the page: an answer cut off at the token limit (`finish_reason:
+"length"`) says so and offers Continue under the latest row only (Continue sends a new turn
+asking for the rest); the context meter shows a window the server found after the page
+loaded."""
 
 from __future__ import annotations
 
@@ -59,3 +61,26 @@ def test_a_cut_off_answer_offers_continue_which_asks_for_the_rest(
     assert sent[1]["content"].startswith("The first half of a long")
     assert "Cut off at the token limit" in sent[1]["content"]
     assert sent[2]["content"] == "Continue from where your answer was cut off."
+
+
+def test_the_context_meter_shows_a_window_found_after_the_page_loaded(
+    context: BrowserContext, tmp_path: Path
+) -> None:
+    # The first /api/health read starts the lookup, which takes a while here: the page's
+    # boot-time read has no window yet, and it asks again once a row has usage.
+    with FakeOpenAI() as fake:
+        fake.models_delay = 4.0
+        with running_server(
+            tmp_path / "data",
+            "--runtime",
+            "openai",
+            "--base-url",
+            fake.base_url,
+            "--model",
+            "fake-model",
+        ) as srv:
+            page = context.new_page()
+            open_app(page, srv.base_url)
+            send(page, "hello")
+            wait_settled(page)
+            expect(page.locator("#meter-text")).to_contain_text("of 32,768 tokens")

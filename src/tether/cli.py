@@ -72,7 +72,7 @@ def main() -> None:
     "--max-tokens",
     type=click.IntRange(min=1),
     help="Most tokens one answer may take (default: an eighth of the context window, "
-    "128 to 4096; not sent when the window is unknown).",
+    "64 to 4096; not sent when the window is unknown).",
 )
 @option(
     "--stream-idle-timeout",

@@ -95,7 +95,7 @@ def test_max_tokens_defaults_to_an_eighth_of_the_window(fake: FakeOpenAI, tmp_pa
     run(runtime(fake, tmp_path, context_window=2000))
     assert fake.requests[1]["max_tokens"] == 250
     run(runtime(fake, tmp_path, context_window=600))
-    assert fake.requests[2]["max_tokens"] == 128
+    assert fake.requests[2]["max_tokens"] == 75
 
 
 def test_max_tokens_is_configurable_and_not_sent_without_a_window(
@@ -135,7 +135,7 @@ def test_answer_tokens_bounds() -> None:
     assert answer_tokens(None, 77) == 77
     assert answer_tokens(131072, None) == 4096
     assert answer_tokens(8192, None) == 1024
-    assert answer_tokens(512, None) == 128
+    assert answer_tokens(512, None) == 64
     assert answer_tokens(1000, 5000) == 500
 
 

@@ -9,14 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tether.runtimes.openai import OpenAIRuntime
 from tether.settings import Settings
 
 from fake_openai import FakeOpenAI
-from helpers import running_server, wait_until
+from helpers import new_session, running_server, start_turn, wait_idle
 
 
 @pytest.fixture
@@ -105,15 +104,19 @@ def test_nothing_stated_means_unknown(bare: FakeOpenAI, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_health_shows_the_window_and_its_source(tmp_path: Path, bare: FakeOpenAI) -> None:
     bare.routes[("GET", "/props")] = {"default_generation_settings": {"n_ctx": 2048}}
-    with running_server(
-        tmp_path / "data", "--runtime", "openai", "--base-url", bare.base_url, "--model", "m"
-    ) as srv:
-        # the first read starts the lookup; no turn is needed
-        def health() -> dict[str, Any]:
-            return httpx.get(srv.base_url + "/api/health", timeout=5).json()
-
-        first = health()
-        assert "context_window_source" in first
-        body = wait_until(lambda: (h := health())["context_window"] and h, 10, "the window")
-        assert body["context_window"] == 2048
-        assert body["context_window_source"] == "llama.cpp /props"
+    with (
+        running_server(
+            tmp_path / "data", "--runtime", "openai", "--base-url", bare.base_url, "--model", "m"
+        ) as srv,
+        srv.client() as client,
+    ):
+        before = client.get("/api/health").json()
+        assert (before["context_window"], before["context_window_source"]) == (None, None)
+        sid = new_session(client)
+        start_turn(client, sid, "hello")  # the window is looked up at the first turn
+        wait_idle(client, sid)
+        after = client.get("/api/health").json()
+        assert (after["context_window"], after["context_window_source"]) == (
+            2048,
+            "llama.cpp /props",
+        )

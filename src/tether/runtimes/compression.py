@@ -63,7 +63,7 @@ WORK_INSTRUCTION = (
 # The summary request itself must fit the window: leave room for the summary it returns.
 SUMMARY_REPLY_RESERVE = (64, 4096)  # (min, max) tokens, else window // 8
 # Room for the answer of a turn's request (its max_tokens), kept free when compressing.
-ANSWER_TOKENS = (128, 4096)  # (min, max) tokens, else window // 8
+ANSWER_TOKENS = (64, 4096)  # (min, max) tokens, else window // 8
 MIN_SUMMARY_INPUT_TOKENS = 256
 _THINK_RE = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
 

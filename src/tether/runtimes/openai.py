@@ -171,7 +171,6 @@ class OpenAIRuntime:
         self._threshold = min(1.0, max(0.05, float(settings.compression_threshold)))
         self._windows: dict[str, Window | None] = {}
         self._scales: dict[str, float | None] = {}  # tokenizer density per model, once known
-        self._lookup: asyncio.Task | None = None
         self._anchors: dict[str, tuple[str, int, int]] = {}
         self._api_key_set = bool(os.environ.get(settings.api_key_env))
         self._idle_timeout = float(settings.stream_idle_timeout)
@@ -506,17 +505,10 @@ class OpenAIRuntime:
 
     @property
     def context_window(self) -> int | None:
-        """The window of the default model, once known (the page's context meter). The
-        first read starts the lookup in the background, so /api/health soon shows it."""
+        """The window of the default model, once known (looked up at its first turn)."""
         if self.settings.context_window:
             return int(self.settings.context_window)
         window = self._windows.get(self.model)
-        if window is None and self.model not in self._windows and self._lookup is None:
-            with contextlib.suppress(RuntimeError):  # no running loop: nothing to start
-                self._lookup = asyncio.get_running_loop().create_task(
-                    self._context_window(self.model)
-                )
-                self._lookup.add_done_callback(self._lookup_done)
         return window.tokens if window else None
 
     @property
@@ -526,11 +518,6 @@ class OpenAIRuntime:
             return "--context-window"
         window = self._windows.get(self.model)
         return window.source if window else None
-
-    def _lookup_done(self, task: asyncio.Task) -> None:
-        self._lookup = None
-        if not task.cancelled():
-            task.exception()  # retrieved, so a failure is not logged as never awaited
 
     async def _context_window(self, model: str) -> int | None:
         """`--context-window`, else what the provider says about `model` (looked up once;

@@ -248,7 +248,7 @@ class App {
     const last = [...v.messages].reverse().find((m) => m.role === "assistant" && m.usage);
     const meter = $("context-meter");
     if (!window_ && last && !this.healthAskedAgain) {
-      // The server looks the window up once asked (/api/health at boot): ask again once.
+      // The server looks the window up at the first turn, after the page read /api/health.
       this.healthAskedAgain = true;
       get("/api/health").then((health) => {
         this.health = health;

@@ -13,8 +13,8 @@ Automatic context compression (`runtimes.compression` counts, estimates and spli
   model (the provider's ``context_overflow`` error is then the guard). A lookup that cannot
   connect is not remembered and is tried again on the next turn.
 * Each request sends ``max_tokens`` (`compression.answer_tokens`), and compression budgets
-  the prompt to the window less that room (`_Room`). Before every model request of a turn,
-  if the request would pass ``compression_threshold x budget`` tokens, a pass runs:
+  the prompt to the window less that room (`compression.Room`). Before every model request
+  of a turn, if the request would pass ``compression_threshold x budget`` tokens, a pass runs:
   `CompressionStarted`, one non-streaming summary request without tools, then
   `CompressionCompleted`. Level 1 replaces everything before the current turn's user message
   with one system message holding the summary. If the request still passes the budget,
@@ -34,7 +34,6 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -56,8 +55,8 @@ from tether.runtimes.base import (
     Usage,
 )
 from tether.runtimes.compression import (
-    ANSWER_TOKENS,
     SAFETY_SCALE,
+    Room,
     WorkingContext,
     answer_tokens,
     clean_summary,
@@ -70,7 +69,7 @@ from tether.runtimes.compression import (
 )
 from tether.runtimes.openai_errors import classify
 from tether.runtimes.openai_models import Unreachable, Window, count_tokens, discover_window
-from tether.runtimes.openai_stream import Accumulator, WrongShape
+from tether.runtimes.openai_stream import Accumulator, WrongShape, parse_arguments
 from tether.runtimes.tools import WorkspaceTools
 from tether.settings import Settings
 
@@ -78,26 +77,8 @@ MAX_TOOL_ITERATIONS = 10
 PLACEHOLDER_API_KEY = "not-needed"
 # Local models can think for minutes before the first token; a dead host should fail fast.
 TIMEOUT = openai.Timeout(600.0, connect=10.0)
-MIN_ANSWER = ANSWER_TOKENS[0]  # a prompt leaving less room than this is not sent
 MAX_REMEMBERED_SESSIONS = 256  # provider counts kept for the first request of the next turn
 TOKENIZE_CHARS = 20_000  # the sample a server's /tokenize measures
-
-
-def _parse_args(raw: str) -> tuple[dict[str, Any], str | None]:
-    """`(args, problem)`: the arguments as a dict, or a problem to report as the result."""
-    if not raw.strip():
-        return {}, None
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        return {"raw_arguments": raw[:2000]}, (
-            f"Invalid JSON arguments ({exc}); send the arguments as one JSON object."
-        )
-    if not isinstance(value, dict):
-        return {"raw_arguments": raw[:2000]}, (
-            f"Invalid JSON arguments: expected a JSON object, got {type(value).__name__}."
-        )
-    return value, None
 
 
 def _untransformed(body: dict[str, Any]) -> dict[str, Any]:
@@ -110,35 +91,6 @@ def _untransformed(body: dict[str, Any]) -> dict[str, Any]:
     if body.get("stream"):
         params["stream"] = True  # tells the SDK to read a stream
     return params
-
-
-@dataclass(frozen=True, slots=True)
-class _Room:
-    """How a turn's requests share the context window: compression aims to leave `reserve`
-    tokens for the answer (its max_tokens), so the prompt's `budget` is the rest; a prompt
-    that cannot be made that small is still sent while it leaves the answer `MIN_ANSWER`
-    tokens (`limit`), with a smaller max_tokens. Both are None when the window is unknown."""
-
-    window: int | None
-    reserve: int | None
-
-    @property
-    def budget(self) -> int | None:
-        if self.window is None:
-            return None
-        return self.window - (self.reserve or 0)
-
-    @property
-    def limit(self) -> int | None:
-        if self.window is None:
-            return None
-        return self.window - min(self.reserve or 0, MIN_ANSWER)
-
-    def max_tokens(self, prompt: int) -> int | None:
-        """The answer's room for a prompt of about `prompt` tokens."""
-        if self.reserve is None or self.window is None:
-            return self.reserve
-        return max(1, min(self.reserve, self.window - prompt))
 
 
 def _stream_error(error: Any, response: Any) -> openai.APIError:
@@ -203,7 +155,7 @@ class OpenAIRuntime:
             ctx.adopt(self._anchors.get(turn.session_id))
             ctx.scale = await self._scale(model, messages)
         reserve = answer_tokens(window, self.settings.max_tokens)
-        room = _Room(window, reserve)
+        room = Room(window, reserve)
         overflowed = False  # a provider's context_overflow is answered by one forced pass
         for _ in range(self.max_iterations):
             if window:
@@ -259,7 +211,7 @@ class OpenAIRuntime:
             planned = []
             for call in calls:
                 call_id = call["id"] or f"call_{uuid.uuid4().hex[:24]}"
-                args, problem = _parse_args(call["arguments"])
+                args, problem = parse_arguments(call["arguments"])
                 planned.append((call_id, call["name"], args, problem))
             reply = {
                 "role": "assistant",
@@ -432,7 +384,7 @@ class OpenAIRuntime:
         return await self._summary(model, summary_request(messages, window=window), window)
 
     async def _fit(
-        self, ctx: WorkingContext, room: _Room, model: str, turn: TurnInput, force: bool = False
+        self, ctx: WorkingContext, room: Room, model: str, turn: TurnInput, force: bool = False
     ) -> AsyncIterator[RuntimeEvent]:
         """Compress `ctx` when the next request passes the threshold of what the window
         leaves after the answer's room (`force`: the provider said it overflowed); ends with

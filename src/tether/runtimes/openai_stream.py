@@ -125,3 +125,20 @@ class Accumulator:
 
     def tool_calls(self) -> list[dict[str, str]]:
         return [self.calls[k] for k in sorted(self.calls)]
+
+
+def parse_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
+    """`(args, problem)`: the arguments as a dict, or a problem to report as the result."""
+    if not raw.strip():
+        return {}, None
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        return {"raw_arguments": raw[:2000]}, (
+            f"Invalid JSON arguments ({exc}); send the arguments as one JSON object."
+        )
+    if not isinstance(value, dict):
+        return {"raw_arguments": raw[:2000]}, (
+            f"Invalid JSON arguments: expected a JSON object, got {type(value).__name__}."
+        )
+    return value, None

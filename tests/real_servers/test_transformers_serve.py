@@ -135,19 +135,25 @@ def test_a_model_the_server_is_not_pinned_to_is_model_not_found(
     assert "pinned to" in row["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("flags", "limit"),
+    [
+        pytest.param(("--max-tokens", "12"), 12, id="configured"),
+        pytest.param(("--context-window", "512"), 64, id="an-eighth-of-the-window"),
+    ],
+)
 def test_an_answer_cut_off_at_the_token_limit(
-    tmp_path: Path, serve_endless: TransformersServe
+    tmp_path: Path, serve_endless: TransformersServe, flags: tuple[str, ...], limit: int
 ) -> None:
-    with tether(tmp_path, serve_endless, "--max-tokens", "12") as srv:
-        with srv.client() as client:
-            sid = new_session(client)
-            start_turn(client, sid, "write a long story")
-            row = wait_idle(client, sid, timeout=60)["messages"][-1]
-        assert row["state"] == "completed", row
-        assert row["finish_reason"] == "length"
-        assert row["content"].split() == ["more"] * 12
-        notice = row["timeline"][-1]
-        assert notice["type"] == "notice" and notice["kind"] == "length"
+    with tether(tmp_path, serve_endless, *flags) as srv, srv.client() as client:
+        sid = new_session(client)
+        start_turn(client, sid, "write a long story")
+        row = wait_idle(client, sid, timeout=60)["messages"][-1]
+    assert row["state"] == "completed", row
+    assert row["finish_reason"] == "length"
+    assert row["content"].split() == ["more"] * limit
+    notice = row["timeline"][-1]
+    assert notice["type"] == "notice" and notice["kind"] == "length"
 
 
 def test_stop_ends_the_servers_generation(tmp_path: Path, serve_endless: TransformersServe) -> None:
@@ -185,7 +191,11 @@ def test_a_server_killed_mid_answer_ends_the_run_in_error_with_its_text(
             serve_to_kill.kill()
             row = wait_idle(client, sid, timeout=30)["messages"][-1]
             events = read_events(client, sid, after="0", stop_on="heartbeat")
+            start_turn(client, sid, "are you there?")  # the server is down now
+            down = wait_idle(client, sid, timeout=30)["messages"][-1]
         assert row["state"] == "error", row
         assert row["error"]["code"] == "network"
         assert row["content"].split()[0] == "more"
         assert [f.json["data"]["state"] for f in events if f.event == "run.finished"] == ["error"]
+        assert down["state"] == "error" and down["error"]["code"] == "network"
+        assert "Could not reach" in down["error"]["message"]

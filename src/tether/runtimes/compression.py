@@ -64,7 +64,6 @@ WORK_INSTRUCTION = (
 SUMMARY_REPLY_RESERVE = (64, 4096)  # (min, max) tokens, else window // 8
 # Room for the answer of a turn's request (its max_tokens), kept free when compressing.
 ANSWER_TOKENS = (64, 4096)  # (min, max) tokens, else window // 8
-MIN_ANSWER = ANSWER_TOKENS[0]  # a prompt leaving less room than this is not sent
 MIN_SUMMARY_INPUT_TOKENS = 256
 _THINK_RE = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
 
@@ -393,9 +392,9 @@ def answer_tokens(window: int | None, configured: int | None) -> int | None:
 @dataclass(frozen=True, slots=True)
 class Room:
     """How a turn's requests share the context window: compression aims to leave `reserve`
-    tokens for the answer (its max_tokens), so the prompt's `budget` is the rest; a prompt
-    that cannot be made that small is still sent while it leaves the answer `MIN_ANSWER`
-    tokens (`limit`), with a smaller max_tokens. Both are None when the window is unknown."""
+    tokens for the answer (its max_tokens), so the prompt's `budget` is the rest (None when
+    the window is unknown); a prompt that cannot be made that small is still sent while it
+    fits the window, with max_tokens cut to what is left."""
 
     window: int | None
     reserve: int | None
@@ -405,12 +404,6 @@ class Room:
         if self.window is None:
             return None
         return self.window - (self.reserve or 0)
-
-    @property
-    def limit(self) -> int | None:
-        if self.window is None:
-            return None
-        return self.window - min(self.reserve or 0, MIN_ANSWER)
 
     def max_tokens(self, prompt: int) -> int | None:
         """The answer's room for a prompt of about `prompt` tokens."""

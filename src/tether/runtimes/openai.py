@@ -416,13 +416,12 @@ class OpenAIRuntime:
                 )
                 size = ctx.estimate()
             yield CompressionCompleted(pass_id, before, size, ctx.summary, turn.turn_id)
-        if room.limit is not None and size > room.limit:
+        if window is not None and size > window:
             yield Finished(
                 "compression_exhausted",
                 reason=(
                     f"The next request to the model would need about {size:,} tokens, more than "
-                    f"its context window of {window:,} tokens takes with room for an answer, "
-                    "and compressing the earlier "
+                    f"its context window of {window:,} tokens, and compressing the earlier "
                     "conversation cannot make it smaller: the current message and the latest tool "
                     "results alone are too large. Ask for smaller pieces (a shorter excerpt of a "
                     "file, for example) or use a model with a larger context window."

@@ -61,6 +61,7 @@ __all__ = [
     "Raw",
     "Reasoning",
     "Reply",
+    "Stall",
     "StreamError",
     "Text",
     "ToolCall",
@@ -75,6 +76,7 @@ __all__ = [
     "raw",
     "reasoning",
     "reply",
+    "stall",
     "stream_error",
     "text",
     "tool_call",
@@ -172,7 +174,13 @@ class End:
     ``finish_reason`` and no ``[DONE]`` (how a server that crashed mid-answer looks)."""
 
 
-Step = Reasoning | Text | ToolCall | Delay | Barrier | Hang | Drop | StreamError | Raw | End
+@dataclass(frozen=True)
+class Stall:
+    """As the first step: send nothing at all, not even the response headers, until the
+    client gives up (a provider that accepted the connection and went quiet)."""
+
+
+Step = Reasoning | Text | ToolCall | Delay | Barrier | Hang | Drop | StreamError | Raw | End | Stall
 
 
 @dataclass
@@ -271,6 +279,10 @@ def raw(payload: str | dict[str, Any] | list[Any]) -> Raw:
 
 def end() -> End:
     return End()
+
+
+def stall() -> Stall:
+    return Stall()
 
 
 def stream_error(
@@ -800,6 +812,8 @@ class FakeOpenAI:
             await resp.start(200, ctype)
             await resp.finish(rep.payload.encode())
             return
+        if rep.steps and isinstance(rep.steps[0], Stall):
+            await self._control(Hang())
         model = body.get("model") or self.model
         usage = self._usage(body, rep)
         if stream:

@@ -24,7 +24,7 @@ from tether.runtimes.base import (
 from tether.runtimes.openai import OpenAIRuntime
 from tether.settings import Settings
 
-from fake_openai import FakeOpenAI, delay, end, hang, raw, reply, text
+from fake_openai import FakeOpenAI, delay, end, hang, raw, reply, stall, text
 
 
 def run(rt: OpenAIRuntime, into: list[RuntimeEvent] | None = None) -> list[RuntimeEvent]:
@@ -132,6 +132,19 @@ def test_a_stalled_stream_ends_at_the_idle_timeout_and_keeps_the_text(
     assert "--stream-idle-timeout" in info.value.message
     assert content_events(seen) == [TextDelta("so far")]
     assert 0.5 <= elapsed < 5
+    assert fake.wait_disconnects(1), "the stalled request is closed"
+
+
+def test_a_provider_that_never_sends_the_headers_ends_at_the_idle_timeout(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    fake.script(reply(stall()))
+    started = time.monotonic()
+    with pytest.raises(ProviderError) as info:
+        run(runtime_for(fake, tmp_path, stream_idle_timeout=0.5))
+    assert info.value.code == "network"
+    assert "sent no answer: nothing arrived for 0.5 s" in info.value.message
+    assert time.monotonic() - started < 5
     assert fake.wait_disconnects(1), "the stalled request is closed"
 
 

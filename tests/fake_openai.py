@@ -21,9 +21,10 @@ so it can be used from ordinary synchronous pytest fixtures::
 
 Scripted replies are served in order to ``POST /v1/chat/completions``; when the queue is empty
 ``fake.default_reply`` (plain text "ok") is served. Replies are lists of steps: content steps
-(``reasoning``, ``text``, ``tool_call``, ``stream_error``) and control steps (``delay``,
-``barrier``, ``hang``, ``drop``). Client disconnects during a response are detected at once
-(the ASGI ``http.disconnect`` message is watched by a separate task) and counted in
+(``reasoning``, ``text``, ``tool_call``, ``stream_error``, ``raw``) and control steps
+(``delay``, ``barrier``, ``hang``, ``drop``, ``end``). Client disconnects during a response
+are detected at once (the ASGI ``http.disconnect`` message is watched by a separate task) and
+counted in
 ``fake.disconnects`` / ``fake.disconnect_times`` (``time.monotonic()`` values).
 
 All public methods are safe to call from the test thread while the server thread runs.
@@ -52,12 +53,15 @@ __all__ = [
     "Barrier",
     "Delay",
     "Drop",
+    "End",
     "ErrorReply",
     "FakeOpenAI",
     "Hang",
     "MalformedReply",
+    "Raw",
     "Reasoning",
     "Reply",
+    "Stall",
     "StreamError",
     "Text",
     "ToolCall",
@@ -65,11 +69,14 @@ __all__ = [
     "delay",
     "drop",
     "drop_connection",
+    "end",
     "error",
     "hang",
     "malformed",
+    "raw",
     "reasoning",
     "reply",
+    "stall",
     "stream_error",
     "text",
     "tool_call",
@@ -154,7 +161,26 @@ class StreamError:
     status: int = 500
 
 
-Step = Reasoning | Text | ToolCall | Delay | Barrier | Hang | Drop | StreamError
+@dataclass(frozen=True)
+class Raw:
+    """One SSE ``data:`` line sent verbatim (a chunk of the wrong shape, for example)."""
+
+    payload: str
+
+
+@dataclass(frozen=True)
+class End:
+    """End the response cleanly here: the HTTP body completes, but with no chunk carrying a
+    ``finish_reason`` and no ``[DONE]`` (how a server that crashed mid-answer looks)."""
+
+
+@dataclass(frozen=True)
+class Stall:
+    """As the first step: send nothing at all, not even the response headers, until the
+    client gives up (a provider that accepted the connection and went quiet)."""
+
+
+Step = Reasoning | Text | ToolCall | Delay | Barrier | Hang | Drop | StreamError | Raw | End | Stall
 
 
 @dataclass
@@ -244,6 +270,19 @@ def hang() -> Hang:
 
 def drop() -> Drop:
     return Drop()
+
+
+def raw(payload: str | dict[str, Any] | list[Any]) -> Raw:
+    """A verbatim ``data:`` line; a dict or list is JSON-encoded."""
+    return Raw(payload if isinstance(payload, str) else json.dumps(payload))
+
+
+def end() -> End:
+    return End()
+
+
+def stall() -> Stall:
+    return Stall()
 
 
 def stream_error(
@@ -432,7 +471,7 @@ class FakeOpenAI:
         self,
         *,
         model: str = DEFAULT_MODEL,
-        context_length: int = DEFAULT_CONTEXT_LENGTH,
+        context_length: int | None = DEFAULT_CONTEXT_LENGTH,
         api_key: str | None = None,
         reasoning_field: str = "reasoning_content",
         host: str = "127.0.0.1",
@@ -445,6 +484,11 @@ class FakeOpenAI:
         self.host = host
         self.port = port
         self.default_reply: AnyReply = reply(text("ok"))
+        # Other servers' own endpoints, answered with this JSON: {("GET", "/props"): {...}}
+        # (llama.cpp), ("POST", "/api/show") (Ollama), ... Requests to them are in `hits`.
+        self.routes: dict[tuple[str, str], Any] = {}
+        self.models_delay = 0.0  # seconds before answering /v1/models (a slow lookup)
+        self.hits: list[tuple[str, str, Any]] = []
 
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
@@ -656,7 +700,11 @@ class FakeOpenAI:
                 break
         resp = _Response(send)
 
-        if path == "/v1/chat/completions" and method == "POST":
+        if (method, path) in self.routes:
+            with self._lock:
+                self.hits.append((method, path, json.loads(body) if body else None))
+            await resp.json(200, self.routes[(method, path)])
+        elif path == "/v1/chat/completions" and method == "POST":
             try:
                 parsed: Any = json.loads(body) if body else None
             except ValueError:
@@ -672,6 +720,7 @@ class FakeOpenAI:
                 return
             await self._guarded(self._chat(parsed, seq, resp), receive, resp)
         elif path == "/v1/models" and method == "GET":
+            await asyncio.sleep(self.models_delay)
             if not self._authorized(headers):
                 await resp.json(
                     401, error(401, "Incorrect API key provided", code="invalid_api_key").body
@@ -679,6 +728,7 @@ class FakeOpenAI:
                 return
             await resp.json(200, {"object": "list", "data": [self._model_card()]})
         elif path.startswith("/v1/models/") and method == "GET":
+            await asyncio.sleep(self.models_delay)
             model_id = path[len("/v1/models/") :]
             if model_id == self.model:
                 await resp.json(200, self._model_card())
@@ -698,13 +748,11 @@ class FakeOpenAI:
         return self.api_key is None or headers.get("authorization") == f"Bearer {self.api_key}"
 
     def _model_card(self) -> dict[str, Any]:
-        return {
-            "id": self.model,
-            "object": "model",
-            "created": 0,
-            "owned_by": "fake",
-            "context_length": self.context_length,
-        }
+        """The card states ``context_length`` unless it is None (like llama.cpp, Ollama)."""
+        card = {"id": self.model, "object": "model", "created": 0, "owned_by": "fake"}
+        if self.context_length is not None:
+            card["context_length"] = self.context_length
+        return card
 
     async def _guarded(self, producer: Any, receive: Any, resp: _Response) -> None:
         """Run ``producer`` while watching for the client going away."""
@@ -764,6 +812,8 @@ class FakeOpenAI:
             await resp.start(200, ctype)
             await resp.finish(rep.payload.encode())
             return
+        if rep.steps and isinstance(rep.steps[0], Stall):
+            await self._control(Hang())
         model = body.get("model") or self.model
         usage = self._usage(body, rep)
         if stream:
@@ -861,6 +911,11 @@ class FakeOpenAI:
                 return
             elif isinstance(step, Drop):
                 return  # uvicorn closes the socket: incomplete chunked body
+            elif isinstance(step, Raw):
+                await resp.body(f"data: {step.payload}\n\n".encode())
+            elif isinstance(step, End):
+                await resp.finish()
+                return
             else:
                 await self._control(step)
         await resp.body(chunk({}, rep.resolved_finish_reason()))

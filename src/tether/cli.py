@@ -132,6 +132,17 @@ def main() -> None:
     type=click.Choice(["in_place", "rotate"]),
 )
 @option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    help="Most tokens one answer may take (default: an eighth of the context window, "
+    "64 to 4096; not sent when the window is unknown).",
+)
+@option(
+    "--stream-idle-timeout",
+    type=click.FloatRange(min=0.1),
+    help="End a model stream that sends nothing for this many seconds (openai runtime).",
+)
+@option(
     "--workspace",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Folder the agent's read-only tools may read; without it they are off.",

@@ -41,6 +41,8 @@ class Settings:
     context_window: int | None = None
     compression_threshold: float = 0.8
     compression_mode: str = "in_place"
+    stream_idle_timeout: float = 300.0
+    max_tokens: int | None = None
     workspace: Path | None = None
     hermes_python: str | None = None
     password_env: str | None = None

@@ -362,6 +362,8 @@ def generate(seed: int) -> list[Event]:
             fin["reason"] = "user asked"
         if rnd.random() < 0.3:
             fin["usage"] = rnd.choice([{"prompt_tokens": 5, "completion_tokens": 2}, {}])
+        if rnd.random() < 0.3:  # the provider's finish_reason: "length" is a cut-off answer
+            fin["finish_reason"] = rnd.choice(["length", "length", "stop", "", None])
         if rnd.random() < 0.1:
             del fin["state"]
         drafts.append(("run.finished", fin, sid_of()))
@@ -481,6 +483,12 @@ def test_reducer_view_equals_the_python_fold(page: Page) -> None:
         item.get("leftover") for v in views for m in v["messages"] for item in m.get("timeline", [])
     )
     assert any("error" in m and "usage" in m for v in views for m in v["messages"])
+    assert any(
+        item.get("kind") == "length"
+        for v in views
+        for m in v["messages"]
+        for item in m.get("timeline", [])
+    )
     kinds = {item["type"] for v in views for m in v["messages"] for item in m.get("timeline", [])}
     assert kinds == {"reasoning", "text", "tool", "compression", "steer", "notice", "approval"}
     assert any(

@@ -24,6 +24,9 @@ async def health(app: App) -> dict:
         "model": app.engine.runtime.model,
         "demo": app.engine.runtime.demo,
         "context_window": app.settings.context_window or app.engine.runtime.context_window,
+        "context_window_source": "--context-window"
+        if app.settings.context_window
+        else app.engine.runtime.context_window_source,
         "capabilities": app.engine.runtime.capabilities.names(),
         "active_runs": len(runs),
         "attachable_runs": sum(

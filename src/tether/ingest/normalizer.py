@@ -18,6 +18,7 @@ from tether import events as ev
 from tether.ingest.echo import CompactEchoIndex, fold
 from tether.log import Draft
 from tether.runtimes.base import (
+    AnswerFinished,
     ApprovalRequested,
     ApprovalResolved,
     CompressionCompleted,
@@ -69,6 +70,7 @@ class Normalizer:
         self._last_text: str | None = None
         self.usage: dict[str, int] | None = None
         self.finished: Finished | None = None
+        self.finish_reason: str | None = None
         self.compressed = False
 
     def _draft(self, type_: str, data: dict[str, Any]) -> Draft:
@@ -213,6 +215,9 @@ class Normalizer:
         if isinstance(event, Finished):
             self.finished = event
             return []
+        if isinstance(event, AnswerFinished):
+            self.finish_reason = event.finish_reason
+            return []
         raise TypeError(f"not a runtime event: {event!r}")
 
     def started(self, runtime: str, model: str) -> Draft:
@@ -224,6 +229,8 @@ class Normalizer:
         data: dict[str, Any] = {"turn_id": self.turn_id, "state": state}
         if self.usage is not None:
             data["usage"] = self.usage
+        if self.finish_reason is not None:
+            data["finish_reason"] = self.finish_reason
         data.update({k: v for k, v in extra.items() if v is not None})
         return self._draft(ev.RUN_FINISHED, data)
 

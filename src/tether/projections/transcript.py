@@ -45,11 +45,20 @@ def download_url(session_id: str, attachment_id: str) -> str:
     return f"/api/attachments/{attachment_id}?session_id={session_id}"
 
 
+CUT_OFF_NOTICE = "Cut off at the token limit: the answer may be incomplete."
+
+
+def notice_kind(state: str, data: dict[str, Any]) -> str:
+    """The notice's kind: the run's state, or `length` for an answer cut off at the token
+    limit (the page offers Continue there)."""
+    return "length" if state == "completed" and data.get("finish_reason") == "length" else state
+
+
 def notice_text(state: str, data: dict[str, Any]) -> str | None:
     error = data.get("error") or {}
     reason = data.get("reason")
     if state == "completed":
-        return None
+        return CUT_OFF_NOTICE if data.get("finish_reason") == "length" else None
     if state == "cancelled":
         return "Stopped." if not reason else f"Stopped: {reason}"
     if state == "interrupted":
@@ -287,7 +296,12 @@ class TranscriptFold:
         text = notice_text(state, event.data)
         if text is not None:
             items.append(
-                {"id": f"{scene.stream_id}.notice", "type": "notice", "kind": state, "text": text}
+                {
+                    "id": f"{scene.stream_id}.notice",
+                    "type": "notice",
+                    "kind": notice_kind(state, event.data),
+                    "text": text,
+                }
             )
         timeline, answer = timeline_view(items)
         row: dict[str, Any] = {
@@ -305,6 +319,8 @@ class TranscriptFold:
             row["error"] = dict(event.data["error"])
         if event.data.get("usage"):
             row["usage"] = dict(event.data["usage"])  # the context meter's source
+        if event.data.get("finish_reason"):
+            row["finish_reason"] = event.data["finish_reason"]
         self.messages.append(row)
 
     def _truncated(self, event: Event) -> None:

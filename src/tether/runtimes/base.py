@@ -69,6 +69,15 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class AnswerFinished:
+    """Why the provider ended the final answer (its `finish_reason`), when it is not a plain
+    `"stop"`: `"length"` means the answer was cut off at the token limit, which the row and
+    its notice say."""
+
+    finish_reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """The runtime decided how the run ends, other than plain completion."""
 
@@ -101,6 +110,7 @@ RuntimeEvent = (
     | CompressionStarted
     | CompressionCompleted
     | Usage
+    | AnswerFinished
     | Finished
     | ApprovalRequested
     | ApprovalResolved
@@ -323,6 +333,11 @@ class Runtime:
     @property
     def context_window(self) -> int | None:
         """The model's context size in tokens, once known (the page's context meter)."""
+        return None
+
+    @property
+    def context_window_source(self) -> str | None:
+        """Where `context_window` came from (shown in /api/health; docs/runtimes.md)."""
         return None
 
     def accepts(self, mime: str) -> bool:

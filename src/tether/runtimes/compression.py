@@ -12,8 +12,12 @@ request is estimated:
 * an image part: ``IMAGE_TOKENS`` (1000)
 * tool schemas sent with the request: ``ceil(len(json) / 4)``
 
-Characters/4 is close for English prose and code and low for CJK text; the provider's
-``context_overflow`` error remains the backstop when an estimate is too low.
+Characters/4 is close for English prose and code, about 23 % low on small local models'
+tokenizers and lower still for CJK text, so estimates are scaled (`WorkingContext.scale`):
+by the provider's own count where there is one (``usage.prompt_tokens`` of an earlier
+request against the estimate of that same request; a server's ``/tokenize`` before the
+first), else by ``SAFETY_SCALE``. The provider's ``context_overflow`` error remains the
+backstop when an estimate is still too low (one forced pass, one retry).
 
 Splitting. The current turn starts at the LAST user message of the context when the turn
 starts (`current_turn_start`). Level 1 replaces everything before it with one summary system
@@ -32,6 +36,8 @@ from typing import Any
 from tether.events import summary_message
 
 CHARS_PER_TOKEN = 4
+SAFETY_SCALE = 1.25  # an unmeasured tokenizer is assumed this much denser than chars/4
+SCALE_BOUNDS = (0.5, 4.0)  # a measured scale outside this is a counting artefact
 MESSAGE_OVERHEAD_TOKENS = 4
 IMAGE_TOKENS = 1000
 
@@ -56,6 +62,8 @@ WORK_INSTRUCTION = (
 
 # The summary request itself must fit the window: leave room for the summary it returns.
 SUMMARY_REPLY_RESERVE = (64, 4096)  # (min, max) tokens, else window // 8
+# Room for the answer of a turn's request (its max_tokens), kept free when compressing.
+ANSWER_TOKENS = (64, 4096)  # (min, max) tokens, else window // 8
 MIN_SUMMARY_INPUT_TOKENS = 256
 _THINK_RE = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
 
@@ -111,13 +119,31 @@ class Anchor:
 
 
 def request_tokens(
-    messages: list[dict[str, Any]], *, tools_tokens: int = 0, anchor: Anchor | None = None
+    messages: list[dict[str, Any]],
+    *,
+    tools_tokens: int = 0,
+    anchor: Anchor | None = None,
+    scale: float = 1.0,
 ) -> int:
     """The size of a request sending `messages`: the anchor plus an estimate of what follows
-    it, or (no usable anchor) an estimate of everything, tool schemas included."""
+    it, or (no usable anchor) an estimate of everything, tool schemas included; estimates
+    times `scale`."""
     if anchor is not None and anchor.count <= len(messages):
-        return anchor.tokens + estimate_tokens(messages[anchor.count :])
-    return estimate_tokens(messages) + tools_tokens
+        return anchor.tokens + _scaled(estimate_tokens(messages[anchor.count :]), scale)
+    return _scaled(estimate_tokens(messages) + tools_tokens, scale)
+
+
+def _scaled(tokens: int, scale: float) -> int:
+    return -(-int(tokens * scale * 1000) // 1000)
+
+
+def measured_scale(counted: int, estimated: int) -> float | None:
+    """How much denser than the estimate a tokenizer counted the same text (None when the
+    numbers say nothing)."""
+    if counted <= 0 or estimated <= 0:
+        return None
+    low, high = SCALE_BOUNDS
+    return min(high, max(low, counted / estimated))
 
 
 def digest(messages: list[dict[str, Any]]) -> str:
@@ -164,6 +190,7 @@ class WorkingContext:
     messages: list[dict[str, Any]]
     tools_tokens: int = 0
     anchor: Anchor | None = None
+    scale: float = 1.0
     conversation_summary: str | None = None
     work_summary: str | None = None
     prefix_compressed: bool = False
@@ -177,9 +204,15 @@ class WorkingContext:
         return combine_summaries(self.conversation_summary, self.work_summary)
 
     def size(self) -> int:
-        return request_tokens(self.messages, tools_tokens=self.tools_tokens, anchor=self.anchor)
+        return request_tokens(
+            self.messages, tools_tokens=self.tools_tokens, anchor=self.anchor, scale=self.scale
+        )
 
     def estimate(self) -> int:
+        return _scaled(estimate_tokens(self.messages) + self.tools_tokens, self.scale)
+
+    def raw_estimate(self) -> int:
+        """The unscaled estimate of the whole request (what a provider count calibrates)."""
         return estimate_tokens(self.messages) + self.tools_tokens
 
     # ---- provider counts --------------------------------------------------------------------
@@ -199,7 +232,7 @@ class WorkingContext:
         tokens = prompt_tokens
         if reply is not None:
             tokens += (
-                estimate_message_tokens(reply)
+                _scaled(estimate_message_tokens(reply), self.scale)
                 if reasoning or completion_tokens <= 0
                 else completion_tokens
             )
@@ -344,10 +377,50 @@ def clip_blocks(blocks: list[str], max_chars: int) -> list[str]:
     return [b if len(b) <= lo else _cut_middle(b, lo) for b in blocks]
 
 
+def answer_tokens(window: int | None, configured: int | None) -> int | None:
+    """The most tokens one answer may take, sent as `max_tokens` and kept free in the
+    compression budget: `--max-tokens` (at most half the window), else an eighth of the
+    window within ANSWER_TOKENS; None (nothing sent) when neither is known."""
+    if configured:
+        return configured if window is None else max(1, min(configured, window // 2))
+    if window is None:
+        return None
+    low, high = ANSWER_TOKENS
+    return min(high, max(low, window // 8))
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """How a turn's requests share the context window: compression aims to leave `reserve`
+    tokens for the answer (its max_tokens), so the prompt's `budget` is the rest (None when
+    the window is unknown); a prompt that cannot be made that small is still sent while it
+    fits the window, with max_tokens cut to what is left."""
+
+    window: int | None
+    reserve: int | None
+
+    @property
+    def budget(self) -> int | None:
+        if self.window is None:
+            return None
+        return self.window - (self.reserve or 0)
+
+    def max_tokens(self, prompt: int) -> int | None:
+        """The answer's room for a prompt of about `prompt` tokens."""
+        if self.reserve is None or self.window is None:
+            return self.reserve
+        return max(1, min(self.reserve, self.window - prompt))
+
+
+def summary_reply_tokens(window: int) -> int:
+    """Room for the summary a summary request returns (its `max_tokens`)."""
+    low, high = SUMMARY_REPLY_RESERVE
+    return min(high, max(low, window // 8))
+
+
 def summary_input_tokens(window: int) -> int:
     """How much conversation a summary request may carry in a `window`-token context."""
-    low, high = SUMMARY_REPLY_RESERVE
-    reserve = min(high, max(low, window // 8))
+    reserve = summary_reply_tokens(window)
     instruction = estimate_text_tokens(SUMMARY_INSTRUCTION + WORK_INSTRUCTION) + 32
     return max(MIN_SUMMARY_INPUT_TOKENS, window - reserve - instruction)
 

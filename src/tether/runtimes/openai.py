@@ -7,20 +7,21 @@ Provider failures become `ProviderError` with a stable code and a message a pers
 
 Automatic context compression (`runtimes.compression` counts, estimates and splits):
 
-* The window is ``--context-window`` if set, else the model's ``context_length`` (or
-  ``context_window`` / ``max_context_length`` / ``max_model_len``) from
-  ``GET {base_url}/models/{model}``, else from the ``GET {base_url}/models`` list, looked up
-  once per model on first use. When none is found, compression is off for that model (the
-  provider's ``context_overflow`` error is then the only guard). A lookup that cannot connect
-  is not remembered and is tried again on the next turn.
-* Before every model request of a turn, if the request would pass
-  ``compression_threshold x window`` tokens, a pass runs: `CompressionStarted`, one
-  non-streaming summary request without tools, then `CompressionCompleted`. Level 1 replaces
-  everything before the current turn's user message with one system message holding the
-  summary. If the request still passes the whole window, level 2 (same pass) also summarizes
-  the current turn's earlier assistant/tool exchanges, keeping the user message and the
-  latest exchange. If it still does not fit, the turn ends with
-  ``Finished("compression_exhausted")`` and the over-sized request is never sent. Only what
+* The window is ``--context-window`` if set, else what the server says about the model
+  (`runtimes.openai_models`: ``/v1/models`` fields, llama.cpp ``/props``, LM Studio, Ollama),
+  looked up once per model on first use. When none is found, compression is off for that
+  model (the provider's ``context_overflow`` error is then the guard). A lookup that cannot
+  connect is not remembered and is tried again on the next turn.
+* Each request sends ``max_tokens`` (`compression.answer_tokens`), and compression budgets
+  the prompt to the window less that room (`compression.Room`). Before every model request
+  of a turn, if the request would pass ``compression_threshold x budget`` tokens, a pass runs:
+  `CompressionStarted`, one non-streaming summary request without tools, then
+  `CompressionCompleted`. Level 1 replaces everything before the current turn's user message
+  with one system message holding the summary. If the request still passes the budget,
+  level 2 (same pass) also summarizes the current turn's earlier assistant/tool exchanges,
+  keeping the user message and the latest exchange. If it still does not fit, the turn ends
+  with ``Finished("compression_exhausted")`` and the over-sized request is never sent. A
+  provider's ``context_overflow`` before any output forces one pass and one retry. Only what
   is sent changes: `TurnInput.messages` is never modified.
 """
 
@@ -40,6 +41,7 @@ import openai
 
 from tether.runtimes.attachments import accepts_mime, expand_part
 from tether.runtimes.base import (
+    AnswerFinished,
     Capabilities,
     CompressionCompleted,
     CompressionStarted,
@@ -50,19 +52,27 @@ from tether.runtimes.base import (
     RuntimeEvent,
     RuntimeStream,
     RuntimeUnavailable,
-    TextDelta,
     ToolCompleted,
     ToolStarted,
     TurnInput,
     Usage,
 )
 from tether.runtimes.compression import (
+    SAFETY_SCALE,
+    Room,
     WorkingContext,
+    answer_tokens,
     clean_summary,
+    content_text,
+    estimate_text_tokens,
     estimate_tools_tokens,
+    measured_scale,
+    summary_reply_tokens,
     summary_request,
 )
 from tether.runtimes.openai_errors import classify
+from tether.runtimes.openai_models import Unreachable, Window, count_tokens, discover_window
+from tether.runtimes.openai_stream import Accumulator, WrongShape, parse_arguments
 from tether.runtimes.tools import ToolRunner, WorkspaceTools
 from tether.settings import Settings
 
@@ -70,115 +80,8 @@ MAX_TOOL_ITERATIONS = 10
 PLACEHOLDER_API_KEY = "not-needed"
 # Local models can think for minutes before the first token; a dead host should fail fast.
 TIMEOUT = openai.Timeout(600.0, connect=10.0)
-MODELS_TIMEOUT = openai.Timeout(15.0, connect=5.0)  # the context-window lookup
-WINDOW_KEYS = ("context_length", "context_window", "max_context_length", "max_model_len")
 MAX_REMEMBERED_SESSIONS = 256  # provider counts kept for the first request of the next turn
-
-
-def _parse_args(raw: str) -> tuple[dict[str, Any], str | None]:
-    """`(args, problem)`: the arguments as a dict, or a problem to report as the result."""
-    if not raw.strip():
-        return {}, None
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        return {"raw_arguments": raw[:2000]}, (
-            f"Invalid JSON arguments ({exc}); send the arguments as one JSON object."
-        )
-    if not isinstance(value, dict):
-        return {"raw_arguments": raw[:2000]}, (
-            f"Invalid JSON arguments: expected a JSON object, got {type(value).__name__}."
-        )
-    return value, None
-
-
-def _get(obj: Any, key: str) -> Any:
-    """A field of a streamed chunk, parsed as plain JSON (a dict) or as an SDK object."""
-    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
-
-
-def _reasoning_of(delta: Any) -> str | None:
-    extra = {} if isinstance(delta, dict) else (getattr(delta, "model_extra", None) or {})
-    for key in ("reasoning_content", "reasoning"):
-        value = _get(delta, key)
-        if value is None:
-            value = extra.get(key)
-        if isinstance(value, str) and value:
-            return value
-    return None
-
-
-def _window_of(card: Any) -> int | None:
-    """The context length a model card states, if any (OpenRouter, LM Studio, vLLM, ...)."""
-    data = card.model_dump() if hasattr(card, "model_dump") else card
-    if not isinstance(data, dict):
-        return None
-    for where in (data, data.get("top_provider"), data.get("meta")):
-        if isinstance(where, dict):
-            for key in WINDOW_KEYS:
-                value = where.get(key)
-                if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-                    return int(value)
-    return None
-
-
-class _Accumulator:
-    """What one streamed response said: text, tool calls reassembled by index, usage."""
-
-    def __init__(self) -> None:
-        self.text: list[str] = []
-        self.calls: dict[int, dict[str, str]] = {}
-        self._slot_for: dict[Any, int] = {}
-        self.saw_completion = False
-
-    def feed(self, chunk: Any) -> list[RuntimeEvent]:
-        events: list[RuntimeEvent] = []
-        usage = _get(chunk, "usage")
-        if usage is not None:
-            self.saw_completion = True
-            events.append(
-                Usage(
-                    int(_get(usage, "prompt_tokens") or 0),
-                    int(_get(usage, "completion_tokens") or 0),
-                )
-            )
-        for choice in _get(chunk, "choices") or []:
-            delta = _get(choice, "delta")
-            if delta is None:
-                continue
-            self.saw_completion = True
-            if reasoning := _reasoning_of(delta):
-                events.append(ReasoningDelta(reasoning))
-            content = _get(delta, "content") or _get(delta, "refusal")
-            if isinstance(content, str) and content:
-                self.text.append(content)
-                events.append(TextDelta(content))
-            for fragment in _get(delta, "tool_calls") or []:
-                self._add_fragment(fragment)
-        return events
-
-    def _add_fragment(self, fragment: Any) -> None:
-        index = _get(fragment, "index")
-        call_id = _get(fragment, "id")
-        function = _get(fragment, "function")
-        key = self._slot_for.get(index)
-        # Some servers reuse one index for several complete calls: a new id starts a new call.
-        if key is None or (call_id and self.calls[key]["id"] and call_id != self.calls[key]["id"]):
-            key = len(self.calls)
-            self._slot_for[index] = key
-            self.calls[key] = {"id": "", "name": "", "arguments": ""}
-        slot = self.calls[key]
-        if call_id:
-            slot["id"] = call_id
-        name = _get(function, "name") if function is not None else None
-        if name:
-            slot["name"] = name
-        arguments = _get(function, "arguments") if function is not None else None
-        if arguments:
-            slot["arguments"] += arguments if isinstance(arguments, str) else json.dumps(arguments)
-
-    def tool_calls(self) -> list[dict[str, str]]:
-        return [self.calls[k] for k in sorted(self.calls)]
+TOKENIZE_CHARS = 20_000  # the sample a server's /tokenize measures
 
 
 def _untransformed(body: dict[str, Any]) -> dict[str, Any]:
@@ -225,9 +128,12 @@ class OpenAIRuntime(Runtime):
             self._tool_runner = ToolRunner(self.tools)
         self._tools_tokens = estimate_tools_tokens(self.tools.schemas if self.tools else None)
         self._threshold = min(1.0, max(0.05, float(settings.compression_threshold)))
-        self._windows: dict[str, int | None] = {}
+        self._windows: dict[str, Window | None] = {}
+        self._scales: dict[str, float | None] = {}  # tokenizer density per model, once known
         self._anchors: dict[str, tuple[str, int, int]] = {}
         self._api_key_set = bool(os.environ.get(settings.api_key_env))
+        self._idle_timeout = float(settings.stream_idle_timeout)
+        self._max_tokens_key = "max_tokens"  # or max_completion_tokens, once a server asks
         self._client = openai.AsyncOpenAI(
             base_url=settings.base_url,
             api_key=os.environ.get(settings.api_key_env) or PLACEHOLDER_API_KEY,
@@ -254,31 +160,65 @@ class OpenAIRuntime(Runtime):
         ctx = WorkingContext(messages, tools_tokens=self._tools_tokens)
         if window:
             ctx.adopt(self._anchors.get(turn.session_id))
+            ctx.scale = await self._scale(model, messages)
+        reserve = answer_tokens(window, self.settings.max_tokens)
+        room = Room(window, reserve)
+        overflowed = False  # a provider's context_overflow is answered by one forced pass
         for _ in range(self.max_iterations):
             if window:
-                async with contextlib.aclosing(self._fit(ctx, window, model, turn)) as passes:
+                async with contextlib.aclosing(self._fit(ctx, room, model, turn)) as passes:
                     async for event in passes:
                         yield event
                         if isinstance(event, Finished):
                             return
-            acc = _Accumulator()
-            usage: Usage | None = None
-            reasoning = False
-            async with contextlib.aclosing(self._request(model, ctx.messages, acc)) as events:
-                async for event in events:
-                    if isinstance(event, Usage):
-                        usage = event
-                    reasoning = reasoning or isinstance(event, ReasoningDelta)
-                    yield event
+            while True:
+                acc = Accumulator()
+                usage: Usage | None = None
+                reasoning = streamed = False
+                overflow: ProviderError | None = None
+                raw_estimate = ctx.raw_estimate()
+                request = self._request(model, ctx.messages, acc, room.max_tokens(ctx.size()))
+                try:
+                    async with contextlib.aclosing(request) as events:
+                        async for event in events:
+                            if isinstance(event, Usage):
+                                usage = event
+                            else:
+                                streamed = True
+                            reasoning = reasoning or isinstance(event, ReasoningDelta)
+                            yield event
+                except ProviderError as exc:
+                    if exc.code != "context_overflow" or streamed or overflowed:
+                        raise
+                    overflow = exc
+                if overflow is None:
+                    if usage is not None and (
+                        scale := measured_scale(usage.prompt_tokens, raw_estimate)
+                    ):
+                        self._scales[model] = ctx.scale = scale
+                    break
+                overflowed, compressed = True, False
+                async with contextlib.aclosing(
+                    self._fit(ctx, room, model, turn, force=True)
+                ) as passes:
+                    async for event in passes:
+                        compressed = compressed or isinstance(event, CompressionCompleted)
+                        yield event
+                        if isinstance(event, Finished):
+                            return
+                if not compressed:
+                    raise overflow
             calls = acc.tool_calls()
             if not calls:
                 if window and usage is not None:
                     self._remember(turn.session_id, ctx, "".join(acc.text), usage, reasoning)
+                if acc.finish_reason not in (None, "stop"):  # "length": cut off
+                    yield AnswerFinished(acc.finish_reason)
                 return
             planned = []
             for call in calls:
                 call_id = call["id"] or f"call_{uuid.uuid4().hex[:24]}"
-                args, problem = _parse_args(call["arguments"])
+                args, problem = parse_arguments(call["arguments"])
                 planned.append((call_id, call["name"], args, problem))
             reply = {
                 "role": "assistant",
@@ -321,7 +261,11 @@ class OpenAIRuntime(Runtime):
         )
 
     async def _request(
-        self, model: str, messages: list[dict[str, Any]], acc: _Accumulator
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        acc: Accumulator,
+        max_tokens: int | None,
     ) -> AsyncGenerator[RuntimeEvent, None]:
         """One streamed completion; the HTTP response is closed however this ends."""
         body: dict[str, Any] = {
@@ -331,29 +275,47 @@ class OpenAIRuntime(Runtime):
             "stream_options": {"include_usage": True},
         }
         if self.tools is not None:
+            # Without tool_choice some servers (llama-cpp-python) ignore the tools entirely.
             body["tools"] = self.tools.schemas
-        # The raw stream, parsed with json.loads: the SDK's typed chunk objects cost about
-        # half of the server's event loop under load (bench/load_test.py profile).
-        opened = self._client.chat.completions.with_streaming_response.create(
-            **_untransformed(body)
-        )
-        try:
-            response = await opened.__aenter__()
-        except Exception as exc:
-            self._raise_classified(exc, model, streaming=False)
+            body["tool_choice"] = "auto"
+        idle = self._idle_timeout
+        while True:
+            if max_tokens is not None:
+                body[self._max_tokens_key] = max_tokens
+            # The raw stream, parsed with json.loads: the SDK's typed chunk objects cost about
+            # half of the server's event loop under load (bench/load_test.py profile). The
+            # SDK's own read timeout stays above the idle timeout, which says it better.
+            opened = self._client.chat.completions.with_streaming_response.create(
+                **_untransformed(body), timeout=openai.Timeout(idle + 30.0, connect=10.0)
+            )
+            try:
+                async with asyncio.timeout(idle):
+                    response = await opened.__aenter__()
+                break
+            except TimeoutError:
+                self._stalled(idle, started=False)
+            except Exception as exc:
+                if not self._renames_max_tokens(exc, body):
+                    self._raise_classified(exc, model, streaming=False, tools="tools" in body)
+        done = seen_data = False
         try:
             lines = response.iter_lines()
             while True:
                 try:
-                    line = await anext(lines)
+                    async with asyncio.timeout(idle):
+                        line = await anext(lines)
                 except StopAsyncIteration:
                     break
+                except TimeoutError:
+                    self._stalled(idle, started=True)
                 except Exception as exc:
                     self._raise_classified(exc, model, streaming=True)
                 if not line.startswith("data:"):
                     continue
+                seen_data = True
                 payload = line[5:].strip()
                 if payload == "[DONE]":
+                    done = True
                     break
                 try:
                     chunk = json.loads(payload)
@@ -363,16 +325,61 @@ class OpenAIRuntime(Runtime):
                     self._raise_classified(
                         _stream_error(chunk["error"], response), model, streaming=True
                     )
-                for event in acc.feed(chunk):
+                try:
+                    events = acc.feed(chunk)
+                except WrongShape as exc:
+                    raise ProviderError(
+                        "bad_response",
+                        f"The model provider at {self._where()} sent a stream Tether cannot "
+                        f"read as Chat Completions chunks: {exc}.",
+                    ) from None
+                for event in events:
                     yield event
         finally:
             await opened.__aexit__(None, None, None)
+        if not seen_data and not done:
+            # llama.cpp's server answers a streamed request that does not fit its context
+            # with 200 and an empty body (the same request unstreamed is a 400 overflow).
+            raise ProviderError(
+                "context_overflow",
+                f"The model provider at {self._where()} answered with an empty stream, which "
+                "is how llama.cpp's server says the request does not fit its context window.",
+            )
         if not acc.saw_completion:
             raise ProviderError(
                 "bad_response",
                 f"The model provider at {self._where()} ended the stream "
                 "without sending any completion data.",
             )
+        if not done and acc.finish_reason is None:
+            # A server that crashed mid-answer closes the stream cleanly: not an answer.
+            raise ProviderError(
+                "network",
+                f"The model provider at {self._where()} closed the stream before the answer "
+                "was finished (no finish_reason and no [DONE]); the text so far is kept.",
+            )
+
+    def _renames_max_tokens(self, exc: Exception, body: dict[str, Any]) -> bool:
+        """OpenAI's reasoning models refuse `max_tokens` and ask for `max_completion_tokens`:
+        switch once (for every later request too) and tell the caller to send again."""
+        if (
+            self._max_tokens_key == "max_tokens"
+            and "max_tokens" in body
+            and isinstance(exc, openai.BadRequestError)
+            and "max_completion_tokens" in str(exc)
+        ):
+            self._max_tokens_key = "max_completion_tokens"
+            body["max_completion_tokens"] = body.pop("max_tokens")
+            return True
+        return False
+
+    def _stalled(self, idle: float, *, started: bool) -> NoReturn:
+        what = "stopped sending mid-answer" if started else "sent no answer"
+        raise ProviderError(
+            "network",
+            f"The model provider at {self._where()} {what}: nothing arrived for {idle:g} s "
+            "(the stream idle timeout, --stream-idle-timeout); the text so far is kept.",
+        )
 
     # ---- compression -------------------------------------------------------------------------
 
@@ -381,25 +388,29 @@ class OpenAIRuntime(Runtime):
         read) from one non-streaming request. Raises ProviderError."""
         model = model or self.model
         window = await self._context_window(model)
-        return await self._summary(model, summary_request(messages, window=window))
+        return await self._summary(model, summary_request(messages, window=window), window)
 
     async def _fit(
-        self, ctx: WorkingContext, window: int, model: str, turn: TurnInput
+        self, ctx: WorkingContext, room: Room, model: str, turn: TurnInput, force: bool = False
     ) -> AsyncGenerator[RuntimeEvent, None]:
-        """Compress `ctx` when the next request passes the threshold; ends with Finished when
-        even the compressed request passes the window."""
+        """Compress `ctx` when the next request passes the threshold of what the window
+        leaves after the answer's room (`force`: the provider said it overflowed); ends with
+        Finished when even the compressed request does not fit."""
+        window, budget = room.window, room.budget
         before = size = ctx.size()
-        if size <= window * self._threshold:
+        if not force and (budget is None or size <= budget * self._threshold):
             return
         level1 = ctx.level1_messages()
-        level2 = ctx.level2_messages() if level1 is None and size > window else None
+        too_big = force or (budget is not None and size > budget)
+        level2 = ctx.level2_messages() if level1 is None and too_big else None
         if level1 is not None or level2 is not None:
             pass_id = f"cmp_{uuid.uuid4().hex[:12]}"
             yield CompressionStarted(pass_id)
             if level1 is not None:
-                ctx.apply_level1(await self._summary(model, summary_request(level1, window=window)))
+                request = summary_request(level1, window=window)
+                ctx.apply_level1(await self._summary(model, request, window))
                 size = ctx.estimate()
-                level2 = ctx.level2_messages() if size > window else None
+                level2 = ctx.level2_messages() if budget is not None and size > budget else None
             if level2 is not None:
                 ctx.apply_level2(
                     await self._summary(
@@ -407,11 +418,12 @@ class OpenAIRuntime(Runtime):
                         summary_request(
                             level2, window=window, work=True, previous=ctx.work_summary
                         ),
+                        window,
                     )
                 )
                 size = ctx.estimate()
             yield CompressionCompleted(pass_id, before, size, ctx.summary, turn.turn_id)
-        if size > window:
+        if window is not None and size > window:
             yield Finished(
                 "compression_exhausted",
                 reason=(
@@ -423,14 +435,20 @@ class OpenAIRuntime(Runtime):
                 ),
             )
 
-    async def _summary(self, model: str, messages: list[dict[str, Any]]) -> str:
+    async def _summary(
+        self, model: str, messages: list[dict[str, Any]], window: int | None = None
+    ) -> str:
         """One non-streaming summary request without tools."""
-        try:
-            response = await self._client.chat.completions.create(
-                **_untransformed({"model": model, "messages": messages})
-            )
-        except Exception as exc:
-            self._raise_classified(exc, model, streaming=False)
+        body: dict[str, Any] = {"model": model, "messages": messages}
+        if window:
+            body[self._max_tokens_key] = summary_reply_tokens(window)
+        while True:
+            try:
+                response = await self._client.chat.completions.create(**_untransformed(body))
+                break
+            except Exception as exc:
+                if not self._renames_max_tokens(exc, body):
+                    self._raise_classified(exc, model, streaming=False)
         choices = getattr(response, "choices", None) or []
         message = getattr(choices[0], "message", None) if choices else None
         summary = clean_summary(getattr(message, "content", None))
@@ -445,35 +463,43 @@ class OpenAIRuntime(Runtime):
 
     @property
     def context_window(self) -> int | None:
-        """The window of the default model, once known (the page's context meter)."""
-        return self.settings.context_window or self._windows.get(self.model)
-
-    async def _context_window(self, model: str) -> int | None:
-        """`--context-window`, else what the provider says about `model` (looked up once)."""
+        """The window of the default model, once known (looked up at its first turn)."""
         if self.settings.context_window:
             return int(self.settings.context_window)
-        if model in self._windows:
-            return self._windows[model]
-        client = self._client.with_options(timeout=MODELS_TIMEOUT)
-        window = None
-        try:
-            window = _window_of(await client.models.retrieve(model))
-        except openai.APIConnectionError:
-            return None  # not remembered: the provider may be back next turn
-        except (openai.APIError, ValueError, TypeError):
-            pass
-        if window is None:
+        window = self._windows.get(self.model)
+        return window.tokens if window else None
+
+    @property
+    def context_window_source(self) -> str | None:
+        """Where the default model's window came from (/api/health)."""
+        if self.settings.context_window:
+            return "--context-window"
+        window = self._windows.get(self.model)
+        return window.source if window else None
+
+    async def _context_window(self, model: str) -> int | None:
+        """`--context-window`, else what the provider says about `model` (looked up once;
+        a provider that cannot be reached is asked again next time)."""
+        if self.settings.context_window:
+            return int(self.settings.context_window)
+        if model not in self._windows:
             try:
-                async for card in client.models.list():
-                    if getattr(card, "id", None) == model:
-                        window = _window_of(card)
-                        break
-            except openai.APIConnectionError:
+                self._windows[model] = await discover_window(self._client, model)
+            except Unreachable:
                 return None
-            except (openai.APIError, ValueError, TypeError):
-                pass
-        self._windows[model] = window
-        return window
+        window = self._windows[model]
+        return window.tokens if window else None
+
+    async def _scale(self, model: str, messages: list[dict[str, Any]]) -> float:
+        """How much denser than chars/4 this model's tokenizer counts: measured from an
+        earlier request's usage, else once by the server's /tokenize, else SAFETY_SCALE."""
+        if model not in self._scales:
+            sample = "\n".join(content_text(m.get("content")) for m in messages)[-TOKENIZE_CHARS:]
+            counted = await count_tokens(self._client, model, sample) if sample.strip() else None
+            self._scales[model] = (
+                measured_scale(counted, estimate_text_tokens(sample)) if counted else None
+            )
+        return self._scales[model] or SAFETY_SCALE
 
     def _remember(
         self, session_id: str, ctx: WorkingContext, text: str, usage: Usage, reasoning: bool
@@ -519,7 +545,9 @@ class OpenAIRuntime(Runtime):
     def _where(self) -> str:
         return str(self._client.base_url).rstrip("/")
 
-    def _raise_classified(self, exc: Exception, model: str, *, streaming: bool) -> NoReturn:
+    def _raise_classified(
+        self, exc: Exception, model: str, *, streaming: bool, tools: bool = False
+    ) -> NoReturn:
         """Re-raise `exc` as a ProviderError, or unchanged if it is not a provider failure
         (a bug in Tether must not pass for a provider problem)."""
         error = classify(
@@ -529,6 +557,7 @@ class OpenAIRuntime(Runtime):
             streaming=streaming,
             key_env=self.settings.api_key_env,
             key_set=self._api_key_set,
+            tools=tools,
         )
         if error is exc:
             raise exc

@@ -3,7 +3,11 @@ message a person can act on (the provider's own words included). First match win
 
 * 401 / 403 -> ``auth``; 429 -> ``rate_limit``
 * 413, or any error whose code or message says the context is too long -> ``context_overflow``
-* 404 -> ``model_not_found`` (a wrong ``--base-url`` also lands here; the message says so)
+* 404, or a 400 saying the server serves another model (``transformers serve``'s "Server is
+  pinned to ...") -> ``model_not_found`` (a wrong ``--base-url`` also lands on 404; the
+  message says so)
+* another 4xx about tools, to a request that offered tools -> ``internal``, saying that this
+  server refuses tools with a streamed request and how to enable them
 * 5xx, errors reported inside the stream, unparseable JSON -> ``bad_response``
 * other 4xx -> ``internal``: the provider refused the request Tether built
 * connection refused / dropped, timeouts, transport errors -> ``network``
@@ -24,6 +28,19 @@ _CONTEXT_RE = re.compile(
     r"context[_ ]?length|context[_ ]?window|context[_ ]?size|maximum context|too many tokens"
     r"|prompt is too long|input is too long|exceed_context|reduce the length",
     re.IGNORECASE,
+)
+
+
+_OTHER_MODEL_RE = re.compile(
+    r"server is pinned to|model (?:'[^']*'|\"[^\"]*\"|\S+) (?:was )?not found|unknown model",
+    re.IGNORECASE,
+)
+_TOOLS_RE = re.compile(r"\btools?\b|tool_choice|function[_ ]call", re.IGNORECASE)
+TOOLS_HINT = (
+    "Tether offers its workspace tools with every streamed request (tool_choice auto), and "
+    "this server refuses them. Start it with tool calling on (vLLM: --enable-auto-tool-choice "
+    "and a --tool-call-parser; llama.cpp: --jinja; llama-cpp-python: a chat format with "
+    "function calling), or run Tether without --workspace."
 )
 
 
@@ -58,7 +75,14 @@ def _detail(exc: openai.APIError) -> str:
 
 
 def classify(
-    exc: Exception, *, model: str, where: str, streaming: bool, key_env: str, key_set: bool
+    exc: Exception,
+    *,
+    model: str,
+    where: str,
+    streaming: bool,
+    key_env: str,
+    key_set: bool,
+    tools: bool = False,
 ) -> Exception:
     """The ProviderError for `exc`, or `exc` itself if it is not a provider failure."""
     if isinstance(exc, ProviderError):
@@ -78,7 +102,7 @@ def classify(
         )
         return ProviderError("network", f"{what.format(where)} ({reason}).")
     if isinstance(exc, openai.APIStatusError):
-        return _status_error(exc, model, where, key_env, key_set)
+        return _status_error(exc, model, where, key_env, key_set, tools)
     if isinstance(exc, openai.APIError):  # an error event inside the stream, or bad data
         detail = _detail(exc)
         if _CONTEXT_RE.search(f"{exc.code or ''} {detail}"):
@@ -110,7 +134,7 @@ def classify(
 
 
 def _status_error(
-    exc: openai.APIStatusError, model: str, where: str, key_env: str, key_set: bool
+    exc: openai.APIStatusError, model: str, where: str, key_env: str, key_set: bool, tools: bool
 ) -> ProviderError:
     status = exc.status_code
     detail = _sentence(_detail(exc))
@@ -131,15 +155,21 @@ def _status_error(
             "context_overflow",
             f"The conversation no longer fits the model's context window (HTTP {status}): {detail}",
         )
-    if isinstance(exc, openai.NotFoundError):
+    if isinstance(exc, openai.NotFoundError) or (status < 500 and _OTHER_MODEL_RE.search(detail)):
         return ProviderError(
             "model_not_found",
             f"The model provider at {where} does not "
-            f"know the model {model!r} (HTTP 404): {detail} Check --model "
+            f"know the model {model!r} (HTTP {status}): {detail} Check --model "
             "and --base-url.",
         )
     if status >= 500:
         return ProviderError("bad_response", f"The model provider failed (HTTP {status}): {detail}")
+    if tools and _TOOLS_RE.search(detail):
+        return ProviderError(
+            "internal",
+            f"The model provider at {where} refused the request with tools (HTTP {status}): "
+            f"{detail} {TOOLS_HINT}",
+        )
     return ProviderError(
         "internal", f"The model provider rejected the request (HTTP {status}): {detail}"
     )

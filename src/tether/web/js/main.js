@@ -12,6 +12,8 @@ import { UnreadStore } from "./unread.js";
 
 const $ = (id) => document.getElementById(id);
 const DEFAULT_TITLE = "New chat"; // the server's name for a session its first message has not named
+// What Continue sends under an answer cut off at the token limit (a visible user turn).
+const CONTINUE_MESSAGE = "Continue from where your answer was cut off.";
 const CONN_TEXT = {
   connecting: "Connecting…",
   live: "Live",
@@ -65,6 +67,7 @@ class App {
     setInterval(() => this.transcript.tick(), 1000);
     setInterval(() => this.sidebar.render(), 60_000); // relative times ("2 h") stay true
     $("transcript").addEventListener("click", (event) => this.onApprovalClick(event));
+    $("transcript").addEventListener("click", (event) => this.onContinueClick(event));
     await this.route();
   }
 
@@ -306,6 +309,14 @@ class App {
     const window_ = this.health?.context_window;
     const last = [...v.messages].reverse().find((m) => m.role === "assistant" && m.usage);
     const meter = $("context-meter");
+    if (!window_ && last && !this.healthAskedAgain) {
+      // The server looks the window up at the first turn, after the page read /api/health.
+      this.healthAskedAgain = true;
+      get("/api/health").then((health) => {
+        this.health = health;
+        this.scheduleRender();
+      });
+    }
     if (!window_ || !last) {
       meter.hidden = true;
       return;
@@ -380,6 +391,14 @@ class App {
     );
     for (const b of actions.querySelectorAll("button")) b.disabled = false;
     if (res && !res.accepted) this.notify("That question is no longer open.");
+  }
+
+  /** "Continue" under an answer cut off at the token limit: a new turn asking for the rest. */
+  async onContinueClick(event) {
+    const button = event.target.closest("button.continue");
+    if (!button) return;
+    button.hidden = true;
+    await this.send(CONTINUE_MESSAGE, []);
   }
 
   async call(fn) {

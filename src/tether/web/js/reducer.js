@@ -92,12 +92,17 @@ function touch(state, obj, id = obj.id) {
   return obj;
 }
 
+// An answer cut off at the token limit: its notice's kind is `length` (the page offers Continue).
+const cutOff = (state, data) => state === "completed" && get(data, "finish_reason") === "length";
+
 export function noticeText(state, data) {
   const error = truthy(get(data, "error")) ? data.error : {};
   const reason = get(data, "reason");
   switch (state) {
     case "completed":
-      return null;
+      return cutOff(state, data)
+        ? "Cut off at the token limit: the answer may be incomplete."
+        : null;
     case "cancelled":
       return truthy(reason) ? `Stopped: ${pyStr(reason)}` : "Stopped.";
     case "interrupted":
@@ -372,10 +377,9 @@ on(["run.finished"], (state, env, data) => {
     (item) => item.type !== "compression" || runState === "compression_exhausted",
   );
   const text = noticeText(runState, data);
+  const kind = cutOff(runState, data) ? "length" : runState;
   if (text !== null) {
-    items.push(
-      touch(state, { id: `${scene.stream_id}.notice`, type: "notice", kind: runState, text }),
-    );
+    items.push(touch(state, { id: `${scene.stream_id}.notice`, type: "notice", kind, text }));
   }
   markInterim(state, items);
   const row = {
@@ -394,6 +398,7 @@ on(["run.finished"], (state, env, data) => {
   };
   if (truthy(get(data, "error"))) row.error = { ...data.error };
   if (truthy(get(data, "usage"))) row.usage = { ...data.usage }; // the context meter's source
+  if (truthy(get(data, "finish_reason"))) row.finish_reason = data.finish_reason;
   state.messages.push(touch(state, row));
   state.dirty.add(DIRTY_MESSAGES).add(DIRTY_LIVE);
 });

@@ -12,6 +12,7 @@ const TERMINAL_LABELS = {
   error: "Error",
   tool_limit_reached: "Tool limit reached",
   compression_exhausted: "Context full",
+  length: "Cut off",
 };
 
 /** Live text renders at most every LIVE_RENDER_MS (the tail only: markdown.js); settled text
@@ -131,7 +132,12 @@ function buildBlock(block) {
         h("div", { class: "approval-outcome", role: "status" }),
       );
     case "notice":
-      return h("div", { class: "item terminal", role: "status" });
+      return h(
+        "div",
+        { class: "item terminal", role: "status" },
+        h("span", { class: "terminal-text" }),
+        h("button", { type: "button", class: "btn continue", text: "Continue", hidden: true }),
+      );
     case "activity":
       return h(
         "details",
@@ -144,7 +150,7 @@ function buildBlock(block) {
   }
 }
 
-function updateBlock(el, block, live) {
+function updateBlock(el, block, live, last = false) {
   const item = block.item;
   switch (block.kind) {
     case "text":
@@ -192,8 +198,10 @@ function updateBlock(el, block, live) {
     }
     case "notice":
       el.className = `item terminal ${item.kind}`;
-      el.textContent = item.text;
+      el.querySelector(".terminal-text").textContent = item.text;
       el.setAttribute("aria-label", `${TERMINAL_LABELS[item.kind] || "Ended"}: ${item.text}`);
+      // An answer cut off at the token limit can be continued, from the latest row only.
+      el.querySelector(".continue").hidden = !(item.kind === "length" && last);
       break;
     case "activity": {
       el.querySelector("summary").textContent = block.summary;
@@ -201,7 +209,7 @@ function updateBlock(el, block, live) {
       if (el.dataset.live === undefined) el.open = live;
       el.dataset.live = live ? "1" : "0";
       patchChildren(el.querySelector(".activity-items"), block.children, buildBlock, (child, b) =>
-        updateBlock(child, b, live),
+        updateBlock(child, b, live, last),
       );
       break;
     }
@@ -372,6 +380,7 @@ export class TranscriptView {
       }
       rows.push({ ...m, key: m.id });
     }
+    if (rows.length && !view.live) rows[rows.length - 1].last = true;
     if (view.live) {
       rows.push({
         key: view.live.stream_id,
@@ -418,7 +427,7 @@ export class TranscriptView {
     el.querySelector(".model").textContent = live && row.live.model ? row.live.model : "";
     const blocks = blocksFor(row, this.mode, live);
     patchChildren(el.querySelector(".items"), blocks, buildBlock, (child, block) =>
-      updateBlock(child, block, live),
+      updateBlock(child, block, live, !!row.last),
     );
   }
 

@@ -1,0 +1,145 @@
+"""Reading one streamed Chat Completions response: each chunk checked for the shape the
+wire format has, text, reasoning and tool-call fragments reassembled, usage and the finish
+reason kept. A chunk of any other shape is `WrongShape`, so such a stream ends as an error
+instead of as an empty answer (docs/runtimes.md)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tether.runtimes.base import ReasoningDelta, RuntimeEvent, TextDelta, Usage
+
+
+def _get(obj: Any, key: str) -> Any:
+    """A field of a streamed chunk, parsed as plain JSON (a dict) or as an SDK object."""
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
+def _reasoning_of(delta: Any) -> str | None:
+    extra = {} if isinstance(delta, dict) else (getattr(delta, "model_extra", None) or {})
+    for key in ("reasoning_content", "reasoning"):
+        value = _get(delta, key)
+        if value is None:
+            value = extra.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+class WrongShape(ValueError):
+    """A streamed chunk that is not a Chat Completions chunk (the reason says what is off)."""
+
+
+def _check_shape(chunk: Any) -> None:
+    """Refuse what a Chat Completions stream never sends, so a stream of the wrong shape ends
+    as an error instead of as an empty answer."""
+    if not isinstance(chunk, dict):
+        raise WrongShape(f"a chunk is a JSON {type(chunk).__name__}, not an object")
+    choices = chunk.get("choices")
+    if choices is None and chunk.get("usage") is None:
+        raise WrongShape("a chunk has neither 'choices' nor 'usage'")
+    if choices is not None and not isinstance(choices, list):
+        raise WrongShape("'choices' is not a list")
+    for choice in choices or []:
+        if not isinstance(choice, dict):
+            raise WrongShape("a choice is not an object")
+        delta = choice.get("delta")
+        if delta is None and choice.get("finish_reason") is None:
+            raise WrongShape("a choice has no 'delta' (is this a non-streaming answer?)")
+        if delta is not None and not isinstance(delta, dict):
+            raise WrongShape("a choice's 'delta' is not an object")
+        fields = delta or {}
+        for key in ("content", "refusal", "reasoning_content", "reasoning"):
+            if fields.get(key) is not None and not isinstance(fields[key], str):
+                raise WrongShape(f"'delta.{key}' is not a string")
+        calls = fields.get("tool_calls")
+        if calls is not None and not (
+            isinstance(calls, list) and all(isinstance(c, dict) for c in calls)
+        ):
+            raise WrongShape("'delta.tool_calls' is not a list of objects")
+    usage = chunk.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        raise WrongShape("'usage' is not an object")
+
+
+class Accumulator:
+    """What one streamed response said: text, tool calls reassembled by index, usage, and
+    the finish reason (None until the provider says the answer is complete)."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.calls: dict[int, dict[str, str]] = {}
+        self._slot_for: dict[Any, int] = {}
+        self.saw_completion = False
+        self.finish_reason: str | None = None
+
+    def feed(self, chunk: Any) -> list[RuntimeEvent]:
+        _check_shape(chunk)
+        events: list[RuntimeEvent] = []
+        usage = _get(chunk, "usage")
+        if usage is not None:
+            self.saw_completion = True
+            events.append(
+                Usage(
+                    int(_get(usage, "prompt_tokens") or 0),
+                    int(_get(usage, "completion_tokens") or 0),
+                )
+            )
+        for choice in _get(chunk, "choices") or []:
+            if finish := _get(choice, "finish_reason"):
+                self.finish_reason = str(finish)
+                self.saw_completion = True
+            delta = _get(choice, "delta")
+            if delta is None:
+                continue
+            self.saw_completion = True
+            if reasoning := _reasoning_of(delta):
+                events.append(ReasoningDelta(reasoning))
+            content = _get(delta, "content") or _get(delta, "refusal")
+            if isinstance(content, str) and content:
+                self.text.append(content)
+                events.append(TextDelta(content))
+            for fragment in _get(delta, "tool_calls") or []:
+                self._add_fragment(fragment)
+        return events
+
+    def _add_fragment(self, fragment: Any) -> None:
+        index = _get(fragment, "index")
+        call_id = _get(fragment, "id")
+        function = _get(fragment, "function")
+        key = self._slot_for.get(index)
+        # Some servers reuse one index for several complete calls: a new id starts a new call.
+        if key is None or (call_id and self.calls[key]["id"] and call_id != self.calls[key]["id"]):
+            key = len(self.calls)
+            self._slot_for[index] = key
+            self.calls[key] = {"id": "", "name": "", "arguments": ""}
+        slot = self.calls[key]
+        if call_id:
+            slot["id"] = call_id
+        name = _get(function, "name") if function is not None else None
+        if name:
+            slot["name"] = name
+        arguments = _get(function, "arguments") if function is not None else None
+        if arguments:
+            slot["arguments"] += arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+    def tool_calls(self) -> list[dict[str, str]]:
+        return [self.calls[k] for k in sorted(self.calls)]
+
+
+def parse_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
+    """`(args, problem)`: the arguments as a dict, or a problem to report as the result."""
+    if not raw.strip():
+        return {}, None
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        return {"raw_arguments": raw[:2000]}, (
+            f"Invalid JSON arguments ({exc}); send the arguments as one JSON object."
+        )
+    if not isinstance(value, dict):
+        return {"raw_arguments": raw[:2000]}, (
+            f"Invalid JSON arguments: expected a JSON object, got {type(value).__name__}."
+        )
+    return value, None

@@ -1,0 +1,167 @@
+"""How a streamed answer ends, against the fake server's faults: only a stream the provider
+finished (a `finish_reason`, or `[DONE]`) is an answer. Chunks of the wrong shape, a stream
+closed before it finished and a provider that stops sending are errors that keep the text
+streamed before them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tether.runtimes.base import (
+    AnswerFinished,
+    ProviderError,
+    RuntimeEvent,
+    TextDelta,
+    TurnInput,
+    Usage,
+)
+from tether.runtimes.openai import OpenAIRuntime
+from tether.settings import Settings
+
+from fake_openai import FakeOpenAI, delay, end, hang, raw, reply, stall, text
+
+
+def run(rt: OpenAIRuntime, into: list[RuntimeEvent] | None = None) -> list[RuntimeEvent]:
+    """Drive one turn to its end; `into` keeps the events seen before an error."""
+    events: list[RuntimeEvent] = [] if into is None else into
+
+    async def main() -> None:
+        try:
+            turn = TurnInput("s1", "st1", "t1", [{"role": "user", "content": "hi"}])
+            async for event in rt.stream(turn):
+                events.append(event)
+        finally:
+            await rt.aclose()
+
+    asyncio.run(main())
+    return events
+
+
+def content_events(events: list[RuntimeEvent]) -> list[RuntimeEvent]:
+    return [e for e in events if not isinstance(e, Usage)]
+
+
+def runtime_for(fake: FakeOpenAI, tmp_path: Path, **settings: Any) -> OpenAIRuntime:
+    return OpenAIRuntime(
+        Settings(
+            runtime="openai",
+            base_url=fake.base_url,
+            model="fake-model",
+            data_dir=tmp_path / "data",
+            **settings,
+        )
+    )
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as server:
+        yield server
+
+
+@pytest.mark.parametrize(
+    ("chunk", "says"),
+    [
+        pytest.param({"choices": [{"delta": "more text"}]}, "'delta' is not an object", id="delta"),
+        pytest.param(
+            {"choices": [{"index": 0, "message": {"content": "x"}}]}, "no 'delta'", id="message"
+        ),
+        pytest.param({"choices": [{"delta": {"content": 5}}]}, "not a string", id="content"),
+        pytest.param({"choices": {"delta": {}}}, "not a list", id="choices"),
+        pytest.param({"output": "hello"}, "neither 'choices' nor 'usage'", id="no-choices"),
+        pytest.param(["a", "list"], "JSON list", id="list"),
+        pytest.param('"a string"', "JSON str", id="string"),
+    ],
+)
+def test_a_chunk_of_the_wrong_shape_is_a_bad_response_and_keeps_the_text(
+    fake: FakeOpenAI, tmp_path: Path, chunk: Any, says: str
+) -> None:
+    # Before: these were skipped and the stream's [DONE] made an answer of what was left.
+    fake.script(reply(text("partial "), raw(chunk), text("never seen")))
+    seen: list[RuntimeEvent] = []
+    with pytest.raises(ProviderError) as info:
+        run(runtime_for(fake, tmp_path), into=seen)
+    assert info.value.code == "bad_response"
+    assert says in info.value.message
+    assert content_events(seen) == [TextDelta("partial ")]
+
+
+def test_only_wrong_shaped_chunks_are_not_an_empty_answer(fake: FakeOpenAI, tmp_path: Path) -> None:
+    fake.script(reply(raw({"choices": [{"text": "legacy completions shape"}]})))
+    with pytest.raises(ProviderError) as info:
+        run(runtime_for(fake, tmp_path))
+    assert info.value.code == "bad_response"
+
+
+def test_a_stream_closed_without_finish_reason_or_done_is_a_network_error(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    # The HTTP body ends cleanly, as when llama.cpp's server crashes mid-answer.
+    fake.script(reply(text("The answer is"), end()))
+    seen: list[RuntimeEvent] = []
+    with pytest.raises(ProviderError) as info:
+        run(runtime_for(fake, tmp_path), into=seen)
+    assert info.value.code == "network"
+    assert "before the answer was finished" in info.value.message
+    assert content_events(seen) == [TextDelta("The answer is")]
+
+
+def test_a_finished_stream_is_still_an_answer(fake: FakeOpenAI, tmp_path: Path) -> None:
+    fake.script(reply(text("complete")))
+    events = run(runtime_for(fake, tmp_path))
+    assert content_events(events) == [TextDelta("complete")]
+
+
+def test_a_stalled_stream_ends_at_the_idle_timeout_and_keeps_the_text(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    fake.script(reply(text("so far"), hang()))
+    seen: list[RuntimeEvent] = []
+    started = time.monotonic()
+    with pytest.raises(ProviderError) as info:
+        run(runtime_for(fake, tmp_path, stream_idle_timeout=0.5), into=seen)
+    elapsed = time.monotonic() - started
+    assert info.value.code == "network"
+    assert "nothing arrived for 0.5 s" in info.value.message
+    assert "--stream-idle-timeout" in info.value.message
+    assert content_events(seen) == [TextDelta("so far")]
+    assert 0.5 <= elapsed < 5
+    assert fake.wait_disconnects(1), "the stalled request is closed"
+
+
+def test_a_provider_that_never_sends_the_headers_ends_at_the_idle_timeout(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    fake.script(reply(stall()))
+    started = time.monotonic()
+    with pytest.raises(ProviderError) as info:
+        run(runtime_for(fake, tmp_path, stream_idle_timeout=0.5))
+    assert info.value.code == "network"
+    assert "sent no answer: nothing arrived for 0.5 s" in info.value.message
+    assert time.monotonic() - started < 5
+    assert fake.wait_disconnects(1), "the stalled request is closed"
+
+
+def test_a_slow_stream_that_keeps_sending_is_not_cut(fake: FakeOpenAI, tmp_path: Path) -> None:
+    fake.script(reply(text("a"), delay(0.3), text("b"), delay(0.3), text("c")))
+    events = run(runtime_for(fake, tmp_path, stream_idle_timeout=0.5))
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "abc"
+
+
+def test_the_idle_timeout_defaults_to_five_minutes() -> None:
+    assert Settings().stream_idle_timeout == 300.0
+
+
+def test_an_answer_cut_off_at_the_token_limit_is_reported(fake: FakeOpenAI, tmp_path: Path) -> None:
+    fake.script(reply(text("cut"), finish_reason="length"), reply(text("whole")))
+    assert content_events(run(runtime_for(fake, tmp_path))) == [
+        TextDelta("cut"),
+        AnswerFinished("length"),
+    ]
+    assert content_events(run(runtime_for(fake, tmp_path))) == [TextDelta("whole")]

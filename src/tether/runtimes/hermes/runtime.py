@@ -25,11 +25,12 @@ from tether.runtimes.base import (
     RuntimeUnavailable,
     TurnInput,
 )
-from tether.runtimes.hermes.agent_view import agent_news, changes, started_elsewhere
+from tether.runtimes.hermes.agent_view import agent_news
 from tether.runtimes.hermes.client import SidecarError, SidecarProcess
 from tether.runtimes.hermes.lineage import live_tip
 from tether.runtimes.hermes.proofs import ProofStore
 from tether.runtimes.hermes.reconcile import max_row_id
+from tether.runtimes.hermes.watch import AgentWatch
 from tether.settings import Settings
 
 log = logging.getLogger("tether.hermes")
@@ -91,7 +92,7 @@ class HermesRuntime:
         self._utility: HermesHandle | None = None
         self._utility_lock = asyncio.Lock()
         self._last_ts = 0.0
-        self._fingerprints: dict[str, tuple] = {}
+        self.watch = AgentWatch(self.state_db, self.proofs, self.profile)
 
     @property
     def context_window(self) -> int | None:
@@ -208,17 +209,17 @@ class HermesRuntime:
         )
 
     async def agent_changed(self) -> list[str]:
-        bindings = await asyncio.to_thread(self.proofs.bindings)
-        return await asyncio.to_thread(changes, self.state_db, bindings, self._fingerprints)
+        """The sessions whose agent rows moved; one pragma when nothing did (watch.py)."""
+        return await asyncio.to_thread(self.watch.changed)
 
     async def agent_started_elsewhere(self, exists: Callable[[str], bool]) -> list[dict[str, Any]]:
         """Sessions a person started in the Hermes CLI/TUI that no existing Tether session
-        drives (`exists` says which Tether sessions exist)."""
-        bindings = await asyncio.to_thread(self.proofs.bindings)
-        known = {
-            agent for tether_id, agents in bindings.items() if exists(tether_id) for agent in agents
-        }
-        return await asyncio.to_thread(started_elsewhere, self.state_db, known, self.profile)
+        drives (`exists` says which Tether sessions exist), when anything moved."""
+        return await asyncio.to_thread(self.watch.started_elsewhere, exists)
+
+    async def agent_look_again(self) -> None:
+        """The last pass failed: the next one looks although nothing moved since."""
+        await asyncio.to_thread(self.watch.look_again)
 
     async def bind(self, session_id: str, agent_session_id: str) -> bool:
         return await asyncio.to_thread(self.proofs.bind, session_id, agent_session_id)
@@ -232,6 +233,7 @@ class HermesRuntime:
         await asyncio.gather(*(h.close() for h in handles), return_exceptions=True)
         self._handles.clear()
         self._utility = None
+        await asyncio.to_thread(self.watch.close)
 
 
 class HermesHandle:

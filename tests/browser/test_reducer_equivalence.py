@@ -306,6 +306,15 @@ def generate(seed: int) -> list[Event]:
                             "approval_id": rnd.choice(["ap1", f"ap{step}"]),
                             "command": rnd.choice(TEXTS),
                             "description": rnd.choice([*TEXTS, None]),
+                            **(
+                                {}
+                                if rnd.random() < 0.3
+                                else {
+                                    "choices": rnd.choice(
+                                        [["once", "session", "always", "deny"], [], "once", 3]
+                                    )
+                                }
+                            ),
                         },
                         sid_of(),
                     )
@@ -317,7 +326,7 @@ def generate(seed: int) -> list[Event]:
                         {
                             "stream_id": stream,
                             "approval_id": rnd.choice(["ap1", f"ap{step}x"]),
-                            "choice": rnd.choice(["once", "deny"]),
+                            "choice": rnd.choice(["once", "session", "always", "deny"]),
                             "reason": rnd.choice(["user", "timeout", "stopped"]),
                         },
                         sid_of(),

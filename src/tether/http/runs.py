@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Path
 from fastapi.responses import FileResponse
 
@@ -24,6 +26,7 @@ from tether.http.schemas import (
     TurnStarted,
 )
 from tether.runs.intake import check_message, decode_uploads
+from tether.runtimes.base import ChoiceNotOffered
 
 router = APIRouter(tags=["runs"])
 
@@ -67,11 +70,15 @@ async def steer_run(app: App, body: SteerRun) -> dict:
     response_model=None,
     responses=documented(400, 413, ok=ApproveResult),
 )
-async def approve_run(app: App, body: ApproveRun) -> dict:
-    """Allow (`once`) or refuse (`deny`) the command a running agent asked about
-    (`approval.requested`). `accepted` is false when that prompt was already answered, timed
-    out, or its run ended; nothing changes then."""
-    return await app.engine.approve(body.stream_id, body.approval_id, body.choice)
+async def approve_run(app: App, body: ApproveRun) -> Any:
+    """Allow (`once`, `session`, `always`) or refuse (`deny`) the command a running agent
+    asked about (`approval.requested`, whose `choices` say which it offers). `accepted` is
+    false when that prompt was already answered, timed out, or its run ended; a choice it
+    does not offer is 400. Nothing changes then."""
+    try:
+        return await app.engine.approve(body.stream_id, body.approval_id, body.choice)
+    except ChoiceNotOffered as exc:
+        return error(400, "invalid_request", str(exc))
 
 
 @router.post(

@@ -98,8 +98,10 @@ class SteerRun(Body):
 class ApproveRun(Body):
     stream_id: Id
     approval_id: Id
-    choice: Literal["once", "deny"] = Field(
-        description="`once`: run this command this time; `deny`: refuse it"
+    choice: Literal["once", "session", "always", "deny"] = Field(
+        description="`once`: run this command this time; `session`: allow its kind for the rest "
+        "of this session; `always`: add it to the agent's permanent allowlist; `deny`: refuse "
+        "it. Only the prompt's `choices` are accepted"
     )
 
 

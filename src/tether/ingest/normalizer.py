@@ -170,6 +170,7 @@ class Normalizer:
                         "approval_id": event.approval_id,
                         "command": _clip(event.command, RESULT_PREVIEW_CHARS),
                         "description": event.description,
+                        "choices": list(event.choices),
                     },
                 )
             ]

@@ -60,6 +60,12 @@ def notice_text(state: str, data: dict[str, Any]) -> str | None:
     return f"Ended: {state}"
 
 
+def _offered(choices: Any) -> list[str]:
+    """An approval prompt's answers; a prompt recorded before choices existed offered two."""
+    offered = [c for c in choices if isinstance(c, str)] if isinstance(choices, list) else []
+    return offered or ["once", "deny"]
+
+
 class TranscriptFold:
     """Fold state; `apply` ignores events it has already seen, `view` returns fresh copies."""
 
@@ -207,6 +213,7 @@ class TranscriptFold:
                 "approval_id": data["approval_id"],
                 "command": data.get("command", ""),
                 "description": data.get("description", ""),
+                "choices": _offered(data.get("choices")),
                 "choice": None,
                 "reason": None,
             },

@@ -199,7 +199,8 @@ class RunEngine:
 
     async def approve(self, stream_id: str, approval_id: str, choice: str) -> dict[str, Any]:
         """The user's answer to an approval prompt of a running agent. Not accepted when the
-        run or the prompt is no longer open (answered, timed out, stopped)."""
+        run or the prompt is no longer open (answered, timed out, stopped); a choice the
+        open prompt does not offer raises `ChoiceNotOffered` (nothing changes)."""
         run = self.registry.get(stream_id)
         accepted = (
             run is not None

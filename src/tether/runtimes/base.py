@@ -82,12 +82,13 @@ class ApprovalRequested:
     approval_id: str
     command: str
     description: str
+    choices: tuple[str, ...] = ("once", "deny")  # what the agent offers, of CHOICES
 
 
 @dataclass(frozen=True, slots=True)
 class ApprovalResolved:
     approval_id: str
-    choice: str  # "once" | "deny"
+    choice: str  # one of ApprovalDesk.CHOICES
     reason: str  # "user" | "timeout" | "stopped"
 
 
@@ -185,36 +186,53 @@ class SteerInbox:
         return taken
 
 
+class ChoiceNotOffered(ValueError):
+    """The answer is not one the open prompt offers (the agent hid it: `choices`)."""
+
+    def __init__(self, choices: tuple[str, ...]):
+        super().__init__(f"This question offers only: {', '.join(choices)}.")
+        self.choices = choices
+
+
 class ApprovalDesk:
     """A run's open approval prompts. The runtime opens one and waits for its answer; the
     engine answers from `POST /api/chat/approve`; closing the desk (the run ended) denies
-    whatever is still open, so an agent never waits on a run that is gone."""
+    whatever is still open, so an agent never waits on a run that is gone.
 
-    CHOICES = ("once", "deny")
+    The choices are Hermes Agent's own: `once` (this command, this time), `session` (its
+    pattern for the rest of this session), `always` (its permanent allowlist) and `deny`."""
+
+    CHOICES = ("once", "session", "always", "deny")
 
     def __init__(self) -> None:
-        self._open: dict[str, asyncio.Future[str]] = {}
+        self._open: dict[str, tuple[asyncio.Future[str], tuple[str, ...]]] = {}
         self.closed = False
 
-    def open(self, approval_id: str) -> asyncio.Future[str]:
+    def open(
+        self, approval_id: str, choices: tuple[str, ...] = ("once", "deny")
+    ) -> asyncio.Future[str]:
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         if self.closed:
             future.set_result("deny")
         else:
-            self._open[approval_id] = future
+            self._open[approval_id] = (future, choices)
         return future
 
     def answer(self, approval_id: str, choice: str) -> bool:
-        """True when this prompt was open and now has the answer."""
-        future = self._open.pop(approval_id, None)
+        """True when this prompt was open and now has the answer. A choice the prompt does
+        not offer raises `ChoiceNotOffered` and leaves it open."""
+        future, choices = self._open.get(approval_id, (None, ()))
         if future is None or future.done() or choice not in self.CHOICES:
             return False
+        if choice not in choices:
+            raise ChoiceNotOffered(choices)
+        del self._open[approval_id]
         future.set_result(choice)
         return True
 
     def close(self) -> None:
         self.closed = True
-        for future in self._open.values():
+        for future, _ in self._open.values():
             if not future.done():
                 future.set_result("deny")
         self._open.clear()

@@ -142,11 +142,12 @@ class HermesRuntime:
             config["toolsets"] = [t.strip() for t in toolsets.split(",") if t.strip()]
         return config
 
-    async def spawn(self, agent_session_id: str) -> SidecarProcess:
+    async def spawn(self, session_id: str, agent_session_id: str) -> SidecarProcess:
         cwd = Path(self.settings.workspace).expanduser() if self.settings.workspace else self.home
         process = SidecarProcess(self.python, self.child_env(), cwd)
+        config = {**self.agent_config(agent_session_id), "approval_session_key": session_id}
         try:
-            await process.start(self.agent_config(agent_session_id))
+            await process.start(config)
         except SidecarError as exc:
             raise RuntimeUnavailable(f"Hermes Agent could not start: {exc}") from exc
         return process
@@ -263,7 +264,7 @@ class HermesHandle:
             self.agent_session_id = await asyncio.to_thread(
                 live_tip, self.runtime.state_db, self.agent_session_id, self.runtime.profile
             )
-            self.process = await self.runtime.spawn(self.agent_session_id)
+            self.process = await self.runtime.spawn(self.session_id, self.agent_session_id)
             self.turn_open = False
         return self.process
 

@@ -281,24 +281,41 @@ class Session:
             emit("steer_taken", steer_ids=taken)
 
     # -- approvals (the agent's thread blocks here) ----------------------------------------
-    def on_approval(self, command: Any, description: Any, **_: Any) -> str:
+    def on_approval(
+        self, command: Any, description: Any, *, allow_permanent: bool = True, **extra: Any
+    ) -> str:
         """Hermes' prompt for a command its dangerous-command rules flag: ask Tether and wait
-        for the user's answer. No answer in time, or the turn stopped, is a denial."""
+        for the user's answer. No answer in time, or the turn stopped, is a denial.
+
+        The answer is Hermes' own (`tools.approval.prompt_dangerous_approval`): `once`,
+        `session` or `always`, which `check_all_command_guards` then records in its session
+        allowlist (`approve_session`, keyed by the approval session key) or its permanent
+        one (`approve_permanent` + `save_permanent_allowlist`: `command_allowlist` in the
+        home's config.yaml), or `deny`. Hermes hides `always` when `allow_permanent` is
+        false (tirith findings), and offers only `once` and `deny` when its smart approval
+        said DENY and the owner may override it (`smart_denied`)."""
+        if extra.get("smart_denied"):
+            choices = ["once", "deny"]
+        elif allow_permanent:
+            choices = ["once", "session", "always", "deny"]
+        else:
+            choices = ["once", "session", "deny"]
         with self.approval_lock:
             self.approval_count += 1
             approval_id = f"ap{self.approval_count}"
-            answered, slot = threading.Event(), ["deny", "timeout"]
+            answered, slot = threading.Event(), ["deny", "timeout", *choices]
             self.approvals[approval_id] = (answered, slot)
         emit(
             "approval_requested",
             approval_id=approval_id,
             command=str(command),
             description=str(description),
+            choices=choices,
         )
         answered.wait(self.approval_seconds)
         with self.approval_lock:
             self.approvals.pop(approval_id, None)
-            choice, reason = slot
+            choice, reason = slot[:2]
         emit("approval_resolved", approval_id=approval_id, choice=choice, reason=reason)
         return choice
 
@@ -307,7 +324,8 @@ class Session:
             waiting = self.approvals.get(approval_id)
             if waiting is None or waiting[0].is_set():
                 return
-            waiting[1][:] = [choice if choice in ("once", "deny") else "deny", reason]
+            offered = waiting[1][2:]
+            waiting[1][:2] = [choice if choice in offered else "deny", reason]
             waiting[0].set()
 
     def deny_open_approvals(self) -> None:
@@ -336,10 +354,13 @@ class Session:
     def _run_turn(self, cmd: dict[str, Any]) -> None:
         # Ask the user through Tether before a flagged command (never auto-approve): an
         # interactive context with our prompt; Hermes carries both to its tool threads.
-        from tools.approval import set_hermes_interactive_context
+        from tools.approval import set_current_session_key, set_hermes_interactive_context
         from tools.terminal_tool import set_approval_callback
 
         set_hermes_interactive_context(True)
+        # "Allow for this session" is keyed by the Tether session, which outlives the agent
+        # sessions its compressions rotate into.
+        set_current_session_key(str(self.config.get("approval_session_key") or "default"))
         set_approval_callback(self.on_approval)
         self.after_tool = False
         self.last_usage = None

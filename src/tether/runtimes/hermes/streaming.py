@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from tether.runtimes.base import (
+    ApprovalDesk,
     ApprovalRequested,
     ApprovalResolved,
     CompressionCompleted,
@@ -108,6 +109,7 @@ def _map(event: dict[str, Any], turn: TurnInput) -> RuntimeEvent | None:
             str(event.get("approval_id")),
             str(event.get("command") or ""),
             str(event.get("description") or ""),
+            _choices(event),
         )
     if kind == "approval_resolved":
         return ApprovalResolved(
@@ -118,6 +120,14 @@ def _map(event: dict[str, Any], turn: TurnInput) -> RuntimeEvent | None:
     if kind == "usage":
         return Usage(int(event.get("prompt_tokens") or 0), int(event.get("completion_tokens") or 0))
     return None
+
+
+def _choices(event: dict[str, Any]) -> tuple[str, ...]:
+    """The answers the agent offers for this prompt (sidecar.py `on_approval`)."""
+    offered = event.get("choices")
+    if not isinstance(offered, list):
+        return ("once", "deny")
+    return tuple(c for c in ApprovalDesk.CHOICES if c in offered) or ("once", "deny")
 
 
 async def run_turn(handle: HermesHandle, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
@@ -184,7 +194,7 @@ async def run_turn(handle: HermesHandle, turn: TurnInput) -> AsyncIterator[Runti
             if kind == "approval_requested":
                 approval_id = str(event.get("approval_id"))
                 if turn.approvals is not None:
-                    asked[approval_id] = turn.approvals.open(approval_id)
+                    asked[approval_id] = turn.approvals.open(approval_id, _choices(event))
                 else:  # driven without a way to ask anyone: refuse
                     process.send({"op": "approve", "approval_id": approval_id, "choice": "deny"})
             if kind == "steer_taken":

@@ -289,7 +289,7 @@ class App {
     bar.hidden = false;
   }
 
-  /** "Allow once" / "Deny" on an approval prompt (transcript.js renders them). */
+  /** An answer to an approval prompt ("Allow once", "Deny", ...: transcript.js renders them). */
   async onApprovalClick(event) {
     const button = event.target.closest(".approval-actions button");
     if (!button) return;

@@ -23,6 +23,12 @@ const has = (obj, key) =>
 // Python's `dict.get(key, default)`: a present null stays null.
 const get = (obj, key, fallback = null) => (has(obj, key) ? obj[key] : fallback);
 
+/** An approval prompt's answers; one recorded before choices existed offered two. */
+function offered(choices) {
+  const list = Array.isArray(choices) ? choices.filter((c) => typeof c === "string") : [];
+  return list.length > 0 ? list : ["once", "deny"];
+}
+
 function truthy(value) {
   // Python truthiness of a JSON value
   if (Array.isArray(value)) return value.length > 0;
@@ -280,6 +286,7 @@ on(["approval.requested", "approval.resolved"], (state, env, data) => {
     approval_id: data.approval_id,
     command: get(data, "command", ""),
     description: get(data, "description", ""),
+    choices: offered(get(data, "choices")),
     choice: null,
     reason: null,
   });

@@ -59,8 +59,21 @@ const APPROVAL_OUTCOMES = {
   stopped: "Denied: the run ended before an answer.",
 };
 
+/** Hermes Agent's answers (runtimes/base.py ApprovalDesk), in the order it offers them. */
+const APPROVAL_CHOICES = {
+  once: { label: "Allow once", kind: "approve", outcome: "Allowed once." },
+  session: {
+    label: "Allow for this session",
+    kind: "approve",
+    outcome: "Allowed for this session.",
+  },
+  always: { label: "Always allow", kind: "approve", outcome: "Always allowed." },
+  deny: { label: "Deny", kind: "deny" },
+};
+
 function approvalOutcome(item, live) {
-  if (item.choice === "once") return "Allowed once.";
+  const allowed = item.choice !== "deny" && APPROVAL_CHOICES[item.choice]?.outcome;
+  if (allowed) return allowed;
   if (item.choice === "deny") return APPROVAL_OUTCOMES[item.reason] ?? "Denied.";
   return live ? "" : "Not answered.";
 }
@@ -110,22 +123,7 @@ function buildBlock(block) {
           h("span", { class: "approval-description" }),
         ),
         h("pre", { class: "approval-command" }),
-        h(
-          "div",
-          { class: "approval-actions" },
-          h("button", {
-            type: "button",
-            class: "btn approve",
-            text: "Allow once",
-            dataset: { choice: "once" },
-          }),
-          h("button", {
-            type: "button",
-            class: "btn deny",
-            text: "Deny",
-            dataset: { choice: "deny" },
-          }),
-        ),
+        h("div", { class: "approval-actions" }),
         h("div", { class: "approval-outcome", role: "status" }),
       );
     case "notice":
@@ -177,6 +175,20 @@ function updateBlock(el, block, live) {
       const actions = el.querySelector(".approval-actions");
       actions.dataset.stream = item.id.slice(0, item.id.lastIndexOf(".approval."));
       actions.dataset.approval = item.approval_id;
+      const offered = item.choices.filter((choice) => choice in APPROVAL_CHOICES);
+      if (actions.dataset.choices !== offered.join(" ")) {
+        actions.dataset.choices = offered.join(" ");
+        actions.replaceChildren(
+          ...offered.map((choice) =>
+            h("button", {
+              type: "button",
+              class: `btn ${APPROVAL_CHOICES[choice].kind}`,
+              text: APPROVAL_CHOICES[choice].label,
+              dataset: { choice },
+            }),
+          ),
+        );
+      }
       actions.hidden = !(live && item.choice == null);
       el.classList.toggle("pending", live && item.choice == null);
       el.querySelector(".approval-description").textContent = item.description;

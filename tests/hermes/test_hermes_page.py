@@ -1,6 +1,7 @@
-"""The page's question cards for the real hermes-agent (`tether serve --runtime hermes`),
-in headless Chromium: layers live UI scene -> `POST /api/chat/approve` -> the runtime, and
-the visible transcript in a second tab."""
+"""The page's question cards (approvals, clarify) for the real hermes-agent (`tether serve
+--runtime hermes`), in headless Chromium: layers live UI scene -> `POST /api/chat/approve` or
+`POST /api/chat/answer` -> the runtime, and the visible transcript after a reload and in a
+second tab."""
 
 from __future__ import annotations
 
@@ -51,8 +52,14 @@ def workspace(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def server(
-    tmp_path: Path, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path, workspace: Path
+    tmp_path: Path,
+    fake: FakeOpenAI,
+    hermes_env: Path,
+    hermes_python: Path,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[ServerProcess]:
+    monkeypatch.setenv("TETHER_HERMES_TOOLSETS", "terminal,clarify")
     with running_server(
         tmp_path / "data",
         "--runtime",
@@ -101,3 +108,35 @@ def test_the_approval_card_offers_hermes_choices(
         )
         expect(tab.get_by_role("button", name="Deny")).to_have_count(0)
     assert not (workspace / "scratch").exists()
+
+
+def test_a_question_card_survives_a_reload_and_is_answered_from_another_tab(
+    context: BrowserContext, server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """Hermes' clarify tool: the card shows the question as text (never markup) and the
+    agent's choices; it is there again after a reload and in a second tab, where typed free
+    text answers it; both tabs then show the answer and offer nothing more."""
+    question = "Which colour? <img src=x onerror=alert(1)>"
+    fake.script(
+        reply(tool_call("call_1", "clarify", {"question": question, "choices": ["red", "blue"]})),
+        reply(text("Green it is.")),
+    )
+    page = context.new_page()
+    open_app(page, server.base_url)
+    send(page, "make me a button")
+    card = page.locator(".item.clarify")
+    expect(card.locator(".clarify-text")).to_have_text(question, timeout=90_000)
+    expect(card.locator("img")).to_have_count(0)
+    expect(card.locator(".clarify-choices button")).to_have_text(["red", "blue"])
+    page.reload()
+    expect(page.locator(".item.clarify .clarify-choices button")).to_have_text(["red", "blue"])
+    second = context.new_page()
+    open_app(second, server.base_url, f"/s/{session_id_of(page)}")
+    box = second.get_by_role("textbox", name="Your answer")
+    box.fill("green")
+    box.press("Enter")
+    wait_settled(page, timeout=90_000)
+    for tab in (page, second):
+        expect(tab.locator(".item.clarify .clarify-outcome")).to_have_text("You answered: green")
+        expect(tab.get_by_role("textbox", name="Your answer")).to_have_count(0)
+        expect(tab.locator(".row.assistant").last).to_contain_text("Green it is.")

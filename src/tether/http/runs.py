@@ -11,6 +11,8 @@ from tether.events import ID_PATTERN
 from tether.http.deps import App
 from tether.http.errors import documented, error
 from tether.http.schemas import (
+    AnswerQuestion,
+    AnswerResult,
     ApproveResult,
     ApproveRun,
     CancelResult,
@@ -79,6 +81,20 @@ async def approve_run(app: App, body: ApproveRun) -> Any:
         return await app.engine.approve(body.stream_id, body.approval_id, body.choice)
     except ChoiceNotOffered as exc:
         return error(400, "invalid_request", str(exc))
+
+
+@router.post(
+    "/api/chat/answer",
+    summary="Answer a question of the agent",
+    response_model=None,
+    responses=documented(400, 413, ok=AnswerResult),
+)
+async def answer_question(app: App, body: AnswerQuestion) -> dict:
+    """The user's answer to a question a running agent asked (`clarify.requested`): free
+    text or one of its choices. `accepted` is false when that question was already
+    answered, timed out, or its run ended; nothing changes then."""
+    text = check_message(body.text, app.settings)
+    return await app.engine.answer(body.stream_id, body.question_id, text)
 
 
 @router.post(

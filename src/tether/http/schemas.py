@@ -205,6 +205,12 @@ class CancelResult(Out):
     stream_id: str | None
 
 
+class AnswerQuestion(Body):
+    stream_id: Id
+    question_id: Id
+    text: StrictStr = Field(description="The answer: free text, or one of the question's choices")
+
+
 class SteerResult(Out):
     accepted: bool
     reason: str | None = None
@@ -215,6 +221,12 @@ class ApproveResult(Out):
     accepted: bool = Field(description="False when the prompt or the run is no longer open")
     stream_id: str
     approval_id: str
+
+
+class AnswerResult(Out):
+    accepted: bool = Field(description="False when the question or the run is no longer open")
+    stream_id: str
+    question_id: str
 
 
 class Queued(Out):

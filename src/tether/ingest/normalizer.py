@@ -20,6 +20,8 @@ from tether.log import Draft
 from tether.runtimes.base import (
     ApprovalRequested,
     ApprovalResolved,
+    ClarifyRequested,
+    ClarifyResolved,
     CompressionCompleted,
     CompressionStarted,
     Finished,
@@ -70,6 +72,7 @@ class Normalizer:
         self.usage: dict[str, int] | None = None
         self.finished: Finished | None = None
         self.compressed = False
+        self._questions: list[str] = []  # clarify questions asked and not yet resolved
 
     def _draft(self, type_: str, data: dict[str, Any]) -> Draft:
         return Draft(
@@ -185,6 +188,23 @@ class Normalizer:
                     },
                 )
             ]
+        if isinstance(event, ClarifyRequested):
+            self._questions.append(event.question_id)
+            return [
+                self._draft(
+                    ev.CLARIFY_REQUESTED,
+                    {
+                        "question_id": event.question_id,
+                        "question": event.question,
+                        "choices": list(event.choices),
+                    },
+                )
+            ]
+        if isinstance(event, ClarifyResolved):
+            if event.question_id not in self._questions:
+                return []  # answered once already (or never asked in this run)
+            self._questions.remove(event.question_id)
+            return [self._resolved(event.question_id, event.text, event.reason)]
         if isinstance(event, SteerDelivered):
             return [self._draft(ev.STEER_DELIVERED, {"steer_ids": event.steer_ids})]
         if isinstance(event, CompressionStarted):
@@ -214,6 +234,18 @@ class Normalizer:
             self.finished = event
             return []
         raise TypeError(f"not a runtime event: {event!r}")
+
+    def _resolved(self, question_id: str, text: str, reason: str) -> Draft:
+        return self._draft(
+            ev.CLARIFY_RESOLVED, {"question_id": question_id, "text": text, "reason": reason}
+        )
+
+    def open_questions_stopped(self) -> list[Draft]:
+        """The run ends: every question still open is resolved `stopped` (nobody answered),
+        so no tab keeps offering an answer nobody can take."""
+        drafts = [self._resolved(q, "", "stopped") for q in self._questions]
+        self._questions.clear()
+        return drafts
 
     def started(self, runtime: str, model: str) -> Draft:
         return self._draft(

@@ -92,6 +92,23 @@ class ApprovalResolved:
     reason: str  # "user" | "timeout" | "stopped"
 
 
+@dataclass(frozen=True, slots=True)
+class ClarifyRequested:
+    """The agent asks the user a question (Hermes' clarify tool) and waits for the answer:
+    free text, or one of its `choices` (none: an open question)."""
+
+    question_id: str
+    question: str
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClarifyResolved:
+    question_id: str
+    text: str  # the user's answer ("" when nobody answered)
+    reason: str  # "user" | "timeout" | "stopped"
+
+
 RuntimeEvent = (
     ReasoningDelta
     | TextDelta
@@ -103,6 +120,8 @@ RuntimeEvent = (
     | Finished
     | ApprovalRequested
     | ApprovalResolved
+    | ClarifyRequested
+    | ClarifyResolved
 )
 
 # Stable error codes of API.md §4.
@@ -155,6 +174,8 @@ class TurnInput:
     """The turn's `submitted_at` in the log (the view's `pending_started_at`)."""
     approvals: ApprovalDesk | None = None
     """Where the user's answers to the run's approval prompts arrive."""
+    questions: QuestionDesk | None = None
+    """Where the user's answers to the agent's clarify questions arrive."""
 
 
 class SteerInbox:
@@ -235,6 +256,39 @@ class ApprovalDesk:
         for future, _ in self._open.values():
             if not future.done():
                 future.set_result("deny")
+        self._open.clear()
+
+
+class QuestionDesk:
+    """A run's open clarify questions, like `ApprovalDesk`: the runtime opens one and waits;
+    the engine answers from `POST /api/chat/answer`; closing the desk (the run ended) gives
+    whatever is still open None (nobody answered)."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, asyncio.Future[str | None]] = {}
+        self.closed = False
+
+    def open(self, question_id: str) -> asyncio.Future[str | None]:
+        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        if self.closed:
+            future.set_result(None)
+        else:
+            self._open[question_id] = future
+        return future
+
+    def answer(self, question_id: str, text: str) -> bool:
+        """True when this question was open and now has the answer."""
+        future = self._open.pop(question_id, None)
+        if future is None or future.done():
+            return False
+        future.set_result(text)
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+        for future in self._open.values():
+            if not future.done():
+                future.set_result(None)
         self._open.clear()
 
 

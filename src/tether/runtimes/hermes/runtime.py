@@ -137,6 +137,9 @@ class HermesRuntime:
         approval_seconds = os.environ.get("TETHER_HERMES_APPROVAL_SECONDS")
         if approval_seconds:
             config["approval_seconds"] = float(approval_seconds)
+        clarify_seconds = os.environ.get("TETHER_HERMES_CLARIFY_SECONDS")
+        if clarify_seconds:
+            config["clarify_seconds"] = float(clarify_seconds)
         toolsets = os.environ.get("TETHER_HERMES_TOOLSETS")
         if toolsets is not None:
             config["toolsets"] = [t.strip() for t in toolsets.split(",") if t.strip()]

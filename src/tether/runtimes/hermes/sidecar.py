@@ -85,6 +85,9 @@ class Session:
         self.approval_lock = threading.Lock()
         self.approval_count = 0
         self.approval_seconds = float(config.get("approval_seconds") or 300)
+        # Clarify questions waiting on Tether: id -> (answered, [text, reason]).
+        self.questions: dict[str, tuple[threading.Event, list[str]]] = {}
+        self.question_count = 0
         self._patch_steer_marker()
         session = self
 
@@ -132,6 +135,7 @@ class Session:
             interim_assistant_callback=self.on_interim,
             status_callback=self.on_status,
             step_callback=self.on_step,
+            clarify_callback=self.on_clarify,
         )
         if config.get("toolsets") is not None:
             kwargs["enabled_toolsets"] = config["toolsets"]
@@ -329,10 +333,48 @@ class Session:
             waiting[0].set()
 
     def deny_open_approvals(self) -> None:
+        """The turn stops: every open approval is denied, every open question unanswered."""
         with self.approval_lock:
             open_ids = list(self.approvals)
+            open_questions = list(self.questions)
         for approval_id in open_ids:
             self.answer_approval(approval_id, "deny", "stopped")
+        for question_id in open_questions:
+            self.answer_question(question_id, "", "stopped")
+
+    # -- clarify (the agent's thread blocks here) -------------------------------------------
+    def on_clarify(self, question: Any, choices: Any) -> str:
+        """Hermes' clarify tool (`tools.clarify_tool`, `callback(question, choices) -> str`):
+        ask Tether and wait for the user's answer. When nobody answers (the timeout, or the
+        turn stopped), the tool gets the sentinel Hermes' own gateway returns then, so the
+        agent decides on its own; the timeout is Hermes' `agent.clarify_timeout` unless
+        Tether's config sets one."""
+        from tools.clarify_gateway import get_clarify_timeout
+
+        timeout = float(self.config.get("clarify_seconds") or get_clarify_timeout())
+        offered = [str(c) for c in choices] if isinstance(choices, list) else []
+        with self.approval_lock:
+            self.question_count += 1
+            question_id = f"q{self.question_count}"
+            answered, slot = threading.Event(), ["", "timeout"]
+            self.questions[question_id] = (answered, slot)
+        emit("clarify_requested", question_id=question_id, question=str(question), choices=offered)
+        answered.wait(timeout)
+        with self.approval_lock:
+            self.questions.pop(question_id, None)
+            text, reason = slot
+        emit("clarify_resolved", question_id=question_id, text=text, reason=reason)
+        if reason != "user" or not text:
+            return f"[user did not respond within {int(timeout / 60)}m]"
+        return text
+
+    def answer_question(self, question_id: str, text: str, reason: str = "user") -> None:
+        with self.approval_lock:
+            waiting = self.questions.get(question_id)
+            if waiting is None or waiting[0].is_set():
+                return
+            waiting[1][:] = [text, reason]
+            waiting[0].set()
 
     # -- a turn -----------------------------------------------------------------------------
     def start_turn(self, cmd: dict[str, Any]) -> None:
@@ -559,6 +601,8 @@ def main() -> int:
                 session.agent.interrupt(cmd.get("message"))
             elif op == "approve":
                 session.answer_approval(str(cmd.get("approval_id")), str(cmd.get("choice")))
+            elif op == "answer":
+                session.answer_question(str(cmd.get("question_id")), str(cmd.get("text") or ""))
             elif op == "complete":
                 threading.Thread(target=session.complete, args=(cmd,), daemon=True).start()
             elif op == "close":

@@ -17,6 +17,8 @@ from tether.runtimes.base import (
     ApprovalDesk,
     ApprovalRequested,
     ApprovalResolved,
+    ClarifyRequested,
+    ClarifyResolved,
     CompressionCompleted,
     CompressionStarted,
     ProviderError,
@@ -117,6 +119,19 @@ def _map(event: dict[str, Any], turn: TurnInput) -> RuntimeEvent | None:
             str(event.get("choice")),
             str(event.get("reason") or "user"),
         )
+    if kind == "clarify_requested":
+        offered = event.get("choices")
+        return ClarifyRequested(
+            str(event.get("question_id")),
+            str(event.get("question") or ""),
+            tuple(str(c) for c in offered) if isinstance(offered, list) else (),
+        )
+    if kind == "clarify_resolved":
+        return ClarifyResolved(
+            str(event.get("question_id")),
+            str(event.get("text") or ""),
+            str(event.get("reason") or "user"),
+        )
     if kind == "usage":
         return Usage(int(event.get("prompt_tokens") or 0), int(event.get("completion_tokens") or 0))
     return None
@@ -154,6 +169,7 @@ async def run_turn(handle: HermesHandle, turn: TurnInput) -> AsyncIterator[Runti
     handle.turn_open = True
     done = False
     asked: dict[str, asyncio.Future[str]] = {}  # approval prompts the user has not answered
+    questions: dict[str, asyncio.Future[str | None]] = {}  # clarify questions, likewise
     try:
         while True:
             for steer_id, text in steers.take_new():
@@ -164,6 +180,13 @@ async def run_turn(handle: HermesHandle, turn: TurnInput) -> AsyncIterator[Runti
                     process.send(
                         {"op": "approve", "approval_id": approval_id, "choice": answer.result()}
                     )
+            for question_id, reply in list(questions.items()):
+                if reply.done():
+                    del questions[question_id]
+                    if reply.result() is not None:  # None: the run ended (Stop answers it)
+                        process.send(
+                            {"op": "answer", "question_id": question_id, "text": reply.result()}
+                        )
             try:
                 event = await asyncio.wait_for(process.events.get(), STEER_POLL_SECONDS)
             except TimeoutError:
@@ -197,6 +220,12 @@ async def run_turn(handle: HermesHandle, turn: TurnInput) -> AsyncIterator[Runti
                     asked[approval_id] = turn.approvals.open(approval_id, _choices(event))
                 else:  # driven without a way to ask anyone: refuse
                     process.send({"op": "approve", "approval_id": approval_id, "choice": "deny"})
+            if kind == "clarify_requested":
+                question_id = str(event.get("question_id"))
+                if turn.questions is not None:
+                    questions[question_id] = turn.questions.open(question_id)
+                else:  # driven without a way to ask anyone: nobody answers
+                    process.send({"op": "answer", "question_id": question_id, "text": ""})
             if kind == "steer_taken":
                 steers.taken([str(i) for i in event.get("steer_ids") or []])
                 continue

@@ -23,9 +23,13 @@ const has = (obj, key) =>
 // Python's `dict.get(key, default)`: a present null stays null.
 const get = (obj, key, fallback = null) => (has(obj, key) ? obj[key] : fallback);
 
+function strings(values) {
+  return Array.isArray(values) ? values.filter((v) => typeof v === "string") : [];
+}
+
 /** An approval prompt's answers; one recorded before choices existed offered two. */
 function offered(choices) {
-  const list = Array.isArray(choices) ? choices.filter((c) => typeof c === "string") : [];
+  const list = strings(choices);
   return list.length > 0 ? list : ["once", "deny"];
 }
 
@@ -292,6 +296,23 @@ on(["approval.requested", "approval.resolved"], (state, env, data) => {
   });
   if (env.type === "approval.resolved") {
     Object.assign(item, { choice: get(data, "choice"), reason: get(data, "reason") });
+    touch(state, item);
+  }
+});
+
+on(["clarify.requested", "clarify.resolved"], (state, env, data) => {
+  const scene = sceneOf(state, env);
+  if (scene === undefined) return;
+  const item = ensureItem(state, scene, `${scene.stream_id}.clarify.${data.question_id}`, {
+    type: "clarify",
+    question_id: data.question_id,
+    question: get(data, "question", ""),
+    choices: strings(get(data, "choices")),
+    text: null,
+    reason: null,
+  });
+  if (env.type === "clarify.resolved") {
+    Object.assign(item, { text: get(data, "text"), reason: get(data, "reason") });
     touch(state, item);
   }
 });

@@ -78,6 +78,17 @@ function approvalOutcome(item, live) {
   return live ? "" : "Not answered.";
 }
 
+const CLARIFY_OUTCOMES = {
+  timeout: "Nobody answered in time; the agent decides on its own.",
+  stopped: "The run ended before an answer.",
+};
+
+function clarifyOutcome(item, live) {
+  if (item.reason === "user") return `You answered: ${item.text}`;
+  if (item.reason != null) return CLARIFY_OUTCOMES[item.reason] ?? "Not answered.";
+  return live ? "" : "Not answered.";
+}
+
 function buildBlock(block) {
   switch (block.kind) {
     case "text":
@@ -125,6 +136,25 @@ function buildBlock(block) {
         h("pre", { class: "approval-command" }),
         h("div", { class: "approval-actions" }),
         h("div", { class: "approval-outcome", role: "status" }),
+      );
+    case "clarify":
+      return h(
+        "div",
+        { class: "item clarify", role: "group", "aria-label": "Question" },
+        h(
+          "div",
+          { class: "clarify-question" },
+          h("strong", { text: "The agent asks: " }),
+          h("span", { class: "clarify-text" }),
+        ),
+        h(
+          "form",
+          { class: "clarify-actions" },
+          h("div", { class: "clarify-choices" }),
+          h("input", { class: "clarify-input", type: "text", "aria-label": "Your answer" }),
+          h("button", { type: "submit", class: "btn approve", text: "Answer" }),
+        ),
+        h("div", { class: "clarify-outcome", role: "status" }),
       );
     case "notice":
       return h("div", { class: "item terminal", role: "status" });
@@ -194,6 +224,32 @@ function updateBlock(el, block, live) {
       el.querySelector(".approval-description").textContent = item.description;
       el.querySelector(".approval-command").textContent = item.command;
       el.querySelector(".approval-outcome").textContent = approvalOutcome(item, live);
+      break;
+    }
+    case "clarify": {
+      // The item id is `<stream_id>.clarify.<question_id>` (projections/transcript.py).
+      const form = el.querySelector(".clarify-actions");
+      form.dataset.stream = item.id.slice(0, item.id.lastIndexOf(".clarify."));
+      form.dataset.question = item.question_id;
+      const open = live && item.reason == null;
+      form.hidden = !open;
+      el.classList.toggle("pending", open);
+      el.querySelector(".clarify-text").textContent = item.question;
+      const choices = el.querySelector(".clarify-choices");
+      if (choices.dataset.choices !== JSON.stringify(item.choices)) {
+        choices.dataset.choices = JSON.stringify(item.choices);
+        choices.replaceChildren(
+          ...item.choices.map((choice) =>
+            h("button", {
+              type: "button",
+              class: "btn",
+              text: choice,
+              dataset: { answer: choice },
+            }),
+          ),
+        );
+      }
+      el.querySelector(".clarify-outcome").textContent = clarifyOutcome(item, live);
       break;
     }
     case "notice":

@@ -33,6 +33,8 @@ _COMMANDS = os.fdopen(os.dup(0), "r", encoding="utf-8")
 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 sys.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
 
+from sidecar_prompts import UserPrompts  # noqa: E402 - beside this script, stdlib only
+
 _WRITE_LOCK = threading.Lock()
 SUMMARY_MARKER = "[CONTEXT COMPACTION"
 
@@ -80,14 +82,11 @@ class Session:
         self.tool_meta: dict[str, dict[str, Any]] = {}
         self.after_tool = False
         self.last_usage: tuple[int, int] | None = None
-        # Approval prompts waiting on Tether: id -> (answered, [choice, reason]).
-        self.approvals: dict[str, tuple[threading.Event, list[str]]] = {}
-        self.approval_lock = threading.Lock()
-        self.approval_count = 0
-        self.approval_seconds = float(config.get("approval_seconds") or 300)
-        # Clarify questions waiting on Tether: id -> (answered, [text, reason]).
-        self.questions: dict[str, tuple[threading.Event, list[str]]] = {}
-        self.question_count = 0
+        self.prompts = UserPrompts(
+            emit,
+            float(config.get("approval_seconds") or 300),
+            config.get("clarify_seconds"),
+        )
         self._patch_steer_marker()
         session = self
 
@@ -135,7 +134,7 @@ class Session:
             interim_assistant_callback=self.on_interim,
             status_callback=self.on_status,
             step_callback=self.on_step,
-            clarify_callback=self.on_clarify,
+            clarify_callback=self.prompts.on_clarify,
         )
         if config.get("toolsets") is not None:
             kwargs["enabled_toolsets"] = config["toolsets"]
@@ -284,98 +283,6 @@ class Session:
         if taken:
             emit("steer_taken", steer_ids=taken)
 
-    # -- approvals (the agent's thread blocks here) ----------------------------------------
-    def on_approval(
-        self, command: Any, description: Any, *, allow_permanent: bool = True, **extra: Any
-    ) -> str:
-        """Hermes' prompt for a command its dangerous-command rules flag: ask Tether and wait
-        for the user's answer. No answer in time, or the turn stopped, is a denial.
-
-        The answer is Hermes' own (`tools.approval.prompt_dangerous_approval`): `once`,
-        `session` or `always`, which `check_all_command_guards` then records in its session
-        allowlist (`approve_session`, keyed by the approval session key) or its permanent
-        one (`approve_permanent` + `save_permanent_allowlist`: `command_allowlist` in the
-        home's config.yaml), or `deny`. Hermes hides `always` when `allow_permanent` is
-        false (tirith findings), and offers only `once` and `deny` when its smart approval
-        said DENY and the owner may override it (`smart_denied`)."""
-        if extra.get("smart_denied"):
-            choices = ["once", "deny"]
-        elif allow_permanent:
-            choices = ["once", "session", "always", "deny"]
-        else:
-            choices = ["once", "session", "deny"]
-        with self.approval_lock:
-            self.approval_count += 1
-            approval_id = f"ap{self.approval_count}"
-            answered, slot = threading.Event(), ["deny", "timeout", *choices]
-            self.approvals[approval_id] = (answered, slot)
-        emit(
-            "approval_requested",
-            approval_id=approval_id,
-            command=str(command),
-            description=str(description),
-            choices=choices,
-        )
-        answered.wait(self.approval_seconds)
-        with self.approval_lock:
-            self.approvals.pop(approval_id, None)
-            choice, reason = slot[:2]
-        emit("approval_resolved", approval_id=approval_id, choice=choice, reason=reason)
-        return choice
-
-    def answer_approval(self, approval_id: str, choice: str, reason: str = "user") -> None:
-        with self.approval_lock:
-            waiting = self.approvals.get(approval_id)
-            if waiting is None or waiting[0].is_set():
-                return
-            offered = waiting[1][2:]
-            waiting[1][:2] = [choice if choice in offered else "deny", reason]
-            waiting[0].set()
-
-    def deny_open_approvals(self) -> None:
-        """The turn stops: every open approval is denied, every open question unanswered."""
-        with self.approval_lock:
-            open_ids = list(self.approvals)
-            open_questions = list(self.questions)
-        for approval_id in open_ids:
-            self.answer_approval(approval_id, "deny", "stopped")
-        for question_id in open_questions:
-            self.answer_question(question_id, "", "stopped")
-
-    # -- clarify (the agent's thread blocks here) -------------------------------------------
-    def on_clarify(self, question: Any, choices: Any) -> str:
-        """Hermes' clarify tool (`tools.clarify_tool`, `callback(question, choices) -> str`):
-        ask Tether and wait for the user's answer. When nobody answers (the timeout, or the
-        turn stopped), the tool gets the sentinel Hermes' own gateway returns then, so the
-        agent decides on its own; the timeout is Hermes' `agent.clarify_timeout` unless
-        Tether's config sets one."""
-        from tools.clarify_gateway import get_clarify_timeout
-
-        timeout = float(self.config.get("clarify_seconds") or get_clarify_timeout())
-        offered = [str(c) for c in choices] if isinstance(choices, list) else []
-        with self.approval_lock:
-            self.question_count += 1
-            question_id = f"q{self.question_count}"
-            answered, slot = threading.Event(), ["", "timeout"]
-            self.questions[question_id] = (answered, slot)
-        emit("clarify_requested", question_id=question_id, question=str(question), choices=offered)
-        answered.wait(timeout)
-        with self.approval_lock:
-            self.questions.pop(question_id, None)
-            text, reason = slot
-        emit("clarify_resolved", question_id=question_id, text=text, reason=reason)
-        if reason != "user" or not text:
-            return f"[user did not respond within {int(timeout / 60)}m]"
-        return text
-
-    def answer_question(self, question_id: str, text: str, reason: str = "user") -> None:
-        with self.approval_lock:
-            waiting = self.questions.get(question_id)
-            if waiting is None or waiting[0].is_set():
-                return
-            waiting[1][:] = [text, reason]
-            waiting[0].set()
-
     # -- a turn -----------------------------------------------------------------------------
     def start_turn(self, cmd: dict[str, Any]) -> None:
         if self.turn_thread is not None and self.turn_thread.is_alive():
@@ -403,7 +310,7 @@ class Session:
         # "Allow for this session" is keyed by the Tether session, which outlives the agent
         # sessions its compressions rotate into.
         set_current_session_key(str(self.config.get("approval_session_key") or "default"))
-        set_approval_callback(self.on_approval)
+        set_approval_callback(self.prompts.on_approval)
         self.after_tool = False
         self.last_usage = None
         self.tool_meta.clear()
@@ -597,12 +504,14 @@ def main() -> int:
             elif op == "steer":
                 session.steer(str(cmd.get("steer_id")), str(cmd.get("text") or ""))
             elif op == "interrupt":
-                session.deny_open_approvals()
+                session.prompts.stop_all()
                 session.agent.interrupt(cmd.get("message"))
             elif op == "approve":
-                session.answer_approval(str(cmd.get("approval_id")), str(cmd.get("choice")))
+                session.prompts.answer_approval(str(cmd.get("approval_id")), str(cmd.get("choice")))
             elif op == "answer":
-                session.answer_question(str(cmd.get("question_id")), str(cmd.get("text") or ""))
+                session.prompts.answer_question(
+                    str(cmd.get("question_id")), str(cmd.get("text") or "")
+                )
             elif op == "complete":
                 threading.Thread(target=session.complete, args=(cmd,), daemon=True).start()
             elif op == "close":
@@ -618,7 +527,7 @@ def main() -> int:
             if op == "hello":
                 return 1
     if session is not None:
-        session.deny_open_approvals()
+        session.prompts.stop_all()
         session.agent.interrupt("Tether closed the session")
         if session.turn_thread is not None:
             session.turn_thread.join(5)

@@ -30,6 +30,9 @@ STEER_LEFTOVER = "steer.leftover"
 # extensions: the agent asked before running something flagged dangerous, and the answer
 APPROVAL_REQUESTED = "approval.requested"
 APPROVAL_RESOLVED = "approval.resolved"
+# extensions: the agent asked the user a question (Hermes' clarify tool), and the answer
+CLARIFY_REQUESTED = "clarify.requested"
+CLARIFY_RESOLVED = "clarify.resolved"
 QUEUE_ADDED = "queue.added"
 QUEUE_UPDATED = "queue.updated"
 QUEUE_REMOVED = "queue.removed"

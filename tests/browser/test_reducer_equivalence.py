@@ -206,6 +206,8 @@ def generate(seed: int) -> list[Event]:
                     "truncate",
                     "ask",
                     "answer",
+                    "question",
+                    "reply",
                 ]
             )
             if kind in ("text", "reasoning"):
@@ -306,6 +308,45 @@ def generate(seed: int) -> list[Event]:
                             "approval_id": rnd.choice(["ap1", f"ap{step}"]),
                             "command": rnd.choice(TEXTS),
                             "description": rnd.choice([*TEXTS, None]),
+                            **(
+                                {}
+                                if rnd.random() < 0.3
+                                else {
+                                    "choices": rnd.choice(
+                                        [["once", "session", "always", "deny"], [], "once", 3]
+                                    )
+                                }
+                            ),
+                        },
+                        sid_of(),
+                    )
+                )
+            elif kind == "question":
+                drafts.append(
+                    (
+                        "clarify.requested",
+                        {
+                            "stream_id": stream,
+                            "question_id": rnd.choice(["q1", f"q{step}"]),
+                            "question": rnd.choice(TEXTS),
+                            **(
+                                {}
+                                if rnd.random() < 0.3
+                                else {"choices": rnd.choice([["red", "blue"], [], "red", 3])}
+                            ),
+                        },
+                        sid_of(),
+                    )
+                )
+            elif kind == "reply":
+                drafts.append(
+                    (
+                        "clarify.resolved",
+                        {
+                            "stream_id": stream,
+                            "question_id": rnd.choice(["q1", f"q{step}x"]),
+                            "text": rnd.choice([*TEXTS, ""]),
+                            "reason": rnd.choice(["user", "timeout", "stopped"]),
                         },
                         sid_of(),
                     )
@@ -317,7 +358,7 @@ def generate(seed: int) -> list[Event]:
                         {
                             "stream_id": stream,
                             "approval_id": rnd.choice(["ap1", f"ap{step}x"]),
-                            "choice": rnd.choice(["once", "deny"]),
+                            "choice": rnd.choice(["once", "session", "always", "deny"]),
                             "reason": rnd.choice(["user", "timeout", "stopped"]),
                         },
                         sid_of(),
@@ -490,13 +531,29 @@ def test_reducer_view_equals_the_python_fold(page: Page) -> None:
         for item in m.get("timeline", [])
     )
     kinds = {item["type"] for v in views for m in v["messages"] for item in m.get("timeline", [])}
-    assert kinds == {"reasoning", "text", "tool", "compression", "steer", "notice", "approval"}
+    assert kinds == {
+        "reasoning",
+        "text",
+        "tool",
+        "compression",
+        "steer",
+        "notice",
+        "approval",
+        "clarify",
+    }
     assert any(
         item.get("choice")
         for v in views
         for m in v["messages"]
         for item in m.get("timeline", [])
         if item["type"] == "approval"
+    )
+    assert any(
+        item.get("reason") and item.get("choices")
+        for v in views
+        for m in v["messages"]
+        for item in m.get("timeline", [])
+        if item["type"] == "clarify"
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import FileResponse
 
@@ -10,6 +12,8 @@ from tether.events import ID_PATTERN
 from tether.http.deps import App
 from tether.http.errors import documented
 from tether.http.schemas import (
+    AnswerQuestion,
+    AnswerResult,
     ApproveResult,
     ApproveRun,
     CancelResult,
@@ -26,6 +30,7 @@ from tether.http.schemas import (
     TurnStarted,
 )
 from tether.runs.intake import check_message, decode_uploads
+from tether.runtimes.base import ChoiceNotOffered
 
 router = APIRouter(tags=["runs"])
 
@@ -69,11 +74,29 @@ async def steer_run(app: App, body: SteerRun) -> dict:
     response_model=None,
     responses=documented(400, 413, ok=ApproveResult),
 )
-async def approve_run(app: App, body: ApproveRun) -> dict:
-    """Allow (`once`) or refuse (`deny`) the command a running agent asked about
-    (`approval.requested`). `accepted` is false when that prompt was already answered, timed
-    out, or its run ended; nothing changes then."""
-    return await app.engine.approve(body.stream_id, body.approval_id, body.choice)
+async def approve_run(app: App, body: ApproveRun) -> Any:
+    """Allow (`once`, `session`, `always`) or refuse (`deny`) the command a running agent
+    asked about (`approval.requested`, whose `choices` say which it offers). `accepted` is
+    false when that prompt was already answered, timed out, or its run ended; a choice it
+    does not offer is 400. Nothing changes then."""
+    try:
+        return await app.engine.approve(body.stream_id, body.approval_id, body.choice)
+    except ChoiceNotOffered as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+@router.post(
+    "/api/chat/answer",
+    summary="Answer a question of the agent",
+    response_model=None,
+    responses=documented(400, 413, ok=AnswerResult),
+)
+async def answer_question(app: App, body: AnswerQuestion) -> dict:
+    """The user's answer to a question a running agent asked (`clarify.requested`): free
+    text or one of its choices. `accepted` is false when that question was already
+    answered, timed out, or its run ended; nothing changes then."""
+    text = check_message(body.text, app.settings)
+    return await app.engine.answer(body.stream_id, body.question_id, text)
 
 
 @router.post(

@@ -98,8 +98,10 @@ class SteerRun(Body):
 class ApproveRun(Body):
     stream_id: Id
     approval_id: Id
-    choice: Literal["once", "deny"] = Field(
-        description="`once`: run this command this time; `deny`: refuse it"
+    choice: Literal["once", "session", "always", "deny"] = Field(
+        description="`once`: run this command this time; `session`: allow its kind for the rest "
+        "of this session; `always`: add it to the agent's permanent allowlist; `deny`: refuse "
+        "it. Only the prompt's `choices` are accepted"
     )
 
 
@@ -218,6 +220,12 @@ class CancelResult(Out):
     stream_id: str | None
 
 
+class AnswerQuestion(Body):
+    stream_id: Id
+    question_id: Id
+    text: StrictStr = Field(description="The answer: free text, or one of the question's choices")
+
+
 class SteerResult(Out):
     accepted: bool
     reason: str | None = None
@@ -228,6 +236,12 @@ class ApproveResult(Out):
     accepted: bool = Field(description="False when the prompt or the run is no longer open")
     stream_id: str
     approval_id: str
+
+
+class AnswerResult(Out):
+    accepted: bool = Field(description="False when the question or the run is no longer open")
+    stream_id: str
+    question_id: str
 
 
 class Queued(Out):

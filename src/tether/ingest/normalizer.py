@@ -21,6 +21,8 @@ from tether.runtimes.base import (
     AnswerFinished,
     ApprovalRequested,
     ApprovalResolved,
+    ClarifyRequested,
+    ClarifyResolved,
     CompressionCompleted,
     CompressionStarted,
     Finished,
@@ -72,6 +74,7 @@ class Normalizer:
         self.finished: Finished | None = None
         self.finish_reason: str | None = None
         self.compressed = False
+        self._questions: list[str] = []  # clarify questions asked and not yet resolved
 
     def _draft(self, type_: str, data: dict[str, Any]) -> Draft:
         return Draft(
@@ -173,6 +176,7 @@ class Normalizer:
                         "approval_id": event.approval_id,
                         "command": _clip(event.command, RESULT_PREVIEW_CHARS),
                         "description": event.description,
+                        "choices": list(event.choices),
                     },
                 )
             ]
@@ -187,6 +191,23 @@ class Normalizer:
                     },
                 )
             ]
+        if isinstance(event, ClarifyRequested):
+            self._questions.append(event.question_id)
+            return [
+                self._draft(
+                    ev.CLARIFY_REQUESTED,
+                    {
+                        "question_id": event.question_id,
+                        "question": event.question,
+                        "choices": list(event.choices),
+                    },
+                )
+            ]
+        if isinstance(event, ClarifyResolved):
+            if event.question_id not in self._questions:
+                return []  # answered once already (or never asked in this run)
+            self._questions.remove(event.question_id)
+            return [self._resolved(event.question_id, event.text, event.reason)]
         if isinstance(event, SteerDelivered):
             return [self._draft(ev.STEER_DELIVERED, {"steer_ids": event.steer_ids})]
         if isinstance(event, CompressionStarted):
@@ -219,6 +240,18 @@ class Normalizer:
             self.finish_reason = event.finish_reason
             return []
         raise TypeError(f"not a runtime event: {event!r}")
+
+    def _resolved(self, question_id: str, text: str, reason: str) -> Draft:
+        return self._draft(
+            ev.CLARIFY_RESOLVED, {"question_id": question_id, "text": text, "reason": reason}
+        )
+
+    def open_questions_stopped(self) -> list[Draft]:
+        """The run ends: every question still open is resolved `stopped` (nobody answered),
+        so no tab keeps offering an answer nobody can take."""
+        drafts = [self._resolved(q, "", "stopped") for q in self._questions]
+        self._questions.clear()
+        return drafts
 
     def started(self, runtime: str, model: str) -> Draft:
         return self._draft(

@@ -75,6 +75,15 @@ def notice_text(state: str, data: dict[str, Any]) -> str | None:
     return f"Ended: {state}"
 
 
+def _strings(values: Any) -> list[str]:
+    return [v for v in values if isinstance(v, str)] if isinstance(values, list) else []
+
+
+def _offered(choices: Any) -> list[str]:
+    """An approval prompt's answers; a prompt recorded before choices existed offered two."""
+    return _strings(choices) or ["once", "deny"]
+
+
 class TranscriptFold:
     """Fold state; `apply` ignores events it has already seen, `view` returns fresh copies."""
 
@@ -223,12 +232,34 @@ class TranscriptFold:
                 "approval_id": data["approval_id"],
                 "command": data.get("command", ""),
                 "description": data.get("description", ""),
+                "choices": _offered(data.get("choices")),
                 "choice": None,
                 "reason": None,
             },
         )
         if event.type == ev.APPROVAL_RESOLVED:
             item.update(choice=data.get("choice"), reason=data.get("reason"))
+
+    def _clarify(self, event: Event) -> None:
+        """The agent asked the user a question; the item shows it, its choices and, once
+        known, the answer (or that nobody gave one)."""
+        scene = self._scene(event)
+        if scene is None:
+            return
+        data = event.data
+        item = scene.item(
+            f"{scene.stream_id}.clarify.{data['question_id']}",
+            {
+                "type": "clarify",
+                "question_id": data["question_id"],
+                "question": data.get("question", ""),
+                "choices": _strings(data.get("choices")),
+                "text": None,
+                "reason": None,
+            },
+        )
+        if event.type == ev.CLARIFY_RESOLVED:
+            item.update(text=data.get("text"), reason=data.get("reason"))
 
     def _reasoning_trimmed(self, event: Event) -> None:
         scene = self._scene(event)
@@ -416,6 +447,8 @@ _HANDLERS = {
     ev.RUN_CANCEL_REQUESTED: TranscriptFold._cancel_requested,
     ev.APPROVAL_REQUESTED: TranscriptFold._approval,
     ev.APPROVAL_RESOLVED: TranscriptFold._approval,
+    ev.CLARIFY_REQUESTED: TranscriptFold._clarify,
+    ev.CLARIFY_RESOLVED: TranscriptFold._clarify,
     ev.RUN_FINISHED: TranscriptFold._run_finished,
     ev.TRANSCRIPT_TRUNCATED: TranscriptFold._truncated,
     ev.AGENT_IMPORTED: TranscriptFold._agent_imported,

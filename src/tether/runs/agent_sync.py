@@ -51,7 +51,9 @@ class AgentSync:
                 await sync_locked(self.engine, self.agent, newest)
 
     async def forever(self, interval: float) -> None:
-        """Every `interval` seconds, a pass for each session whose agent rows moved."""
+        """Every `interval` seconds, a pass for each session whose agent rows moved. The
+        runtime answers "nothing moved" cheaply (Hermes: watch.py), so an idle pass costs
+        O(1), not O(sessions)."""
         while True:
             await asyncio.sleep(interval)
             try:
@@ -61,8 +63,17 @@ class AgentSync:
                         await sync_locked(self.engine, self.agent, session_id)
             except (StorageError, SessionNotFound) as exc:
                 log.warning("agent sync skipped a pass: %s", exc)
+                await self._look_again()
             except Exception:  # a bug here must not stop later passes
                 log.exception("agent sync failed")
+                await self._look_again()
+
+    async def _look_again(self) -> None:
+        """A runtime that skips passes when nothing moved must not skip the retry of one
+        that failed halfway (an adoption bound but not created, a session not synced)."""
+        again = getattr(self.engine.runtime, "agent_look_again", None)
+        if again is not None:
+            await again()
 
 
 async def adopt_sessions_started_elsewhere(engine: RunEngine, agent: AgentHistory) -> None:

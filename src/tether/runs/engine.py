@@ -245,7 +245,8 @@ class RunEngine:
 
     async def approve(self, stream_id: str, approval_id: str, choice: str) -> dict[str, Any]:
         """The user's answer to an approval prompt of a running agent. Not accepted when the
-        run or the prompt is no longer open (answered, timed out, stopped)."""
+        run or the prompt is no longer open (answered, timed out, stopped); a choice the
+        open prompt does not offer raises `ChoiceNotOffered` (nothing changes)."""
         run = self.registry.get(stream_id)
         accepted = (
             run is not None
@@ -254,6 +255,19 @@ class RunEngine:
             and run.approvals.answer(approval_id, choice)
         )
         return {"accepted": accepted, "stream_id": stream_id, "approval_id": approval_id}
+
+    async def answer(self, stream_id: str, question_id: str, text: str) -> dict[str, Any]:
+        """The user's answer to a question of a running agent (`clarify.requested`). Not
+        accepted when the run or the question is no longer open (answered, timed out,
+        stopped)."""
+        run = self.registry.get(stream_id)
+        accepted = (
+            run is not None
+            and not run.resolved
+            and run.phase == RUNNING
+            and run.questions.answer(question_id, text)
+        )
+        return {"accepted": accepted, "stream_id": stream_id, "question_id": question_id}
 
     # -- the worker -------------------------------------------------------------------------
     async def _work(self, run: Run, model: str | None) -> None:
@@ -299,11 +313,13 @@ class RunEngine:
             run.resolved = True
             leftovers = run.steer.close()
             run.approvals.close()  # an agent still asking gets "deny"
+            run.questions.close()  # and no answer to its questions
             if state:
                 await self._append_ending(
                     run,
                     [
                         *normalizer.end_item(),
+                        *normalizer.open_questions_stopped(),
                         *self._leftover_drafts(run, leftovers),
                         normalizer.finish(state, **extra),
                     ],
@@ -410,6 +426,7 @@ class RunEngine:
             steer=run.steer,
             submitted_at=user["created_at"] if user else None,
             approvals=run.approvals,
+            questions=run.questions,
         )
 
     async def _produce(self, handle: RuntimeHandle, turn: TurnInput, inbox: asyncio.Queue) -> None:

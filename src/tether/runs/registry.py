@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.runtimes.base import ApprovalDesk, RuntimeHandle, SteerInbox
+from tether.runtimes.base import ApprovalDesk, QuestionDesk, RuntimeHandle, SteerInbox
 
 STARTING, RUNNING, CANCELLING, FINISHED = "starting", "running", "cancelling", "finished"
 _NEXT = {
@@ -47,6 +47,7 @@ class Run:
     channel_open: bool = True
     steer: SteerInbox = field(default_factory=SteerInbox, repr=False)
     approvals: ApprovalDesk = field(default_factory=ApprovalDesk, repr=False)
+    questions: QuestionDesk = field(default_factory=QuestionDesk, repr=False)
     handle: RuntimeHandle | None = field(default=None, repr=False)  # admitted for this run
 
     def move(self, phase: str) -> None:

@@ -93,12 +93,30 @@ class ApprovalRequested:
     approval_id: str
     command: str
     description: str
+    choices: tuple[str, ...] = ("once", "deny")  # what the agent offers, of CHOICES
 
 
 @dataclass(frozen=True, slots=True)
 class ApprovalResolved:
     approval_id: str
-    choice: str  # "once" | "deny"
+    choice: str  # one of ApprovalDesk.CHOICES
+    reason: str  # "user" | "timeout" | "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class ClarifyRequested:
+    """The agent asks the user a question (Hermes' clarify tool) and waits for the answer:
+    free text, or one of its `choices` (none: an open question)."""
+
+    question_id: str
+    question: str
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClarifyResolved:
+    question_id: str
+    text: str  # the user's answer ("" when nobody answered)
     reason: str  # "user" | "timeout" | "stopped"
 
 
@@ -114,6 +132,8 @@ RuntimeEvent = (
     | Finished
     | ApprovalRequested
     | ApprovalResolved
+    | ClarifyRequested
+    | ClarifyResolved
 )
 
 # What a turn yields. A generator rather than any iterator, so the engine can close it
@@ -170,6 +190,8 @@ class TurnInput:
     """The turn's `submitted_at` in the log (the view's `pending_started_at`)."""
     approvals: ApprovalDesk | None = None
     """Where the user's answers to the run's approval prompts arrive."""
+    questions: QuestionDesk | None = None
+    """Where the user's answers to the agent's clarify questions arrive."""
 
 
 class SteerInbox:
@@ -201,38 +223,88 @@ class SteerInbox:
         return taken
 
 
+class ChoiceNotOffered(ValueError):
+    """The answer is not one the open prompt offers (the agent hid it: `choices`)."""
+
+    def __init__(self, choices: tuple[str, ...]):
+        super().__init__(f"This question offers only: {', '.join(choices)}.")
+        self.choices = choices
+
+
 class ApprovalDesk:
     """A run's open approval prompts. The runtime opens one and waits for its answer; the
     engine answers from `POST /api/chat/approve`; closing the desk (the run ended) denies
-    whatever is still open, so an agent never waits on a run that is gone."""
+    whatever is still open, so an agent never waits on a run that is gone.
 
-    CHOICES = ("once", "deny")
+    The choices are Hermes Agent's own: `once` (this command, this time), `session` (its
+    pattern for the rest of this session), `always` (its permanent allowlist) and `deny`."""
+
+    CHOICES = ("once", "session", "always", "deny")
 
     def __init__(self) -> None:
-        self._open: dict[str, asyncio.Future[str]] = {}
+        self._open: dict[str, tuple[asyncio.Future[str], tuple[str, ...]]] = {}
         self.closed = False
 
-    def open(self, approval_id: str) -> asyncio.Future[str]:
+    def open(
+        self, approval_id: str, choices: tuple[str, ...] = ("once", "deny")
+    ) -> asyncio.Future[str]:
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         if self.closed:
             future.set_result("deny")
         else:
-            self._open[approval_id] = future
+            self._open[approval_id] = (future, choices)
         return future
 
     def answer(self, approval_id: str, choice: str) -> bool:
-        """True when this prompt was open and now has the answer."""
-        future = self._open.pop(approval_id, None)
+        """True when this prompt was open and now has the answer. A choice the prompt does
+        not offer raises `ChoiceNotOffered` and leaves it open."""
+        future, choices = self._open.get(approval_id, (None, ()))
         if future is None or future.done() or choice not in self.CHOICES:
             return False
+        if choice not in choices:
+            raise ChoiceNotOffered(choices)
+        del self._open[approval_id]
         future.set_result(choice)
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+        for future, _ in self._open.values():
+            if not future.done():
+                future.set_result("deny")
+        self._open.clear()
+
+
+class QuestionDesk:
+    """A run's open clarify questions, like `ApprovalDesk`: the runtime opens one and waits;
+    the engine answers from `POST /api/chat/answer`; closing the desk (the run ended) gives
+    whatever is still open None (nobody answered)."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, asyncio.Future[str | None]] = {}
+        self.closed = False
+
+    def open(self, question_id: str) -> asyncio.Future[str | None]:
+        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        if self.closed:
+            future.set_result(None)
+        else:
+            self._open[question_id] = future
+        return future
+
+    def answer(self, question_id: str, text: str) -> bool:
+        """True when this question was open and now has the answer."""
+        future = self._open.pop(question_id, None)
+        if future is None or future.done():
+            return False
+        future.set_result(text)
         return True
 
     def close(self) -> None:
         self.closed = True
         for future in self._open.values():
             if not future.done():
-                future.set_result("deny")
+                future.set_result(None)
         self._open.clear()
 
 

@@ -69,6 +69,7 @@ class ProofStore:
     def __init__(self, path: Path):
         self.path = path
         self._lock = threading.Lock()
+        self.generation = 0  # moves with every new binding (watch.py: the poll's first question)
         path.parent.mkdir(parents=True, exist_ok=True)
         # One connection for the store's life, used from worker threads one at a time (the
         # lock): no connect and journal-mode pragma per call on a turn's path.
@@ -127,10 +128,12 @@ class ProofStore:
     def bind(self, tether_session_id: str, agent_session_id: str) -> bool:
         """Record that this Tether session drives this agent session. An agent session has
         one Tether session: the first binding stands. True when it is (now) this one's."""
-        self._run(
-            "INSERT OR IGNORE INTO bindings VALUES (?, ?, ?)",
-            (agent_session_id, tether_session_id, time.time()),
-        )
+        with self._lock:
+            inserted = self._db.execute(
+                "INSERT OR IGNORE INTO bindings VALUES (?, ?, ?)",
+                (agent_session_id, tether_session_id, time.time()),
+            ).rowcount
+            self.generation += inserted
         return self.tether_session_of(agent_session_id) == tether_session_id
 
     def agent_sessions(self, tether_session_id: str) -> list[str]:

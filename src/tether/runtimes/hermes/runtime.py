@@ -28,12 +28,13 @@ from tether.runtimes.base import (
     RuntimeUnavailable,
     TurnInput,
 )
-from tether.runtimes.hermes.agent_view import agent_news, changes, started_elsewhere
+from tether.runtimes.hermes.agent_view import agent_news
 from tether.runtimes.hermes.client import SidecarError, SidecarProcess
 from tether.runtimes.hermes.lineage import live_tip
 from tether.runtimes.hermes.proofs import ProofStore
 from tether.runtimes.hermes.reconcile import max_row_id
 from tether.runtimes.hermes.streaming import run_turn
+from tether.runtimes.hermes.watch import AgentWatch
 from tether.settings import Settings
 
 log = logging.getLogger("tether.hermes")
@@ -102,7 +103,7 @@ class HermesRuntime(Runtime):
         self._utility: HermesHandle | None = None
         self._utility_lock = asyncio.Lock()
         self._last_ts = 0.0
-        self._fingerprints: dict[str, tuple] = {}
+        self.watch = AgentWatch(self.state_db, self.proofs, self.profile)
 
     @property
     def context_window(self) -> int | None:
@@ -147,16 +148,20 @@ class HermesRuntime(Runtime):
         approval_seconds = os.environ.get("TETHER_HERMES_APPROVAL_SECONDS")
         if approval_seconds:
             config["approval_seconds"] = float(approval_seconds)
+        clarify_seconds = os.environ.get("TETHER_HERMES_CLARIFY_SECONDS")
+        if clarify_seconds:
+            config["clarify_seconds"] = float(clarify_seconds)
         toolsets = os.environ.get("TETHER_HERMES_TOOLSETS")
         if toolsets is not None:
             config["toolsets"] = [t.strip() for t in toolsets.split(",") if t.strip()]
         return config
 
-    async def spawn(self, agent_session_id: str) -> SidecarProcess:
+    async def spawn(self, session_id: str, agent_session_id: str) -> SidecarProcess:
         cwd = Path(self.settings.workspace).expanduser() if self.settings.workspace else self.home
         process = SidecarProcess(self.python, self.child_env(), cwd)
+        config = {**self.agent_config(agent_session_id), "approval_session_key": session_id}
         try:
-            await process.start(self.agent_config(agent_session_id))
+            await process.start(config)
         except SidecarError as exc:
             raise RuntimeUnavailable(f"Hermes Agent could not start: {exc}") from exc
         return process
@@ -222,17 +227,17 @@ class HermesRuntime(Runtime):
         return self
 
     async def agent_changed(self) -> list[str]:
-        bindings = await asyncio.to_thread(self.proofs.bindings)
-        return await asyncio.to_thread(changes, self.state_db, bindings, self._fingerprints)
+        """The sessions whose agent rows moved; one pragma when nothing did (watch.py)."""
+        return await asyncio.to_thread(self.watch.changed)
 
     async def agent_started_elsewhere(self, exists: Callable[[str], bool]) -> list[dict[str, Any]]:
         """Sessions a person started in the Hermes CLI/TUI that no existing Tether session
-        drives (`exists` says which Tether sessions exist)."""
-        bindings = await asyncio.to_thread(self.proofs.bindings)
-        known = {
-            agent for tether_id, agents in bindings.items() if exists(tether_id) for agent in agents
-        }
-        return await asyncio.to_thread(started_elsewhere, self.state_db, known, self.profile)
+        drives (`exists` says which Tether sessions exist), when anything moved."""
+        return await asyncio.to_thread(self.watch.started_elsewhere, exists)
+
+    async def agent_look_again(self) -> None:
+        """The last pass failed: the next one looks although nothing moved since."""
+        await asyncio.to_thread(self.watch.look_again)
 
     async def bind(self, session_id: str, agent_session_id: str) -> bool:
         return await asyncio.to_thread(self.proofs.bind, session_id, agent_session_id)
@@ -246,6 +251,7 @@ class HermesRuntime(Runtime):
         await asyncio.gather(*(h.close() for h in handles), return_exceptions=True)
         self._handles.clear()
         self._utility = None
+        await asyncio.to_thread(self.watch.close)
 
 
 class HermesHandle:
@@ -275,7 +281,7 @@ class HermesHandle:
             self.agent_session_id = await asyncio.to_thread(
                 live_tip, self.runtime.state_db, self.agent_session_id, self.runtime.profile
             )
-            self.process = await self.runtime.spawn(self.agent_session_id)
+            self.process = await self.runtime.spawn(self.session_id, self.agent_session_id)
             self.turn_open = False
         return self.process
 

@@ -33,6 +33,8 @@ _COMMANDS = os.fdopen(os.dup(0), "r", encoding="utf-8")
 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 sys.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
 
+from sidecar_prompts import UserPrompts  # noqa: E402 - beside this script, stdlib only
+
 _WRITE_LOCK = threading.Lock()
 SUMMARY_MARKER = "[CONTEXT COMPACTION"
 
@@ -80,11 +82,11 @@ class Session:
         self.tool_meta: dict[str, dict[str, Any]] = {}
         self.after_tool = False
         self.last_usage: tuple[int, int] | None = None
-        # Approval prompts waiting on Tether: id -> (answered, [choice, reason]).
-        self.approvals: dict[str, tuple[threading.Event, list[str]]] = {}
-        self.approval_lock = threading.Lock()
-        self.approval_count = 0
-        self.approval_seconds = float(config.get("approval_seconds") or 300)
+        self.prompts = UserPrompts(
+            emit,
+            float(config.get("approval_seconds") or 300),
+            config.get("clarify_seconds"),
+        )
         self._patch_steer_marker()
         session = self
 
@@ -132,6 +134,7 @@ class Session:
             interim_assistant_callback=self.on_interim,
             status_callback=self.on_status,
             step_callback=self.on_step,
+            clarify_callback=self.prompts.on_clarify,
         )
         if config.get("toolsets") is not None:
             kwargs["enabled_toolsets"] = config["toolsets"]
@@ -280,42 +283,6 @@ class Session:
         if taken:
             emit("steer_taken", steer_ids=taken)
 
-    # -- approvals (the agent's thread blocks here) ----------------------------------------
-    def on_approval(self, command: Any, description: Any, **_: Any) -> str:
-        """Hermes' prompt for a command its dangerous-command rules flag: ask Tether and wait
-        for the user's answer. No answer in time, or the turn stopped, is a denial."""
-        with self.approval_lock:
-            self.approval_count += 1
-            approval_id = f"ap{self.approval_count}"
-            answered, slot = threading.Event(), ["deny", "timeout"]
-            self.approvals[approval_id] = (answered, slot)
-        emit(
-            "approval_requested",
-            approval_id=approval_id,
-            command=str(command),
-            description=str(description),
-        )
-        answered.wait(self.approval_seconds)
-        with self.approval_lock:
-            self.approvals.pop(approval_id, None)
-            choice, reason = slot
-        emit("approval_resolved", approval_id=approval_id, choice=choice, reason=reason)
-        return choice
-
-    def answer_approval(self, approval_id: str, choice: str, reason: str = "user") -> None:
-        with self.approval_lock:
-            waiting = self.approvals.get(approval_id)
-            if waiting is None or waiting[0].is_set():
-                return
-            waiting[1][:] = [choice if choice in ("once", "deny") else "deny", reason]
-            waiting[0].set()
-
-    def deny_open_approvals(self) -> None:
-        with self.approval_lock:
-            open_ids = list(self.approvals)
-        for approval_id in open_ids:
-            self.answer_approval(approval_id, "deny", "stopped")
-
     # -- a turn -----------------------------------------------------------------------------
     def start_turn(self, cmd: dict[str, Any]) -> None:
         if self.turn_thread is not None and self.turn_thread.is_alive():
@@ -336,11 +303,14 @@ class Session:
     def _run_turn(self, cmd: dict[str, Any]) -> None:
         # Ask the user through Tether before a flagged command (never auto-approve): an
         # interactive context with our prompt; Hermes carries both to its tool threads.
-        from tools.approval import set_hermes_interactive_context
+        from tools.approval import set_current_session_key, set_hermes_interactive_context
         from tools.terminal_tool import set_approval_callback
 
         set_hermes_interactive_context(True)
-        set_approval_callback(self.on_approval)
+        # "Allow for this session" is keyed by the Tether session, which outlives the agent
+        # sessions its compressions rotate into.
+        set_current_session_key(str(self.config.get("approval_session_key") or "default"))
+        set_approval_callback(self.prompts.on_approval)
         self.after_tool = False
         self.last_usage = None
         self.tool_meta.clear()
@@ -534,10 +504,14 @@ def main() -> int:
             elif op == "steer":
                 session.steer(str(cmd.get("steer_id")), str(cmd.get("text") or ""))
             elif op == "interrupt":
-                session.deny_open_approvals()
+                session.prompts.stop_all()
                 session.agent.interrupt(cmd.get("message"))
             elif op == "approve":
-                session.answer_approval(str(cmd.get("approval_id")), str(cmd.get("choice")))
+                session.prompts.answer_approval(str(cmd.get("approval_id")), str(cmd.get("choice")))
+            elif op == "answer":
+                session.prompts.answer_question(
+                    str(cmd.get("question_id")), str(cmd.get("text") or "")
+                )
             elif op == "complete":
                 threading.Thread(target=session.complete, args=(cmd,), daemon=True).start()
             elif op == "close":
@@ -553,7 +527,7 @@ def main() -> int:
             if op == "hello":
                 return 1
     if session is not None:
-        session.deny_open_approvals()
+        session.prompts.stop_all()
         session.agent.interrupt("Tether closed the session")
         if session.turn_thread is not None:
             session.turn_thread.join(5)

@@ -14,8 +14,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from tether.runtimes.base import (
+    ApprovalDesk,
     ApprovalRequested,
     ApprovalResolved,
+    ClarifyRequested,
+    ClarifyResolved,
     CompressionCompleted,
     CompressionStarted,
     ProviderError,
@@ -136,6 +139,7 @@ def _map(event: dict[str, Any], turn: TurnInput) -> RuntimeEvent | None:
             str(event.get("approval_id")),
             str(event.get("command") or ""),
             str(event.get("description") or ""),
+            _choices(event),
         )
     if kind == "approval_resolved":
         return ApprovalResolved(
@@ -143,9 +147,30 @@ def _map(event: dict[str, Any], turn: TurnInput) -> RuntimeEvent | None:
             str(event.get("choice")),
             str(event.get("reason") or "user"),
         )
+    if kind == "clarify_requested":
+        offered = event.get("choices")
+        return ClarifyRequested(
+            str(event.get("question_id")),
+            str(event.get("question") or ""),
+            tuple(str(c) for c in offered) if isinstance(offered, list) else (),
+        )
+    if kind == "clarify_resolved":
+        return ClarifyResolved(
+            str(event.get("question_id")),
+            str(event.get("text") or ""),
+            str(event.get("reason") or "user"),
+        )
     if kind == "usage":
         return Usage(int(event.get("prompt_tokens") or 0), int(event.get("completion_tokens") or 0))
     return None
+
+
+def _choices(event: dict[str, Any]) -> tuple[str, ...]:
+    """The answers the agent offers for this prompt (sidecar.py `on_approval`)."""
+    offered = event.get("choices")
+    if not isinstance(offered, list):
+        return ("once", "deny")
+    return tuple(c for c in ApprovalDesk.CHOICES if c in offered) or ("once", "deny")
 
 
 async def run_turn(handle: TurnHandle, turn: TurnInput) -> RuntimeStream:
@@ -172,6 +197,7 @@ async def run_turn(handle: TurnHandle, turn: TurnInput) -> RuntimeStream:
     handle.turn_open = True
     done = False
     asked: dict[str, asyncio.Future[str]] = {}  # approval prompts the user has not answered
+    questions: dict[str, asyncio.Future[str | None]] = {}  # clarify questions, likewise
     try:
         while True:
             for steer_id, text in steers.take_new():
@@ -182,6 +208,13 @@ async def run_turn(handle: TurnHandle, turn: TurnInput) -> RuntimeStream:
                     process.send(
                         {"op": "approve", "approval_id": approval_id, "choice": answer.result()}
                     )
+            for question_id, reply in list(questions.items()):
+                if reply.done():
+                    del questions[question_id]
+                    if reply.result() is not None:  # None: the run ended (Stop answers it)
+                        process.send(
+                            {"op": "answer", "question_id": question_id, "text": reply.result()}
+                        )
             try:
                 event = await asyncio.wait_for(process.events.get(), STEER_POLL_SECONDS)
             except TimeoutError:
@@ -212,9 +245,15 @@ async def run_turn(handle: TurnHandle, turn: TurnInput) -> RuntimeStream:
             if kind == "approval_requested":
                 approval_id = str(event.get("approval_id"))
                 if turn.approvals is not None:
-                    asked[approval_id] = turn.approvals.open(approval_id)
+                    asked[approval_id] = turn.approvals.open(approval_id, _choices(event))
                 else:  # driven without a way to ask anyone: refuse
                     process.send({"op": "approve", "approval_id": approval_id, "choice": "deny"})
+            if kind == "clarify_requested":
+                question_id = str(event.get("question_id"))
+                if turn.questions is not None:
+                    questions[question_id] = turn.questions.open(question_id)
+                else:  # driven without a way to ask anyone: nobody answers
+                    process.send({"op": "answer", "question_id": question_id, "text": ""})
             if kind == "steer_taken":
                 steers.taken([str(i) for i in event.get("steer_ids") or []])
                 continue

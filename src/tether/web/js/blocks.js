@@ -52,6 +52,9 @@ export function blocksFor(row, mode, live) {
       if (item.type === "approval" && live && item.choice == null) {
         return [itemBlock(item, index, items)]; // a question waits for the user
       }
+      if (item.type === "clarify" && live && item.reason == null) {
+        return [itemBlock(item, index, items)];
+      }
       return [];
     });
   }

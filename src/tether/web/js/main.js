@@ -68,6 +68,8 @@ class App {
     setInterval(() => this.sidebar.render(), 60_000); // relative times ("2 h") stay true
     $("transcript").addEventListener("click", (event) => this.onApprovalClick(event));
     $("transcript").addEventListener("click", (event) => this.onContinueClick(event));
+    $("transcript").addEventListener("click", (event) => this.onClarifyChoice(event));
+    $("transcript").addEventListener("submit", (event) => this.onClarifySubmit(event));
     await this.route();
   }
 
@@ -376,7 +378,7 @@ class App {
     bar.hidden = false;
   }
 
-  /** "Allow once" / "Deny" on an approval prompt (transcript.js renders them). */
+  /** An answer to an approval prompt ("Allow once", "Deny", ...: transcript.js renders them). */
   async onApprovalClick(event) {
     const button = event.target.closest(".approval-actions button");
     if (!button) return;
@@ -399,6 +401,37 @@ class App {
     if (!button) return;
     button.hidden = true;
     await this.send(CONTINUE_MESSAGE, []);
+  }
+
+  /** One of the agent's choices on a question card (transcript.js renders them). */
+  onClarifyChoice(event) {
+    const button = event.target.closest(".clarify-choices button");
+    if (button) this.answerQuestion(button.closest("form"), button.dataset.answer);
+  }
+
+  /** Free text typed into a question card. */
+  onClarifySubmit(event) {
+    const form = event.target.closest(".clarify-actions");
+    if (!form) return;
+    event.preventDefault();
+    const input = form.querySelector(".clarify-input");
+    if (input.value.trim()) this.answerQuestion(form, input.value, input);
+  }
+
+  /** The answer goes to the run; typed text stays in the box unless it was taken. */
+  async answerQuestion(form, text, input = null) {
+    const buttons = form.querySelectorAll("button");
+    for (const b of buttons) b.disabled = true;
+    const res = await this.call(() =>
+      post("/api/chat/answer", {
+        stream_id: form.dataset.stream,
+        question_id: form.dataset.question,
+        text,
+      }),
+    );
+    for (const b of buttons) b.disabled = false;
+    if (res?.accepted && input) input.value = "";
+    if (res && !res.accepted) this.notify("That question is no longer open.");
   }
 
   async call(fn) {

@@ -22,6 +22,16 @@ const has = (obj, key) => obj !== null && typeof obj === "object" && Object.hasO
 // Python's `dict.get(key, default)`: a present null stays null.
 const get = (obj, key, fallback = null) => (has(obj, key) ? obj[key] : fallback);
 
+function strings(values) {
+  return Array.isArray(values) ? values.filter((v) => typeof v === "string") : [];
+}
+
+/** An approval prompt's answers; one recorded before choices existed offered two. */
+function offered(choices) {
+  const list = strings(choices);
+  return list.length > 0 ? list : ["once", "deny"];
+}
+
 function truthy(value) {
   // Python truthiness of a JSON value
   if (Array.isArray(value)) return value.length > 0;
@@ -288,11 +298,29 @@ on(["approval.requested", "approval.resolved"], (state, env, data) => {
     approval_id: data.approval_id,
     command: get(data, "command", ""),
     description: get(data, "description", ""),
+    choices: offered(get(data, "choices")),
     choice: null,
     reason: null,
   });
   if (env.type === "approval.resolved") {
     Object.assign(item, { choice: get(data, "choice"), reason: get(data, "reason") });
+    touch(state, item);
+  }
+});
+
+on(["clarify.requested", "clarify.resolved"], (state, env, data) => {
+  const scene = sceneOf(state, env);
+  if (scene === undefined) return;
+  const item = ensureItem(state, scene, `${scene.stream_id}.clarify.${data.question_id}`, {
+    type: "clarify",
+    question_id: data.question_id,
+    question: get(data, "question", ""),
+    choices: strings(get(data, "choices")),
+    text: null,
+    reason: null,
+  });
+  if (env.type === "clarify.resolved") {
+    Object.assign(item, { text: get(data, "text"), reason: get(data, "reason") });
     touch(state, item);
   }
 });

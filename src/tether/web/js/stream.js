@@ -28,6 +28,8 @@ export const EVENT_TYPES = [
   "transcript.truncated",
   "approval.requested",
   "approval.resolved",
+  "clarify.requested",
+  "clarify.resolved",
   "agent.imported",
 ];
 

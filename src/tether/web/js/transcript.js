@@ -62,9 +62,33 @@ const APPROVAL_OUTCOMES = {
   stopped: "Denied: the run ended before an answer.",
 };
 
+/** Hermes Agent's answers (runtimes/base.py ApprovalDesk), in the order it offers them. */
+const APPROVAL_CHOICES = {
+  once: { label: "Allow once", kind: "approve", outcome: "Allowed once." },
+  session: {
+    label: "Allow for this session",
+    kind: "approve",
+    outcome: "Allowed for this session.",
+  },
+  always: { label: "Always allow", kind: "approve", outcome: "Always allowed." },
+  deny: { label: "Deny", kind: "deny" },
+};
+
 function approvalOutcome(item, live) {
-  if (item.choice === "once") return "Allowed once.";
+  const allowed = item.choice !== "deny" && APPROVAL_CHOICES[item.choice]?.outcome;
+  if (allowed) return allowed;
   if (item.choice === "deny") return APPROVAL_OUTCOMES[item.reason] ?? "Denied.";
+  return live ? "" : "Not answered.";
+}
+
+const CLARIFY_OUTCOMES = {
+  timeout: "Nobody answered in time; the agent decides on its own.",
+  stopped: "The run ended before an answer.",
+};
+
+function clarifyOutcome(item, live) {
+  if (item.reason === "user") return `You answered: ${item.text}`;
+  if (item.reason != null) return CLARIFY_OUTCOMES[item.reason] ?? "Not answered.";
   return live ? "" : "Not answered.";
 }
 
@@ -113,23 +137,27 @@ function buildBlock(block) {
           h("span", { class: "approval-description" }),
         ),
         h("pre", { class: "approval-command" }),
+        h("div", { class: "approval-actions" }),
+        h("div", { class: "approval-outcome", role: "status" }),
+      );
+    case "clarify":
+      return h(
+        "div",
+        { class: "item clarify", role: "group", "aria-label": "Question" },
         h(
           "div",
-          { class: "approval-actions" },
-          h("button", {
-            type: "button",
-            class: "btn approve",
-            text: "Allow once",
-            dataset: { choice: "once" },
-          }),
-          h("button", {
-            type: "button",
-            class: "btn deny",
-            text: "Deny",
-            dataset: { choice: "deny" },
-          }),
+          { class: "clarify-question" },
+          h("strong", { text: "The agent asks: " }),
+          h("span", { class: "clarify-text" }),
         ),
-        h("div", { class: "approval-outcome", role: "status" }),
+        h(
+          "form",
+          { class: "clarify-actions" },
+          h("div", { class: "clarify-choices" }),
+          h("input", { class: "clarify-input", type: "text", "aria-label": "Your answer" }),
+          h("button", { type: "submit", class: "btn approve", text: "Answer" }),
+        ),
+        h("div", { class: "clarify-outcome", role: "status" }),
       );
     case "notice":
       return h(
@@ -189,11 +217,51 @@ function updateBlock(el, block, live, last = false) {
       const actions = el.querySelector(".approval-actions");
       actions.dataset.stream = item.id.slice(0, item.id.lastIndexOf(".approval."));
       actions.dataset.approval = item.approval_id;
+      const offered = item.choices.filter((choice) => choice in APPROVAL_CHOICES);
+      if (actions.dataset.choices !== offered.join(" ")) {
+        actions.dataset.choices = offered.join(" ");
+        actions.replaceChildren(
+          ...offered.map((choice) =>
+            h("button", {
+              type: "button",
+              class: `btn ${APPROVAL_CHOICES[choice].kind}`,
+              text: APPROVAL_CHOICES[choice].label,
+              dataset: { choice },
+            }),
+          ),
+        );
+      }
       actions.hidden = !(live && item.choice == null);
       el.classList.toggle("pending", live && item.choice == null);
       el.querySelector(".approval-description").textContent = item.description;
       el.querySelector(".approval-command").textContent = item.command;
       el.querySelector(".approval-outcome").textContent = approvalOutcome(item, live);
+      break;
+    }
+    case "clarify": {
+      // The item id is `<stream_id>.clarify.<question_id>` (projections/transcript.py).
+      const form = el.querySelector(".clarify-actions");
+      form.dataset.stream = item.id.slice(0, item.id.lastIndexOf(".clarify."));
+      form.dataset.question = item.question_id;
+      const open = live && item.reason == null;
+      form.hidden = !open;
+      el.classList.toggle("pending", open);
+      el.querySelector(".clarify-text").textContent = item.question;
+      const choices = el.querySelector(".clarify-choices");
+      if (choices.dataset.choices !== JSON.stringify(item.choices)) {
+        choices.dataset.choices = JSON.stringify(item.choices);
+        choices.replaceChildren(
+          ...item.choices.map((choice) =>
+            h("button", {
+              type: "button",
+              class: "btn",
+              text: choice,
+              dataset: { answer: choice },
+            }),
+          ),
+        );
+      }
+      el.querySelector(".clarify-outcome").textContent = clarifyOutcome(item, live);
       break;
     }
     case "notice":

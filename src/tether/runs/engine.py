@@ -109,34 +109,32 @@ class RunEngine:
             if self.agent_sync is not None:  # an unknown session: nothing to sync, 404 below
                 await self.agent_sync.before_start(session_id)  # may reveal a continuation
             await self.check_admissible(session_id, starting=True)
-            new_refs, blobs = await self.store_uploads(uploads)
-            stored = [*refs, *new_refs]
-            run = Run(session_id, new_id("r"), new_id("u"))
-            self.registry.add(run)
-            submitted_at = time.time()
-            try:
-                await self.store.append(
-                    session_id,
-                    [
-                        Draft(
-                            ev.TURN_SUBMITTED,
-                            {
-                                "turn_id": run.turn_id,
-                                "stream_id": run.stream_id,
-                                "text": text,
-                                "attachments": stored,
-                                "submitted_at": submitted_at,
-                            },
-                            stream_id=run.stream_id,
-                            turn_id=run.turn_id,
-                            blobs=blobs,
-                        )
-                    ],
+            async with self.sessions.blob_guard(bool(uploads)):
+                new_refs, blobs = await self.store_uploads(uploads)
+                stored = [*refs, *new_refs]
+                run = Run(session_id, new_id("r"), new_id("u"))
+                self.registry.add(run)
+                submitted_at = time.time()
+                submitted = {
+                    "turn_id": run.turn_id,
+                    "stream_id": run.stream_id,
+                    "text": text,
+                    "attachments": stored,
+                    "submitted_at": submitted_at,
+                }
+                draft = Draft(
+                    ev.TURN_SUBMITTED,
+                    submitted,
+                    stream_id=run.stream_id,
+                    turn_id=run.turn_id,
+                    blobs=blobs,
                 )
-            except BaseException:
-                self.registry.remove(run)
-                await self.sessions.release_blobs(blobs.values())
-                raise
+                try:
+                    await self.store.append(session_id, [draft])
+                except BaseException:
+                    self.registry.remove(run)
+                    await self.sessions.release_blobs_held(blobs.values())
+                    raise
             run.worker = asyncio.create_task(self._work(run, model), name=run.stream_id)
         return {
             "session_id": session_id,
@@ -149,7 +147,8 @@ class RunEngine:
         self, uploads: Sequence[Upload]
     ) -> tuple[list[dict[str, Any]], dict[str, str]]:
         """Write the bytes of `uploads`: (the refs an event carries, their blobs). When one
-        cannot be written, the bytes written before it are removed again (503, no trace)."""
+        cannot be written, the bytes written before it are removed again (503, no trace).
+        The caller holds `sessions.blob_guard` until the event holding them is appended."""
         refs: list[dict[str, Any]] = []
         blobs: dict[str, str] = {}
         try:
@@ -160,7 +159,7 @@ class RunEngine:
                 refs.append(new.ref)
                 blobs[new.ref["id"]] = new.blob
         except BaseException:
-            await self.sessions.release_blobs(blobs.values())
+            await self.sessions.release_blobs_held(blobs.values())
             raise
         return refs, blobs
 

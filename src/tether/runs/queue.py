@@ -27,14 +27,15 @@ class QueueService:
     async def add(self, session_id: str, text: str, uploads: Sequence[Upload]) -> dict[str, Any]:
         async with self.sessions.locks(session_id):
             await self.engine.check_admissible(session_id, starting=False)
-            refs, blobs = await self.engine.store_uploads(uploads)
-            queue_id = new_id("q")
-            data = {"queue_id": queue_id, "text": text, "attachments": refs}
-            try:
-                await self.store.append(session_id, [Draft(ev.QUEUE_ADDED, data, blobs=blobs)])
-            except BaseException:
-                await self.sessions.release_blobs(blobs.values())
-                raise
+            async with self.sessions.blob_guard(bool(uploads)):
+                refs, blobs = await self.engine.store_uploads(uploads)
+                queue_id = new_id("q")
+                data = {"queue_id": queue_id, "text": text, "attachments": refs}
+                try:
+                    await self.store.append(session_id, [Draft(ev.QUEUE_ADDED, data, blobs=blobs)])
+                except BaseException:
+                    await self.sessions.release_blobs_held(blobs.values())
+                    raise
         started = None
         if not self.engine.registry.busy(session_id):
             started = await self.start_next(session_id)

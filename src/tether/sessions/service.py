@@ -4,7 +4,9 @@ when something changes, so a rejected or empty request leaves the log untouched.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from tether import events as ev
@@ -61,6 +63,11 @@ class SessionService:
         self.attachments = attachments
         self.folds = FoldCache(store)
         self.locks = SessionLocks()
+        # Bytes are shared by content across sessions: storing new bytes and recording the
+        # event that holds them must never interleave with another session's check that
+        # nothing holds those bytes and their removal (a blob would vanish under a logged
+        # upload). Taken after a session lock, never before one.
+        self._blob_lock = asyncio.Lock()
 
     # -- reads ------------------------------------------------------------------------------
     async def row(self, session_id: str) -> dict[str, Any] | None:
@@ -186,11 +193,17 @@ class SessionService:
             await self.store.delete_session(session_id)  # its uploads' rows go with its events
         self.folds.forget(session_id)
         self.locks.forget(session_id)
-        await self.release_blobs(blobs)
+        async with self._blob_lock:
+            await self.release_blobs_held(blobs)
 
-    async def release_blobs(self, blobs: Iterable[str]) -> None:
+    def blob_guard(self, storing: bool) -> AbstractAsyncContextManager[Any]:
+        """Hold it from storing new uploads' bytes until their event is appended."""
+        return self._blob_lock if storing else contextlib.nullcontext()
+
+    async def release_blobs_held(self, blobs: Iterable[str]) -> None:
         """Bytes are stored once per content: remove those no upload holds (after a session
-        is deleted, or when the event that would have held new bytes was not written)."""
+        is deleted, or when the event that would have held new bytes was not written). The
+        caller holds `blob_guard`."""
         for blob in set(blobs):
             if not await self.store.blob_in_use(blob):
                 self.attachments.remove(blob)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -513,12 +514,19 @@ def visit_mid_run(page: Page, base: str, sid: str, title: str, back_to: str) -> 
     expect(page.locator(".row.live")).to_have_count(1, timeout=20_000)
     sidebar_link(page, back_to).click()
     expect(page).to_have_url(f"{base}/s/{back_to}")
-    expect(sidebar_link(page, sid)).to_have_attribute("aria-label", f"{title}, running")
+    expect(sidebar_link(page, sid)).to_have_attribute("aria-label", labelled(title, "running"))
+
+
+def labelled(title: str, state: str) -> re.Pattern[str]:
+    """The row's name: its title, then `state` first among the states (running, last run,
+    unread, pinned, the relative time: sidebar.js)."""
+    return re.compile(rf"^{re.escape(title)}, {state}(, |$)")
 
 
 def assert_read_in(page: Page, sid: str, title: str) -> None:
     """Idle and without the dot (the label says neither "running" nor "unread")."""
-    expect(sidebar_link(page, sid)).to_have_attribute("aria-label", title, timeout=30_000)
+    idle_and_read = re.compile(rf"^{re.escape(title)}(, (?!running|unread)[^,]+)*$")
+    expect(sidebar_link(page, sid)).to_have_attribute("aria-label", idle_and_read, timeout=30_000)
     expect(page.locator(f'.session-row[data-key="{sid}"] .unread-dot')).to_be_hidden()
 
 
@@ -585,13 +593,15 @@ def test_recovery_reclaim_and_shutdown_never_light_the_dot_a_completion_does(
             start_turn(client, finished, "/slow a real answer")
         visit_mid_run(page, base, finished, "Finished", reader)
         expect(sidebar_link(page, finished)).to_have_attribute(
-            "aria-label", "Finished, unread", timeout=60_000
+            "aria-label", labelled("Finished", "unread"), timeout=60_000
         )
         expect(page.locator(f'.session-row[data-key="{finished}"] .unread-dot')).to_be_visible()
 
         later = context.new_page()  # a page opened afterwards agrees on every row
         open_app(later, base, f"/s/{reader}")
-        expect(sidebar_link(later, finished)).to_have_attribute("aria-label", "Finished, unread")
+        expect(sidebar_link(later, finished)).to_have_attribute(
+            "aria-label", labelled("Finished", "unread")
+        )
         for sid, title in ((crashed, "Crashed"), (reclaimed, "Reclaimed"), (stopped, "Shut down")):
             assert_read_in(later, sid, title)
             assert_read_in(page, sid, title)

@@ -123,7 +123,9 @@ export class SessionStream {
     const data = JSON.parse(e.data);
     this.target = Math.max(this.target, data.last_seq);
     this.h.onHeartbeat?.(data);
-    if (this.h.cursor() >= data.last_seq) this.setState("live");
+    // Degraded stays until the next event proves the stream is whole again: a heartbeat
+    // alone would clear it a fraction of a second after the snapshot, before anyone saw it.
+    if (this.state !== "degraded" && this.h.cursor() >= data.last_seq) this.setState("live");
   }
 
   onSnapshot(e) {

@@ -287,3 +287,14 @@ def test_truncate_on_a_rotated_parent_is_refused_before_any_mutation(tmp_path: P
         # The continuation itself is not rotated: truncating it works as usual.
         response = client.post("/api/session/truncate", json={"session_id": child, "keep_count": 0})
         assert response.status_code == 200, response.text
+
+
+def test_a_method_the_route_does_not_take_names_the_ones_it_does(
+    shared_server: ServerProcess,
+) -> None:
+    """A 405 keeps the `Allow` header (RFC 9110), so a client can tell what would work."""
+    with shared_server.client() as client:
+        response = client.put("/api/session")
+    assert response.status_code == 405
+    assert response.json()["code"] == "method_not_allowed"
+    assert "GET" in {m.strip() for m in response.headers["allow"].split(",")}

@@ -107,9 +107,10 @@ def create_app(
     for module in (health, auth_routes, sessions, runs, streams, pages):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=str(pages.WEB_ROOT)), name="static")
+    # The last added runs first: proxy headers, the Host check, the body deadline, login, the
+    # body limit, then HEAD; a request refused by one never reaches those after it.
     app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    # Added last, so it runs first: a refused request never reaches the body limit or a route.
     app.add_middleware(AuthGate, auth=auth)
     app.add_middleware(BodyDeadline, seconds=settings.body_timeout_seconds)
     app.add_middleware(HostGuard, allowed=AllowedHosts.from_settings(settings))  # before login

@@ -5,6 +5,7 @@ Validation failures are 400 (never 422); nothing unexpected leaks a traceback.""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -89,8 +90,8 @@ def _document_errors(schema: dict[str, Any]) -> None:
         components.pop(name, None)
 
 
-def error_response(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+def error_response(exc: ApiError, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 def _describe(exc: RequestValidationError) -> str:
@@ -130,7 +131,7 @@ def install(app: FastAPI) -> None:
         family = _FOR_HTTP_STATUS.get(exc.status_code)
         if family is None:  # a status no route of Tether's raises
             return JSONResponse({"code": "error", "message": message}, exc.status_code)
-        return error_response(family(message))
+        return error_response(family(message), exc.headers)  # a 405 keeps its Allow
 
     @app.exception_handler(ApiError)
     async def _refused(_: Request, exc: ApiError) -> JSONResponse:

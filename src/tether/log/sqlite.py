@@ -52,7 +52,7 @@ _CLOSED_STREAM_CACHE = 50_000
 
 @dataclass(eq=False)
 class _Op:
-    kind: str  # "create" | "append" | "delete" | "barrier"
+    kind: str  # "create" | "append" | "delete"
     session_id: str = ""
     drafts: list[Draft] = field(default_factory=list)
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
@@ -273,10 +273,6 @@ class SQLiteEventStore:
     async def delete_session(self, session_id: str) -> None:
         await asyncio.wrap_future(self._submit(_Op("delete", session_id)))
 
-    def flush(self) -> None:
-        """Block until everything queued before this call is committed."""
-        self._submit(_Op("barrier")).result()
-
     def _writer_loop(self) -> None:
         stop = False
         while not stop:
@@ -303,9 +299,6 @@ class SQLiteEventStore:
         try:
             self._db.execute("BEGIN IMMEDIATE")
             for op in batch:
-                if op.kind == "barrier":
-                    outcomes.append((op, []))
-                    continue
                 sid = op.session_id
                 if sid not in undo_seq:
                     undo_seq[sid] = self._last_seq.get(sid)

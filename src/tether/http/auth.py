@@ -35,6 +35,7 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tether.errors import ApiError, BadOrigin, Unauthenticated
+from tether.http.refusals import send_refusal
 from tether.log.private import private_dir
 from tether.settings import Settings
 
@@ -353,19 +354,7 @@ class AuthGate:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        body = json.dumps(refusal.body()).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": refusal.status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"cache-control", b"no-store"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_refusal(send, refusal)
 
     async def _redirect(self, scope: Scope, send: Send) -> None:
         target = scope.get("path", "/")

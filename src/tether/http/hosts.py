@@ -14,12 +14,12 @@ every other Tether error is `{code, message}`.
 from __future__ import annotations
 
 import ipaddress
-import json
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tether.errors import HostNotAllowed
+from tether.http.refusals import send_refusal
 from tether.settings import Settings
 
 LOOPBACK_NAMES = frozenset({"localhost"})
@@ -101,17 +101,4 @@ class HostGuard:
             f"This server does not answer to the host name {shown!r}. If it "
             "is yours, start Tether with --allowed-host for it."
         )
-        body = json.dumps(refusal.body()).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": refusal.status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"cache-control", b"no-store"),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_refusal(send, refusal, close=True)

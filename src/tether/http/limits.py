@@ -3,11 +3,10 @@ before any handler sees it, whether it declares Content-Length or streams."""
 
 from __future__ import annotations
 
-import json
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tether.errors import PayloadTooLarge
+from tether.http.refusals import send_refusal
 
 
 class _TooLarge(Exception):
@@ -55,16 +54,4 @@ class BodyLimit:
         refusal = PayloadTooLarge(
             f"The request body is larger than {self.max_bytes} bytes.", limit_bytes=self.max_bytes
         )
-        body = json.dumps(refusal.body()).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": refusal.status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_refusal(send, refusal, close=True)

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tether.errors import RequestTimeout
+from tether.http.refusals import send_refusal
 
 REQUEST_TIMEOUT = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
@@ -81,7 +82,7 @@ class BodyDeadline:
     def __init__(self, app: ASGIApp, seconds: float) -> None:
         self.app = app
         self.seconds = seconds
-        self.body = _timeout_body("body", seconds)
+        self.refusal = RequestTimeout(f"The request body did not arrive within {seconds:g} s.")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -120,15 +121,4 @@ class BodyDeadline:
         await self.app(scope, timed_receive, guarded_send)
 
     async def _refuse(self, send: Send) -> None:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": RequestTimeout.status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(self.body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": self.body})
+        await send_refusal(send, self.refusal, close=True)

@@ -1,5 +1,6 @@
 """The page: `/` and `/s/<session_id>` serve the app shell; `/static/` its ES modules and CSS
-(no build step); `POST /api/render` turns Markdown into sanitized HTML for it."""
+(no build step); `POST /api/render` turns Markdown into sanitized HTML for API clients (the
+page renders Markdown itself, in `web/js/markdown.js`)."""
 
 from __future__ import annotations
 

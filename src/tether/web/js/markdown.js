@@ -159,6 +159,15 @@ function lineOffset(text, line) {
 /** Time spent rendering Markdown, for the budget test and profiling. */
 export const renderStats = { ms: 0, renders: 0 };
 
+/** A text longer than this is shown as plain text after a note, never parsed: a 3 MB answer
+ *  would block the page's main thread. The same threshold, note and classes as the server's
+ *  renderer (http/markdown.py) for API clients. */
+export const MAX_FORMATTED_CHARS = 50_000;
+
+const tooLongNote = (length) =>
+  `Shown as plain text: ${length.toLocaleString("en-US")} characters is more than the ` +
+  `${MAX_FORMATTED_CHARS.toLocaleString("en-US")} that are formatted.`;
+
 /**
  * One element's Markdown, rendered incrementally as its text grows. A top-level block is
  * frozen (never parsed or touched again) once a later block has started on a complete line:
@@ -173,13 +182,20 @@ export class MarkdownView {
     this.frozenEnd = 0; // characters of `text` whose blocks are frozen
     this.tailNodes = [];
     this.shown = false;
+    this.plain = null; // {note, text} while the text is over MAX_FORMATTED_CHARS
   }
 
   show(text) {
     if (text === this.text && this.shown) return;
     this.shown = true;
     const began = performance.now();
-    if (!text.startsWith(this.text.slice(0, this.frozenEnd))) this.reset();
+    if (text.length > MAX_FORMATTED_CHARS) {
+      this.showPlain(text);
+      renderStats.ms += performance.now() - began;
+      renderStats.renders += 1;
+      return;
+    }
+    if (this.plain || !text.startsWith(this.text.slice(0, this.frozenEnd))) this.reset();
     this.text = text;
     const tail = text.slice(this.frozenEnd);
     const env = {};
@@ -211,11 +227,29 @@ export class MarkdownView {
     renderStats.renders += 1;
   }
 
+  /** `text` as plain text (a text node, never HTML) after the note; a growing text only
+   *  appends its new characters, so streaming it stays cheap. */
+  showPlain(text) {
+    const doc = this.el.ownerDocument;
+    if (!this.plain || !text.startsWith(this.text)) {
+      this.reset();
+      this.shown = true;
+      this.plain = { note: doc.createElement("p"), text: doc.createElement("pre") };
+      this.plain.note.className = "render-note";
+      this.plain.text.className = "render-plain";
+      this.el.append(this.plain.note, this.plain.text);
+    }
+    this.plain.text.append(doc.createTextNode(text.slice(this.text.length)));
+    this.plain.note.textContent = tooLongNote(text.length);
+    this.text = text;
+  }
+
   reset() {
     this.el.replaceChildren();
     this.text = "";
     this.frozenEnd = 0;
     this.tailNodes = [];
     this.shown = false;
+    this.plain = null;
   }
 }

@@ -6,46 +6,28 @@
 // For DOM patching, every row, timeline item, queued entry and live scene carries `rev`, set
 // from a per-state clock that only grows (also across snapshots) whenever it changes, and
 // `state.dirty` collects the ids of rows/items/queued entries created, changed or removed,
-// plus the sentinels below when a list's membership or the live scene itself changed.
+// plus the DIRTY_* sentinels when a list's membership or the live scene itself changed.
 // The renderer clears `state.dirty` after patching. `view()` never contains `rev`.
+//
+// The folds of timeline items (text, tools, approvals, clarify questions, steers...) are in
+// reducer_items.js, the only module this one imports.
 
-export const DIRTY_MESSAGES = ":messages"; // rows appended, removed or replaced
-// the live scene started/settled, its phase/runtime/model/pending steers changed, item appended
-export const DIRTY_LIVE = ":live";
-export const DIRTY_QUEUED = ":queued"; // queued entries added, edited or removed
+import {
+  DIRTY_LIVE,
+  DIRTY_MESSAGES,
+  DIRTY_QUEUED,
+  get,
+  has,
+  ITEM_FOLDS,
+  importedTimeline,
+  markInterim,
+  pyStr,
+  sceneOf,
+  touch,
+  truthy,
+} from "./reducer_items.js";
 
-const BARRIERS = new Set(["tool", "compression", "steer"]);
-// A steer that was never delivered is no barrier: the agent never saw it.
-const isBarrier = (item) => BARRIERS.has(item.type) && !truthy(get(item, "leftover"));
-
-const has = (obj, key) => obj !== null && typeof obj === "object" && Object.hasOwn(obj, key);
-// Python's `dict.get(key, default)`: a present null stays null.
-const get = (obj, key, fallback = null) => (has(obj, key) ? obj[key] : fallback);
-
-function strings(values) {
-  return Array.isArray(values) ? values.filter((v) => typeof v === "string") : [];
-}
-
-/** An approval prompt's answers; one recorded before choices existed offered two. */
-function offered(choices) {
-  const list = strings(choices);
-  return list.length > 0 ? list : ["once", "deny"];
-}
-
-function truthy(value) {
-  // Python truthiness of a JSON value
-  if (Array.isArray(value)) return value.length > 0;
-  if (value !== null && typeof value === "object") return Object.keys(value).length > 0;
-  return Boolean(value);
-}
-
-function pyStr(value) {
-  // what an f-string shows for a JSON scalar
-  if (value === null || value === undefined) return "None";
-  if (value === true) return "True";
-  if (value === false) return "False";
-  return typeof value === "object" ? JSON.stringify(value) : String(value);
-}
+export { DIRTY_LIVE, DIRTY_MESSAGES, DIRTY_QUEUED };
 
 function setKey(obj, key, value) {
   if (key === "__proto__") {
@@ -81,25 +63,12 @@ function copyRow(row) {
   return out;
 }
 
-// Python's `text[:length]` counts code points, not UTF-16 units.
-function pySlice(text, length) {
-  if (length === null || length === undefined || typeof text !== "string") return text;
-  if (!/[\uD800-\uDFFF]/.test(text)) return text.slice(0, length);
-  return Array.from(text).slice(0, length).join("");
-}
-
 // Downloaded through the session that holds the upload (projections/transcript.py).
 function attachments(list, sessionId) {
   return (truthy(list) ? list : []).map((a) => ({
     ...a,
     url: `/api/attachments/${pyStr(a.id)}?session_id=${pyStr(sessionId)}`,
   }));
-}
-
-function touch(state, obj, id = obj.id) {
-  obj.rev = ++state.clock;
-  state.dirty.add(id);
-  return obj;
 }
 
 // An answer cut off at the token limit: its notice's kind is `length` (the page offers Continue).
@@ -136,23 +105,6 @@ export function noticeText(state, data) {
   }
 }
 
-// Text that a tool, compression or steer item follows is interim progress; the trailing text
-// is the answer. Kept on the stored items so a flip bumps the item's rev.
-function markInterim(state, items) {
-  let last = -1;
-  items.forEach((item, index) => {
-    if (isBarrier(item)) last = index;
-  });
-  items.forEach((item, index) => {
-    if (item.type !== "text") return;
-    const interim = index < last;
-    if (item.interim !== interim) {
-      item.interim = interim;
-      touch(state, item);
-    }
-  });
-}
-
 export function createSession(sessionId) {
   return {
     sessionId,
@@ -182,24 +134,7 @@ function newScene(state, streamId, turnId, startedAt) {
   return touch(state, scene);
 }
 
-function sceneOf(state, env) {
-  return state.active.get(env.stream_id || get(env.data, "stream_id", ""));
-}
-
-// RunScene.item: the item with this id, created from `make` when absent.
-function ensureItem(state, scene, id, make) {
-  let item = scene.byId.get(id);
-  if (item === undefined) {
-    item = touch(state, { id, ...make });
-    scene.items.push(item);
-    scene.byId.set(id, item);
-    state.dirty.add(DIRTY_LIVE);
-    markInterim(state, scene.items);
-  }
-  return item;
-}
-
-const HANDLERS = new Map();
+const HANDLERS = new Map(ITEM_FOLDS); // the item folds live in reducer_items.js
 const on = (types, handler) => {
   for (const type of types) HANDLERS.set(type, handler);
 };
@@ -227,138 +162,6 @@ on(["run.started"], (state, env, data) => {
   scene.runtime = get(data, "runtime");
   scene.model = get(data, "model");
   touch(state, scene);
-});
-
-on(["reasoning.delta", "text.delta"], (state, env, data) => {
-  const scene = sceneOf(state, env);
-  if (scene === undefined) return;
-  const type = env.type === "reasoning.delta" ? "reasoning" : "text";
-  const item = ensureItem(state, scene, `${scene.stream_id}.${data.item_id}`, { type, text: "" });
-  item.text = (item.text ?? "") + (get(data, "text", "") ?? "");
-  touch(state, item);
-});
-
-on(["tool.started"], (state, env, data) => {
-  const scene = sceneOf(state, env);
-  if (scene === undefined) return;
-  ensureItem(state, scene, `${scene.stream_id}.tool.${data.call_id}`, {
-    type: "tool",
-    call_id: data.call_id,
-    name: get(data, "name", ""),
-    args: get(data, "args"),
-    result_preview: null,
-    is_error: false,
-    duration_ms: null,
-    done: false,
-  });
-});
-
-on(["tool.completed"], (state, env, data) => {
-  const scene = sceneOf(state, env);
-  if (scene === undefined) return;
-  const item = ensureItem(state, scene, `${scene.stream_id}.tool.${data.call_id}`, {
-    type: "tool",
-    call_id: data.call_id,
-    name: get(data, "name", ""),
-    args: null,
-  });
-  Object.assign(item, {
-    result_preview: get(data, "result_preview"),
-    result: get(data, "result"),
-    is_error: truthy(get(data, "is_error")),
-    duration_ms: get(data, "duration_ms"),
-    done: true,
-  });
-  touch(state, item);
-});
-
-on(["compression.started", "compression.completed"], (state, env, data) => {
-  const scene = sceneOf(state, env);
-  if (scene === undefined) return;
-  const item = ensureItem(state, scene, `${scene.stream_id}.compression.${data.pass_id}`, {
-    type: "compression",
-    pass_id: data.pass_id,
-    done: false,
-  });
-  if (env.type === "compression.completed") {
-    Object.assign(item, {
-      done: true,
-      tokens_before: get(data, "tokens_before"),
-      tokens_after: get(data, "tokens_after"),
-    });
-    touch(state, item);
-  }
-});
-
-on(["approval.requested", "approval.resolved"], (state, env, data) => {
-  const scene = sceneOf(state, env);
-  if (scene === undefined) return;
-  const item = ensureItem(state, scene, `${scene.stream_id}.approval.${data.approval_id}`, {
-    type: "approval",
-    approval_id: data.approval_id,
-    command: get(data, "command", ""),
-    description: get(data, "description", ""),
-    choices: offered(get(data, "choices")),
-    choice: null,
-    reason: null,
-  });
-  if (env.type === "approval.resolved") {
-    Object.assign(item, { choice: get(data, "choice"), reason: get(data, "reason") });
-    touch(state, item);
-  }
-});
-
-on(["clarify.requested", "clarify.resolved"], (state, env, data) => {
-  const scene = sceneOf(state, env);
-  if (scene === undefined) return;
-  const item = ensureItem(state, scene, `${scene.stream_id}.clarify.${data.question_id}`, {
-    type: "clarify",
-    question_id: data.question_id,
-    question: get(data, "question", ""),
-    choices: strings(get(data, "choices")),
-    text: null,
-    reason: null,
-  });
-  if (env.type === "clarify.resolved") {
-    Object.assign(item, { text: get(data, "text"), reason: get(data, "reason") });
-    touch(state, item);
-  }
-});
-
-on(["reasoning.trimmed"], (state, env, data) => {
-  const scene = sceneOf(state, env);
-  const item = scene?.byId.get(`${scene.stream_id}.${data.item_id}`);
-  if (item === undefined) return;
-  item.text = pySlice(item.text, data.length);
-  touch(state, item);
-});
-
-// Accepted steers wait beside the timeline until the agent takes them in (delivered: a steer
-// item where it did) or the run ends without it (leftover: an item that is no barrier).
-on(["steer.accepted"], (state, env, data) => {
-  const scene = sceneOf(state, env);
-  if (scene === undefined) return;
-  scene.pendingSteers.set(data.steer_id, get(data, "text", ""));
-  touch(state, scene);
-});
-
-on(["steer.delivered", "steer.leftover"], (state, env, data) => {
-  const scene = sceneOf(state, env);
-  if (scene === undefined) return;
-  const leftover = env.type === "steer.leftover";
-  for (const steerId of get(data, "steer_ids", []) ?? []) {
-    if (!scene.pendingSteers.has(steerId)) continue;
-    const text = scene.pendingSteers.get(steerId);
-    scene.pendingSteers.delete(steerId);
-    touch(state, scene);
-    if (text !== null && text !== undefined) {
-      ensureItem(state, scene, `${scene.stream_id}.steer.${steerId}`, {
-        type: "steer",
-        text,
-        leftover,
-      });
-    }
-  }
 });
 
 on(["queue.added", "queue.updated", "queue.removed"], (state, env, data) => {
@@ -437,56 +240,6 @@ on(["transcript.truncated"], (state, _env, data) => {
   for (const row of removed) state.dirty.add(row.id);
   state.dirty.add(DIRTY_MESSAGES);
 });
-
-// Turns another client of the agent wrote (`agent.imported`): shown like settled runs; the
-// model-facing half and compactions are the server's business
-// (tether/projections/agent_rows.py mirrors this).
-function jsonOr(raw) {
-  if (typeof raw !== "string") return raw;
-  try {
-    return JSON.parse(raw);
-  } catch {
-    return raw;
-  }
-}
-
-function importedTimeline(state, rows, turnId) {
-  const items = [];
-  const tools = new Map();
-  for (const row of rows) {
-    const key = `${turnId}.${pyStr(row.row_id)}`;
-    if (row.role === "assistant") {
-      if (truthy(get(row, "reasoning"))) {
-        items.push({ id: `${key}.r`, type: "reasoning", text: row.reasoning });
-      }
-      if (truthy(get(row, "content")))
-        items.push({ id: `${key}.t`, type: "text", text: row.content });
-      for (const call of get(row, "tool_calls") ?? []) {
-        const item = {
-          id: `${turnId}.tool.${pyStr(call.id)}`,
-          type: "tool",
-          call_id: call.id,
-          name: get(call, "name", ""),
-          args: jsonOr(get(call, "arguments")),
-          result_preview: null,
-          is_error: false,
-          duration_ms: null,
-          done: false,
-        };
-        tools.set(call.id, item);
-        items.push(item);
-      }
-    } else if (row.role === "tool") {
-      const item = tools.get(get(row, "tool_call_id") || "");
-      if (item === undefined) continue;
-      const result = get(row, "content") || "";
-      Object.assign(item, { result, result_preview: pySlice(result, 500), done: true });
-    }
-  }
-  for (const item of items) touch(state, item);
-  markInterim(state, items);
-  return items;
-}
 
 on(["agent.imported"], (state, _env, data) => {
   for (const entry of get(data, "entries") ?? []) {

@@ -140,13 +140,12 @@ BLOCK = (
     "- item one\n- item two\n\n| a | b |\n|:-|-:|\n| 1 | 2 |\n\n"
     "```python\nprint('hello')\nfor i in range(3):\n    print(i)\n```\n\n"
 )
-# the longest text the page formats (markdown.js MAX_FORMATTED_CHARS); longer is plain text
-ANSWER = (BLOCK * (50_000 // len(BLOCK) + 1))[:50_000]
+ANSWER = (BLOCK * (100_000 // len(BLOCK) + 1))[:100_000]  # under MAX_FORMATTED_CHARS
 DELTAS = [ANSWER[i : i + 50] for i in range(0, len(ANSWER), 50)]
 
 # The page's cadence without the server competing for the two cores: the deltas arrive
-# (1,000 over about 2.5 s) and the live text renders every 100 ms, so every 20 deltas here
-# (50 renders, twice the real rate); each round alternates a streamed and a whole render.
+# (2,000 over about 5 s) and the live text renders every 100 ms, so every 20 deltas here
+# (100 renders, twice the real rate); each round alternates a streamed and a whole render.
 BUDGET_JS = """async (deltas) => {
   const { MarkdownView } = await import('/static/js/markdown.js');
   const streamed = [], whole = [];
@@ -170,10 +169,10 @@ BUDGET_JS = """async (deltas) => {
 }"""
 
 
-def test_streaming_50_kb_in_1000_deltas_costs_at_most_twice_one_render(
+def test_streaming_100_kb_in_2000_deltas_costs_at_most_twice_one_render(
     context: BrowserContext, web_server: ServerProcess
 ) -> None:
-    assert len(DELTAS) == 1000
+    assert len(DELTAS) == 2000
     page = context.new_page()
     open_app(page, web_server.base_url)
     cost = page.evaluate(BUDGET_JS, DELTAS)
@@ -181,13 +180,13 @@ def test_streaming_50_kb_in_1000_deltas_costs_at_most_twice_one_render(
     assert cost["streamed"] <= 2 * cost["whole"]
 
 
-def test_a_50_kb_answer_streamed_through_the_server_settles_as_rendered(
+def test_a_100_kb_answer_streamed_through_the_server_settles_as_rendered(
     context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
 ) -> None:
     steps = []
     for i, chunk in enumerate(DELTAS):
         steps.append(text(chunk))
-        if i % 5 == 4:
+        if i % 10 == 9:
             steps.append(delay(0.02))  # about 5 s of streaming
     fake.script(reply(*steps))
     page = context.new_page()
@@ -285,7 +284,7 @@ def test_settled_markdown_has_alignment_tasks_links_quotes_and_copyable_code(
 
 LINE = "# heading {i}\n\n**bold** <b>raw</b> and `code` [a](https://example.com)\n\n"
 HUGE = "".join(LINE.format(i=i) for i in range(60_000))[:3_000_000]
-HUGE_NOTE = "Shown as plain text: 3,000,000 characters is more than the 50,000 that are formatted."
+HUGE_NOTE = "Shown as plain text: 3,000,000 characters is more than the 200,000 that are formatted."
 
 PLAIN_JS = """(el) => ({
   note: el.querySelector(':scope > p.render-note')?.textContent ?? null,
@@ -296,7 +295,7 @@ PLAIN_JS = """(el) => ({
   wrap: getComputedStyle(el.querySelector('.render-plain') ?? el).whiteSpace,
 })"""
 
-# the threshold, in the module: 50,000 characters are formatted, 50,001 are not
+# the threshold, in the module: 200,000 characters are formatted, 200,001 are not
 BOUNDARY_JS = """async () => {
   const { MarkdownView, MAX_FORMATTED_CHARS } = await import('/static/js/markdown.js');
   const at = (n) => {
@@ -326,18 +325,18 @@ def click_delay(page: Page) -> float:
     return time.monotonic() - began
 
 
-def test_an_answer_over_50000_characters_shows_as_plain_text_live_and_settled(
+def test_an_answer_over_200000_characters_shows_as_plain_text_live_and_settled(
     context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
 ) -> None:
     """A 3 MB answer is not parsed as Markdown in the page (it blocked the main thread): it
     shows as plain text after a note, the same live, settled and after a reload."""
-    head = 60_000  # already over the threshold at the first barrier
-    rest = [HUGE[i : i + 20_000] for i in range(head, len(HUGE), 20_000)]
+    head = 250_000  # already over the threshold at the first barrier
+    rest = [HUGE[i : i + 50_000] for i in range(head, len(HUGE), 50_000)]
     fake.script(reply(text(HUGE[:head]), barrier("over"), *map(text, rest), barrier("finish")))
     page = context.new_page()
     open_app(page, openai_web.base_url)
     assert page.evaluate(BOUNDARY_JS) == {
-        "max": 50_000,
+        "max": 200_000,
         "at": [1, 0],
         "over": [0, 1],
         "back": "<h1>t</h1>\n<p>short</p>\n",
@@ -345,7 +344,7 @@ def test_an_answer_over_50000_characters_shows_as_plain_text_live_and_settled(
     send(page, "a very long answer")
     live = page.locator(".row.live .markdown")
     expect(live.locator(".render-note")).to_have_text(
-        "Shown as plain text: 60,000 characters is more than the 50,000 that are formatted."
+        "Shown as plain text: 250,000 characters is more than the 200,000 that are formatted."
     )
     during = live.evaluate(PLAIN_JS)
     assert during["text"] == HUGE[:head]

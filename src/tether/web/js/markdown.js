@@ -160,9 +160,10 @@ function lineOffset(text, line) {
 export const renderStats = { ms: 0, renders: 0 };
 
 /** A text longer than this is shown as plain text after a note, never parsed: a 3 MB answer
- *  would block the page's main thread. The same threshold, note and classes as the server's
- *  renderer (http/markdown.py) for API clients. */
-export const MAX_FORMATTED_CHARS = 50_000;
+ *  would block the page's main thread. The note and classes are the server renderer's
+ *  (http/markdown.py, for API clients); the threshold is higher here, since the page renders
+ *  on the reader's own machine and incrementally (a 100 KB answer costs about one render). */
+export const MAX_FORMATTED_CHARS = 200_000;
 
 const tooLongNote = (length) =>
   `Shown as plain text: ${length.toLocaleString("en-US")} characters is more than the ` +

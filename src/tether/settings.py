@@ -37,6 +37,7 @@ class Settings:
     runtime: str = "demo"
     base_url: str | None = None
     model: str | None = None
+    system_prompt: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     context_window: int | None = None
     compression_threshold: float = 0.8

@@ -315,6 +315,8 @@ class TranscriptFold:
             "stream_id": scene.stream_id,
             "timeline": timeline,
         }
+        if scene.model:
+            row["model"] = scene.model  # the model that answered (`run.started`)
         if event.data.get("error"):
             row["error"] = dict(event.data["error"])
         if event.data.get("usage"):

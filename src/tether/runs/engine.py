@@ -267,7 +267,7 @@ class RunEngine:
                 self.registry.move(run, RUNNING)
                 await self.store.append(
                     run.session_id,
-                    [normalizer.started(self.runtime.name, model or self.runtime.model)],
+                    [normalizer.started(self.runtime.name, turn.model or self.runtime.model)],
                 )
             # Revalidate right before invocation: Stop may have won during the append.
             if (
@@ -390,7 +390,11 @@ class RunEngine:
         return None if upload is None else self.attachments.path(upload["blob"])
 
     async def _turn_input(self, run: Run, model: str | None) -> TurnInput:
+        """What the runtime gets: the context the session shows (invariant 1) and the model
+        the turn asked for, else the session's own (`PATCH /api/session {model}`), else
+        None: the runtime's default."""
         fold = await self.sessions.folds.get(run.session_id)
+        model = model or (fold.row or {}).get("model")
         messages = fold.transcript.context()["context_messages"]
         refs: dict[str, AttachmentRef] = {}
         for row in fold.transcript.messages:

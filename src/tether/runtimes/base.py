@@ -340,6 +340,15 @@ class Runtime:
         """Where `context_window` came from (shown in /api/health; docs/runtimes.md)."""
         return None
 
+    async def list_models(self) -> list[dict[str, Any]]:
+        """The models a session may pick (`GET /api/models`), each `{id, context_window?}`:
+        by default the one this runtime was configured with. Raises ProviderError when the
+        endpoint that knows the list cannot say (the route then answers the default alone)."""
+        card: dict[str, Any] = {"id": self.model}
+        if self.context_window is not None:
+            card["context_window"] = self.context_window
+        return [card]
+
     def accepts(self, mime: str) -> bool:
         """Whether an attachment of this type can go to the model."""
         return False

@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from tether.events import ID_PATTERN
+from tether.settings import SYSTEM_PROMPT_MAX_CHARS
 
 Id = Annotated[StrictStr, Field(pattern=ID_PATTERN)]
 SessionIdQuery = Annotated[str, Query(pattern=ID_PATTERN, description="A session id")]
@@ -60,7 +61,6 @@ class CreateSession(Body):
     title: StrictStr | None = None
 
 
-SYSTEM_PROMPT_MAX_CHARS = 20_000
 ModelId = Annotated[StrictStr, Field(min_length=1, max_length=200)]
 
 

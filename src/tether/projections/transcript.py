@@ -348,10 +348,11 @@ class TranscriptFold:
                 self.messages.extend(imported_rows(entry))
 
     # -- views ------------------------------------------------------------------------------
-    def context(self) -> dict[str, Any]:
-        """The model context of the next call (docs/api.md §3, `GET /api/session/context`)."""
+    def context(self, system_prompt: str | None = None) -> dict[str, Any]:
+        """The model context of the next call (docs/api.md §3, `GET /api/session/context`),
+        opened by `system_prompt` when there is one."""
         return context_messages(
-            self.messages, self.compressions, self.handoff, self.agent_compactions
+            self.messages, self.compressions, self.handoff, self.agent_compactions, system_prompt
         )
 
     def view(self) -> dict[str, Any]:

@@ -395,7 +395,8 @@ class RunEngine:
         None: the runtime's default."""
         fold = await self.sessions.folds.get(run.session_id)
         model = model or (fold.row or {}).get("model")
-        messages = fold.transcript.context()["context_messages"]
+        system_prompt = fold.system_prompt(self.sessions.default_system_prompt)
+        messages = fold.transcript.context(system_prompt)["context_messages"]
         refs: dict[str, AttachmentRef] = {}
         for row in fold.transcript.messages:
             for att in row.get("attachments") or []:
@@ -411,6 +412,7 @@ class RunEngine:
             messages,
             refs,
             model,
+            system_prompt=system_prompt,
             steer=run.steer,
             submitted_at=user["created_at"] if user else None,
             approvals=run.approvals,

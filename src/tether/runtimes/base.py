@@ -164,6 +164,9 @@ class TurnInput:
     `{"type": "attachment", "attachment_id": ...}` parts, resolved through `attachments`."""
     attachments: dict[str, AttachmentRef] = field(default_factory=dict)
     model: str | None = None
+    system_prompt: str | None = None
+    """The session's system prompt, already the first of `messages` when set: a runtime that
+    compresses keeps that message out of what it summarizes."""
     steer: SteerInbox | None = None
     """Text the user sent to the running agent; a runtime drains it at its next step."""
     submitted_at: float | None = None

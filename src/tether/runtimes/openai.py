@@ -65,6 +65,7 @@ from tether.runtimes.compression import (
     clean_summary,
     content_text,
     estimate_text_tokens,
+    estimate_tokens,
     estimate_tools_tokens,
     measured_scale,
     summary_reply_tokens,
@@ -182,7 +183,11 @@ class OpenAIRuntime(Runtime):
         messages = await asyncio.to_thread(self._build_messages, turn)
         model = turn.model or self.model
         window = await self._context_window(model)
-        ctx = WorkingContext(messages, tools_tokens=self._tools_tokens)
+        # The system prompt opens every request and is never compressed: like the tool
+        # schemas, it is a fixed part of each request's size.
+        pinned, messages = (messages[:1], messages[1:]) if turn.system_prompt else ([], messages)
+        tools_tokens = self._tools_tokens + estimate_tokens(pinned)
+        ctx = WorkingContext(messages, tools_tokens=tools_tokens)
         if window:
             ctx.adopt(self._anchors.get(turn.session_id))
             ctx.scale = await self._scale(model, messages)
@@ -202,7 +207,9 @@ class OpenAIRuntime(Runtime):
                 reasoning = streamed = False
                 overflow: ProviderError | None = None
                 raw_estimate = ctx.raw_estimate()
-                request = self._request(model, ctx.messages, acc, room.max_tokens(ctx.size()))
+                request = self._request(
+                    model, pinned + ctx.messages, acc, room.max_tokens(ctx.size())
+                )
                 try:
                     async with contextlib.aclosing(request) as events:
                         async for event in events:

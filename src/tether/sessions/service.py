@@ -55,8 +55,15 @@ class RunOccupancy(Protocol):
 
 
 class SessionService:
-    def __init__(self, store: EventStore, registry: RunOccupancy, attachments: AttachmentStore):
+    def __init__(
+        self,
+        store: EventStore,
+        registry: RunOccupancy,
+        attachments: AttachmentStore,
+        default_system_prompt: str | None = None,
+    ):
         self.store = store
+        self.default_system_prompt = default_system_prompt  # `--system-prompt`
         self.registry = registry
         self.attachments = attachments
         self.folds = FoldCache(store)
@@ -146,7 +153,7 @@ class SessionService:
 
     async def context(self, session_id: str) -> dict[str, Any]:
         fold = await self.folds.get(session_id)
-        return fold.transcript.context()
+        return fold.context(self.default_system_prompt)
 
     # -- commands ---------------------------------------------------------------------------
     async def create(self, title: str | None) -> dict[str, Any]:

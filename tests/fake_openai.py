@@ -488,6 +488,7 @@ class FakeOpenAI:
         # (llama.cpp), ("POST", "/api/show") (Ollama), ... Requests to them are in `hits`.
         self.routes: dict[tuple[str, str], Any] = {}
         self.models_delay = 0.0  # seconds before answering /v1/models (a slow lookup)
+        self.other_models: list[str] = []  # listed by /v1/models after `model`, no window stated
         self.hits: list[tuple[str, str, Any]] = []
 
         self._lock = threading.RLock()
@@ -726,12 +727,13 @@ class FakeOpenAI:
                     401, error(401, "Incorrect API key provided", code="invalid_api_key").body
                 )
                 return
-            await resp.json(200, {"object": "list", "data": [self._model_card()]})
+            others = [self._model_card(name) for name in self.other_models]
+            await resp.json(200, {"object": "list", "data": [self._model_card(), *others]})
         elif path.startswith("/v1/models/") and method == "GET":
             await asyncio.sleep(self.models_delay)
             model_id = path[len("/v1/models/") :]
-            if model_id == self.model:
-                await resp.json(200, self._model_card())
+            if model_id == self.model or model_id in self.other_models:
+                await resp.json(200, self._model_card(model_id))
             else:
                 await resp.json(
                     404,
@@ -747,10 +749,11 @@ class FakeOpenAI:
     def _authorized(self, headers: dict[str, str]) -> bool:
         return self.api_key is None or headers.get("authorization") == f"Bearer {self.api_key}"
 
-    def _model_card(self) -> dict[str, Any]:
-        """The card states ``context_length`` unless it is None (like llama.cpp, Ollama)."""
-        card = {"id": self.model, "object": "model", "created": 0, "owned_by": "fake"}
-        if self.context_length is not None:
+    def _model_card(self, model_id: str | None = None) -> dict[str, Any]:
+        """The card states ``context_length`` unless it is None (like llama.cpp, Ollama);
+        the other models' cards state none."""
+        card = {"id": model_id or self.model, "object": "model", "created": 0, "owned_by": "fake"}
+        if self.context_length is not None and model_id in (None, self.model):
             card["context_length"] = self.context_length
         return card
 

@@ -21,7 +21,7 @@ from tether import __version__
 from tether.log import StorageError
 from tether.runtimes import load_runtime, registered, runtime_class
 from tether.runtimes.base import RuntimeUnavailable
-from tether.settings import Settings, is_loopback
+from tether.settings import SYSTEM_PROMPT_MAX_CHARS, Settings, is_loopback
 
 # Each knob's default lives in Settings only; the flags show it.
 _DEFAULTS = {f.name: f.default for f in fields(Settings) if f.default is not MISSING}
@@ -65,6 +65,12 @@ def _proxy_address(value: str) -> None:
 def _host_name(value: str) -> None:
     if value != "*" and (not value or any(c in value for c in "/ @?#")):
         raise ValueError("give a host name such as tether.example.com, or *")
+
+
+def _system_prompt(value: str | None) -> str | None:
+    if value is not None and len(value) > SYSTEM_PROMPT_MAX_CHARS:
+        raise click.BadParameter(f"at most {SYSTEM_PROMPT_MAX_CHARS:,} characters")
+    return value if value and value.strip() else None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -115,6 +121,11 @@ def main() -> None:
 )
 @option("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1.")
 @option("--model", help="Model name to request.")
+@option(
+    "--system-prompt",
+    callback=lambda _ctx, _param, value: _system_prompt(value),
+    help="The system prompt of every session that has none of its own (at most 20,000 characters).",
+)
 @option(
     "--api-key-env",
     help="Environment variable that holds the API key.",

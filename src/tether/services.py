@@ -62,7 +62,7 @@ def build_services(settings: Settings, runtime: Runtime | None = None) -> Servic
     hub.on_batch(feed.on_batch)
     hub.on_deleted(feed.on_deleted)
     registry = RunRegistry(on_change=lambda sid: feed.notify(sid, "run.state"))
-    sessions = SessionService(store, registry, attachments)
+    sessions = SessionService(store, registry, attachments, settings.system_prompt)
     hub.on_batch(sessions.folds.on_batch)
     hub.on_deleted(sessions.folds.forget)
     engine = RunEngine(

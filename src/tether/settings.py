@@ -25,6 +25,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+SYSTEM_PROMPT_MAX_CHARS = 20_000  # a session's or the default system prompt (docs/api.md)
+
+
 @dataclass
 class Settings:
     host: str = "127.0.0.1"
@@ -37,6 +40,7 @@ class Settings:
     runtime: str = "demo"
     base_url: str | None = None
     model: str | None = None
+    system_prompt: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     context_window: int | None = None
     compression_threshold: float = 0.8

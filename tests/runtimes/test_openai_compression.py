@@ -573,3 +573,24 @@ def test_clean_summary() -> None:
     assert comp.clean_summary("<think>\nplan\n</think>\n\nThe gist.") == "The gist."
     assert comp.clean_summary(None) == ""
     assert comp.clean_summary("  plain  ") == "plain"
+
+
+def test_the_system_prompt_stays_first_and_is_never_summarized(tmp_path: Path) -> None:
+    """Issue 16.2: a session's system prompt opens every request, a compressed one too, and
+    never goes into what is summarized (it is a fixed part of each request)."""
+    prompt = {"role": "system", "content": "PROMPT: be brief."}
+    messages = [prompt, *prior(3, 1200), user("what next?")]
+    with FakeOpenAI(context_length=2000) as fake:
+        fake.script(reply(text("SUMMARY")), reply(text("ok")))
+        [events] = run(
+            make_runtime(fake, tmp_path), turn(messages, system_prompt=prompt["content"])
+        )
+        ask, follow = fake.requests
+    assert_pass(events, "SUMMARY")
+    assert is_summary_request(ask)
+    assert "PROMPT" not in json.dumps(ask["messages"])
+    assert follow["messages"] == [
+        prompt,
+        {"role": "system", "content": f"{SUMMARY_PREFIX}SUMMARY"},
+        user("what next?"),
+    ]

@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from tether.events import ID_PATTERN
+from tether.settings import SYSTEM_PROMPT_MAX_CHARS
 
 Id = Annotated[StrictStr, Field(pattern=ID_PATTERN)]
 SessionIdQuery = Annotated[str, Query(pattern=ID_PATTERN, description="A session id")]
@@ -60,11 +61,20 @@ class CreateSession(Body):
     title: StrictStr | None = None
 
 
+ModelId = Annotated[StrictStr, Field(min_length=1, max_length=200)]
+
+
 class PatchSession(Body):
     session_id: Id
     title: StrictStr | None = None
     pinned: StrictBool | None = None
     archived: StrictBool | None = None
+    model: ModelId | None = Field(
+        default=None, description="The session's model id; `null`: the server default"
+    )
+    system_prompt: Annotated[StrictStr, Field(max_length=SYSTEM_PROMPT_MAX_CHARS)] | None = Field(
+        default=None, description="The session's system prompt; `null`: the server default"
+    )
 
 
 class TruncateSession(Body):
@@ -82,7 +92,7 @@ class StartTurn(Body):
     session_id: Id
     message: StrictStr
     attachments: list[AttachmentUpload] = []
-    model: Annotated[StrictStr, Field(min_length=1, max_length=200)] | None = None
+    model: ModelId | None = None
 
 
 class CancelRun(Body):
@@ -159,6 +169,26 @@ class SessionRow(Out):
     continuation_session_id: str | None
     last_run_state: str | None = Field(
         default=None, description="How the last run ended (`completed`, `error`, ...), or null"
+    )
+    model: str | None = Field(default=None, description="The session's model; null: the default")
+    system_prompt: str | None = Field(
+        default=None, description="The session's own system prompt; null: the server default"
+    )
+
+
+class ModelCard(Out):
+    id: str
+    context_window: int | None = None
+
+
+class ModelListOut(Out):
+    """`GET /api/models` (docs/api.md): what a session may pick, and the server default."""
+
+    models: list[ModelCard]
+    default: str
+    default_system_prompt: str | None = None
+    error: dict | None = Field(
+        default=None, description="Why the endpoint's own list could not be read, if it could not"
     )
 
 

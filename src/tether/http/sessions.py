@@ -82,14 +82,19 @@ async def get_session(app: App, session_id: SessionIdQuery) -> JSONResponse:
 
 @router.patch(
     "/api/session",
-    summary="Rename, pin or archive a session",
+    summary="Rename, pin, archive a session or set its model and system prompt",
     response_model=None,
     responses=documented(400, 404, 413, 503, ok=SessionRowOut),
 )
 async def patch_session(app: App, body: PatchSession) -> dict:
-    """Change `title`, `pinned` and/or `archived` (at least one). Metadata only: it never
+    """Change `title`, `pinned`, `archived`, `model` and/or `system_prompt` (at least one;
+    `null` model or system prompt: back to the server default). Metadata only: it never
     moves `updated_at`, and an unchanged value appends nothing."""
-    changes = body.model_dump(exclude_none=True, exclude={"session_id"})
+    changes = {
+        key: value
+        for key, value in body.model_dump(exclude_unset=True, exclude={"session_id"}).items()
+        if value is not None or key in ("model", "system_prompt")
+    }
     return {"session": await app.sessions.patch(body.session_id, changes)}
 
 

@@ -112,10 +112,12 @@ def context_messages(
     compressions: Sequence[dict[str, Any]] = (),
     handoff: dict[str, Any] | None = None,
     agent_compactions: Sequence[dict[str, Any]] = (),
+    system_prompt: str | None = None,
 ) -> dict[str, Any]:
     """`{context_messages, excluded, compressions, compressed_at}` for the visible `messages`,
     the session's compression passes, for a rotated child its parent's handoff, and the
-    compactions another client of the agent did in place (`agent.imported`)."""
+    compactions another client of the agent did in place (`agent.imported`). The session's
+    system prompt, when it has one, is the first message (invariant 1: shown as sent)."""
     start, compression = _boundary(messages, compressions)
     summary = compression["summary"] if compression else (handoff or {}).get("summary")
     carried: list[dict[str, Any]] = []
@@ -139,6 +141,8 @@ def context_messages(
             "tokens_after": None,
         }
     out: list[dict[str, Any]] = []
+    if system_prompt:
+        out.append({"role": "system", "content": system_prompt})
     if summary:
         out.append(summary_message(summary))
     out.extend(carried)

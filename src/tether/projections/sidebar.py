@@ -17,7 +17,7 @@ from tether import events as ev
 from tether.events import Event
 
 # Bump when the fold changes: the store then rebuilds every persisted row from the log.
-SIDEBAR_FOLD_VERSION = "sidebar-4"
+SIDEBAR_FOLD_VERSION = "sidebar-5"
 
 DEFAULT_TITLE = "New chat"
 TITLE_MAX = 80
@@ -64,6 +64,8 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
             "parent_session_id": None,
             "continuation_session_id": None,
             "last_run_state": None,
+            "model": None,
+            "system_prompt": None,
             "last_seq": 0,
         }
     if event.seq <= state["last_seq"]:
@@ -79,7 +81,7 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
             row["updated_at"] = data["inherited_updated_at"]
             row["last_message_at"] = data.get("inherited_last_message_at")
     elif event.type == ev.SESSION_UPDATED:
-        for key in ("title", "pinned", "archived"):
+        for key in ("title", "pinned", "archived", "model", "system_prompt"):
             if key in data:
                 row[key] = data[key]
     elif event.type == ev.TURN_SUBMITTED:
@@ -143,6 +145,8 @@ def public_row(state: dict[str, Any], *, busy: bool, active_stream_id: str | Non
         "parent_session_id": state["parent_session_id"],
         "continuation_session_id": state["continuation_session_id"],
         "last_run_state": state.get("last_run_state"),
+        "model": state.get("model"),
+        "system_prompt": state.get("system_prompt"),
     }
 
 

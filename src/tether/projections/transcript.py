@@ -346,6 +346,8 @@ class TranscriptFold:
             "stream_id": scene.stream_id,
             "timeline": timeline,
         }
+        if scene.model:
+            row["model"] = scene.model  # the model that answered (`run.started`)
         if event.data.get("error"):
             row["error"] = dict(event.data["error"])
         if event.data.get("usage"):
@@ -377,10 +379,11 @@ class TranscriptFold:
                 self.messages.extend(imported_rows(entry))
 
     # -- views ------------------------------------------------------------------------------
-    def context(self) -> dict[str, Any]:
-        """The model context of the next call (docs/api.md §3, `GET /api/session/context`)."""
+    def context(self, system_prompt: str | None = None) -> dict[str, Any]:
+        """The model context of the next call (docs/api.md §3, `GET /api/session/context`),
+        opened by `system_prompt` when there is one."""
         return context_messages(
-            self.messages, self.compressions, self.handoff, self.agent_compactions
+            self.messages, self.compressions, self.handoff, self.agent_compactions, system_prompt
         )
 
     def view(self) -> dict[str, Any]:

@@ -280,7 +280,7 @@ class RunEngine:
                 self.registry.move(run, RUNNING)
                 await self.store.append(
                     run.session_id,
-                    [normalizer.started(self.runtime.name, model or self.runtime.model)],
+                    [normalizer.started(self.runtime.name, turn.model or self.runtime.model)],
                 )
             # Revalidate right before invocation: Stop may have won during the append.
             if (
@@ -405,8 +405,13 @@ class RunEngine:
         return None if upload is None else self.attachments.path(upload["blob"])
 
     async def _turn_input(self, run: Run, model: str | None) -> TurnInput:
+        """What the runtime gets: the context the session shows (invariant 1) and the model
+        the turn asked for, else the session's own (`PATCH /api/session {model}`), else
+        None: the runtime's default."""
         fold = await self.sessions.folds.get(run.session_id)
-        messages = fold.transcript.context()["context_messages"]
+        model = model or (fold.row or {}).get("model")
+        system_prompt = fold.system_prompt(self.sessions.default_system_prompt)
+        messages = fold.transcript.context(system_prompt)["context_messages"]
         refs: dict[str, AttachmentRef] = {}
         for row in fold.transcript.messages:
             for att in row.get("attachments") or []:
@@ -422,6 +427,7 @@ class RunEngine:
             messages,
             refs,
             model,
+            system_prompt=system_prompt,
             steer=run.steer,
             submitted_at=user["created_at"] if user else None,
             approvals=run.approvals,

@@ -184,6 +184,9 @@ class TurnInput:
     `{"type": "attachment", "attachment_id": ...}` parts, resolved through `attachments`."""
     attachments: dict[str, AttachmentRef] = field(default_factory=dict)
     model: str | None = None
+    system_prompt: str | None = None
+    """The session's system prompt, already the first of `messages` when set: a runtime that
+    compresses keeps that message out of what it summarizes."""
     steer: SteerInbox | None = None
     """Text the user sent to the running agent; a runtime drains it at its next step."""
     submitted_at: float | None = None
@@ -411,6 +414,15 @@ class Runtime:
     def context_window_source(self) -> str | None:
         """Where `context_window` came from (shown in /api/health; docs/runtimes.md)."""
         return None
+
+    async def list_models(self) -> list[dict[str, Any]]:
+        """The models a session may pick (`GET /api/models`), each `{id, context_window?}`:
+        by default the one this runtime was configured with. Raises ProviderError when the
+        endpoint that knows the list cannot say (the route then answers the default alone)."""
+        card: dict[str, Any] = {"id": self.model}
+        if self.context_window is not None:
+            card["context_window"] = self.context_window
+        return [card]
 
     def accepts(self, mime: str) -> bool:
         """Whether an attachment of this type can go to the model."""

@@ -65,19 +65,29 @@ from tether.runtimes.compression import (
     clean_summary,
     content_text,
     estimate_text_tokens,
+    estimate_tokens,
     estimate_tools_tokens,
     measured_scale,
     summary_reply_tokens,
     summary_request,
 )
 from tether.runtimes.openai_errors import classify
-from tether.runtimes.openai_models import Unreachable, Window, count_tokens, discover_window
+from tether.runtimes.openai_models import (
+    Unreachable,
+    Window,
+    count_tokens,
+    discover_window,
+    list_models,
+)
 from tether.runtimes.openai_stream import Accumulator, WrongShape, parse_arguments
 from tether.runtimes.tools import ToolRunner, WorkspaceTools
 from tether.settings import Settings
 
 MAX_TOOL_ITERATIONS = 10
 PLACEHOLDER_API_KEY = "not-needed"
+# `GET /api/models` asks the endpoint at most this often (seconds): a page load asks each time.
+MODELS_CACHE_SECONDS = 30.0
+
 # Local models can think for minutes before the first token; a dead host should fail fast.
 TIMEOUT = openai.Timeout(600.0, connect=10.0)
 MAX_REMEMBERED_SESSIONS = 256  # provider counts kept for the first request of the next turn
@@ -134,6 +144,7 @@ class OpenAIRuntime(Runtime):
         self._api_key_set = bool(os.environ.get(settings.api_key_env))
         self._idle_timeout = float(settings.stream_idle_timeout)
         self._max_tokens_key = "max_tokens"  # or max_completion_tokens, once a server asks
+        self._models: tuple[float, list[dict[str, Any]]] | None = None  # (when, cards)
         self._client = openai.AsyncOpenAI(
             base_url=settings.base_url,
             api_key=os.environ.get(settings.api_key_env) or PLACEHOLDER_API_KEY,
@@ -143,6 +154,21 @@ class OpenAIRuntime(Runtime):
 
     def accepts(self, mime: str) -> bool:
         return accepts_mime(mime)
+
+    async def list_models(self) -> list[dict[str, Any]]:
+        """The endpoint's own `GET /v1/models`, cached for MODELS_CACHE_SECONDS."""
+        if self._models is not None and time.monotonic() - self._models[0] < MODELS_CACHE_SECONDS:
+            return self._models[1]
+        try:
+            cards = await list_models(self._client)
+        except Unreachable as exc:
+            raise ProviderError(
+                "network", f"The model provider at {self._where()} cannot be reached: {exc}"
+            ) from exc
+        except openai.APIError as exc:
+            self._raise_classified(exc, self.model, streaming=False)
+        self._models = (time.monotonic(), cards)
+        return cards
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -157,7 +183,11 @@ class OpenAIRuntime(Runtime):
         messages = await asyncio.to_thread(self._build_messages, turn)
         model = turn.model or self.model
         window = await self._context_window(model)
-        ctx = WorkingContext(messages, tools_tokens=self._tools_tokens)
+        # The system prompt opens every request and is never compressed: like the tool
+        # schemas, it is a fixed part of each request's size.
+        pinned, messages = (messages[:1], messages[1:]) if turn.system_prompt else ([], messages)
+        tools_tokens = self._tools_tokens + estimate_tokens(pinned)
+        ctx = WorkingContext(messages, tools_tokens=tools_tokens)
         if window:
             ctx.adopt(self._anchors.get(turn.session_id))
             ctx.scale = await self._scale(model, messages)
@@ -177,7 +207,9 @@ class OpenAIRuntime(Runtime):
                 reasoning = streamed = False
                 overflow: ProviderError | None = None
                 raw_estimate = ctx.raw_estimate()
-                request = self._request(model, ctx.messages, acc, room.max_tokens(ctx.size()))
+                request = self._request(
+                    model, pinned + ctx.messages, acc, room.max_tokens(ctx.size())
+                )
                 try:
                     async with contextlib.aclosing(request) as events:
                         async for event in events:

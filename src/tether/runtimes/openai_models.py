@@ -140,6 +140,25 @@ async def discover_window(client: openai.AsyncOpenAI, model: str) -> Window | No
     return await _native(client, model)
 
 
+async def list_models(client: openai.AsyncOpenAI) -> list[dict[str, Any]]:
+    """The server's own `GET {base}/models`, as `{id, context_window?}` cards; raises
+    Unreachable when it cannot be reached and `openai.APIError` when it refuses."""
+    ask = client.with_options(timeout=openai.Timeout(15.0, connect=5.0))
+    cards: list[dict[str, Any]] = []
+    try:
+        async for card in ask.models.list():
+            model_id = getattr(card, "id", None)
+            if not isinstance(model_id, str) or not model_id:
+                continue
+            entry: dict[str, Any] = {"id": model_id}
+            if (tokens := window_of_card(card)) is not None:
+                entry["context_window"] = tokens
+            cards.append(entry)
+    except openai.APIConnectionError as exc:
+        raise Unreachable(str(exc)) from exc
+    return cards
+
+
 async def count_tokens(client: openai.AsyncOpenAI, model: str, text: str) -> int | None:
     """The server's own token count of `text`, where it has ``POST {root}/tokenize``
     (llama.cpp: ``{content}`` -> ``{tokens}``; vLLM: ``{model, prompt}`` -> ``{count}``);

@@ -29,6 +29,15 @@ class SessionFold:
     def last_seq(self) -> int:
         return self.transcript.last_seq
 
+    def system_prompt(self, default: str | None) -> str | None:
+        """The session's own system prompt (`PATCH /api/session`), else the server's."""
+        own = (self.row or {}).get("system_prompt")
+        return own if own is not None else default
+
+    def context(self, default_system_prompt: str | None) -> dict[str, Any]:
+        """What the next model call gets: the system prompt first, then the transcript."""
+        return self.transcript.context(self.system_prompt(default_system_prompt))
+
     def apply(self, event: Event) -> None:
         self.row = fold_row(self.row, event)
         self.transcript.apply(event)

@@ -57,8 +57,15 @@ class RunOccupancy(Protocol):
 
 
 class SessionService:
-    def __init__(self, store: EventStore, registry: RunOccupancy, attachments: AttachmentStore):
+    def __init__(
+        self,
+        store: EventStore,
+        registry: RunOccupancy,
+        attachments: AttachmentStore,
+        default_system_prompt: str | None = None,
+    ):
         self.store = store
+        self.default_system_prompt = default_system_prompt  # `--system-prompt`
         self.registry = registry
         self.attachments = attachments
         self.folds = FoldCache(store)
@@ -153,7 +160,7 @@ class SessionService:
 
     async def context(self, session_id: str) -> dict[str, Any]:
         fold = await self.folds.get(session_id)
-        return fold.transcript.context()
+        return fold.context(self.default_system_prompt)
 
     # -- commands ---------------------------------------------------------------------------
     async def create(self, title: str | None) -> dict[str, Any]:
@@ -166,9 +173,17 @@ class SessionService:
 
     async def patch(self, session_id: str, changes: dict[str, Any]) -> dict[str, Any]:
         if not changes:
-            raise InvalidRequest("Nothing to change: send title, pinned or archived.")
+            raise InvalidRequest(
+                "Nothing to change: send title, pinned, archived, model or system_prompt."
+            )
         if "title" in changes:
             changes["title"] = clean_title(changes["title"])
+        if changes.get("model") is not None:
+            changes["model"] = changes["model"].strip()
+            if not changes["model"]:
+                raise InvalidRequest("A model id is text; send null for the server default.")
+        if changes.get("system_prompt") is not None and not changes["system_prompt"].strip():
+            changes["system_prompt"] = None  # blank: back to the server default
         async with self.locks(session_id):
             state = await self.store.index_state(session_id)
             if state is None:

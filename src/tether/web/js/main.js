@@ -5,6 +5,7 @@ import "./session_auth.js";
 import { ApiError, del, get, patch, post, q } from "./api.js";
 import { Composer } from "./composer.js";
 import { applyEvent, applySnapshot, createSession, view } from "./reducer.js";
+import { SessionSettings } from "./session_settings.js";
 import { Sidebar } from "./sidebar.js";
 import { SessionStream } from "./stream.js";
 import { TranscriptView } from "./transcript.js";
@@ -50,6 +51,11 @@ class App {
       removeQueued: (id) => this.call(() => del(`/api/chat/queue?${q({ queue_id: id })}`)),
       sendQueued: (id) => this.call(() => post("/api/chat/queue/start", { queue_id: id })),
     });
+    this.settings = new SessionSettings({
+      ensureSession: () => this.ensureSession(),
+      onRow: (row) => this.onRowChanged(row),
+      notify: (msg) => this.notify(msg),
+    });
   }
 
   async boot() {
@@ -58,10 +64,9 @@ class App {
     const badge = $("runtime-badge");
     badge.textContent = this.health.demo ? "Demo runtime (offline)" : this.health.model || "";
     badge.classList.toggle("demo", !!this.health.demo);
-    $("model-label").textContent = this.health.demo
-      ? "Demo runtime: no model is called"
-      : `Model: ${this.health.model}`;
-    await this.sidebar.load();
+    // the model itself is the header's per-session picker
+    $("model-label").textContent = this.health.demo ? "Demo runtime: no model is called" : "";
+    await Promise.all([this.sidebar.load(), this.settings.load()]);
     window.addEventListener("popstate", () => this.route());
     document.addEventListener("visibilitychange", () => this.sidebar.render());
     setInterval(() => this.transcript.tick(), 1000);
@@ -242,6 +247,7 @@ class App {
     const entry = this.sessions.get(this.openId);
     const title = entry?.row?.title ?? "Tether";
     $("session-title").textContent = title;
+    this.settings.show(entry?.row);
     $("run-badge").hidden = !this.running;
     document.title = this.openId ? `${this.running ? "● " : ""}${title} · Tether` : "Tether";
   }

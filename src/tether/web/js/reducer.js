@@ -227,6 +227,7 @@ on(["run.finished"], (state, env, data) => {
     stream_id: scene.stream_id,
     timeline: items,
   };
+  if (truthy(scene.model)) row.model = scene.model; // the model that answered (run.started)
   if (truthy(get(data, "error"))) row.error = { ...data.error };
   if (truthy(get(data, "usage"))) row.usage = { ...data.usage }; // the context meter's source
   if (truthy(get(data, "finish_reason"))) row.finish_reason = data.finish_reason;

@@ -492,7 +492,8 @@ export class TranscriptView {
       delete working.dataset.started;
       working.textContent = settledLine(row, this.mode);
     }
-    el.querySelector(".model").textContent = live && row.live.model ? row.live.model : "";
+    // the model that answered (`run.started`), on the live and the settled row alike
+    el.querySelector(".model").textContent = (live ? row.live.model : row.model) || "";
     const blocks = blocksFor(row, this.mode, live);
     patchChildren(el.querySelector(".items"), blocks, buildBlock, (child, block) =>
       updateBlock(child, block, live, !!row.last),

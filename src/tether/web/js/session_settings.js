@@ -1,0 +1,89 @@
+// The open session's own settings (docs/api.md §3, `PATCH /api/session`): the header's model
+// picker and its system prompt (a button that says whether one is in effect, and a dialog to
+// edit it: what the model gets first, invariant 1). What it shows is the session row (a fold of the log); a change is a PATCH whose
+// answer is the new row, and another tab sees it through the sidebar stream.
+import { get, patch } from "./api.js";
+
+const $ = (id) => document.getElementById(id);
+
+export class SessionSettings {
+  constructor({ ensureSession, onRow, notify }) {
+    this.ensureSession = ensureSession;
+    this.onRow = onRow;
+    this.notify = notify;
+    this.models = { models: [], default: "" };
+    this.picker = $("model-picker");
+    this.picker.addEventListener("change", () => this.change({ model: this.picker.value || null }));
+    this.row = null;
+    this.promptButton = $("system-prompt-btn");
+    this.promptButton.addEventListener("click", () => this.editPrompt());
+  }
+
+  /** The endpoint's own list (`GET /api/models`); the first option is the server default. */
+  async load() {
+    try {
+      this.models = await get("/api/models");
+    } catch (err) {
+      this.notify(err.message);
+      return;
+    }
+    const options = [new Option(`Default (${this.models.default})`, "")];
+    for (const model of this.models.models) options.push(new Option(model.id, model.id));
+    this.picker.replaceChildren(...options);
+    this.picker.title = this.models.error
+      ? `The model list could not be read: ${this.models.error.message}`
+      : "";
+  }
+
+  /** Show the open session's row (or none: a new chat starts on the default). */
+  show(row) {
+    const model = row?.model ?? "";
+    if (model && ![...this.picker.options].some((o) => o.value === model)) {
+      this.picker.append(new Option(model, model)); // not (or no longer) in the list
+    }
+    this.picker.value = model;
+    this.row = row ?? null;
+    const own = row?.system_prompt ?? null;
+    const effective = own ?? this.models.default_system_prompt ?? null;
+    this.promptButton.classList.toggle("set", !!effective);
+    this.promptButton.setAttribute(
+      "aria-label",
+      effective
+        ? `System prompt (${own !== null ? "this session's" : "default"})`
+        : "System prompt (none)",
+    );
+    this.promptButton.title = effective ?? "No system prompt";
+  }
+
+  /** The dialog shows the prompt in effect; Save makes it the session's own, Use default
+   *  clears the session's own (`null`). */
+  async editPrompt() {
+    const dialog = $("system-prompt-dialog");
+    const own = this.row?.system_prompt ?? null;
+    const fallback = this.models.default_system_prompt ?? null;
+    $("system-prompt-text").value = own ?? fallback ?? "";
+    $("system-prompt-note").textContent =
+      own !== null
+        ? "This session's own system prompt: the first message of every model request."
+        : fallback
+          ? "The server's default system prompt. Save to give this session its own."
+          : "No system prompt. Anything saved here is sent first in every model request.";
+    dialog.returnValue = "";
+    dialog.showModal();
+    const answer = await new Promise((resolve) =>
+      dialog.addEventListener("close", () => resolve(dialog.returnValue), { once: true }),
+    );
+    if (answer === "save") await this.change({ system_prompt: $("system-prompt-text").value });
+    else if (answer === "default" && own !== null) await this.change({ system_prompt: null });
+  }
+
+  async change(changes) {
+    try {
+      const sid = await this.ensureSession();
+      const { session } = await patch("/api/session", { session_id: sid, ...changes });
+      this.onRow(session);
+    } catch (err) {
+      this.notify(err.message);
+    }
+  }
+}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import BrowserContext, expect
 
-from fake_openai import FakeOpenAI
+from fake_openai import FakeOpenAI, reply, text
 from helpers import ServerProcess, running_server, session_body, wait_until
 from pagekit import open_app, send, session_id_of, wait_settled
 
@@ -106,3 +106,28 @@ def test_the_system_prompt_is_shown_edited_and_sent_first(
         "button", name="Use default"
     ).click()
     expect(page.get_by_role("button", name="System prompt (none)")).to_be_visible()
+
+
+def test_copy_puts_a_messages_markdown_source_on_the_clipboard(
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
+    answer = "**Bold** and `code`:\n\n- one\n- two\n\n```python\nprint('hi')\n```\n"
+    question = "Line one\n  indented <b>not html</b>"
+    fake.script(reply(text(answer)))
+    context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    open_app(page, openai_web.base_url)
+    send(page, question)
+    wait_settled(page)
+    page.reload()  # the settled rows, as a fresh page builds them
+    assistant = page.get_by_role("article", name="Assistant")
+    expect(assistant.locator(".markdown strong")).to_have_text("Bold")  # rendered ...
+    assistant.locator(".assistant-head").get_by_role("button", name="Copy").click()
+    expect(
+        assistant.locator(".assistant-head").get_by_role("button", name="Copied")
+    ).to_be_visible()
+    assert page.evaluate("navigator.clipboard.readText()") == answer  # ... copied as source
+    user = page.get_by_role("article", name="You")
+    user.get_by_role("button", name="Copy").click()
+    expect(user.get_by_role("button", name="Copied")).to_be_visible()
+    assert page.evaluate("navigator.clipboard.readText()") == question

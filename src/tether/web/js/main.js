@@ -64,7 +64,7 @@ class App {
     const badge = $("runtime-badge");
     badge.textContent = this.health.demo ? "Demo runtime (offline)" : this.health.model || "";
     badge.classList.toggle("demo", !!this.health.demo);
-    // the model itself is the header's per-session picker
+    // the model itself is the per-session picker beside it (session_settings.js)
     $("model-label").textContent = this.health.demo ? "Demo runtime: no model is called" : "";
     await Promise.all([this.sidebar.load(), this.settings.load()]);
     window.addEventListener("popstate", () => this.route());

@@ -1,7 +1,8 @@
-// The open session's own settings (docs/api.md §3, `PATCH /api/session`): the header's model
-// picker and its system prompt (a button that says whether one is in effect, and a dialog to
-// edit it: what the model gets first, invariant 1). What it shows is the session row (a fold of the log); a change is a PATCH whose
-// answer is the new row, and another tab sees it through the sidebar stream.
+// The open session's own settings (docs/api.md §3, `PATCH /api/session`), beside the composer:
+// the model picker and the system prompt (a button that says whether one is in effect, and a
+// dialog to edit it: what the model gets first, invariant 1). What they show is the session
+// row (a fold of the log); a change is a PATCH whose answer is the new row, and another tab
+// sees it through the sidebar stream.
 import { get, patch } from "./api.js";
 
 const $ = (id) => document.getElementById(id);

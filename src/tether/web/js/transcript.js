@@ -310,6 +310,7 @@ function buildRow(row) {
         h("div", { class: "user-text" }),
         h("div", { class: "user-attachments" }),
       ),
+      copyMessageButton(),
     );
   }
   return h(
@@ -320,9 +321,25 @@ function buildRow(row) {
       { class: "assistant-head" },
       h("span", { class: "working" }),
       h("span", { class: "model" }),
+      copyMessageButton(),
     ),
     h("div", { class: "items" }),
   );
+}
+
+/** A message's Copy: its Markdown source (`content`), set on the row by `updateRow`. */
+function copyMessageButton() {
+  return h("button", {
+    type: "button",
+    "aria-label": "Copy",
+    class: "btn copy-message",
+    hidden: true,
+  });
+}
+
+function setCopySource(el, source) {
+  el.copySource = source || "";
+  el.querySelector(".copy-message").hidden = !source;
 }
 
 function updateUserRow(el, row) {
@@ -330,6 +347,7 @@ function updateUserRow(el, row) {
   el.classList.toggle("elsewhere", row.origin === "agent");
   el.title = row.origin === "agent" ? "Sent from another client of the agent (its CLI)" : "";
   el.setAttribute("aria-label", row.origin === "agent" ? "You, from another client" : "You");
+  setCopySource(el, row.content);
   const sig = JSON.stringify([row.content, row.attachments]);
   if (el.dataset.sig === sig) return;
   el.dataset.sig = sig;
@@ -348,20 +366,27 @@ function updateUserRow(el, row) {
   );
 }
 
-/** A code block's Copy button puts its code on the clipboard. */
+/** A code block's Copy button puts its code on the clipboard, a message's its Markdown. */
 async function copyCode(event) {
-  const button = event.target.closest(".copy-code");
+  const button = event.target.closest(".copy-code, .copy-message");
   if (!button) return;
-  const code = button.closest(".code-block").querySelector("code").textContent;
+  const message = button.classList.contains("copy-message");
+  // a message's button shows its label from CSS, so the row's text stays the message's
+  const say = message
+    ? (label) => button.setAttribute("aria-label", label)
+    : (label) => {
+        button.textContent = label;
+      };
+  const code = message
+    ? button.closest(".row").copySource
+    : button.closest(".code-block").querySelector("code").textContent;
   try {
     await navigator.clipboard.writeText(code);
-    button.textContent = "Copied";
+    say("Copied");
   } catch {
-    button.textContent = "Copy failed";
+    say("Copy failed");
   }
-  setTimeout(() => {
-    button.textContent = "Copy";
-  }, 1500);
+  setTimeout(() => say("Copy"), 1500);
 }
 
 export class TranscriptView {
@@ -494,6 +519,7 @@ export class TranscriptView {
     }
     // the model that answered (`run.started`), on the live and the settled row alike
     el.querySelector(".model").textContent = (live ? row.live.model : row.model) || "";
+    setCopySource(el, live ? "" : row.content); // the answer, once it is settled
     const blocks = blocksFor(row, this.mode, live);
     patchChildren(el.querySelector(".items"), blocks, buildBlock, (child, block) =>
       updateBlock(child, block, live, !!row.last),

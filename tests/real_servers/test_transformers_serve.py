@@ -156,6 +156,22 @@ def test_an_answer_cut_off_at_the_token_limit(
     assert notice["type"] == "notice" and notice["kind"] == "length"
 
 
+def quiet_window(server: TransformersServe, window: float = 1.5, within: float = 5.0) -> float:
+    """The least CPU the server spent in a `window` during the `within` seconds after a
+    Stop: its own clean-up right after the request closed can take a second of CPU (seen
+    once in a full run), while a generation that goes on (4,000 tokens here, well past
+    `within`) keeps every window busy."""
+    least = float("inf")
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        before = server.cpu_seconds()
+        time.sleep(window)
+        least = min(least, server.cpu_seconds() - before)
+        if least < 0.25:
+            break
+    return least
+
+
 def test_stop_ends_the_servers_generation(tmp_path: Path, serve_endless: TransformersServe) -> None:
     with tether(tmp_path, serve_endless, "--context-window", "8192", "--max-tokens", "4000") as srv:
         with srv.client() as client:
@@ -169,10 +185,7 @@ def test_stop_ends_the_servers_generation(tmp_path: Path, serve_endless: Transfo
                 "cancelled"
             ]
             row = wait_idle(client, sid, timeout=30)["messages"][-1]
-            time.sleep(1.0)  # let a generation that is still running show up in CPU time
-            before = serve_endless.cpu_seconds()
-            time.sleep(1.5)
-            after_stop = serve_endless.cpu_seconds() - before
+            after_stop = quiet_window(serve_endless)
         assert row["state"] == "cancelled"
         assert row["content"].split()[0] == "more"
         assert generating > 0.3, f"the server was not generating ({generating:.2f} s CPU in 1 s)"

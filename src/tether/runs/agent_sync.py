@@ -71,9 +71,7 @@ class AgentSync:
     async def _look_again(self) -> None:
         """A runtime that skips passes when nothing moved must not skip the retry of one
         that failed halfway (an adoption bound but not created, a session not synced)."""
-        again = getattr(self.engine.runtime, "agent_look_again", None)
-        if again is not None:
-            await again()
+        await self.agent.agent_look_again()
 
 
 async def adopt_sessions_started_elsewhere(engine: RunEngine, agent: AgentHistory) -> None:

@@ -346,6 +346,9 @@ class AgentHistory(Protocol):
     async def agent_owner(self, agent_session_id: str) -> str | None:
         """The Tether session bound to this agent session, if any."""
 
+    async def agent_look_again(self) -> None:
+        """A pass failed halfway: the next one asks anew even if nothing moved since."""
+
 
 @dataclass(frozen=True)
 class Capabilities:

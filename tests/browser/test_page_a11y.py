@@ -88,9 +88,18 @@ def test_speakers_attach_button_and_menu_focus(browser: Browser, web_server: Ser
     page.keyboard.press("Shift+Tab")
     attach = page.get_by_role("button", name="Attach", exact=True)
     expect(attach).to_be_focused()  # a real button, in the Tab order beside the composer
-    with page.expect_file_chooser() as chooser:
-        page.keyboard.press("Enter")
-    chooser.value.set_files({"name": "a.txt", "mimeType": "text/plain", "buffer": b"hi"})
+    # Enter on the button opens the hidden file input. Chromium's file chooser event
+    # (CDP Page.fileChooserOpened) is known to go missing under load, so the test
+    # watches the input's own click instead and then gives it the file.
+    page.evaluate(
+        "() => document.getElementById('file-input').addEventListener('click',"
+        " (e) => { window.__chooserOpened = true; e.preventDefault(); })"
+    )
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => window.__chooserOpened === true")
+    page.locator("#file-input").set_input_files(
+        {"name": "a.txt", "mimeType": "text/plain", "buffer": b"hi"}
+    )
     expect(page.locator("#attachment-chips")).to_contain_text("a.txt")
 
     sid = session_id_of(page)

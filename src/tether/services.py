@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from tether.events import VOCABULARY, Vocabulary
 from tether.log import Hub
 from tether.log.attachments import AttachmentStore
+from tether.log.checked import CheckedStore
 from tether.log.private import private_dir
 from tether.log.sqlite import SQLiteEventStore
 from tether.log.store import EventStore
@@ -31,6 +33,7 @@ from tether.settings import Settings
 @dataclass
 class Services:
     settings: Settings
+    vocabulary: Vocabulary
     runtime: Runtime
     store: EventStore
     hub: Hub
@@ -43,18 +46,22 @@ class Services:
     agent_sync: agent_sync.AgentSync | None
 
 
-def open_store(settings: Settings) -> EventStore:
+def open_store(settings: Settings, vocabulary: Vocabulary = VOCABULARY) -> EventStore:
+    """The backend, behind the payload check every service write goes through."""
     private_dir(settings.data_dir)
-    return SQLiteEventStore(
+    backend = SQLiteEventStore(
         settings.database_path, index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION
     )
+    return CheckedStore(backend, vocabulary)
 
 
-def build_services(settings: Settings, runtime: Runtime | None = None) -> Services:
+def build_services(
+    settings: Settings, runtime: Runtime | None = None, vocabulary: Vocabulary = VOCABULARY
+) -> Services:
     """Everything wired, on the running event loop. `runtime` defaults to the one
-    `settings.runtime` names; tests pass their own."""
+    `settings.runtime` names; tests pass their own, and may pass a larger `vocabulary`."""
     runtime = runtime if runtime is not None else load_runtime(settings)
-    store = open_store(settings)
+    store = open_store(settings, vocabulary)
     attachments = AttachmentStore(settings.data_dir / "attachments")
     hub = Hub(asyncio.get_running_loop())
     store.attach_hub(hub)
@@ -74,6 +81,7 @@ def build_services(settings: Settings, runtime: Runtime | None = None) -> Servic
     engine.connect(rotator=Rotator(engine, settings), queue=queue, agent_sync=syncer)
     return Services(
         settings=settings,
+        vocabulary=vocabulary,
         runtime=runtime,
         store=store,
         hub=hub,

@@ -8,13 +8,12 @@ import json
 import random
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page
 
-from tether.events import RUN_STATES, Event
+from tether.events import RUN_STATES, VOCABULARY, Event
 from tether.projections.sidebar import fold_row, public_row
 from tether.projections.transcript import TranscriptFold
 
@@ -727,21 +726,37 @@ def test_the_module_stays_standalone(browser: Browser, server: ServerProcess) ->
         ctx.close()
 
 
-def test_the_page_listens_to_every_durable_event_type() -> None:
-    """An SSE frame whose `event:` name the page does not listen to is silently dropped by
-    EventSource: each type in `tether/events.py` must be in `stream.js`'s EVENT_TYPES (found
-    missing for `approval.*` and `agent.imported` when they were added)."""
-    from tether import events
+# Records the types the page's session stream listens for (instrumentation of the browser's
+# own EventSource: every listener still goes to the real one).
+LISTENED_JS = """
+window.__listened = [];
+const add = EventSource.prototype.addEventListener;
+EventSource.prototype.addEventListener = function (type, ...rest) {
+  if (this.url.includes("/api/sessions/")) window.__listened.push(type);
+  return add.call(this, type, ...rest);
+};
+"""
 
-    declared = {
-        value
-        for name, value in vars(events).items()
-        if name.isupper() and isinstance(value, str) and re.fullmatch(r"[a-z_]+\.[a-z_]+", value)
-    }
-    source = (Path(__file__).parents[2] / "src/tether/web/js/stream.js").read_text()
-    listed = set(
-        re.findall(
-            r'"([a-z_]+\.[a-z_]+)"', source[source.index("EVENT_TYPES") : source.index("];")]
-        )
-    )
-    assert declared == listed
+
+def test_the_page_listens_to_every_durable_event_type(
+    browser: Browser, server: ServerProcess
+) -> None:
+    """An SSE frame whose `event:` name the page does not listen to is silently dropped by
+    EventSource (found missing for `approval.*` and `agent.imported` when they were added):
+    the page's session stream listens for every type defined in `tether/events.py`, durable
+    ones from the list the server serves from the definitions, and nothing undefined."""
+    with server.client() as client:
+        sid = new_session(client)
+    ctx = browser.new_context()
+    try:
+        ctx.add_init_script(LISTENED_JS)
+        page = ctx.new_page()
+        page.goto(f"{server.base_url}/s/{sid}")
+        page.wait_for_function("() => window.__listened.includes('session.created')")
+        listened = page.evaluate("() => window.__listened")
+    finally:
+        ctx.close()
+    durable = set(VOCABULARY.durable_names())
+    transient = {t.name for t in VOCABULARY if not t.durable}
+    assert durable <= set(listened)
+    assert set(listened) - durable == transient

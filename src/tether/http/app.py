@@ -19,6 +19,7 @@ from fastapi.staticfiles import StaticFiles
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from tether import __version__
+from tether.events import VOCABULARY, Vocabulary
 from tether.http import auth_routes, errors, health, models, pages, runs, sessions, streams
 from tether.http.auth import Authenticator, AuthGate
 from tether.http.deps import Services
@@ -46,18 +47,22 @@ def _freeze_startup_heap() -> None:
 
 
 def create_app(
-    settings: Settings, auth: Authenticator | None = None, runtime: Runtime | None = None
+    settings: Settings,
+    auth: Authenticator | None = None,
+    runtime: Runtime | None = None,
+    vocabulary: Vocabulary = VOCABULARY,
 ) -> FastAPI:
     """The app. `auth` carries the hashed password; without it, it is loaded from settings
     (auth.PasswordError when the configured password cannot be read). `runtime` is the one
-    the command line built before serving; without it, the one settings name."""
+    the command line built before serving; without it, the one settings name. `vocabulary`:
+    the event types it speaks (a test may add its own)."""
     if auth is None:
         auth = Authenticator.from_settings(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services = app.state.services = Services(
-            **vars(build_services(settings, runtime)),
+            **vars(build_services(settings, runtime, vocabulary)),
             stream_slots=StreamSlots(settings.max_streams_per_client),
         )
         engine, store = services.engine, services.store

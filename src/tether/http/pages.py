@@ -1,9 +1,12 @@
 """The page: `/` and `/s/<session_id>` serve the app shell; `/static/` its ES modules and CSS
-(no build step); `POST /api/render` turns Markdown into sanitized HTML for API clients (the
-page renders Markdown itself, in `web/js/markdown.js`)."""
+(no build step), and `/static/js/event_types.js` the one module written from the code: the
+durable event types the page listens for (`tether.events`); `POST /api/render` turns Markdown
+into sanitized HTML for API clients (the page renders Markdown itself, in `web/js/markdown.js`).
+"""
 
 from __future__ import annotations
 
+import json
 from importlib.resources import files
 
 from fastapi import APIRouter, Path, Request
@@ -44,6 +47,18 @@ async def app_shell() -> HTMLResponse:
 @router.get("/s/{session_id}", include_in_schema=False)
 async def session_shell(session_id: str = Path(pattern=ID_PATTERN)) -> HTMLResponse:
     return _shell()
+
+
+@router.get("/static/js/event_types.js", include_in_schema=False)
+async def event_types_module(request: Request) -> Response:
+    """The durable event types, from their definitions: an SSE frame whose name EventSource
+    has no listener for is dropped silently, so the page listens for exactly these."""
+    names = request.app.state.services.vocabulary.durable_names()
+    return Response(
+        f"export const EVENT_TYPES = {json.dumps(names)};\n",
+        media_type="text/javascript",
+        headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"},
+    )
 
 
 MAX_RENDER_BODY_BYTES = 16 * 1024 * 1024

@@ -4,34 +4,9 @@
 // honour the cursor and sent a snapshot. The cursor is always the reducer's last seq, so a
 // resume asks for exactly what is missing.
 
-export const EVENT_TYPES = [
-  "session.created",
-  "session.updated",
-  "session.rotated",
-  "turn.submitted",
-  "run.started",
-  "reasoning.delta",
-  "reasoning.trimmed",
-  "text.delta",
-  "tool.started",
-  "tool.completed",
-  "compression.started",
-  "compression.completed",
-  "run.cancel_requested",
-  "steer.accepted",
-  "steer.delivered",
-  "steer.leftover",
-  "queue.added",
-  "queue.updated",
-  "queue.removed",
-  "run.finished",
-  "transcript.truncated",
-  "approval.requested",
-  "approval.resolved",
-  "clarify.requested",
-  "clarify.resolved",
-  "agent.imported",
-];
+// The durable event types, served from their definitions (tether/events.py): the page listens
+// for each one, and a new type needs no change here.
+import { EVENT_TYPES } from "./event_types.js";
 
 const STALL_FACTOR = 2.5;
 const MAX_BACKOFF_MS = 8000;

@@ -12,6 +12,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -39,11 +40,8 @@ def unavailable() -> str | None:
 
 
 def url_of(name: str) -> str:
-    import psycopg.conninfo
-
-    info = psycopg.conninfo.conninfo_to_dict(SERVER)
-    info["dbname"] = name
-    return psycopg.conninfo.make_conninfo(**info)
+    """SERVER's URL with the database `name` (a postgresql:// URL, as --database-url takes)."""
+    return urlunsplit(urlsplit(SERVER)._replace(path=f"/{name}"))
 
 
 def create_database() -> tuple[str, str]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from tether.log import Hub
+from tether.events import new_id
+from tether.log import Hub, StorageError
 from tether.log.attachments import AttachmentStore
 from tether.log.private import private_dir
 from tether.log.sqlite import SQLiteEventStore
@@ -41,10 +42,31 @@ class Services:
     engine: RunEngine
     queue: QueueService
     agent_sync: agent_sync.AgentSync | None
+    replica_id: str  # this process, among the replicas sharing a database (GET /api/health)
+
+    @property
+    def storage(self) -> str:
+        return "postgresql" if self.settings.database_url else "sqlite"
 
 
-def open_store(settings: Settings) -> EventStore:
+def open_store(settings: Settings, replica_id: str | None = None) -> EventStore:
+    """The log: PostgreSQL with `--database-url` (several replicas may share it), else the
+    embedded SQLite file in the data directory."""
     private_dir(settings.data_dir)
+    if settings.database_url:
+        try:  # the extra is optional: only a PostgreSQL deployment installs the driver
+            from tether.log.postgres import PostgresEventStore
+        except ImportError as exc:
+            raise StorageError(
+                f"--database-url needs the PostgreSQL driver: pip install 'tether[postgres]' "
+                f"({exc})"
+            ) from None
+        return PostgresEventStore(
+            settings.database_url,
+            index_fold=fold_row,
+            index_version=SIDEBAR_FOLD_VERSION,
+            replica_id=replica_id,
+        )
     return SQLiteEventStore(
         settings.database_path, index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION
     )
@@ -54,7 +76,8 @@ def build_services(settings: Settings, runtime: Runtime | None = None) -> Servic
     """Everything wired, on the running event loop. `runtime` defaults to the one
     `settings.runtime` names; tests pass their own."""
     runtime = runtime if runtime is not None else load_runtime(settings)
-    store = open_store(settings)
+    replica_id = new_id("replica")
+    store = open_store(settings, replica_id)
     attachments = AttachmentStore(settings.data_dir / "attachments")
     hub = Hub(asyncio.get_running_loop())
     store.attach_hub(hub)
@@ -84,4 +107,5 @@ def build_services(settings: Settings, runtime: Runtime | None = None) -> Servic
         engine=engine,
         queue=queue,
         agent_sync=syncer,
+        replica_id=replica_id,
     )

@@ -19,6 +19,7 @@ import uvicorn
 
 from tether import __version__
 from tether.log import StorageError
+from tether.log.dirlock import lock_data_dir
 from tether.runtimes import load_runtime, registered, runtime_class
 from tether.runtimes.base import RuntimeUnavailable
 from tether.settings import SYSTEM_PROMPT_MAX_CHARS, Settings, is_loopback
@@ -65,6 +66,14 @@ def _proxy_address(value: str) -> None:
 def _host_name(value: str) -> None:
     if value != "*" and (not value or any(c in value for c in "/ @?#")):
         raise ValueError("give a host name such as tether.example.com, or *")
+
+
+def _database_url(value: str | None) -> str | None:
+    if not value:
+        return None
+    if not value.startswith(("postgresql://", "postgres://")):
+        raise click.BadParameter("give a postgresql:// URL (e.g. postgresql://tether@db/tether)")
+    return value
 
 
 def _system_prompt(value: str | None) -> str | None:
@@ -114,6 +123,12 @@ def main() -> None:
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
     help="Where sessions are kept (default: the per-user data directory).",
+)
+@option(
+    "--database-url",
+    callback=lambda _ctx, _param, value: _database_url(value),
+    help="Keep the log in PostgreSQL (postgresql://user@host/db) instead of the data "
+    "directory, so several replicas can share it (needs tether[postgres]).",
 )
 @option(
     "--runtime",
@@ -233,6 +248,8 @@ def serve(log_level: str, **options: object) -> None:
     from tether.services import open_store
 
     try:  # a database that cannot be opened is a clear one-line error, not a traceback
+        # One process per SQLite data directory, held until this process ends (log/dirlock.py).
+        dir_lock = None if settings.database_url else lock_data_dir(settings.data_dir)
         asyncio.run(open_store(settings).aclose())
     except StorageError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -264,6 +281,8 @@ def serve(log_level: str, **options: object) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     server.run()
+    if dir_lock is not None:
+        dir_lock.close()
     if not server.started:
         raise SystemExit(1)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from tether.events import VOCABULARY, Vocabulary
-from tether.log import Hub
+from tether.events import VOCABULARY, Vocabulary, new_id
+from tether.log import Hub, StorageError
 from tether.log.attachments import AttachmentStore
 from tether.log.checked import CheckedStore
 from tether.log.private import private_dir
@@ -44,14 +44,39 @@ class Services:
     engine: RunEngine
     queue: QueueService
     agent_sync: agent_sync.AgentSync | None
+    replica_id: str  # this process, among the replicas sharing a database (GET /api/health)
+
+    @property
+    def storage(self) -> str:
+        return "postgresql" if self.settings.database_url else "sqlite"
 
 
-def open_store(settings: Settings, vocabulary: Vocabulary = VOCABULARY) -> EventStore:
-    """The backend, behind the payload check every service write goes through."""
+def open_store(
+    settings: Settings, replica_id: str | None = None, vocabulary: Vocabulary = VOCABULARY
+) -> EventStore:
+    """The log: PostgreSQL with `--database-url` (several replicas may share it), else the
+    embedded SQLite file in the data directory; behind the payload check every service
+    write goes through."""
     private_dir(settings.data_dir)
-    backend = SQLiteEventStore(
-        settings.database_path, index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION
-    )
+    backend: EventStore
+    if settings.database_url:
+        try:  # the extra is optional: only a PostgreSQL deployment installs the driver
+            from tether.log.postgres import PostgresEventStore
+        except ImportError as exc:
+            raise StorageError(
+                f"--database-url needs the PostgreSQL driver: pip install 'tether[postgres]' "
+                f"({exc})"
+            ) from None
+        backend = PostgresEventStore(
+            settings.database_url,
+            index_fold=fold_row,
+            index_version=SIDEBAR_FOLD_VERSION,
+            replica_id=replica_id,
+        )
+    else:
+        backend = SQLiteEventStore(
+            settings.database_path, index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION
+        )
     return CheckedStore(backend, vocabulary)
 
 
@@ -61,7 +86,8 @@ def build_services(
     """Everything wired, on the running event loop. `runtime` defaults to the one
     `settings.runtime` names; tests pass their own, and may pass a larger `vocabulary`."""
     runtime = runtime if runtime is not None else load_runtime(settings)
-    store = open_store(settings, vocabulary)
+    replica_id = new_id("replica")
+    store = open_store(settings, replica_id, vocabulary)
     attachments = AttachmentStore(settings.data_dir / "attachments")
     hub = Hub(asyncio.get_running_loop())
     store.attach_hub(hub)
@@ -92,4 +118,5 @@ def build_services(
         engine=engine,
         queue=queue,
         agent_sync=syncer,
+        replica_id=replica_id,
     )

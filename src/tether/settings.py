@@ -37,6 +37,7 @@ class Settings:
     header_timeout_seconds: float = 10.0
     body_timeout_seconds: float = 60.0
     data_dir: Path = None  # type: ignore[assignment]  # filled by __post_init__
+    database_url: str | None = None  # PostgreSQL instead of <data_dir>/tether.db
     runtime: str = "demo"
     base_url: str | None = None
     model: str | None = None

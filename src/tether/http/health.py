@@ -19,7 +19,8 @@ async def health(app: App) -> dict:
     return {
         "ok": True,
         "version": __version__,
-        "storage": "sqlite",
+        "storage": app.storage,
+        "replica_id": app.replica_id,
         "runtime": app.engine.runtime.name,
         "model": app.engine.runtime.model,
         "demo": app.engine.runtime.demo,

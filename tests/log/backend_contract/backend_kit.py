@@ -11,12 +11,16 @@ process.
 from __future__ import annotations
 
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
-from tether.events import Event
-from tether.log.sqlite import SQLiteEventStore
-from tether.log.store import EventStore, IndexFold
+sys.path.insert(0, str(Path(__file__).parents[2]))  # tests/, for pg.py (also in the crash child)
+import pg  # noqa: E402
+
+from tether.events import Event  # noqa: E402
+from tether.log.sqlite import SQLiteEventStore  # noqa: E402
+from tether.log.store import EventStore, IndexFold  # noqa: E402
 
 PROBE_FOLD_VERSION = "probe-1"
 
@@ -103,16 +107,79 @@ class SQLiteBackend:
             self._peek = None
 
 
-BACKENDS = ["sqlite"]
+class PostgresBackend:
+    """A database of its own on the test server (tests/pg.py), dropped by `dispose`."""
+
+    name = "postgresql"
+
+    def __init__(self, url: str, dbname: str | None = None):
+        self.url = url
+        self._dbname = dbname  # set when this backend made the database (and drops it)
+        self._peek: Any = None
+
+    @classmethod
+    def create(cls) -> PostgresBackend:
+        dbname, url = pg.create_database()
+        return cls(url, dbname)
+
+    async def open(
+        self, fold: IndexFold = probe_fold, version: str = PROBE_FOLD_VERSION
+    ) -> EventStore:
+        from tether.log.postgres import PostgresEventStore
+
+        return PostgresEventStore(self.url, index_fold=fold, index_version=version)
+
+    def spec(self) -> dict[str, Any]:
+        return {"backend": self.name, "url": self.url}
+
+    def _conn(self) -> Any:
+        if self._peek is None:
+            import psycopg
+
+            self._peek = psycopg.connect(self.url, autocommit=True)
+        return self._peek
+
+    def physical_order(self, session_id: str) -> list[int]:
+        rows = self._conn().execute(
+            "SELECT seq FROM events WHERE session_id=%s ORDER BY id", (session_id,)
+        )
+        return [seq for (seq,) in rows]
+
+    def committed_last_seq(self, session_id: str) -> int | None:
+        row = (
+            self._conn()
+            .execute("SELECT MAX(seq) FROM events WHERE session_id=%s", (session_id,))
+            .fetchone()
+        )
+        return row[0]
+
+    def make_index_stale(self, session_id: str) -> None:
+        self._conn().execute(
+            "UPDATE sessions SET state='{}', state_seq=0 WHERE session_id=%s", (session_id,)
+        )
+
+    def dispose(self) -> None:
+        if self._peek is not None:
+            self._peek.close()
+            self._peek = None
+        if self._dbname is not None:
+            pg.drop_database(self._dbname)
+
+
+BACKENDS = ["sqlite", "postgresql"]
 
 
 def make_backend(name: str, workdir: Path) -> Backend:
     if name == "sqlite":
         return SQLiteBackend(workdir / "tether.db")
+    if name == "postgresql":
+        return PostgresBackend.create()
     raise ValueError(f"unknown backend {name!r}")
 
 
 def from_spec(spec: dict[str, Any]) -> Backend:
     if spec["backend"] == "sqlite":
         return SQLiteBackend(Path(spec["path"]))
+    if spec["backend"] == "postgresql":
+        return PostgresBackend(spec["url"])
     raise ValueError(f"unknown backend {spec['backend']!r}")

@@ -1,0 +1,218 @@
+"""Fan-out for the PostgreSQL backend: every committed event reaches this replica's Hub once,
+in seq order per session, whichever replica wrote it.
+
+The log is the only source. A commit sends a NOTIFY whose payload names sessions and their new
+last seqs (never event bodies; well inside NOTIFY's 8000 bytes); one LISTEN connection per
+replica turns that into a wake-up, and the events themselves are read from the log after the
+replica's per-session publication cursor. This replica's own commits are published straight
+from the writer (the events are in hand), after any gap before them was read. A lost listener
+connection, or a missed notification, costs nothing but latency: on reconnecting, and on a
+slow poll as a safety net, every session whose committed last seq is past the cursor is read
+from the cursor, so every follower catches up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+import psycopg
+
+from tether.events import Event
+from tether.log.subscriptions import Hub
+
+log = logging.getLogger("tether.log")
+
+CHANNEL = "tether_log"
+PAYLOAD_LIMIT = 7000  # bytes; NOTIFY refuses payloads of 8000 bytes or more
+
+Reader = Callable[[str, int], Awaitable[list[Event]]]
+LastSeqs = Callable[[], Awaitable[dict[str, int]]]
+
+
+def payloads(replica: str, seqs: dict[str, int], deleted: list[str]) -> list[str]:
+    """The NOTIFY payloads announcing one commit: `{"r": replica, "s": {sid: last_seq},
+    "d": [deleted sids]}`, split so that each stays under PAYLOAD_LIMIT bytes."""
+    out: list[str] = []
+    chunk: dict[str, int] = {}
+    gone: list[str] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal chunk, gone, size
+        if chunk or gone:
+            out.append(json.dumps({"r": replica, "s": chunk, "d": gone}, separators=(",", ":")))
+        chunk, gone, size = {}, [], 0
+
+    for sid, seq in seqs.items():
+        cost = len(sid.encode()) + 24
+        if size + cost > PAYLOAD_LIMIT - 100:
+            flush()
+        chunk[sid] = seq
+        size += cost
+    for sid in deleted:
+        cost = len(sid.encode()) + 4
+        if size + cost > PAYLOAD_LIMIT - 100:
+            flush()
+        gone.append(sid)
+        size += cost
+    flush()
+    return out
+
+
+class Fanout:
+    """The publication cursors of one replica and the tasks that advance them."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        reader: Reader,
+        last_seqs: LastSeqs,
+        cursors: dict[str, int],
+        poll_seconds: float,
+    ):
+        self._conninfo = conninfo
+        self._read = reader
+        self._last_seqs = last_seqs
+        self._published = cursors  # sid -> highest seq handed to the hub
+        self._poll_seconds = poll_seconds
+        self._lock = asyncio.Lock()
+        self.hub: Hub | None = None
+        self._task: asyncio.Task | None = None
+        self.listening = asyncio.Event()  # set while the LISTEN connection is up
+        self._woken = asyncio.Event()
+        self._pending: dict[str, int] = {}
+        self._deleted: list[str] = []
+        self._full = False
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._listen_forever())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    # -- publication ------------------------------------------------------------------------
+    async def committed(self, events: list[Event], deleted: list[str]) -> None:
+        """This replica's own commit: publish it after whatever committed before it."""
+        async with self._lock:
+            by_session: dict[str, list[Event]] = {}
+            for event in events:
+                by_session.setdefault(event.session_id, []).append(event)
+            out: list[Event] = []
+            for sid, mine in by_session.items():
+                done = self._published.get(sid, 0)
+                if mine[0].seq > done + 1:  # another replica committed in between
+                    out.extend(e for e in await self._read(sid, done) if e.seq < mine[0].seq)
+                out.extend(e for e in mine if e.seq > done)
+                self._published[sid] = max(done, mine[-1].seq)
+            self._emit(out, deleted)
+
+    async def catch_up(self, seqs: dict[str, int] | None, deleted: list[str]) -> None:
+        """Read what another replica committed: the sessions `seqs` names, or (None) every
+        session, whose committed last seq is past this replica's cursor."""
+        async with self._lock:
+            complete = seqs is None
+            if seqs is None:
+                seqs = await self._last_seqs()
+                deleted = [sid for sid in self._published if sid not in seqs]
+            out: list[Event] = []
+            for sid, last in seqs.items():
+                done = self._published.get(sid, 0)
+                if last <= done:
+                    continue
+                events = [e for e in await self._read(sid, done) if e.seq > done]
+                if events:
+                    out.extend(events)
+                    self._published[sid] = events[-1].seq
+            gone = [sid for sid in deleted if sid in self._published or complete]
+            self._emit(out, gone)
+
+    def _emit(self, events: list[Event], deleted: list[str]) -> None:
+        for sid in deleted:
+            self._published.pop(sid, None)
+        hub = self.hub
+        if hub is None:
+            return
+        try:
+            if events:
+                hub.publish(events)
+            for sid in deleted:
+                hub.publish_deleted(sid)
+        except RuntimeError:  # the loop is gone: the server is shutting down
+            pass
+
+    # -- the wake-up ----------------------------------------------------------------------
+    async def _listen_forever(self) -> None:
+        worker = asyncio.get_running_loop().create_task(self._work_forever())
+        backoff = 0.1
+        try:
+            while True:
+                try:
+                    async with await psycopg.AsyncConnection.connect(
+                        self._conninfo, autocommit=True
+                    ) as conn:
+                        await conn.execute(f"LISTEN {CHANNEL}")
+                        self.listening.set()
+                        backoff = 0.1
+                        self._wake(None, [])  # whatever was missed while not listening
+                        async for note in conn.notifies():
+                            self._wake(*_parse(note.payload))
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the server restarted, the connection was killed
+                    log.warning("log fan-out: lost the LISTEN connection (%s); re-reading", exc)
+                finally:
+                    self.listening.clear()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+        finally:
+            worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+
+    def _wake(self, seqs: dict[str, int] | None, deleted: list[str]) -> None:
+        """Coalesce a notification into what the worker reads next (None: read everything)."""
+        if seqs is None:
+            self._full = True
+        else:
+            for sid, seq in seqs.items():
+                self._pending[sid] = max(seq, self._pending.get(sid, 0))
+            self._deleted.extend(deleted)
+        self._woken.set()
+
+    async def _work_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_full = loop.time()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), self._poll_seconds)
+            self._woken.clear()
+            full = self._full or loop.time() - last_full >= self._poll_seconds
+            pending, deleted = self._pending, self._deleted
+            self._pending, self._deleted, self._full = {}, [], False
+            try:
+                if full:  # the slow poll: a notification may have been lost
+                    last_full = loop.time()
+                    await self.catch_up(None, [])
+                elif pending or deleted:
+                    await self.catch_up(pending, deleted)
+            except Exception as exc:  # the database is away: the next wake-up retries
+                log.warning("log fan-out: could not read the log (%s); will retry", exc)
+                self._full = True
+                await asyncio.sleep(0.2)
+
+
+def _parse(payload: str) -> tuple[dict[str, int] | None, list[str]]:
+    try:
+        body = json.loads(payload)
+        return {str(k): int(v) for k, v in body["s"].items()}, [str(s) for s in body["d"]]
+    except (ValueError, KeyError, AttributeError, TypeError):
+        return None, []  # not ours, or damaged: read everything

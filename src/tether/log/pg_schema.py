@@ -1,0 +1,112 @@
+"""The PostgreSQL backend's numbered schema migrations (the habit of log/migrations.py, kept
+beside this backend's code as docs/architecture.md §2 asks). Never edit a released migration:
+add the next one. Replicas starting at once apply them one at a time, under a transaction
+advisory lock, so each runs exactly once.
+
+The shape, and why:
+- `sessions` is the per-session counter row: `last_seq` is updated in the transaction that
+  inserts the events, under `SELECT ... FOR UPDATE`, so seqs are contiguous whatever the number
+  of writers and replicas (a database sequence would commit out of order and readers would skip
+  seqs). The index fold state (the sidebar row) lives in the same row, at `state_seq`.
+- `events.data` is the event's JSON as text, exactly as written: `jsonb` would refuse `\\u0000`
+  and reorder keys. What the queries need from it is copied into columns at insert time.
+- `closed_streams` holds each stream's `run.finished`: its primary key is the fence.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import psycopg
+
+Migration = Callable[[psycopg.Connection], None]
+MIGRATIONS: list[tuple[str, Migration]] = []
+
+# pg_advisory_xact_lock key of the migrations and the index rebuild ("tether" in ASCII).
+SCHEMA_LOCK = 0x746574686572
+
+
+def migration(fn: Migration) -> Migration:
+    MIGRATIONS.append((fn.__name__, fn))
+    return fn
+
+
+@migration
+def m001_events(db: psycopg.Connection) -> None:
+    db.execute(
+        """
+        CREATE TABLE sessions (
+            session_id TEXT PRIMARY KEY,
+            last_seq BIGINT NOT NULL,
+            state TEXT,                      -- the IndexFold state at state_seq (JSON)
+            state_seq BIGINT NOT NULL DEFAULT 0
+        )
+        """
+    )
+    db.execute(
+        """
+        CREATE TABLE events (
+            id BIGSERIAL UNIQUE,             -- physical append order
+            session_id TEXT NOT NULL,
+            seq BIGINT NOT NULL,
+            type TEXT NOT NULL,
+            at DOUBLE PRECISION NOT NULL,
+            stream_id TEXT,
+            turn_id TEXT,
+            data TEXT NOT NULL,
+            queue_id TEXT,                   -- data.queue_id of a queue.added
+            search_text TEXT,                -- data.text of a turn.submitted
+            PRIMARY KEY (session_id, seq)
+        )
+        """
+    )
+    db.execute("CREATE INDEX events_queue ON events (queue_id) WHERE queue_id IS NOT NULL")
+    db.execute("CREATE INDEX events_turns ON events (id) WHERE type = 'turn.submitted'")
+    db.execute(
+        """
+        CREATE TABLE closed_streams (
+            stream_id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX closed_streams_by_session ON closed_streams (session_id)")
+    db.execute(
+        """
+        CREATE TABLE attachments (
+            session_id TEXT NOT NULL,
+            id TEXT NOT NULL,
+            blob TEXT NOT NULL,              -- the SHA-256 the bytes are stored under
+            name TEXT NOT NULL,
+            mime TEXT NOT NULL,
+            size BIGINT NOT NULL,
+            PRIMARY KEY (session_id, id)
+        )
+        """
+    )
+    db.execute("CREATE INDEX attachments_by_id ON attachments (id)")
+    db.execute("CREATE INDEX attachments_by_blob ON attachments (blob)")
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+
+
+def apply_migrations(db: psycopg.Connection) -> list[str]:
+    """Apply what is missing, each in its own transaction; return the names applied.
+    `db` is in autocommit mode: transactions are explicit."""
+    applied = []
+    with db.transaction():
+        db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS tether_migrations "
+            "(name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+        )
+    for name, fn in MIGRATIONS:
+        with db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+            done = db.execute("SELECT 1 FROM tether_migrations WHERE name=%s", (name,))
+            if done.fetchone() is not None:
+                continue
+            fn(db)
+            db.execute("INSERT INTO tether_migrations VALUES (%s, %s)", (name, time.time()))
+            applied.append(name)
+    return applied

@@ -1,0 +1,591 @@
+"""The PostgreSQL event log, shared by any number of replicas (docs/operations.md).
+
+Writes keep the SQLite backend's shape per replica: every write is a message to one writer
+task, which drains whatever is queued into one transaction (group commit). Seqs come from the
+per-session counter row (`sessions.last_seq`, log/pg_schema.py), locked with
+`SELECT ... FOR UPDATE` in the transaction that inserts the events, so they are contiguous
+whatever the number of writers and replicas. A batch locks its sessions in one fixed order
+(by session id), so two replicas' batches never deadlock. The index fold state is updated in
+the same row and transaction. The commit sends a NOTIFY naming the sessions and their new last
+seqs; publication to the Hub goes through log/pg_fanout.py, with the log as the only source.
+
+Durability: PostgreSQL's default `synchronous_commit=on`, so COMMIT returns once the WAL is
+flushed: an acknowledged append survives `kill -9` of the replica and of the database server.
+
+Reads go to the database (a connection pool), never to process memory: another replica may
+have written since. The only cache is of streams known to be finished, which stays true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from tether.events import QUEUE_ADDED, RUN_FINISHED, TURN_SUBMITTED, Event, new_id
+from tether.log import owners
+from tether.log.errors import (
+    InvalidEvent,
+    LogError,
+    SessionExists,
+    SessionNotFound,
+    StorageError,
+    StreamClosed,
+)
+from tether.log.pg_fanout import CHANNEL, Fanout, payloads
+from tether.log.pg_schema import SCHEMA_LOCK, apply_migrations
+from tether.log.store import Draft, IndexFold, OpenStream
+from tether.log.subscriptions import Hub
+
+log = logging.getLogger("tether.log")
+
+_MAX_BATCH = 1000
+_CLOSED_STREAM_CACHE = 50_000
+_COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"
+
+
+@dataclass(eq=False)
+class _Op:
+    kind: str  # "create" | "append" | "delete"
+    session_id: str
+    drafts: list[Draft]
+    future: asyncio.Future = field(repr=False)
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def _check_text(what: str, value: Any) -> None:
+    if isinstance(value, str) and "\x00" in value:
+        raise InvalidEvent(f"{what} contains a NUL character")
+
+
+def _encode(session_id: str, draft: Draft) -> str:
+    """The row's JSON, or InvalidEvent for what JSON, UTF-8 or a PostgreSQL text column cannot
+    carry (refused before anything of the batch is written, so it fails only its own append)."""
+    try:
+        payload = _dumps(draft.data)
+        payload.encode("utf-8")
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+        raise InvalidEvent(f"{draft.type}: {exc}") from exc
+    for what, value in (
+        ("the session id", session_id),
+        ("the event type", draft.type),
+        ("the stream id", draft.stream_id),
+        ("the turn id", draft.turn_id),
+    ):
+        _check_text(what, value)
+    refs = (draft.data.get("attachments") or []) if draft.type in owners.CARRIERS else []
+    for ref in refs:
+        for key in ("id", "name", "mime"):
+            _check_text(f"an attachment {key}", ref.get(key) if isinstance(ref, dict) else None)
+    _check_text("the queue id", draft.data.get("queue_id"))
+    return payload
+
+
+def _row_to_event(row: tuple) -> Event:
+    session_id, seq, type_, at, stream_id, turn_id, data = row
+    return Event(session_id, seq, type_, at, json.loads(data), stream_id, turn_id)
+
+
+def _storage_error(where: str, exc: Exception) -> StorageError:
+    return StorageError(f"could not use the PostgreSQL database ({where}): {exc}")
+
+
+class _Batch:
+    """What one transaction has locked and is about to write."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, int | None] = {}  # None: no such session (yet, or any more)
+        self.state: dict[str, dict[str, Any] | None] = {}
+        self.placeholders: set[str] = set()  # counter rows this batch inserted for creates
+        self.rows: list[tuple] = []
+        self.uploads: dict[tuple[str, str], tuple] = {}
+        self.closing: list[tuple[str, str]] = []  # (stream, session) not written yet
+        self.closing_written: list[tuple[str, str]] = []
+        self.closed: set[str] = set()
+        self.touched: set[str] = set()
+        self.deleted: list[str] = []
+
+
+class PostgresEventStore:
+    """The `log.store.EventStore` backend on one PostgreSQL database; see the module docstring.
+    Opening applies the migrations and rebuilds stale index states (synchronously, so a bad
+    URL fails at start with a clear message); the pool, the writer and the listener start on
+    first use inside the event loop."""
+
+    storage = "postgresql"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        index_fold: IndexFold,
+        index_version: str,
+        replica_id: str | None = None,
+        clock: Callable[[], float] = time.time,
+        poll_seconds: float = 5.0,
+        pool_size: int = 8,
+    ):
+        self.url = url
+        self.replica_id = replica_id or new_id("replica")
+        self._fold = index_fold
+        self._clock = clock
+        self._closed_streams: set[str] = set()
+        try:
+            with psycopg.connect(url, autocommit=True, connect_timeout=10) as db:
+                apply_migrations(db)
+                cursors = self._load_index(db, index_version)
+        except psycopg.Error as exc:
+            raise StorageError(
+                f"Cannot open the Tether database at {_redact(url)}: {exc}".strip()
+            ) from exc
+        self._pool = AsyncConnectionPool(
+            url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": True}
+        )
+        self._fanout = Fanout(url, self._read_after, self._all_last_seqs, cursors, poll_seconds)
+        self._queue: asyncio.Queue[_Op | None] | None = None
+        self._writer: asyncio.Task | None = None
+        self._start_lock: asyncio.Lock | None = None
+        self._stopped = False
+
+    # -- start-up ---------------------------------------------------------------------------
+    def _load_index(self, db: psycopg.Connection, version: str) -> dict[str, int]:
+        """Rebuild the index state of every session whose stored state is not at its last seq
+        or was folded by other code; return every session's last seq (the fan-out's start)."""
+        with db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+            row = db.execute("SELECT value FROM meta WHERE key='index_version'").fetchone()
+            same = row is not None and row[0] == version
+            stale_sql = "SELECT session_id FROM sessions"
+            if same:
+                stale_sql += " WHERE state_seq <> last_seq"
+            stale = [sid for (sid,) in db.execute(stale_sql)]
+            for sid in stale:
+                locked = db.execute(
+                    "SELECT last_seq FROM sessions WHERE session_id=%s FOR UPDATE", (sid,)
+                ).fetchone()
+                if locked is None:  # deleted by another replica meanwhile
+                    continue
+                last = locked[0]
+                state = None
+                rows = db.execute(
+                    f"SELECT {_COLUMNS} FROM events WHERE session_id=%s AND seq<=%s ORDER BY seq",
+                    (sid, last),
+                )
+                for event_row in rows:
+                    state = self._fold(state, _row_to_event(event_row))
+                db.execute(
+                    "UPDATE sessions SET state=%s, state_seq=%s WHERE session_id=%s",
+                    (None if state is None else _dumps(state), last, sid),
+                )
+            db.execute(
+                "INSERT INTO meta VALUES ('index_version', %s) "
+                "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+                (version,),
+            )
+            return dict(db.execute("SELECT session_id, last_seq FROM sessions").fetchall())
+
+    async def _start(self) -> None:
+        if self._writer is not None:
+            return
+        if self._stopped:
+            raise StorageError("the log is closed")
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._writer is not None:
+                return
+            await self._pool.open(wait=False)
+            self._queue = asyncio.Queue()
+            self._writer = asyncio.get_running_loop().create_task(self._writer_loop())
+
+    def attach_hub(self, hub: Hub | None) -> None:
+        """Committed batches, this replica's and every other's, go to `hub` from now on."""
+        self._fanout.hub = hub
+        if hub is not None:
+            self._fanout.start()
+
+    async def wait_listening(self, timeout: float = 10.0) -> None:
+        """Until the LISTEN connection is up (tests and start-up use it)."""
+        await asyncio.wait_for(self._fanout.listening.wait(), timeout)
+
+    # -- writes -----------------------------------------------------------------------------
+    async def _submit(self, kind: str, session_id: str, drafts: list[Draft]) -> Any:
+        await self._start()
+        assert self._queue is not None
+        if self._stopped:
+            raise StorageError("the log is closed")
+        future = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Op(kind, session_id, list(drafts), future))
+        return await future
+
+    async def create_session(self, session_id: str, drafts: list[Draft]) -> list[Event]:
+        return await self._submit("create", session_id, drafts)
+
+    async def append(self, session_id: str, drafts: list[Draft]) -> list[Event]:
+        return await self._submit("append", session_id, drafts)
+
+    async def delete_session(self, session_id: str) -> None:
+        await self._submit("delete", session_id, [])
+
+    async def _writer_loop(self) -> None:
+        assert self._queue is not None
+        stop = False
+        while not stop:
+            op = await self._queue.get()
+            if op is None:
+                break
+            batch = [op]
+            while len(batch) < _MAX_BATCH and not self._queue.empty():
+                nxt = self._queue.get_nowait()
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            await self._write_batch(batch)
+
+    async def _write_batch(self, batch: list[_Op]) -> None:
+        outcomes: list[tuple[_Op, list[Event] | LogError]] = []
+        work = _Batch()
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                await self._lock_sessions(conn, batch, work)
+                await self._load_closed(conn, batch)
+                for op in batch:
+                    try:
+                        if op.kind == "delete":
+                            await self._delete(conn, op.session_id, work)
+                            outcomes.append((op, []))
+                        else:
+                            outcomes.append((op, await self._insert(conn, op, work)))
+                    except LogError as exc:
+                        outcomes.append((op, exc))
+                await self._flush(conn, work)
+                await self._finish(conn, work)
+        except Exception as exc:  # anything: the batch is rolled back whole, the writer lives on
+            if not isinstance(exc, psycopg.Error):
+                log.exception("log writer: batch failed")
+            error = _storage_error("write", exc)
+            for op in batch:
+                if not op.future.done():
+                    op.future.set_exception(error)
+            return
+        for stream_id, _ in work.closing_written:
+            if len(self._closed_streams) > _CLOSED_STREAM_CACHE:
+                self._closed_streams.clear()
+            self._closed_streams.add(stream_id)
+        committed = [ev for _, result in outcomes if isinstance(result, list) for ev in result]
+        try:
+            await self._fanout.committed(committed, work.deleted)
+        except Exception as exc:  # committed all the same: the slow poll publishes it later
+            log.warning("log fan-out: could not read a gap before a commit (%s)", exc)
+        for op, result in outcomes:
+            if op.future.done():
+                continue
+            if isinstance(result, LogError):
+                op.future.set_exception(result)
+            else:
+                op.future.set_result(result)
+
+    async def _lock_sessions(
+        self, conn: psycopg.AsyncConnection, batch: list[_Op], work: _Batch
+    ) -> None:
+        """Lock every counter row the batch touches, in session-id order (no deadlock with
+        another replica's batch), then insert the rows of new sessions, in the same order."""
+        sids = sorted({op.session_id for op in batch})
+        cur = await conn.execute(
+            "SELECT session_id, last_seq, state FROM sessions WHERE session_id = ANY(%s) "
+            "ORDER BY session_id FOR UPDATE",
+            (sids,),
+        )
+        for sid, last, state in await cur.fetchall():
+            work.last[sid] = last
+            work.state[sid] = None if state is None else json.loads(state)
+        creating = sorted({op.session_id for op in batch if op.kind == "create"} - set(work.last))
+        for sid in creating:
+            cur = await conn.execute(
+                "INSERT INTO sessions (session_id, last_seq) VALUES (%s, 0) "
+                "ON CONFLICT DO NOTHING RETURNING session_id",
+                (sid,),
+            )
+            if await cur.fetchone() is not None:
+                work.placeholders.add(sid)  # the session exists once its create succeeds
+                work.last[sid] = None
+                work.state[sid] = None
+            else:  # another replica created it meanwhile (and has committed by now)
+                cur = await conn.execute(
+                    "SELECT last_seq, state FROM sessions WHERE session_id=%s FOR UPDATE", (sid,)
+                )
+                row = await cur.fetchone()
+                work.last[sid] = None if row is None else row[0]
+                work.state[sid] = None if row is None or row[1] is None else json.loads(row[1])
+        for sid in sids:
+            work.last.setdefault(sid, None)
+            work.state.setdefault(sid, None)
+
+    async def _load_closed(self, conn: psycopg.AsyncConnection, batch: list[_Op]) -> None:
+        """Which of the batch's streams are finished, read after the sessions were locked (a
+        stream is finished in its session's transaction, so this cannot change under us)."""
+        wanted = {
+            d.stream_id
+            for op in batch
+            for d in op.drafts
+            if d.stream_id is not None and d.stream_id not in self._closed_streams
+        }
+        if wanted:
+            cur = await conn.execute(
+                "SELECT stream_id FROM closed_streams WHERE stream_id = ANY(%s)", (list(wanted),)
+            )
+            for (stream_id,) in await cur.fetchall():
+                self._closed_streams.add(stream_id)
+
+    async def _insert(self, conn: psycopg.AsyncConnection, op: _Op, work: _Batch) -> list[Event]:
+        sid = op.session_id
+        last = work.last[sid]
+        if op.kind == "create":
+            if last is not None:
+                raise SessionExists(sid)
+            last = 0
+        elif last is None:
+            raise SessionNotFound(sid)
+        finishing: set[str] = set()
+        for draft in op.drafts:
+            if draft.stream_id is not None:
+                stream = draft.stream_id
+                if stream in finishing or stream in work.closed or stream in self._closed_streams:
+                    raise StreamClosed(stream)
+                if draft.type == RUN_FINISHED:
+                    finishing.add(stream)
+        payloads_ = [_encode(sid, draft) for draft in op.drafts]  # refuse before writing
+        uploads = [await self._uploads(conn, sid, d, work) for d in op.drafts]
+        now = self._clock()
+        state = work.state[sid]
+        events = []
+        for draft, payload in zip(op.drafts, payloads_, strict=True):
+            last += 1
+            event = Event(sid, last, draft.type, now, draft.data, draft.stream_id, draft.turn_id)
+            queue_id = draft.data.get("queue_id") if draft.type == QUEUE_ADDED else None
+            text = draft.data.get("text") if draft.type == TURN_SUBMITTED else None
+            work.rows.append(
+                (
+                    sid,
+                    last,
+                    draft.type,
+                    now,
+                    draft.stream_id,
+                    draft.turn_id,
+                    payload,
+                    queue_id if isinstance(queue_id, str) else None,
+                    text.replace("\x00", "") if isinstance(text, str) else None,
+                )
+            )
+            state = self._fold(state, event)
+            events.append(event)
+        for rows in uploads:
+            work.uploads.update(rows)
+        for stream_id in finishing:
+            work.closing.append((stream_id, sid))
+            work.closed.add(stream_id)
+        work.last[sid] = last
+        work.state[sid] = state
+        work.touched.add(sid)
+        return events
+
+    async def _uploads(
+        self, conn: psycopg.AsyncConnection, sid: str, draft: Draft, work: _Batch
+    ) -> dict[tuple[str, str], tuple]:
+        """The attachment rows (log/owners.py) the draft brings: a new upload with its blob; a
+        reference moved from elsewhere takes the blob of the upload it names."""
+        if draft.type not in owners.CARRIERS:
+            return {}
+        out: dict[tuple[str, str], tuple] = {}
+        for ref in draft.data.get("attachments") or []:
+            blob = draft.blobs.get(ref["id"])
+            if blob is None:
+                blob = next((r[2] for k, r in work.uploads.items() if k[1] == ref["id"]), None)
+            if blob is None:
+                cur = await conn.execute(
+                    "SELECT blob FROM attachments WHERE id=%s LIMIT 1", (ref["id"],)
+                )
+                found = await cur.fetchone()
+                blob = found[0] if found else ref["id"]
+            key = (sid, ref["id"])
+            if key not in work.uploads:
+                out[key] = (sid, ref["id"], blob, ref["name"], ref["mime"], ref["size"])
+        return out
+
+    async def _flush(self, conn: psycopg.AsyncConnection, work: _Batch) -> None:
+        """Write the rows gathered so far (before a delete, and at the end of the batch)."""
+        async with conn.cursor() as cur:
+            if work.rows:
+                await cur.executemany(
+                    f"INSERT INTO events ({_COLUMNS}, queue_id, search_text) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    work.rows,
+                )
+            if work.uploads:
+                await cur.executemany(
+                    "INSERT INTO attachments (session_id, id, blob, name, mime, size) "
+                    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    list(work.uploads.values()),
+                )
+            if work.closing:
+                await cur.executemany(
+                    "INSERT INTO closed_streams (stream_id, session_id) VALUES (%s, %s)",
+                    work.closing,
+                )
+        work.rows, work.uploads = [], {}
+        work.closing_written.extend(work.closing)
+        work.closing = []
+
+    async def _delete(self, conn: psycopg.AsyncConnection, sid: str, work: _Batch) -> None:
+        if work.last[sid] is None:
+            raise SessionNotFound(sid)
+        await self._flush(conn, work)
+        for table in ("events", "attachments", "closed_streams"):
+            await conn.execute(f"DELETE FROM {table} WHERE session_id=%s", (sid,))
+        work.closed -= {stream for stream, owner in work.closing_written if owner == sid}
+        work.closing_written = [(s, owner) for s, owner in work.closing_written if owner != sid]
+        work.last[sid] = None
+        work.state[sid] = None
+        work.touched.add(sid)
+        work.deleted.append(sid)
+
+    async def _finish(self, conn: psycopg.AsyncConnection, work: _Batch) -> None:
+        """Write each touched session's counter row and index state, free the rows of creates
+        that failed, and announce the commit (the NOTIFY is sent when it commits)."""
+        updates = []
+        gone = []
+        for sid in sorted(work.touched | work.placeholders):
+            last = work.last[sid]
+            if last is None:
+                gone.append(sid)
+            else:
+                state = work.state[sid]
+                encoded = None if state is None else _dumps(state)
+                updates.append((last, encoded, last, sid))
+        async with conn.cursor() as cur:
+            if updates:
+                await cur.executemany(
+                    "UPDATE sessions SET last_seq=%s, state=%s, state_seq=%s WHERE session_id=%s",
+                    updates,
+                )
+            if gone:
+                await cur.execute("DELETE FROM sessions WHERE session_id = ANY(%s)", (gone,))
+            announced = {u[3]: u[0] for u in updates}
+            deleted = [sid for sid in work.deleted if work.last[sid] is None]
+            for payload in payloads(self.replica_id, announced, deleted):
+                await cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+
+    # -- reads ------------------------------------------------------------------------------
+    async def _rows(self, sql: str, params: tuple) -> list[tuple]:
+        await self._start()
+        try:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(sql, params)
+                return await cur.fetchall()
+        except psycopg.Error as exc:
+            raise _storage_error("read", exc) from exc
+
+    async def read(self, session_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
+        rows = await self._rows(
+            f"SELECT {_COLUMNS} FROM events WHERE session_id=%s AND seq>%s ORDER BY seq LIMIT %s",
+            (session_id, after, limit),
+        )
+        return [_row_to_event(row) for row in rows]
+
+    async def _read_after(self, session_id: str, after: int) -> list[Event]:
+        return await self.read(session_id, after)
+
+    async def _all_last_seqs(self) -> dict[str, int]:
+        return dict(await self._rows("SELECT session_id, last_seq FROM sessions", ()))
+
+    async def last_seq(self, session_id: str) -> int | None:
+        rows = await self._rows("SELECT last_seq FROM sessions WHERE session_id=%s", (session_id,))
+        return rows[0][0] if rows else None
+
+    async def index_state(self, session_id: str) -> dict[str, Any] | None:
+        rows = await self._rows("SELECT state FROM sessions WHERE session_id=%s", (session_id,))
+        return json.loads(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    async def index_states(self) -> dict[str, dict[str, Any]]:
+        rows = await self._rows(
+            "SELECT session_id, state FROM sessions WHERE state IS NOT NULL", ()
+        )
+        return {sid: json.loads(state) for sid, state in rows}
+
+    async def search_text(self, needle: str) -> set[str]:
+        rows = await self._rows(
+            "SELECT DISTINCT session_id FROM events WHERE type=%s "
+            "AND strpos(lower(search_text), lower(%s)) > 0",
+            (TURN_SUBMITTED, needle.replace("\x00", "")),
+        )
+        return {row[0] for row in rows}
+
+    async def unfinished_streams(self) -> list[OpenStream]:
+        rows = await self._rows(
+            "SELECT t.session_id, t.stream_id, t.turn_id FROM events t WHERE t.type=%s "
+            "AND t.stream_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM closed_streams c "
+            "WHERE c.stream_id=t.stream_id) ORDER BY t.id",
+            (TURN_SUBMITTED,),
+        )
+        return [OpenStream(*row) for row in rows]
+
+    async def queue_session(self, queue_id: str) -> str | None:
+        rows = await self._rows(
+            "SELECT session_id FROM events WHERE queue_id=%s LIMIT 1",
+            (queue_id.replace("\x00", ""),),
+        )
+        return rows[0][0] if rows else None
+
+    async def attachment(self, attachment_id: str, session_id: str | None) -> dict[str, Any] | None:
+        columns = "SELECT session_id, id, blob, name, mime, size FROM attachments WHERE id=%s"
+        attachment_id = attachment_id.replace("\x00", "")
+        if session_id is None:
+            rows = await self._rows(columns + " LIMIT 2", (attachment_id,))
+        else:
+            rows = await self._rows(
+                columns + " AND session_id=%s", (attachment_id, session_id.replace("\x00", ""))
+            )
+        if len(rows) != 1:
+            return None
+        return dict(zip(("session_id", "id", "blob", "name", "mime", "size"), rows[0], strict=True))
+
+    async def blob_in_use(self, blob: str) -> bool:
+        rows = await self._rows("SELECT 1 FROM attachments WHERE blob=%s LIMIT 1", (blob,))
+        return bool(rows)
+
+    async def session_blobs(self, session_id: str) -> set[str]:
+        rows = await self._rows(
+            "SELECT DISTINCT blob FROM attachments WHERE session_id=%s", (session_id,)
+        )
+        return {row[0] for row in rows}
+
+    async def aclose(self) -> None:
+        self._stopped = True
+        if self._writer is not None and self._queue is not None:
+            self._queue.put_nowait(None)
+            with contextlib.suppress(Exception):
+                await self._writer
+        await self._fanout.stop()
+        await self._pool.close()
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error:
+        return "the configured database URL"
+    info.pop("password", None)
+    return " ".join(f"{k}={v}" for k, v in info.items())

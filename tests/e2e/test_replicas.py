@@ -1,0 +1,128 @@
+"""Several `tether serve` processes on one PostgreSQL database, and the one-process rule of
+the embedded SQLite default (docs/api.md §1, docs/operations.md). Layer: the log and the
+event stream; contract "run-journal sequence publication" across processes: a run started on
+one replica is followed live on another, and a follower that reconnects with Last-Event-ID
+(to either replica) gets every event after its cursor, none missing, none twice."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pg import database
+
+from helpers import (
+    free_port,
+    new_session,
+    read_events,
+    running_server,
+    seqs,
+    start_turn,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+DEMO = {"TETHER_DEMO_DELAY": "0.03"}
+
+
+def test_a_run_started_on_one_replica_is_followed_on_another_without_gap_or_duplicate(
+    tmp_path: Path,
+) -> None:
+    with (
+        database() as url,
+        running_server(tmp_path / "a", "--database-url", url, env=DEMO) as a,
+        running_server(tmp_path / "b", env={**DEMO, "TETHER_DATABASE_URL": url}) as b,
+        a.client() as on_a,
+        b.client() as on_b,
+    ):
+        health = [on_a.get("/api/health").json(), on_b.get("/api/health").json()]
+        assert [h["storage"] for h in health] == ["postgresql", "postgresql"]
+        assert health[0]["replica_id"] != health[1]["replica_id"]
+
+        sid = new_session(on_a, "across replicas")
+        assert on_b.get("/api/session", params={"session_id": sid}).status_code == 200
+        started = start_turn(on_a, sid, "count these words please")
+        # B follows live from the start, and drops the connection mid-run ...
+        first = read_events(on_b, sid, after="0", until_seq=8, timeout=20)
+        cursor = seqs(first)[-1]
+        assert seqs(first) == list(range(1, cursor + 1))
+        # ... and resumes with Last-Event-ID, on B and (to show any replica will do) on A.
+        rest_b = read_events(
+            on_b, sid, headers={"Last-Event-ID": str(cursor)}, stop_on="run.finished", timeout=60
+        )
+        rest_a = read_events(
+            on_a, sid, headers={"Last-Event-ID": str(cursor)}, stop_on="run.finished", timeout=60
+        )
+        assert rest_b[-1].event == "run.finished"
+        assert rest_b[-1].json["stream_id"] == started["stream_id"]
+        assert seqs(rest_b) == seqs(rest_a)
+        whole = seqs(first) + seqs(rest_b)
+        assert whole == list(range(1, whole[-1] + 1))  # no gap, no duplicate
+        logged = seqs(read_events(on_a, sid, after="0", until_seq=whole[-1]))
+        assert logged == whole
+        # The sidebar of B shows the session A wrote (the index lives in the database).
+        listed = wait_until(
+            lambda: [
+                s for s in on_b.get("/api/sessions").json()["sessions"] if s["session_id"] == sid
+            ],
+            what="the session in B's list",
+        )
+        assert listed[0]["title"] == "across replicas"
+
+
+def test_a_second_server_on_the_same_sqlite_data_directory_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with running_server(data) as first, first.client() as client:
+        health = client.get("/api/health").json()
+        assert health["storage"] == "sqlite" and health["replica_id"].startswith("replica_")
+        sid = new_session(client)
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tether",
+                "serve",
+                "--data-dir",
+                str(data),
+                "--no-browser",
+                "--port",
+                "0",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode != 0
+        assert str(data) in second.stderr
+        assert "Another Tether server" in second.stderr
+        assert f"process {first.proc.pid}" in second.stderr  # type: ignore[union-attr]
+        # the first one never noticed
+        assert client.get("/api/session", params={"session_id": sid}).status_code == 200
+    with running_server(data) as again, again.client() as client:  # free once it stopped
+        assert client.get("/api/session", params={"session_id": sid}).status_code == 200
+
+
+def serve_fails(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tether", "serve", "--data-dir", str(tmp_path / "d"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TETHER_NO_BROWSER": "1"},
+    )
+
+
+def test_a_database_url_that_is_not_postgresql_or_cannot_be_reached_is_refused_clearly(
+    tmp_path: Path,
+) -> None:
+    wrong = serve_fails(tmp_path, "--database-url", "mysql://root@127.0.0.1/x")
+    assert wrong.returncode == 2 and "give a postgresql:// URL" in wrong.stderr
+    with database() as url:
+        missing = url.rsplit("/", 1)[0] + "/tether_no_such_database"
+        away = serve_fails(tmp_path, "--database-url", missing, "--port", str(free_port()))
+    assert away.returncode == 1
+    assert "Cannot open the Tether database" in away.stderr
+    assert "tether_no_such_database" in away.stderr

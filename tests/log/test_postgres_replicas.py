@@ -1,0 +1,154 @@
+"""The PostgreSQL backend with several replicas on one database (layer: the log; contract
+"run-journal sequence publication" across processes): seqs stay contiguous whatever the number
+of replicas writing, batches that lock several sessions never deadlock, and every replica's
+Hub hears every committed event once, in seq order, also after its LISTEN connection was
+killed (the log is the only source; the wake-up is only a wake-up)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Iterator
+
+import pytest
+from pg import database
+
+from tether.events import Event
+from tether.log import Draft, Hub
+from tether.log.pg_fanout import PAYLOAD_LIMIT, payloads
+from tether.log.postgres import PostgresEventStore
+
+pytestmark = pytest.mark.slow
+
+
+def probe(state: dict | None, event: Event) -> dict:
+    return {"n": (state or {"n": 0})["n"] + 1}
+
+
+def open_store(url: str, replica: str) -> PostgresEventStore:
+    return PostgresEventStore(
+        url, index_fold=probe, index_version="p1", replica_id=replica, poll_seconds=1.0
+    )
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    with database() as made:
+        yield made
+
+
+async def collect(hub: Hub, sid: str, count: int, timeout: float = 20) -> list[int]:
+    """The seqs the hub publishes for `sid` until `count` arrived (then checks for extras)."""
+    seqs: list[int] = []
+    with hub.subscribe(sid) as sub:
+        while len(seqs) < count:
+            batch = await sub.next_batch(timeout)
+            assert batch, f"publication stalled at {len(seqs)} of {count}"
+            seqs.extend(e.seq for e in batch)
+        seqs.extend(e.seq for e in await sub.next_batch(0.5))
+    return seqs
+
+
+def test_three_replicas_with_twenty_writers_each_get_seqs_exactly_one_to_n(url: str) -> None:
+    async def main() -> None:
+        stores = [open_store(url, f"r{n}") for n in range(3)]
+        loop = asyncio.get_running_loop()
+        hubs = [Hub(loop) for _ in stores]
+        for store, hub in zip(stores, hubs, strict=True):
+            store.attach_hub(hub)
+            await store.wait_listening()
+
+        async def writer(store: PostgresEventStore, n: int) -> list[list[int]]:
+            acked = []
+            for i in range(10):
+                drafts = [Draft("text.delta", {"n": n, "i": i, "k": k}) for k in range(1 + i % 2)]
+                acked.append([e.seq for e in await store.append("s1", drafts)])
+            return acked
+
+        total = 1 + 3 * 20 * 15
+        heard = [asyncio.create_task(collect(hub, "s1", total)) for hub in hubs]
+        await asyncio.sleep(0.1)
+        await stores[1].create_session("s1", [Draft("session.created", {})])
+        results = await asyncio.gather(*(writer(s, n) for s in stores for n in range(20)))
+        batches = [b for r in results for b in r]
+        for batch in batches:  # a two-event append is never split by another writer
+            assert batch == list(range(batch[0], batch[0] + len(batch)))
+        assert sorted(s for b in batches for s in b) == list(range(2, total + 1))
+        for store in stores:
+            assert [e.seq for e in await store.read("s1")] == list(range(1, total + 1))
+            assert await store.last_seq("s1") == total
+            assert await store.index_state("s1") == {"n": total}
+        for task in heard:  # every replica's hub: every event once, in order
+            assert await task == list(range(1, total + 1))
+        for store in stores:
+            await store.aclose()
+
+    asyncio.run(main())
+
+
+def test_batches_locking_many_sessions_in_any_order_never_deadlock(url: str) -> None:
+    async def main() -> None:
+        stores = [open_store(url, f"r{n}") for n in range(3)]
+        sids = [f"s{n:02}" for n in range(12)]
+        for sid in sids:
+            await stores[0].create_session(sid, [Draft("session.created", {})])
+
+        async def writer(store: PostgresEventStore, seed: int) -> None:
+            order = random.Random(seed).sample(sids * 3, len(sids) * 3)
+            await asyncio.gather(*(store.append(sid, [Draft("a")]) for sid in order))
+
+        await asyncio.wait_for(
+            asyncio.gather(*(writer(s, n) for n, s in enumerate(stores) for _ in range(4))), 60
+        )
+        for sid in sids:
+            assert [e.seq for e in await stores[1].read(sid)] == list(range(1, 38))
+        for store in stores:
+            await store.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_follower_whose_listen_connection_is_killed_catches_up_from_its_cursor(
+    url: str,
+) -> None:
+    async def main() -> None:
+        writer, follower = open_store(url, "writer"), open_store(url, "follower")
+        hub = Hub(asyncio.get_running_loop())
+        follower.attach_hub(hub)
+        await follower.wait_listening()
+        heard = asyncio.create_task(collect(hub, "s1", 201, timeout=30))
+        await asyncio.sleep(0.1)
+        await writer.create_session("s1", [Draft("session.created", {})])
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+            for i in range(200):
+                await writer.append("s1", [Draft("text.delta", {"i": i})])
+                if i in (50, 120):  # the follower's LISTEN connection dies mid-stream
+                    cur = await admin.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE query LIKE 'LISTEN %%' AND datname = current_database()"
+                    )
+                    assert [row[0] for row in await cur.fetchall()] == [True]
+        assert await heard == list(range(1, 202))
+        await writer.aclose()
+        await follower.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_notification_names_sessions_and_seqs_within_notify_limit() -> None:
+    seqs = {f"session-{n:05}-{'x' * 40}": n for n in range(600)}
+    deleted = [f"gone-{n}" for n in range(300)]
+    out = payloads("replica-a", seqs, deleted)
+    assert len(out) > 1
+    merged: dict[str, int] = {}
+    gone: list[str] = []
+    for payload in out:
+        assert len(payload.encode()) < PAYLOAD_LIMIT < 8000
+        body = json.loads(payload)
+        assert body["r"] == "replica-a" and set(body) == {"r", "s", "d"}  # never event bodies
+        merged.update(body["s"])
+        gone.extend(body["d"])
+    assert merged == seqs and gone == deleted

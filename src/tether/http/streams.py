@@ -45,8 +45,17 @@ def parse_cursor(raw: str | None) -> int | None:
     return int(raw)
 
 
-def _frame(event: Event) -> ServerSentEvent:
-    return ServerSentEvent(data=_dumps(event.envelope()), event=event.type, id=str(event.seq))
+def _frame(event: Event) -> str:
+    """One event as SSE text, written by hand: an event type has no line break and compact
+    JSON has none either, so sse_starlette's per-line splitting has nothing to do. The
+    separator is sse_starlette's default, as for the frames it encodes."""
+    return f"id: {event.seq}\r\nevent: {event.type}\r\ndata: {_dumps(event.envelope())}\r\n\r\n"
+
+
+def _frames(events: list[Event]) -> bytes:
+    """Several frames as one body chunk: one ASGI send (one socket write) per page or live
+    batch instead of one per event, which is most of a replay's cost."""
+    return "".join(_frame(event) for event in events).encode()
 
 
 def _heartbeat(app: Services, session_id: str, last_seq: int) -> ServerSentEvent:
@@ -77,7 +86,7 @@ async def _changes(app: Services, changes: list[tuple[str, str]] | None) -> list
 
 async def _session_frames(
     app: Services, session_id: str, cursor_raw: str | None, with_sidebar: bool
-) -> AsyncIterator[ServerSentEvent]:
+) -> AsyncIterator[ServerSentEvent | bytes]:
     interval = app.settings.heartbeat_seconds
     wakeup = asyncio.Event()
     feed = app.feed.connect(wakeup) if with_sidebar else None
@@ -97,7 +106,7 @@ async def _follow(
     sub: Subscription,
     feed: FeedClient | None,
     interval: float,
-) -> AsyncIterator[ServerSentEvent]:
+) -> AsyncIterator[ServerSentEvent | bytes]:
     current = await app.store.last_seq(session_id)
     if current is None:
         return
@@ -114,13 +123,13 @@ async def _follow(
     else:
         sent = cursor
 
-    async def catch_up() -> AsyncIterator[ServerSentEvent]:
+    async def catch_up() -> AsyncIterator[bytes]:
         nonlocal sent
         while True:
             page = await app.store.read(session_id, after=sent, limit=_REPLAY_PAGE)
-            for event in page:
-                sent = event.seq
-                yield _frame(event)
+            if page:
+                sent = page[-1].seq
+                yield _frames(page)
             if len(page) < _REPLAY_PAGE:
                 return
 
@@ -139,8 +148,8 @@ async def _follow(
                 continue
         quiet_until = loop.time() + interval
         if feed is not None and feed.has_pending():
-            for frame in await _changes(app, feed.take()):
-                yield frame
+            for change in await _changes(app, feed.take()):
+                yield change
         try:
             batch = sub.take()
         except Overflowed:
@@ -150,15 +159,21 @@ async def _follow(
         except SessionDeleted:
             yield ServerSentEvent(event="session.deleted", data=_dumps({"session_id": session_id}))
             return
+        fresh: list[Event] = []
+        gap = False
         for event in batch:
             if event.seq <= sent:
                 continue
             if event.seq != sent + 1:  # never expected; the log is the authority
-                async for frame in catch_up():
-                    yield frame
+                gap = True
                 break
             sent = event.seq
-            yield _frame(event)
+            fresh.append(event)
+        if fresh:
+            yield _frames(fresh)
+        if gap:
+            async for frame in catch_up():
+                yield frame
 
 
 _EVENT_STREAM = {
@@ -203,7 +218,7 @@ async def session_events(
 
 
 def _stream(
-    request: Request, app: Services, frames: AsyncIterator[ServerSentEvent]
+    request: Request, app: Services, frames: AsyncIterator[ServerSentEvent | bytes]
 ) -> EventSourceResponse:
     """An SSE response holding one of the client's stream slots, with a write deadline: a
     subscriber that stops reading is disconnected without slowing the run or the others."""
@@ -216,7 +231,7 @@ def _stream(
             limit=app.stream_slots.per_client,
         )
 
-    async def held() -> AsyncIterator[ServerSentEvent]:
+    async def held() -> AsyncIterator[ServerSentEvent | bytes]:
         try:
             async for frame in frames:
                 yield frame

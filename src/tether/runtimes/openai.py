@@ -79,7 +79,7 @@ from tether.runtimes.openai_models import (
     discover_window,
     list_models,
 )
-from tether.runtimes.openai_stream import Accumulator, WrongShape, parse_arguments
+from tether.runtimes.openai_stream import Accumulator, WrongShape, parse_arguments, sse_lines
 from tether.runtimes.tools import ToolRunner, WorkspaceTools
 from tether.settings import Settings
 
@@ -180,7 +180,10 @@ class OpenAIRuntime(Runtime):
         `max_iterations` requests, compressing the context before a request that would not
         fit. Consumers should close it (`contextlib.aclosing`) when they stop early, so the
         request in flight is closed at once."""
-        messages = await asyncio.to_thread(self._build_messages, turn)
+        if turn.attachments:  # reads the files: off the loop
+            messages = await asyncio.to_thread(self._build_messages, turn)
+        else:  # a shallow copy: a thread hop would cost more than the work
+            messages = self._build_messages(turn)
         model = turn.model or self.model
         window = await self._context_window(model)
         # The system prompt opens every request and is never compressed: like the tool
@@ -330,12 +333,11 @@ class OpenAIRuntime(Runtime):
                 if not self._renames_max_tokens(exc, body):
                     self._raise_classified(exc, model, streaming=False, tools="tools" in body)
         done = seen_data = False
+        lines = sse_lines(response.iter_bytes(), idle)
         try:
-            lines = response.iter_lines()
             while True:
                 try:
-                    async with asyncio.timeout(idle):
-                        line = await anext(lines)
+                    line = await anext(lines)
                 except StopAsyncIteration:
                     break
                 except TimeoutError:
@@ -368,6 +370,7 @@ class OpenAIRuntime(Runtime):
                 for event in events:
                     yield event
         finally:
+            await lines.aclose()
             await opened.__aexit__(None, None, None)
         if not seen_data and not done:
             # llama.cpp's server answers a streamed request that does not fit its context
@@ -558,7 +561,7 @@ class OpenAIRuntime(Runtime):
 
     def _build_messages(self, turn: TurnInput) -> list[dict[str, Any]]:
         """A copy of the context with attachment parts turned into image/text parts (this
-        reads files, so it runs in a thread)."""
+        reads files, so with attachments it runs in a thread)."""
         out: list[dict[str, Any]] = []
         for message in turn.messages:
             content = message.get("content")

@@ -5,7 +5,9 @@ instead of as an empty answer (docs/runtimes.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from tether.runtimes.base import ReasoningDelta, RuntimeEvent, TextDelta, Usage
@@ -25,6 +27,50 @@ def _reasoning_of(delta: Any) -> str | None:
         if isinstance(value, str) and value:
             return value
     return None
+
+
+async def sse_lines(chunks: AsyncIterator[bytes], idle: float) -> AsyncGenerator[str, None]:
+    """The lines of an SSE body, from its raw chunks; TimeoutError after `idle` seconds
+    without a byte. Lines end in LF, CRLF or CR; a CRLF cut between two reads yields one
+    extra empty line, which SSE ignores.
+
+    One deadline for the whole body, moved lazily: a read only notes the time, and a timer
+    that finds the last read less than `idle` ago re-arms itself instead of expiring. A
+    timeout per line (then per read) scheduled and cancelled a timer each time, a tenth of
+    the server's loop with a fast model (bench/floor_stream.py). The caller must resume this
+    generator from one task and close it (`aclose`) in that task, as the runtime does; its
+    consumer never awaits between lines, so the deadline only runs while a read waits."""
+    loop = asyncio.get_running_loop()
+    last = loop.time()
+    pending = b""
+    timer: asyncio.TimerHandle
+    async with asyncio.timeout(None) as deadline:
+
+        def check() -> None:
+            nonlocal timer
+            due = last + idle
+            if loop.time() >= due:
+                deadline.reschedule(loop.time())  # expires now: the read gets TimeoutError
+            else:
+                timer = loop.call_at(due, check)
+
+        timer = loop.call_at(last + idle, check)
+        try:
+            while True:
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                last = loop.time()
+                data = pending + chunk if pending else chunk
+                lines = data.splitlines()
+                pending = lines.pop() if lines and not data.endswith((b"\n", b"\r")) else b""
+                for line in lines:
+                    yield line.decode("utf-8", "replace")
+        finally:
+            timer.cancel()
+    if pending:
+        yield pending.decode("utf-8", "replace")
 
 
 class WrongShape(ValueError):

@@ -1,0 +1,74 @@
+"""The runtime reads the provider's SSE body by raw reads, one idle timeout per read
+(`openai_stream.sse_lines`): lines must come out whole whatever the read boundaries, and a
+provider that sends nothing for the idle timeout still ends the stream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tether.runtimes.base import TextDelta, TurnInput
+from tether.runtimes.openai import OpenAIRuntime
+from tether.runtimes.openai_stream import sse_lines
+from tether.settings import Settings
+
+from fake_openai import FakeOpenAI, reply, text
+
+
+async def _reads(parts: list[bytes], pause: float = 0.0) -> AsyncIterator[bytes]:
+    for part in parts:
+        if pause:
+            await asyncio.sleep(pause)
+        yield part
+
+
+def _lines(parts: list[bytes], idle: float = 5.0, pause: float = 0.0) -> list[str]:
+    async def main() -> list[str]:
+        return [line async for line in sse_lines(_reads(parts, pause), idle)]
+
+    return asyncio.run(main())
+
+
+BODY = 'data: {"a":"é😀"}\r\n\r\ndata: [DONE]\n\n: ping\rdata: x'.encode()
+
+
+def test_lines_come_out_whole_at_every_read_boundary() -> None:
+    whole = [line for line in _lines([BODY]) if line]
+    assert whole == ['data: {"a":"é😀"}', "data: [DONE]", ": ping", "data: x"]
+    for cut in range(1, len(BODY)):  # inside a CRLF, inside a multi-byte character, ...
+        got = _lines([BODY[:cut], BODY[cut:]])
+        assert [line for line in got if line] == whole, cut
+    one_byte_reads = _lines([BODY[i : i + 1] for i in range(len(BODY))])
+    assert [line for line in one_byte_reads if line] == whole
+
+
+def test_the_idle_timeout_counts_from_the_last_byte() -> None:
+    # bytes keep coming (every 50 ms, idle 0.2 s) but no line ends for 0.5 s: not a stall
+    parts = [b"data: ", b"a", b"b", b"c", b"d", b"e", b"f", b"g", b"h", b"i", b"\n"]
+    assert _lines(parts, idle=0.2, pause=0.05) == ["data: abcdefghi"]
+    with pytest.raises(TimeoutError):
+        _lines([b"data: a\n", b"data: b\n"], idle=0.05, pause=0.2)
+
+
+def test_a_fast_stream_of_many_lines_per_read_arrives_whole(tmp_path: Path) -> None:
+    words = [f"é{k}😀 " for k in range(2000)]
+    with FakeOpenAI() as fake:
+        fake.script(reply(*(text(w) for w in words)))
+        settings = Settings(
+            runtime="openai", base_url=fake.base_url, model="fake-model", data_dir=tmp_path / "d"
+        )
+        runtime = OpenAIRuntime(settings)
+
+        async def main() -> str:
+            try:
+                turn = TurnInput("s1", "st1", "t1", [{"role": "user", "content": "hi"}])
+                return "".join(
+                    [e.text async for e in runtime.stream(turn) if isinstance(e, TextDelta)]
+                )
+            finally:
+                await runtime.aclose()
+
+        assert asyncio.run(main()) == "".join(words)

@@ -24,6 +24,7 @@ from tether.runs.rotation import Rotator
 from tether.runtimes import load_runtime
 from tether.runtimes.base import Runtime
 from tether.sessions.feed import SidebarFeed
+from tether.sessions.search import SEARCH_FOLD_VERSION, search_change
 from tether.sessions.service import SessionService
 from tether.settings import Settings
 
@@ -46,7 +47,11 @@ class Services:
 def open_store(settings: Settings) -> EventStore:
     private_dir(settings.data_dir)
     return SQLiteEventStore(
-        settings.database_path, index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION
+        settings.database_path,
+        index_fold=fold_row,
+        index_version=SIDEBAR_FOLD_VERSION,
+        search_fold=search_change,
+        search_version=SEARCH_FOLD_VERSION,
     )
 
 

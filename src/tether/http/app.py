@@ -19,7 +19,17 @@ from fastapi.staticfiles import StaticFiles
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from tether import __version__
-from tether.http import auth_routes, errors, health, models, pages, runs, sessions, streams
+from tether.http import (
+    auth_routes,
+    errors,
+    health,
+    models,
+    pages,
+    runs,
+    search,
+    sessions,
+    streams,
+)
 from tether.http.auth import Authenticator, AuthGate
 from tether.http.deps import Services
 from tether.http.head import HeadAsGet
@@ -104,7 +114,7 @@ def create_app(
     )
     app.state.auth = auth
     errors.install(app)
-    for module in (health, auth_routes, sessions, models, runs, streams, pages):
+    for module in (health, auth_routes, sessions, search, models, runs, streams, pages):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=str(pages.WEB_ROOT)), name="static")
     # The last added runs first: proxy headers, the Host check, the body deadline, login, the

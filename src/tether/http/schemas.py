@@ -286,3 +286,27 @@ class QueueChanged(Out):
 
 class Rendered(Out):
     html: list[str]
+
+
+class SnippetPart(Out):
+    text: str
+    match: bool = Field(description="Whether this part is (part of) the match")
+
+
+class SearchResult(Out):
+    session_id: str
+    title: str
+    row_id: str = Field(description="The transcript row (`messages[].id`) that matched")
+    role: Literal["user", "assistant"]
+    snippet: str = Field(description="Plain text around the match")
+    snippet_parts: list[SnippetPart] = Field(
+        description="`snippet` cut into parts, the matched words marked: render each part "
+        "as text (never as HTML)"
+    )
+    at: float
+
+
+class SearchResults(Out):
+    """`GET /api/search` (docs/api.md): best matches first."""
+
+    results: list[SearchResult]

@@ -15,8 +15,9 @@ from tether.events import new_id
 from tether.log import Draft, SessionNotFound
 from tether.log.attachments import AttachmentStore
 from tether.log.store import EventStore
-from tether.projections.sidebar import public_row, sort_key
+from tether.projections.sidebar import public_row, public_title, sort_key
 from tether.sessions.folds import FoldCache
+from tether.sessions.search import search_terms
 from tether.sessions.titles import TitleRefused, normalise_title
 
 TITLE_MAX_CHARS = 200
@@ -108,6 +109,28 @@ class SessionService:
                 or needle in (await self._public(s))["title"].casefold()
             ]
         return [await self._public(s) for s in sorted(chosen, key=sort_key)]
+
+    async def search(self, query: str, limit: int) -> list[dict[str, Any]]:
+        """`GET /api/search` (docs/api.md §12): rows whose text holds every word typed, best
+        first, each with its session's title and its snippet as parts."""
+        found = await self.store.search(search_terms(query), limit)
+        results = []
+        for hit in found:
+            state = await self.store.index_state(hit.session_id)
+            if state is None:  # deleted between the two reads
+                continue
+            results.append(
+                {
+                    "session_id": hit.session_id,
+                    "title": public_title(state),
+                    "row_id": hit.row_id,
+                    "role": hit.role,
+                    "at": hit.at,
+                    "snippet": "".join(text for text, _ in hit.snippet),
+                    "snippet_parts": [{"text": t, "match": m} for t, m in hit.snippet],
+                }
+            )
+        return results
 
     async def newest_continuation(self, session_id: str) -> str | None:
         """Follow `continuation_session_id` hops to the newest session of the lineage."""

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from tether.events import Event
 from tether.log.sqlite import SQLiteEventStore
-from tether.log.store import EventStore, IndexFold
+from tether.log.store import EventStore, IndexFold, SearchFold
 
 PROBE_FOLD_VERSION = "probe-1"
 
@@ -38,9 +38,13 @@ class Backend(Protocol):
     name: str
 
     async def open(
-        self, fold: IndexFold = probe_fold, version: str = PROBE_FOLD_VERSION
+        self,
+        fold: IndexFold = probe_fold,
+        version: str = PROBE_FOLD_VERSION,
+        search: tuple[SearchFold, str] | None = None,
     ) -> EventStore:
-        """A store on this backend's database (the same data every time)."""
+        """A store on this backend's database (the same data every time); `search` is the
+        search fold and its version, when the test searches."""
 
     def spec(self) -> dict[str, Any]:
         """JSON that `from_spec` turns back into this backend in another process."""
@@ -66,9 +70,19 @@ class SQLiteBackend:
         self._peek: sqlite3.Connection | None = None
 
     async def open(
-        self, fold: IndexFold = probe_fold, version: str = PROBE_FOLD_VERSION
+        self,
+        fold: IndexFold = probe_fold,
+        version: str = PROBE_FOLD_VERSION,
+        search: tuple[SearchFold, str] | None = None,
     ) -> EventStore:
-        return SQLiteEventStore(self.path, index_fold=fold, index_version=version)
+        search_fold, search_version = search or (None, None)
+        return SQLiteEventStore(
+            self.path,
+            index_fold=fold,
+            index_version=version,
+            search_fold=search_fold,
+            search_version=search_version,
+        )
 
     def spec(self) -> dict[str, Any]:
         return {"backend": self.name, "path": str(self.path)}

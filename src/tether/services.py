@@ -23,10 +23,11 @@ from tether.runs.registry import RunRegistry
 from tether.runs.rotation import Rotator
 from tether.runtimes import load_runtime
 from tether.runtimes.base import Runtime
+from tether.sessions.defaults import ServerDefaults
 from tether.sessions.feed import SidebarFeed
 from tether.sessions.search import SEARCH_FOLD_VERSION, search_change
 from tether.sessions.service import SessionService
-from tether.settings import Settings
+from tether.settings import SYSTEM_PROMPT_MAX_CHARS, Settings
 
 
 @dataclass
@@ -67,7 +68,12 @@ def build_services(settings: Settings, runtime: Runtime | None = None) -> Servic
     hub.on_batch(feed.on_batch)
     hub.on_deleted(feed.on_deleted)
     registry = RunRegistry(on_change=lambda sid: feed.notify(sid, "run.state"))
-    sessions = SessionService(store, registry, attachments, settings.system_prompt)
+    defaults = ServerDefaults(
+        settings.data_dir,
+        settings.system_prompt,
+        system_prompt_max_chars=SYSTEM_PROMPT_MAX_CHARS,
+    )
+    sessions = SessionService(store, registry, attachments, defaults)
     hub.on_batch(sessions.folds.on_batch)
     hub.on_deleted(sessions.folds.forget)
     engine = RunEngine(

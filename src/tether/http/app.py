@@ -27,6 +27,7 @@ from tether.http import (
     pages,
     runs,
     search,
+    server_settings,
     sessions,
     streams,
 )
@@ -114,7 +115,17 @@ def create_app(
     )
     app.state.auth = auth
     errors.install(app)
-    for module in (health, auth_routes, sessions, search, models, runs, streams, pages):
+    for module in (
+        health,
+        auth_routes,
+        sessions,
+        search,
+        models,
+        server_settings,
+        runs,
+        streams,
+        pages,
+    ):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=str(pages.WEB_ROOT)), name="static")
     # The last added runs first: proxy headers, the Host check, the body deadline, login, the

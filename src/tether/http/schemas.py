@@ -77,6 +77,18 @@ class PatchSession(Body):
     )
 
 
+class PatchSettings(Body):
+    default_model: ModelId | None = Field(
+        default=None, description="The default model id; `null`: the command line's (`--model`)"
+    )
+    default_system_prompt: (
+        Annotated[StrictStr, Field(max_length=SYSTEM_PROMPT_MAX_CHARS)] | None
+    ) = Field(
+        default=None,
+        description="The default system prompt (blank: none); `null`: `--system-prompt`",
+    )
+
+
 class TruncateSession(Body):
     session_id: Id
     keep_count: Annotated[StrictInt, Field(ge=0, le=10_000_000)]
@@ -310,3 +322,18 @@ class SearchResults(Out):
     """`GET /api/search` (docs/api.md): best matches first."""
 
     results: list[SearchResult]
+
+
+class CommandLineDefaults(Out):
+    model: str
+    system_prompt: str | None
+
+
+class ServerSettingsOut(Out):
+    """`GET/PATCH /api/settings` (docs/api.md): the defaults in effect, what the settings
+    panel saved (a key absent: the command line's applies), and the command line's."""
+
+    default_model: str
+    default_system_prompt: str | None
+    saved: dict
+    command_line: CommandLineDefaults

@@ -16,6 +16,7 @@ from tether.log import Draft, SessionNotFound
 from tether.log.attachments import AttachmentStore
 from tether.log.store import EventStore
 from tether.projections.sidebar import public_row, public_title, sort_key
+from tether.sessions.defaults import ServerDefaults
 from tether.sessions.folds import FoldCache
 from tether.sessions.search import search_terms
 from tether.sessions.titles import TitleRefused, normalise_title
@@ -63,10 +64,10 @@ class SessionService:
         store: EventStore,
         registry: RunOccupancy,
         attachments: AttachmentStore,
-        default_system_prompt: str | None = None,
+        defaults: ServerDefaults,
     ):
         self.store = store
-        self.default_system_prompt = default_system_prompt  # `--system-prompt`
+        self.defaults = defaults  # `--model` / `--system-prompt`, or the settings panel's
         self.registry = registry
         self.attachments = attachments
         self.folds = FoldCache(store)
@@ -76,6 +77,10 @@ class SessionService:
         # nothing holds those bytes and their removal (a blob would vanish under a logged
         # upload). Taken after a session lock, never before one.
         self._blob_lock = asyncio.Lock()
+
+    @property
+    def default_system_prompt(self) -> str | None:
+        return self.defaults.system_prompt
 
     # -- reads ------------------------------------------------------------------------------
     async def row(self, session_id: str) -> dict[str, Any] | None:

@@ -25,9 +25,11 @@ from tether.runs.registry import RunRegistry
 from tether.runs.rotation import Rotator
 from tether.runtimes import load_runtime
 from tether.runtimes.base import Runtime
+from tether.sessions.defaults import ServerDefaults
 from tether.sessions.feed import SidebarFeed
+from tether.sessions.search import SEARCH_FOLD_VERSION, search_change
 from tether.sessions.service import SessionService
-from tether.settings import Settings
+from tether.settings import SYSTEM_PROMPT_MAX_CHARS, Settings
 
 
 @dataclass
@@ -75,7 +77,11 @@ def open_store(
         )
     else:
         backend = SQLiteEventStore(
-            settings.database_path, index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION
+            settings.database_path,
+            index_fold=fold_row,
+            index_version=SIDEBAR_FOLD_VERSION,
+            search_fold=search_change,
+            search_version=SEARCH_FOLD_VERSION,
         )
     return CheckedStore(backend, vocabulary)
 
@@ -95,7 +101,12 @@ def build_services(
     hub.on_batch(feed.on_batch)
     hub.on_deleted(feed.on_deleted)
     registry = RunRegistry(on_change=lambda sid: feed.notify(sid, "run.state"))
-    sessions = SessionService(store, registry, attachments, settings.system_prompt)
+    defaults = ServerDefaults(
+        settings.data_dir,
+        settings.system_prompt,
+        system_prompt_max_chars=SYSTEM_PROMPT_MAX_CHARS,
+    )
+    sessions = SessionService(store, registry, attachments, defaults)
     hub.on_batch(sessions.folds.on_batch)
     hub.on_deleted(sessions.folds.forget)
     engine = RunEngine(

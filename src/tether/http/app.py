@@ -20,7 +20,18 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from tether import __version__
 from tether.events import VOCABULARY, Vocabulary
-from tether.http import auth_routes, errors, health, models, pages, runs, sessions, streams
+from tether.http import (
+    auth_routes,
+    errors,
+    health,
+    models,
+    pages,
+    runs,
+    search,
+    server_settings,
+    sessions,
+    streams,
+)
 from tether.http.auth import Authenticator, AuthGate
 from tether.http.deps import Services
 from tether.http.head import HeadAsGet
@@ -109,7 +120,17 @@ def create_app(
     )
     app.state.auth = auth
     errors.install(app)
-    for module in (health, auth_routes, sessions, models, runs, streams, pages):
+    for module in (
+        health,
+        auth_routes,
+        sessions,
+        search,
+        models,
+        server_settings,
+        runs,
+        streams,
+        pages,
+    ):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=str(pages.WEB_ROOT)), name="static")
     # The last added runs first: proxy headers, the Host check, the body deadline, login, the

@@ -23,10 +23,14 @@ async def list_models(app: App) -> dict:
     briefly) and the server default. An endpoint that cannot say answers 200 with the default
     alone and `error: {code, message}`: the picker still works, never a 5xx."""
     runtime = app.engine.runtime
-    body: dict = {"default": runtime.model, "default_system_prompt": app.settings.system_prompt}
+    defaults = app.sessions.defaults
+    body: dict = {
+        "default": defaults.model or runtime.model,
+        "default_system_prompt": defaults.system_prompt,
+    }
     try:
         body["models"] = await runtime.list_models()
     except ProviderError as exc:
-        body["models"] = [{"id": runtime.model}]
+        body["models"] = [{"id": body["default"]}]
         body["error"] = {"code": exc.code, "message": exc.message}
     return body

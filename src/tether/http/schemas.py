@@ -77,6 +77,18 @@ class PatchSession(Body):
     )
 
 
+class PatchSettings(Body):
+    default_model: ModelId | None = Field(
+        default=None, description="The default model id; `null`: the command line's (`--model`)"
+    )
+    default_system_prompt: (
+        Annotated[StrictStr, Field(max_length=SYSTEM_PROMPT_MAX_CHARS)] | None
+    ) = Field(
+        default=None,
+        description="The default system prompt (blank: none); `null`: `--system-prompt`",
+    )
+
+
 class TruncateSession(Body):
     session_id: Id
     keep_count: Annotated[StrictInt, Field(ge=0, le=10_000_000)]
@@ -286,3 +298,42 @@ class QueueChanged(Out):
 
 class Rendered(Out):
     html: list[str]
+
+
+class SnippetPart(Out):
+    text: str
+    match: bool = Field(description="Whether this part is (part of) the match")
+
+
+class SearchResult(Out):
+    session_id: str
+    title: str
+    row_id: str = Field(description="The transcript row (`messages[].id`) that matched")
+    role: Literal["user", "assistant"]
+    snippet: str = Field(description="Plain text around the match")
+    snippet_parts: list[SnippetPart] = Field(
+        description="`snippet` cut into parts, the matched words marked: render each part "
+        "as text (never as HTML)"
+    )
+    at: float
+
+
+class SearchResults(Out):
+    """`GET /api/search` (docs/api.md): best matches first."""
+
+    results: list[SearchResult]
+
+
+class CommandLineDefaults(Out):
+    model: str
+    system_prompt: str | None
+
+
+class ServerSettingsOut(Out):
+    """`GET/PATCH /api/settings` (docs/api.md): the defaults in effect, what the settings
+    panel saved (a key absent: the command line's applies), and the command line's."""
+
+    default_model: str
+    default_system_prompt: str | None
+    saved: dict
+    command_line: CommandLineDefaults

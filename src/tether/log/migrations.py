@@ -86,6 +86,41 @@ def m003_attachment_owners(db: sqlite3.Connection) -> None:
             )
 
 
+@migration
+def m004_search(db: sqlite3.Connection) -> None:
+    """The full-text search index (docs/api.md §12): one row per transcript row's text, and
+    an FTS5 index over it kept by triggers, written by the log writer in the transaction that
+    appends the events. It starts empty; the store fills it from the existing log when it
+    opens (log/sqlite_search.py: a search fold version it has not indexed with)."""
+    db.execute(
+        """
+        CREATE TABLE search_rows (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            row_id TEXT NOT NULL,
+            role TEXT NOT NULL,
+            position INTEGER NOT NULL,       -- index in the visible transcript
+            at REAL NOT NULL,
+            text TEXT NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX search_rows_by_session ON search_rows(session_id, position)")
+    db.execute(
+        "CREATE VIRTUAL TABLE search_fts USING fts5(text, content='search_rows', "
+        "content_rowid='id', tokenize='unicode61 remove_diacritics 2')"
+    )
+    db.execute(
+        "CREATE TRIGGER search_rows_added AFTER INSERT ON search_rows BEGIN "
+        "INSERT INTO search_fts(rowid, text) VALUES (new.id, new.text); END"
+    )
+    db.execute(
+        "CREATE TRIGGER search_rows_removed AFTER DELETE ON search_rows BEGIN "
+        "INSERT INTO search_fts(search_fts, rowid, text) VALUES ('delete', old.id, old.text); "
+        "END"
+    )
+
+
 def apply_migrations(db: sqlite3.Connection) -> list[str]:
     """Apply what is missing, each in its own transaction; return the names applied.
 

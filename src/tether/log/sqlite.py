@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.events import QUEUE_ADDED, RUN_FINISHED, TURN_SUBMITTED, Event
-from tether.log import owners
+from tether.log import owners, sqlite_search
 from tether.log.errors import (
     InvalidEvent,
     LogError,
@@ -41,7 +41,7 @@ from tether.log.errors import (
 )
 from tether.log.migrations import apply_migrations
 from tether.log.private import FILE_MODE, private_file, tighten
-from tether.log.store import Draft, IndexFold, OpenStream
+from tether.log.store import Draft, IndexFold, OpenStream, SearchFold, SearchHit
 from tether.log.subscriptions import Hub
 
 log = logging.getLogger("tether.log")
@@ -85,7 +85,10 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 # Every table a Tether database may hold (log/migrations.py); sqlite_* are SQLite's own.
-_TETHER_TABLES = frozenset({"migrations", "events", "session_index", "meta", "attachments"})
+_TETHER_TABLES = frozenset(
+    {"migrations", "events", "session_index", "meta", "attachments", "search_rows"}
+    | {f"search_fts{part}" for part in ("", "_data", "_idx", "_docsize", "_config")}
+)
 
 
 def _refuse_foreign(db: sqlite3.Connection, path: Path) -> None:
@@ -164,7 +167,9 @@ class SQLiteEventStore:
     `index_fold` is the per-session fold (the sidebar row) that is kept in the same
     transaction as the events; `index_version` names its code, so a new fold rebuilds the
     index from the log at start instead of trusting stale state. The writer keeps every
-    session's last seq and index state in memory, so those reads cost no query."""
+    session's last seq and index state in memory, so those reads cost no query.
+    `search_fold` (with `search_version`) names the rows the full-text index holds
+    (log/sqlite_search.py); without one nothing is indexed and `search` finds nothing."""
 
     def __init__(
         self,
@@ -172,10 +177,13 @@ class SQLiteEventStore:
         *,
         index_fold: IndexFold,
         index_version: str,
+        search_fold: SearchFold | None = None,
+        search_version: str | None = None,
         clock: Callable[[], float] = time.time,
     ):
         self.path = Path(path)
         self._fold = index_fold
+        self._search_fold = search_fold
         self._clock = clock
         self._hub: Hub | None = None
         self._readers: list[sqlite3.Connection] = []
@@ -197,6 +205,8 @@ class SQLiteEventStore:
             self._db.execute("PRAGMA synchronous=FULL")
             apply_migrations(self._db)
             self._last_seq, self._index = self._load_index(index_version)
+            sqlite_search.ensure_index(self._db, search_fold, search_version, index_fold)
+            self._stream_events = sqlite_search.stream_reader(self._db)
             # What readers see: updated only after COMMIT, so a reader never learns of a seq
             # that it cannot read yet. The writer works on _last_seq / _index.
             self._visible_seq = dict(self._last_seq)
@@ -398,6 +408,10 @@ class SQLiteEventStore:
             )
             if draft.type in owners.CARRIERS:
                 owners.record(self._db, sid, draft.data, draft.blobs)
+            if self._search_fold is not None:
+                change = self._search_fold(state, event, self._stream_events)
+                if change.add or change.keep is not None:
+                    sqlite_search.apply_change(self._db, sid, change)
             state = self._fold(state, event)
             events.append(event)
         for stream_id in finishing:
@@ -427,6 +441,7 @@ class SQLiteEventStore:
             raise SessionNotFound(sid)
         self._db.execute("DELETE FROM events WHERE session_id=?", (sid,))
         owners.forget(self._db, sid)
+        sqlite_search.forget(self._db, sid)
         del self._last_seq[sid]
         self._index.pop(sid, None)
 
@@ -487,6 +502,13 @@ class SQLiteEventStore:
 
     async def search_text(self, needle: str) -> set[str]:
         return await asyncio.to_thread(self._search_sync, needle)
+
+    async def search(self, terms: list[str], limit: int) -> list[SearchHit]:
+        if not terms or self._search_fold is None:
+            return []
+        expression = sqlite_search.match_expression(terms)
+        rows = await asyncio.to_thread(self._query, sqlite_search.SEARCH_SQL, (expression, limit))
+        return sqlite_search.hits(rows)
 
     async def unfinished_streams(self) -> list[OpenStream]:
         return await asyncio.to_thread(self._unfinished_sync)

@@ -41,6 +41,48 @@ class Draft:
     blobs: dict[str, str] = field(default_factory=dict)
 
 
+class SearchDoc(NamedTuple):
+    """One transcript row's text as the search index holds it (docs/api.md §12)."""
+
+    row_id: str
+    role: str  # "user" | "assistant"
+    position: int  # the row's index in the visible transcript: a truncation drops >= keep
+    at: float
+    text: str
+
+
+class SearchChange(NamedTuple):
+    """What one event does to a session's search rows: rows to add, and (a truncation)
+    the position from which every row goes."""
+
+    add: tuple[SearchDoc, ...] = ()
+    keep: int | None = None
+
+
+StreamEvents = Callable[[str, frozenset[str]], list[Event]]
+"""The events of one stream (`stream_id`) of the types named, in seq order, as the writer
+sees them inside its transaction (what the batch wrote so far included)."""
+
+SearchFold = Callable[[dict[str, Any] | None, Event, StreamEvents], SearchChange]
+"""A pure function the backend calls for every event it appends, in the transaction that
+appends it: given the session's `IndexFold` state before the event, the event, and a
+way to read the event's stream, it says which rows the search index gains or loses. The
+backend is given it and a version naming its code; when the stored version differs it
+rebuilds the search index from the log when it opens (so a migration that adds the index
+fills it from existing sessions). A deleted session's rows go with its log."""
+
+
+class SearchHit(NamedTuple):
+    """One search result: the row, and its snippet as parts, each `(text, matched)`, so a
+    page can mark the match without ever parsing markup."""
+
+    session_id: str
+    row_id: str
+    role: str
+    at: float
+    snippet: tuple[tuple[str, bool], ...]
+
+
 class OpenStream(NamedTuple):
     """A run the log shows started (`turn.submitted` with a stream) and not finished."""
 
@@ -96,6 +138,12 @@ class EventStore(Protocol):
     # -- event queries: what a scan of every log would answer, from the backend's indexes --
     async def search_text(self, needle: str) -> set[str]:
         """Sessions with a `turn.submitted` whose `text` contains `needle`, ignoring case."""
+
+    async def search(self, terms: list[str], limit: int) -> list[SearchHit]:
+        """Rows (from the `SearchFold`) whose text holds every term as a word, the last term
+        also as a word prefix, ignoring case and accents; best matches first, at most
+        `limit`. Terms are plain words (no query syntax reaches the backend); a backend
+        without a search fold finds nothing."""
 
     async def unfinished_streams(self) -> list[OpenStream]:
         """Every `turn.submitted` stream without a `run.finished`, in append order: the runs a

@@ -126,11 +126,15 @@ def _fold_imported(row: dict[str, Any], data: dict[str, Any]) -> None:
             row["title_from_message"] = title_from_message(rows[0].get("content") or "") or None
 
 
+def public_title(state: dict[str, Any]) -> str:
+    return state["title"] or state["title_from_message"] or DEFAULT_TITLE
+
+
 def public_row(state: dict[str, Any], *, busy: bool, active_stream_id: str | None) -> dict:
     """The `Row` of docs/api.md §3: the persisted fold plus the run registry's two predicates."""
     return {
         "session_id": state["session_id"],
-        "title": state["title"] or state["title_from_message"] or DEFAULT_TITLE,
+        "title": public_title(state),
         "created_at": state["created_at"],
         "updated_at": state["updated_at"],
         "last_message_at": state["last_message_at"],

@@ -423,10 +423,10 @@ class RunEngine:
 
     async def _turn_input(self, run: Run, model: str | None) -> TurnInput:
         """What the runtime gets: the context the session shows (invariant 1) and the model
-        the turn asked for, else the session's own (`PATCH /api/session {model}`), else
-        None: the runtime's default."""
+        the turn asked for, else the session's own (`PATCH /api/session {model}`), else the
+        settings panel's default (`PATCH /api/settings`), else None: the runtime's own."""
         fold = await self.sessions.folds.get(run.session_id)
-        model = model or (fold.row or {}).get("model")
+        model = model or (fold.row or {}).get("model") or self.sessions.defaults.model
         system_prompt = fold.system_prompt(self.sessions.default_system_prompt)
         messages = fold.transcript.context(system_prompt)["context_messages"]
         refs: dict[str, AttachmentRef] = {}

@@ -15,8 +15,10 @@ from tether.events import new_id
 from tether.log import Draft, SessionNotFound
 from tether.log.attachments import AttachmentStore
 from tether.log.store import EventStore
-from tether.projections.sidebar import public_row, sort_key
+from tether.projections.sidebar import public_row, public_title, sort_key
+from tether.sessions.defaults import ServerDefaults
 from tether.sessions.folds import FoldCache
+from tether.sessions.search import search_terms
 from tether.sessions.titles import TitleRefused, normalise_title
 
 TITLE_MAX_CHARS = 200
@@ -62,10 +64,10 @@ class SessionService:
         store: EventStore,
         registry: RunOccupancy,
         attachments: AttachmentStore,
-        default_system_prompt: str | None = None,
+        defaults: ServerDefaults,
     ):
         self.store = store
-        self.default_system_prompt = default_system_prompt  # `--system-prompt`
+        self.defaults = defaults  # `--model` / `--system-prompt`, or the settings panel's
         self.registry = registry
         self.attachments = attachments
         self.folds = FoldCache(store)
@@ -75,6 +77,10 @@ class SessionService:
         # nothing holds those bytes and their removal (a blob would vanish under a logged
         # upload). Taken after a session lock, never before one.
         self._blob_lock = asyncio.Lock()
+
+    @property
+    def default_system_prompt(self) -> str | None:
+        return self.defaults.system_prompt
 
     # -- reads ------------------------------------------------------------------------------
     async def row(self, session_id: str) -> dict[str, Any] | None:
@@ -108,6 +114,28 @@ class SessionService:
                 or needle in (await self._public(s))["title"].casefold()
             ]
         return [await self._public(s) for s in sorted(chosen, key=sort_key)]
+
+    async def search(self, query: str, limit: int) -> list[dict[str, Any]]:
+        """`GET /api/search` (docs/api.md §12): rows whose text holds every word typed, best
+        first, each with its session's title and its snippet as parts."""
+        found = await self.store.search(search_terms(query), limit)
+        results = []
+        for hit in found:
+            state = await self.store.index_state(hit.session_id)
+            if state is None:  # deleted between the two reads
+                continue
+            results.append(
+                {
+                    "session_id": hit.session_id,
+                    "title": public_title(state),
+                    "row_id": hit.row_id,
+                    "role": hit.role,
+                    "at": hit.at,
+                    "snippet": "".join(text for text, _ in hit.snippet),
+                    "snippet_parts": [{"text": t, "match": m} for t, m in hit.snippet],
+                }
+            )
+        return results
 
     async def newest_continuation(self, session_id: str) -> str | None:
         """Follow `continuation_session_id` hops to the newest session of the lineage."""

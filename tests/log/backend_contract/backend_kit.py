@@ -20,7 +20,7 @@ import pg  # noqa: E402
 
 from tether.events import Event  # noqa: E402
 from tether.log.sqlite import SQLiteEventStore  # noqa: E402
-from tether.log.store import EventStore, IndexFold  # noqa: E402
+from tether.log.store import EventStore, IndexFold, SearchFold  # noqa: E402
 
 PROBE_FOLD_VERSION = "probe-1"
 
@@ -42,9 +42,13 @@ class Backend(Protocol):
     name: str
 
     async def open(
-        self, fold: IndexFold = probe_fold, version: str = PROBE_FOLD_VERSION
+        self,
+        fold: IndexFold = probe_fold,
+        version: str = PROBE_FOLD_VERSION,
+        search: tuple[SearchFold, str] | None = None,
     ) -> EventStore:
-        """A store on this backend's database (the same data every time)."""
+        """A store on this backend's database (the same data every time); `search` is the
+        search fold and its version, when the test searches."""
 
     def spec(self) -> dict[str, Any]:
         """JSON that `from_spec` turns back into this backend in another process."""
@@ -70,9 +74,19 @@ class SQLiteBackend:
         self._peek: sqlite3.Connection | None = None
 
     async def open(
-        self, fold: IndexFold = probe_fold, version: str = PROBE_FOLD_VERSION
+        self,
+        fold: IndexFold = probe_fold,
+        version: str = PROBE_FOLD_VERSION,
+        search: tuple[SearchFold, str] | None = None,
     ) -> EventStore:
-        return SQLiteEventStore(self.path, index_fold=fold, index_version=version)
+        search_fold, search_version = search or (None, None)
+        return SQLiteEventStore(
+            self.path,
+            index_fold=fold,
+            index_version=version,
+            search_fold=search_fold,
+            search_version=search_version,
+        )
 
     def spec(self) -> dict[str, Any]:
         return {"backend": self.name, "path": str(self.path)}

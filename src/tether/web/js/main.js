@@ -5,6 +5,7 @@ import "./session_auth.js";
 import { ApiError, del, get, patch, post, q } from "./api.js";
 import { Composer } from "./composer.js";
 import { applyEvent, applySnapshot, createSession, view } from "./reducer.js";
+import { MessageSearch } from "./search.js";
 import { SessionSettings } from "./session_settings.js";
 import { Sidebar } from "./sidebar.js";
 import { SessionStream } from "./stream.js";
@@ -51,6 +52,7 @@ class App {
       removeQueued: (id) => this.call(() => del(`/api/chat/queue?${q({ queue_id: id })}`)),
       sendQueued: (id) => this.call(() => post("/api/chat/queue/start", { queue_id: id })),
     });
+    this.search = new MessageSearch({ onPick: (sid, rowId) => this.openAt(sid, rowId) });
     this.settings = new SessionSettings({
       ensureSession: () => this.ensureSession(),
       onRow: (row) => this.onRowChanged(row),
@@ -205,6 +207,14 @@ class App {
     );
     this.sidebar.disconnectFeed();
     this.stream.start(body.last_seq);
+  }
+
+  /** A search result: open its session and show the row that matched. */
+  async openAt(sid, rowId) {
+    if (this.openId !== sid) await this.open(sid, { push: true });
+    if (this.openId === sid && !this.transcript.reveal(rowId)) {
+      this.notify("That message is no longer in the session.");
+    }
   }
 
   onEvent(entry, env) {

@@ -526,6 +526,21 @@ export class TranscriptView {
     );
   }
 
+  /** Scroll to the row `rowId` (a search result) and mark it until another is revealed;
+   *  false when the transcript has no such row. */
+  reveal(rowId) {
+    const el = [...this.rowsEl.children].find((row) => row.dataset.key === rowId);
+    for (const old of this.rowsEl.querySelectorAll(".search-hit"))
+      old.classList.remove("search-hit");
+    if (!el) return false;
+    this.following = false;
+    el.classList.add("search-hit");
+    el.setAttribute("tabindex", "-1");
+    el.scrollIntoView({ block: "center" });
+    el.focus({ preventScroll: true });
+    return true;
+  }
+
   /** The server is unreachable: the running turn says so and its timer stops. */
   setOffline(offline) {
     this.offline = offline;

@@ -1,0 +1,137 @@
+"""The SQLite backend's full-text search (docs/api.md §12): FTS5 over the rows a `SearchFold`
+names, written by the log writer on its own connection inside the batch's transaction, so the
+index is never behind (nor ahead of) the committed log, whatever crashes when.
+
+`search_rows` holds each row's text once; `search_fts` is an external-content FTS5 index over
+it, kept by the triggers of migration m004. A deleted session's rows go in the transaction
+that deletes its log; a truncation drops the rows from its `keep_count` on.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+from tether.events import Event
+from tether.log.store import IndexFold, SearchChange, SearchFold, SearchHit
+
+# The snippet's match markers: control characters no row text keeps (they are blanked out of
+# the indexed copy), so the snippet splits into parts without any markup reaching a client.
+_OPEN, _CLOSE = "\x02", "\x03"
+_BLANK = str.maketrans({_OPEN: " ", _CLOSE: " "})
+SNIPPET_TOKENS = 16
+
+
+def _row_to_event(row: tuple) -> Event:
+    session_id, seq, type_, at, stream_id, turn_id, data = row
+    return Event(session_id, seq, type_, at, json.loads(data), stream_id, turn_id)
+
+
+def stream_reader(db: sqlite3.Connection) -> Callable[[str, frozenset[str]], list[Event]]:
+    """The fold's view of one stream, through the writer's connection (it sees what the
+    open transaction wrote)."""
+
+    def stream_events(stream_id: str, types: frozenset[str]) -> list[Event]:
+        marks = ",".join("?" * len(types))
+        rows = db.execute(
+            "SELECT session_id, seq, type, at, stream_id, turn_id, data FROM events "
+            f"WHERE stream_id=? AND type IN ({marks}) ORDER BY id",
+            (stream_id, *sorted(types)),
+        )
+        return [_row_to_event(row) for row in rows]
+
+    return stream_events
+
+
+def apply_change(db: sqlite3.Connection, session_id: str, change: SearchChange) -> None:
+    if change.keep is not None:
+        db.execute(
+            "DELETE FROM search_rows WHERE session_id=? AND position>=?",
+            (session_id, change.keep),
+        )
+    for doc in change.add:
+        db.execute(
+            "INSERT INTO search_rows (session_id, row_id, role, position, at, text) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (session_id, doc.row_id, doc.role, doc.position, doc.at, doc.text.translate(_BLANK)),
+        )
+
+
+def forget(db: sqlite3.Connection, session_id: str) -> None:
+    db.execute("DELETE FROM search_rows WHERE session_id=?", (session_id,))
+
+
+def ensure_index(
+    db: sqlite3.Connection, fold: SearchFold | None, version: str | None, index_fold: IndexFold
+) -> None:
+    """Rebuild the search rows from the log when they were built by another fold version
+    (or by none: the migration that adds them). Without a fold the stored version is
+    dropped, so that events appended now are indexed by the next store that has one."""
+    stored = db.execute("SELECT value FROM meta WHERE key='search_version'").fetchone()
+    if fold is None or version is None:
+        if stored is not None:
+            db.execute("DELETE FROM meta WHERE key='search_version'")
+        return
+    if stored is not None and stored[0] == version:
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute("DELETE FROM search_rows")
+        db.execute("INSERT INTO search_fts(search_fts) VALUES ('rebuild')")
+        stream_events = stream_reader(db)
+        state: dict[str, Any] | None = None
+        current = None
+        rows = db.execute(
+            "SELECT session_id, seq, type, at, stream_id, turn_id, data FROM events "
+            "ORDER BY session_id, seq"
+        ).fetchall()
+        for row in rows:
+            event = _row_to_event(row)
+            if event.session_id != current:
+                current, state = event.session_id, None
+            apply_change(db, event.session_id, fold(state, event, stream_events))
+            state = index_fold(state, event)
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('search_version', ?)", (version,))
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def match_expression(terms: list[str]) -> str:
+    """FTS5 syntax for 'every term, the last as a prefix too': each term a quoted string,
+    so nothing a user typed is read as query syntax."""
+    quoted = ['"' + term.replace('"', '""') + '"' for term in terms]
+    quoted[-1] += "*"
+    return " ".join(quoted)
+
+
+SEARCH_SQL = (
+    "SELECT r.session_id, r.row_id, r.role, r.at, "
+    f"snippet(search_fts, 0, char(2), char(3), '…', {SNIPPET_TOKENS}) "
+    "FROM search_fts JOIN search_rows r ON r.id = search_fts.rowid "
+    "WHERE search_fts MATCH ? ORDER BY search_fts.rank LIMIT ?"
+)
+
+
+def snippet_parts(snippet: str) -> tuple[tuple[str, bool], ...]:
+    parts: list[tuple[str, bool]] = []
+    head, *marked = snippet.split(_OPEN)
+    if head:
+        parts.append((head, False))
+    for chunk in marked:
+        text, _, rest = chunk.partition(_CLOSE)
+        if text:
+            parts.append((text, True))
+        if rest:
+            parts.append((rest, False))
+    return tuple(parts)
+
+
+def hits(rows: list[tuple]) -> list[SearchHit]:
+    return [
+        SearchHit(session_id, row_id, role, at, snippet_parts(snippet))
+        for session_id, row_id, role, at, snippet in rows
+    ]

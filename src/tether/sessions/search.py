@@ -1,0 +1,92 @@
+"""What the search index holds (docs/api.md §12): the settled text of each visible user and
+assistant row, as a `SearchFold` the log backend runs in the transaction of every append.
+
+A user row is indexed when its turn is submitted; an assistant row when its run finishes,
+with the text of its text items (interim progress and answer; never reasoning or tool
+output), read once from the stream's `text.delta` events rather than folded delta by delta.
+Rows another client of the agent wrote (`agent.imported`) are indexed as the transcript
+shows them. A truncation drops the rows from its `keep_count` on, so a search never finds
+what the transcript no longer shows. A row's position is the sidebar fold's
+`message_count` before the event: the transcript's length at that point.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tether import events as ev
+from tether.errors import InvalidRequest
+from tether.events import Event
+from tether.log.store import SearchChange, SearchDoc, StreamEvents
+from tether.projections.agent_rows import imported_rows
+
+# Bump when what is indexed changes: the store then rebuilds the index from the log.
+SEARCH_FOLD_VERSION = "search-1"
+
+QUERY_MAX_CHARS = 500
+MAX_TERMS = 16
+LIMIT_DEFAULT = 20
+LIMIT_MAX = 100
+
+_TEXT_TYPES = frozenset({ev.TEXT_DELTA})
+_NO_CHANGE = SearchChange()
+_WORD = re.compile(r"\w+")
+
+
+def _assistant_text(stream_id: str, stream_events: StreamEvents) -> str:
+    items: dict[str, list[str]] = {}
+    for event in stream_events(stream_id, _TEXT_TYPES):
+        items.setdefault(str(event.data.get("item_id")), []).append(event.data.get("text", ""))
+    return "\n\n".join("".join(parts) for parts in items.values())
+
+
+def search_change(
+    state: dict[str, Any] | None, event: Event, stream_events: StreamEvents
+) -> SearchChange:
+    """The `SearchFold`: the rows `event` adds to (or removes from) the index."""
+    position = state["message_count"] if state else 0
+    data = event.data
+    if event.type == ev.TURN_SUBMITTED:
+        text = data.get("text") or ""
+        if not text.strip():
+            return _NO_CHANGE
+        at = data.get("submitted_at", event.at)
+        return SearchChange(add=(SearchDoc(data["turn_id"], "user", position, at, text),))
+    if event.type == ev.RUN_FINISHED:
+        stream_id = event.stream_id or data.get("stream_id")
+        if not stream_id:
+            return _NO_CHANGE
+        text = _assistant_text(stream_id, stream_events)
+        if not text.strip():
+            return _NO_CHANGE
+        return SearchChange(add=(SearchDoc(stream_id, "assistant", position, event.at, text),))
+    if event.type == ev.TRANSCRIPT_TRUNCATED:
+        return SearchChange(keep=int(data["keep_count"]))
+    if event.type == ev.AGENT_IMPORTED:
+        docs = []
+        for entry in data.get("entries") or []:
+            if entry.get("kind") != "turn":
+                continue
+            for row in imported_rows(entry):
+                if row["content"].strip():
+                    at = row.get("finished_at") or row["created_at"]
+                    docs.append(SearchDoc(row["id"], row["role"], position, at, row["content"]))
+                position += 1
+        return SearchChange(add=tuple(docs)) if docs else _NO_CHANGE
+    return _NO_CHANGE
+
+
+def search_terms(query: str) -> list[str]:
+    """The words of what the user typed: punctuation and query syntax are not words, so
+    nothing typed reaches a backend as syntax. Empty, too long or wordless: 400."""
+    if len(query) > QUERY_MAX_CHARS:
+        raise InvalidRequest(f"The search text is longer than {QUERY_MAX_CHARS} characters.")
+    if not query.strip():
+        raise InvalidRequest("Type something to search for.")
+    terms = _WORD.findall(query)
+    if not terms:
+        raise InvalidRequest("The search text has no words to look for (only punctuation).")
+    if len(terms) > MAX_TERMS:
+        raise InvalidRequest(f"The search text has more than {MAX_TERMS} words.")
+    return terms

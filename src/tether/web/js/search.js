@@ -1,0 +1,121 @@
+// Message search (docs/api.md §10, `GET /api/search`): a dialog opened by the sidebar's
+// "Search messages" button, Ctrl+K / Cmd+K anywhere, or "/" outside a text field. Results are
+// the best-matching user and assistant rows of every session; choosing one opens its session
+// at that row. Snippets arrive as {text, match} parts and are built as text nodes, the matched
+// words in <mark> elements made here: nothing from the server is ever parsed as HTML.
+import { get, q } from "./api.js";
+import { h } from "./dom.js";
+
+const $ = (id) => document.getElementById(id);
+const DEBOUNCE_MS = 200;
+
+function typing(target) {
+  return !!target?.closest?.(
+    "input, textarea, select, [contenteditable=''], [contenteditable='true']",
+  );
+}
+
+export function snippetNode(parts) {
+  const el = h("span", { class: "search-snippet" });
+  for (const part of parts) el.append(part.match ? h("mark", { text: part.text }) : part.text);
+  return el;
+}
+
+export class MessageSearch {
+  /** opts: onPick(session_id, row_id) */
+  constructor({ onPick }) {
+    this.onPick = onPick;
+    this.dialog = $("search-dialog");
+    this.input = $("search-messages");
+    this.results = $("search-results");
+    this.status = $("search-status");
+    this.timer = null;
+    this.asked = 0;
+    $("search-messages-btn").addEventListener("click", () => this.open());
+    this.input.addEventListener("input", () => {
+      clearTimeout(this.timer);
+      this.timer = setTimeout(() => this.run(), DEBOUNCE_MS);
+    });
+    this.input.addEventListener("keydown", (e) => {
+      if (e.key === "Escape") {
+        e.preventDefault(); // a search field would clear itself first: close at once
+        this.dialog.close();
+      } else if (e.key === "ArrowDown" || (e.key === "Enter" && !e.isComposing)) {
+        const first = this.results.querySelector("button");
+        if (first) {
+          e.preventDefault();
+          if (e.key === "Enter") first.click();
+          else first.focus();
+        }
+      }
+    });
+    this.results.addEventListener("keydown", (e) => this.onKey(e));
+    document.addEventListener("keydown", (e) => {
+      const chord = (e.ctrlKey || e.metaKey) && !e.altKey && e.key.toLowerCase() === "k";
+      const slash = e.key === "/" && !e.ctrlKey && !e.metaKey && !e.altKey && !typing(e.target);
+      if ((chord || slash) && !this.dialog.open && !document.querySelector("dialog[open]")) {
+        e.preventDefault();
+        this.open();
+      }
+    });
+  }
+
+  open() {
+    this.dialog.showModal();
+    this.input.select();
+  }
+
+  onKey(e) {
+    const buttons = [...this.results.querySelectorAll("button")];
+    const at = buttons.indexOf(document.activeElement);
+    if (at < 0) return;
+    if (e.key === "ArrowDown" && at < buttons.length - 1) buttons[at + 1].focus();
+    else if (e.key === "ArrowUp") (at > 0 ? buttons[at - 1] : this.input).focus();
+    else return;
+    e.preventDefault();
+  }
+
+  async run() {
+    const text = this.input.value.trim();
+    const asked = ++this.asked;
+    if (!text) {
+      this.results.replaceChildren();
+      this.status.textContent = "";
+      return;
+    }
+    let results;
+    try {
+      ({ results } = await get(`/api/search?${q({ q: text, limit: 30 })}`));
+    } catch (err) {
+      if (asked !== this.asked) return;
+      this.results.replaceChildren();
+      this.status.textContent = err.message;
+      return;
+    }
+    if (asked !== this.asked) return; // a newer query is on its way
+    this.status.textContent = results.length
+      ? `${results.length} ${results.length === 1 ? "match" : "matches"}`
+      : "No messages match.";
+    this.results.replaceChildren(...results.map((r) => this.item(r)));
+  }
+
+  item(result) {
+    const who = result.role === "user" ? "You" : "Assistant";
+    const when = new Date(result.at * 1000).toLocaleString();
+    const button = h(
+      "button",
+      {
+        type: "button",
+        class: "search-result",
+        onclick: () => {
+          this.dialog.close();
+          this.onPick(result.session_id, result.row_id);
+        },
+      },
+      h("span", { class: "search-title", text: result.title }),
+      h("span", { class: "search-meta", text: `${who} · ${when}` }),
+      snippetNode(result.snippet_parts),
+    );
+    return h("li", {}, button);
+  }
+}

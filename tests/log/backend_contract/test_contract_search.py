@@ -1,0 +1,164 @@
+"""Backend contract, layer: the full-text search index (docs/api.md §12) a backend keeps from
+the `SearchFold` in the transaction of its events. Invariant: what `search` finds is the
+fold over the committed logs, never behind and never ahead (a refused or failed batch
+indexes nothing, a deleted session and a truncated row are gone, a reopen or a new fold
+version rebuilds from the log). Every backend runs these with the real fold."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from backend_kit import Backend
+
+from tether.log import Draft
+from tether.log.errors import StreamClosed
+from tether.log.store import EventStore, SearchHit
+from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
+from tether.sessions.search import SEARCH_FOLD_VERSION, search_change
+
+SEARCH = (search_change, SEARCH_FOLD_VERSION)
+
+
+async def open_store(backend: Backend, version: str = SEARCH_FOLD_VERSION) -> EventStore:
+    return await backend.open(fold_row, SIDEBAR_FOLD_VERSION, (search_change, version))
+
+
+def submitted(turn: str, stream: str, text: str) -> Draft:
+    data = {"turn_id": turn, "stream_id": stream, "text": text, "submitted_at": 10.0}
+    return Draft("turn.submitted", data, stream_id=stream, turn_id=turn)
+
+
+def delta(stream: str, item: str, text: str) -> Draft:
+    return Draft("text.delta", {"item_id": item, "text": text}, stream_id=stream)
+
+
+def finished(stream: str, state: str = "completed") -> Draft:
+    return Draft("run.finished", {"state": state}, stream_id=stream)
+
+
+async def a_turn(store: EventStore, sid: str, n: int, question: str, *answer: str) -> None:
+    stream = f"{sid}_st{n}"
+    await store.append(sid, [submitted(f"{sid}_t{n}", stream, question)])
+    for i, part in enumerate(answer):
+        await store.append(sid, [delta(stream, "t1" if i < 2 else "t2", part)])
+    await store.append(sid, [finished(stream)])
+
+
+def found(hits: list[SearchHit]) -> list[tuple[str, str, str]]:
+    return sorted((h.session_id, h.row_id, h.role) for h in hits)
+
+
+def text_of(hit: SearchHit) -> str:
+    return "".join(text for text, _ in hit.snippet)
+
+
+def test_settled_rows_are_found_with_marked_snippets(backend: Backend) -> None:
+    async def main() -> None:
+        store = await open_store(backend)
+        await store.create_session("s1", [Draft("session.created", {})])
+        await a_turn(store, "s1", 1, "Where do puffins nest?", "Puffins ", "nest in ", "burrows.")
+        # an answer still streaming is not a row yet
+        await store.append("s1", [submitted("s1_t2", "s1_st2", "and gannets?")])
+        await store.append("s1", [delta("s1_st2", "t1", "Gannets nest on cliffs")])
+        assert found(await store.search(["puffins"], 10)) == [
+            ("s1", "s1_st1", "assistant"),
+            ("s1", "s1_t1", "user"),
+        ]
+        assert found(await store.search(["cliffs"], 10)) == []
+        assert found(await store.search(["gannets"], 10)) == [("s1", "s1_t2", "user")]
+        answer = next(h for h in await store.search(["nest"], 10) if h.role == "assistant")
+        assert text_of(answer) == "Puffins nest in \n\nburrows."
+        assert ("nest", True) in answer.snippet
+        # every term; the last one as a prefix; case ignored
+        assert found(await store.search(["PUFFINS", "bur"], 10)) == [("s1", "s1_st1", "assistant")]
+        assert found(await store.search(["puffins", "gannets"], 10)) == []
+        await store.append("s1", [finished("s1_st2", "cancelled")])
+        assert found(await store.search(["cliffs"], 10)) == [("s1", "s1_st2", "assistant")]
+        assert len(await store.search(["nest"], 1)) == 1
+        await store.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_refused_append_indexes_nothing(backend: Backend) -> None:
+    async def main() -> None:
+        store = await open_store(backend)
+        await store.create_session("s1", [Draft("session.created", {})])
+        await a_turn(store, "s1", 1, "ptarmigan", "one ptarmigan answer")
+        refused: Any = None
+        try:
+            # the stream is closed: the new user row in the same append must not be indexed
+            await store.append(
+                "s1", [submitted("s1_t9", "s1_st9", "ptarmigan again"), delta("s1_st1", "t", "x")]
+            )
+        except StreamClosed as exc:
+            refused = exc
+        assert refused is not None
+        assert len(await store.search(["ptarmigan"], 10)) == 2
+        await store.aclose()
+
+    asyncio.run(main())
+
+
+def test_deletion_and_truncation_remove_rows(backend: Backend) -> None:
+    async def main() -> None:
+        store = await open_store(backend)
+        for sid in ("s1", "s2"):
+            await store.create_session(sid, [Draft("session.created", {})])
+            await a_turn(store, sid, 1, "heron one", "heron answer one")
+            await a_turn(store, sid, 2, "heron two", "heron answer two")
+        await store.delete_session("s2")
+        assert {h.session_id for h in await store.search(["heron"], 10)} == {"s1"}
+        data = {"keep_count": 2, "transcript_generation": 1}
+        await store.append("s1", [Draft("transcript.truncated", data)])
+        assert found(await store.search(["heron"], 10)) == [
+            ("s1", "s1_st1", "assistant"),
+            ("s1", "s1_t1", "user"),
+        ]
+        await store.aclose()
+        reopened = await open_store(backend)
+        assert len(await reopened.search(["heron"], 10)) == 2
+        await reopened.aclose()
+
+    asyncio.run(main())
+
+
+def test_imported_agent_turns_are_found(backend: Backend) -> None:
+    async def main() -> None:
+        store = await open_store(backend)
+        await store.create_session("s1", [Draft("session.created", {})])
+        entry = {
+            "kind": "turn",
+            "turn_id": "a_1",
+            "rows": [
+                {"row_id": 1, "role": "user", "content": "from the cli", "timestamp": 5.0},
+                {"row_id": 2, "role": "assistant", "content": "cli answer", "timestamp": 6.0},
+            ],
+            "context": [],
+        }
+        await store.append("s1", [Draft("agent.imported", {"watermark": 2, "entries": [entry]})])
+        assert found(await store.search(["cli"], 10)) == [
+            ("s1", "a_1", "user"),
+            ("s1", "a_1.reply", "assistant"),
+        ]
+        await store.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_new_fold_version_rebuilds_the_index_from_the_log(backend: Backend) -> None:
+    async def main() -> None:
+        store = await backend.open(fold_row, SIDEBAR_FOLD_VERSION)  # no search fold at all
+        await store.create_session("s1", [Draft("session.created", {})])
+        await a_turn(store, "s1", 1, "egret", "egret answer")
+        assert await store.search(["egret"], 10) == []
+        await store.aclose()
+        store = await open_store(backend)
+        assert len(await store.search(["egret"], 10)) == 2
+        await store.aclose()
+        store = await open_store(backend, "search-test-2")
+        assert len(await store.search(["egret"], 10)) == 2
+        await store.aclose()
+
+    asyncio.run(main())

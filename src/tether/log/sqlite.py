@@ -52,9 +52,10 @@ _CLOSED_STREAM_CACHE = 50_000
 
 @dataclass(eq=False)
 class _Op:
-    kind: str  # "create" | "append" | "delete"
+    kind: str  # "create" | "append" | "delete" | "create_many"
     session_id: str = ""
     drafts: list[Draft] = field(default_factory=list)
+    many: list[tuple[str, list[Draft]]] = field(default_factory=list)  # "create_many"
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
@@ -277,6 +278,10 @@ class SQLiteEventStore:
     async def create_session(self, session_id: str, drafts: list[Draft]) -> list[Event]:
         return await asyncio.wrap_future(self._submit(_Op("create", session_id, list(drafts))))
 
+    async def create_sessions(self, sessions: list[tuple[str, list[Draft]]]) -> list[list[Event]]:
+        op = _Op("create_many", many=[(sid, list(drafts)) for sid, drafts in sessions])
+        return await asyncio.wrap_future(self._submit(op))
+
     async def append(self, session_id: str, drafts: list[Draft]) -> list[Event]:
         return await asyncio.wrap_future(self.submit_append(session_id, drafts))
 
@@ -302,19 +307,21 @@ class SQLiteEventStore:
             self._write_batch(batch)
 
     def _write_batch(self, batch: list[_Op]) -> None:
-        outcomes: list[tuple[_Op, list[Event] | LogError]] = []
+        outcomes: list[tuple[_Op, Any]] = []  # events, a list of them per session, or LogError
         undo_seq: dict[str, int | None] = {}
         undo_index: dict[str, dict[str, Any] | None] = {}
         deleted: list[str] = []
         try:
             self._db.execute("BEGIN IMMEDIATE")
             for op in batch:
-                sid = op.session_id
-                if sid not in undo_seq:
-                    undo_seq[sid] = self._last_seq.get(sid)
-                    undo_index[sid] = self._index.get(sid)
+                for sid in [op.session_id] if op.kind != "create_many" else [s for s, _ in op.many]:
+                    if sid not in undo_seq:
+                        undo_seq[sid] = self._last_seq.get(sid)
+                        undo_index[sid] = self._index.get(sid)
                 try:
-                    if op.kind == "delete":
+                    if op.kind == "create_many":
+                        outcomes.append((op, self._insert_many(op)))
+                    elif op.kind == "delete":
                         self._delete(sid)
                         deleted.append(sid)
                         outcomes.append((op, []))
@@ -363,7 +370,14 @@ class SQLiteEventStore:
 
     def _publish(self, outcomes: list, deleted: list[str]) -> None:
         hub = self._hub
-        committed = [ev for _, result in outcomes if isinstance(result, list) for ev in result]
+        committed = [
+            ev
+            for op, result in outcomes
+            if isinstance(result, list)
+            for ev in (
+                [e for events in result for e in events] if op.kind == "create_many" else result
+            )
+        ]
         if hub is not None:
             try:
                 if committed:
@@ -379,32 +393,59 @@ class SQLiteEventStore:
                 op.future.set_result(result)
 
     def _insert(self, op: _Op) -> list[Event]:
-        sid = op.session_id
+        checked = self._check(op.kind, op.session_id, op.drafts)
+        return self._write(op.session_id, op.drafts, *checked)
+
+    def _insert_many(self, op: _Op) -> list[list[Event]]:
+        """Every session is checked before any is written, so a refusal writes none."""
+        if len({sid for sid, _ in op.many}) != len(op.many):
+            raise SessionExists("the same session twice in one creation")
+        finished_here: set[str] = set()  # one session's finished stream closes it for all
+        checked = []
+        for sid, drafts in op.many:
+            checked.append(self._check("create", sid, drafts, finished_here))
+            finished_here |= checked[-1][1]
+        return [
+            self._write(sid, drafts, *check)
+            for (sid, drafts), check in zip(op.many, checked, strict=True)
+        ]
+
+    def _check(
+        self, kind: str, sid: str, drafts: list[Draft], closed: set[str] | None = None
+    ) -> tuple[int, set[str], list[str]]:
+        """Refuse before writing anything: the last seq, the streams this append finishes
+        and each draft's JSON."""
         last = self._last_seq.get(sid)
-        if op.kind == "create":
+        if kind == "create":
             if last is not None:
                 raise SessionExists(sid)
             last = 0
         elif last is None:
             raise SessionNotFound(sid)
         finishing: set[str] = set()
-        for draft in op.drafts:
+        for draft in drafts:
             if draft.stream_id is not None:
-                if draft.stream_id in finishing or self._stream_closed(draft.stream_id):
+                sealed = draft.stream_id in finishing or draft.stream_id in (closed or ())
+                if sealed or self._stream_closed(draft.stream_id):
                     raise StreamClosed(draft.stream_id)
                 if draft.type == RUN_FINISHED:
                     finishing.add(draft.stream_id)
-        payloads = [_encode(draft) for draft in op.drafts]  # refuse before writing anything
+        return last, finishing, [_encode(draft) for draft in drafts]
+
+    def _write(
+        self, sid: str, drafts: list[Draft], last: int, finishing: set[str], payloads: list[str]
+    ) -> list[Event]:
         now = self._clock()
         state = self._index.get(sid)
         events = []
-        for draft, payload in zip(op.drafts, payloads, strict=True):
+        for draft, payload in zip(drafts, payloads, strict=True):
             last += 1
-            event = Event(sid, last, draft.type, now, draft.data, draft.stream_id, draft.turn_id)
+            at = now if draft.at is None else draft.at
+            event = Event(sid, last, draft.type, at, draft.data, draft.stream_id, draft.turn_id)
             self._db.execute(
                 "INSERT INTO events (session_id, seq, type, at, stream_id, turn_id, data) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (sid, last, draft.type, now, draft.stream_id, draft.turn_id, payload),
+                (sid, last, draft.type, at, draft.stream_id, draft.turn_id, payload),
             )
             if draft.type in owners.CARRIERS:
                 owners.record(self._db, sid, draft.data, draft.blobs)

@@ -39,6 +39,9 @@ class Draft:
     # New uploads this event refers to: attachment id -> the blob (SHA-256) holding its bytes.
     # Kept beside the event (log/owners.py), never in it.
     blobs: dict[str, str] = field(default_factory=dict)
+    # When it happened, for history written elsewhere first (an import keeps its own times,
+    # docs/api.md §12); None, as for everything Tether records itself: the commit's time.
+    at: float | None = None
 
 
 class SearchDoc(NamedTuple):
@@ -114,6 +117,10 @@ class EventStore(Protocol):
     async def create_session(self, session_id: str, drafts: list[Draft]) -> list[Event]:
         """Start a new log whose first events are `drafts` (seq 1, 2, ...); SessionExists
         when the session has a log already."""
+
+    async def create_sessions(self, sessions: list[tuple[str, list[Draft]]]) -> list[list[Event]]:
+        """Start several new logs at once, all or none: one transaction (an import, docs/api.md
+        §12). SessionExists or InvalidEvent for any of them writes none of them."""
 
     async def append(self, session_id: str, drafts: list[Draft]) -> list[Event]:
         """Append atomically, contiguous seqs; raises SessionNotFound, StreamClosed,

@@ -141,3 +141,44 @@ def test_an_append_refused_at_its_last_draft_writes_none_of_it(backend: Backend)
         await store.aclose()
 
     asyncio.run(main())
+
+
+def test_sessions_created_together_are_all_written_or_none_with_their_own_times(
+    backend: Backend,
+) -> None:
+    """`create_sessions` (an import, docs/api.md §12): one commit for all of them, each log
+    from seq 1; a draft's own `at` is kept; one refusal (an existing session, unstorable
+    data, a stream another of them finishes) writes none of them."""
+
+    async def main() -> None:
+        store = await backend.open()
+        await store.create_session("old", created())
+        made = await store.create_sessions(
+            [
+                ("i1", [Draft("session.created", {}, at=1000.0), Draft("x", {}, at=1001.5)]),
+                ("i2", [Draft("session.created", {})]),
+            ]
+        )
+        assert [[(e.session_id, e.seq) for e in events] for events in made] == [
+            [("i1", 1), ("i1", 2)],
+            [("i2", 1)],
+        ]
+        assert [e.at for e in await store.read("i1")] == [1000.0, 1001.5]
+        assert (await store.read("i2"))[0].at > 1_700_000_000  # no own time: the commit's
+        assert (await store.index_state("i1"))["seqs"] == [1, 2]
+        finished = Draft("run.finished", {"state": "completed"}, stream_id="r1")
+        refused = [
+            [("n1", created()), ("old", created())],
+            [("n1", created()), ("n2", [Draft("session.created", {"bad": {1, 2}})])],
+            [("n1", [*created(), finished]), ("n2", [*created(), Draft("d", stream_id="r1")])],
+            [("n1", created()), ("n1", created())],
+        ]
+        for sessions in refused:
+            with pytest.raises((SessionExists, InvalidEvent, StreamClosed)):
+                await store.create_sessions(sessions)
+            assert await store.last_seq("n1") is None and await store.last_seq("n2") is None
+            assert set(await store.index_states()) == {"old", "i1", "i2"}
+        assert [e.seq for e in await store.append("i2", [Draft("d")])] == [2]
+        await store.aclose()
+
+    asyncio.run(main())

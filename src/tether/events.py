@@ -65,7 +65,7 @@ class EventType:
 
     def check(self, data: dict[str, Any]) -> None:
         """PayloadMismatch unless `data` has every required field, no other than the defined
-        ones, each of its type (about a microsecond: pydantic-core)."""
+        ones, each of its type (a few microseconds: pydantic-core)."""
         try:
             self._adapter.validate_python(data)
         except ValidationError as exc:

@@ -11,6 +11,8 @@ Adding an event type: write its payload TypedDict and one `durable(...)` line he
 that use it (projections/, the page's reducer), and its row in docs/api.md.
 """
 
+# No `from __future__ import annotations` here: a TypedDict tells required from NotRequired
+# fields (`__required_keys__`) only from annotations evaluated when its class is made.
 import secrets
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field

@@ -109,13 +109,21 @@ def build_services(
     sessions = SessionService(store, registry, attachments, defaults)
     hub.on_batch(sessions.folds.on_batch)
     hub.on_deleted(sessions.folds.forget)
+    # What runs between turns acts on the sessions, so it exists before the engine that calls
+    # it; the queue acts on the engine (it starts turns), so it comes after. Nothing is
+    # handed over late.
+    history = runtime.agent_history()
+    syncer = agent_sync.AgentSync(sessions, history) if history is not None else None
     engine = RunEngine(
-        store=store, sessions=sessions, registry=registry, runtime=runtime, attachments=attachments
+        store=store,
+        sessions=sessions,
+        registry=registry,
+        runtime=runtime,
+        attachments=attachments,
+        rotator=Rotator(sessions, runtime, settings),
+        agent_sync=syncer,
     )
     queue = QueueService(engine)
-    history = runtime.agent_history()
-    syncer = agent_sync.AgentSync(engine, history) if history is not None else None
-    engine.connect(rotator=Rotator(engine, settings), queue=queue, agent_sync=syncer)
     return Services(
         settings=settings,
         vocabulary=vocabulary,

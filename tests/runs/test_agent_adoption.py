@@ -59,7 +59,7 @@ def test_a_session_created_during_the_scan_is_not_adopted_twice(tmp_path: Path) 
         runtime = ScanningRuntime()
         async with harness(tmp_path, runtime) as h:
             runtime.h = h
-            await adopt_sessions_started_elsewhere(h.engine, runtime)
+            await adopt_sessions_started_elsewhere(h.sessions, runtime)
             return await h.types("s_bound")
 
     assert asyncio.run(main()) == ["session.created"]

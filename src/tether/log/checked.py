@@ -4,7 +4,7 @@ against its event type's definition (`tether.events`) before the backend sees it
 A payload that does not match (a missing or unknown field, a wrong type, a type nobody
 defined) is a bug in whoever wrote it: the whole append is refused with `PayloadMismatch`
 and nothing is stored, so the mistake fails the test that made it instead of reaching a
-fold, a page or another backend. The check costs about a microsecond a draft. Backends
+fold, a page or another backend. The check costs a few microseconds a draft. Backends
 themselves stay payload-agnostic: the backend contract suite appends any JSON.
 """
 

@@ -24,10 +24,9 @@ import logging
 from tether import events as ev
 from tether.events import new_id
 from tether.log import Draft, SessionNotFound, StorageError
-from tether.runs.engine import RunEngine
 from tether.runs.rotation import continue_in
 from tether.runtimes.base import AgentHistory
-from tether.sessions.service import TITLE_MAX_CHARS
+from tether.sessions.service import TITLE_MAX_CHARS, SessionService
 
 log = logging.getLogger("tether.runs")
 
@@ -36,19 +35,19 @@ class AgentSync:
     """Wired only for a runtime that keeps the agent's history (runtimes/base.py,
     `AgentHistory`)."""
 
-    def __init__(self, engine: RunEngine, agent: AgentHistory):
-        self.engine = engine
+    def __init__(self, sessions: SessionService, agent: AgentHistory):
+        self.sessions = sessions
         self.agent = agent
 
     async def before_start(self, session_id: str) -> None:
         """The engine calls this under the session's lock, before it admits a turn. When the
         session turns out to continue elsewhere (the start will get 409), the continuation
         is brought up to date too: whoever follows the 409 finds its whole history."""
-        await sync_locked(self.engine, self.agent, session_id)
-        newest = await self.engine.sessions.newest_continuation(session_id)
-        if newest is not None and await self.engine.store.last_seq(newest) is not None:
-            async with self.engine.sessions.locks(newest):  # locks go parent -> child only
-                await sync_locked(self.engine, self.agent, newest)
+        await sync_locked(self.sessions, self.agent, session_id)
+        newest = await self.sessions.newest_continuation(session_id)
+        if newest is not None and await self.sessions.store.last_seq(newest) is not None:
+            async with self.sessions.locks(newest):  # locks go parent -> child only
+                await sync_locked(self.sessions, self.agent, newest)
 
     async def forever(self, interval: float) -> None:
         """Every `interval` seconds, a pass for each session whose agent rows moved. The
@@ -57,10 +56,10 @@ class AgentSync:
         while True:
             await asyncio.sleep(interval)
             try:
-                await adopt_sessions_started_elsewhere(self.engine, self.agent)
+                await adopt_sessions_started_elsewhere(self.sessions, self.agent)
                 for session_id in await self.agent.agent_changed():
-                    async with self.engine.sessions.locks(session_id):
-                        await sync_locked(self.engine, self.agent, session_id)
+                    async with self.sessions.locks(session_id):
+                        await sync_locked(self.sessions, self.agent, session_id)
             except (StorageError, SessionNotFound) as exc:
                 log.warning("agent sync skipped a pass: %s", exc)
                 await self._look_again()
@@ -74,20 +73,20 @@ class AgentSync:
         await self.agent.agent_look_again()
 
 
-async def adopt_sessions_started_elsewhere(engine: RunEngine, agent: AgentHistory) -> None:
+async def adopt_sessions_started_elsewhere(sessions: SessionService, agent: AgentHistory) -> None:
     """Sessions a person started in the agent's own CLI show up in Tether too, with their
     history, and continue there. Bound first, created second (a crash in between is
     completed by the next pass); the row takes the agent session's start as its activity
     time, so an old conversation does not jump to the top of the sidebar."""
-    known = await engine.store.index_states()
+    known = await sessions.store.index_states()
     for found in await agent.agent_started_elsewhere(lambda sid: sid in known):
         agent_id = found["agent_session_id"]
         session_id = await agent.agent_owner(agent_id) or new_id("s")
-        if await engine.store.last_seq(session_id) is not None:
+        if await sessions.store.last_seq(session_id) is not None:
             continue  # created since `known` was read: it is driven from Tether after all
         if not await agent.bind(session_id, agent_id):
             continue
-        await engine.store.create_session(
+        await sessions.store.create_session(
             session_id,
             [
                 Draft(
@@ -101,25 +100,25 @@ async def adopt_sessions_started_elsewhere(engine: RunEngine, agent: AgentHistor
                 )
             ],
         )
-        async with engine.sessions.locks(session_id):
-            await sync_locked(engine, agent, session_id)
+        async with sessions.locks(session_id):
+            await sync_locked(sessions, agent, session_id)
         log.info(
             "the agent's session %s, started elsewhere, is Tether session %s", agent_id, session_id
         )
 
 
-async def sync_locked(engine: RunEngine, agent: AgentHistory, session_id: str) -> None:
+async def sync_locked(sessions: SessionService, agent: AgentHistory, session_id: str) -> None:
     """One pass for one session; the caller holds the session's lock."""
-    state = await engine.store.index_state(session_id)
-    if state is None or state["continuation_session_id"] or engine.registry.busy(session_id):
+    state = await sessions.store.index_state(session_id)
+    if state is None or state["continuation_session_id"] or sessions.registry.busy(session_id):
         return
-    fold = await engine.sessions.folds.get(session_id)
+    fold = await sessions.folds.get(session_id)
     watermark = fold.transcript.agent_watermark
     news = await agent.agent_news(session_id, watermark)
     if news is None:
         return
     if news.entries:  # nothing imported: no event (the runtime keeps how far it looked)
-        await engine.store.append(
+        await sessions.store.append(
             session_id,
             [
                 Draft(
@@ -133,26 +132,28 @@ async def sync_locked(engine: RunEngine, agent: AgentHistory, session_id: str) -
             ],
         )
     if news.continuation is not None:
-        await _continue(engine, agent, session_id, news.continuation)
+        await _continue(sessions, agent, session_id, news.continuation)
 
 
 async def _continue(
-    engine: RunEngine, agent: AgentHistory, session_id: str, agent_session_id: str
+    sessions: SessionService, agent: AgentHistory, session_id: str, agent_session_id: str
 ) -> None:
     """Bound first, created second: a crash in between leaves a binding to a session that
     does not exist yet, which the next pass completes, never a child driving nothing."""
     owner = await agent.agent_owner(agent_session_id)
     if owner == session_id:
         return
-    if owner is not None and await engine.store.last_seq(owner) is not None:
-        await continue_in(engine, session_id, owner, create=False)  # it exists already
+    if owner is not None and await sessions.store.last_seq(owner) is not None:
+        await continue_in(sessions, session_id, owner, create=False)  # it exists already
         return
     child_id = owner or new_id("s")
     if owner is None and not await agent.bind(child_id, agent_session_id):
         return  # bound elsewhere meanwhile: the next pass links to that session
-    await continue_in(engine, session_id, child_id, create=True, agent_session_id=agent_session_id)
-    async with engine.sessions.locks(child_id):  # locks go parent -> child only
-        await sync_locked(engine, agent, child_id)  # whoever follows the 409 finds its history
+    await continue_in(
+        sessions, session_id, child_id, create=True, agent_session_id=agent_session_id
+    )
+    async with sessions.locks(child_id):  # locks go parent -> child only
+        await sync_locked(sessions, agent, child_id)  # whoever follows the 409 finds its history
     log.info(
         "the agent continued %s in its session %s: Tether session %s",
         session_id,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tether import events as ev
-from tether.errors import QueueItemNotFound, ServerClosing, SessionBusy
+from tether.errors import ApiError, QueueItemNotFound, ServerClosing, SessionBusy
 from tether.events import new_id
 from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
@@ -52,13 +52,11 @@ class Rotation(Protocol):
     async def maybe_rotate(self, session_id: str, normalizer: Normalizer) -> str: ...
 
 
-class NextTurn(Protocol):
-    """Once the session is free after a completed turn (runs.queue.QueueService)."""
-
-    async def start_next(self, session_id: str) -> str | None: ...
-
-
 class RunEngine:
+    """`rotator` and `agent_sync` act on the sessions, not on the engine, so they are built
+    first and handed in here (tether.services); the queue acts on the engine (it starts
+    turns), so it is built after it, and the engine starts the next queued turn itself."""
+
     def __init__(
         self,
         *,
@@ -67,6 +65,8 @@ class RunEngine:
         registry: RunRegistry,
         runtime: Runtime,
         attachments: AttachmentStore,
+        rotator: Rotation | None = None,
+        agent_sync: BeforeStart | None = None,
         coalesce_seconds: float = 0.016,
     ):
         self.store = store
@@ -74,25 +74,13 @@ class RunEngine:
         self.registry = registry
         self.runtime = runtime
         self.attachments = attachments
+        # Between turns: rotation runs while the finished run still holds the session, so no
+        # turn can slip into the parent; the next queued message starts once it is free.
+        self.rotator = rotator
+        self.agent_sync = agent_sync  # for runtimes that keep their own history
         self.coalesce_seconds = coalesce_seconds
         self.handles = HandleCache()
         self.closing = False
-        # Between turns: rotation runs while the finished run still holds the session, so no
-        # turn can slip into the parent; the queue starts the next turn once the session is
-        # free. They act on the engine, so `connect` (tether.services) hands them over after
-        # it is built.
-        self.rotator: Rotation | None = None
-        self.queue: NextTurn | None = None
-        self.agent_sync: BeforeStart | None = None  # for runtimes that keep their own history
-
-    def connect(
-        self,
-        *,
-        rotator: Rotation | None = None,
-        queue: NextTurn | None = None,
-        agent_sync: BeforeStart | None = None,
-    ) -> None:
-        self.rotator, self.queue, self.agent_sync = rotator, queue, agent_sync
 
     # -- start ------------------------------------------------------------------------------
     async def start(
@@ -196,6 +184,28 @@ class RunEngine:
             )
         if self.closing:
             raise ServerClosing("The server is shutting down.")
+
+    # -- queued messages (runs.queue) -------------------------------------------------------
+    async def start_next(self, session_id: str) -> str | None:
+        """Start the oldest queued message as the next turn; None when nothing is queued or
+        the session is taken. It stays queued if the start is refused."""
+        fold = await self.sessions.folds.get(session_id)
+        item = next(iter(fold.transcript.queued.values()), None)
+        if item is None:
+            return None
+        try:
+            started = await self.start_queued(session_id, item)
+        except ApiError as exc:  # busy, rotated, closing, gone: it stays queued
+            log.info("queued message %s stays queued: %s", item["queue_id"], exc.message)
+            return None
+        return started["stream_id"]
+
+    async def start_queued(self, session_id: str, item: dict[str, Any]) -> dict[str, Any]:
+        """Start one queued message as the turn now; a refused start (`session_busy`, ...)
+        raises and leaves it queued. `start` reads the item again under the session lock:
+        what it sends is the latest edit, and the item leaves the queue in the turn's own
+        append."""
+        return await self.start(session_id, item["text"], queue_id=item["queue_id"])
 
     # -- Stop and steer ---------------------------------------------------------------------
     async def cancel(
@@ -346,8 +356,8 @@ class RunEngine:
             if self.rotator is not None and state == "completed" and not self.closing:
                 next_session = await self.rotator.maybe_rotate(run.session_id, normalizer)
             await self._unwind(run)
-        if self.queue is not None and state == "completed" and not self.closing:
-            await self.queue.start_next(next_session)
+        if state == "completed" and not self.closing:
+            await self.start_next(next_session)
 
     async def _append_ending(self, run: Run, drafts: list[Draft]) -> None:
         """Write the run's one `run.finished`, retrying while storage fails.

@@ -1,21 +1,20 @@
 """Queued messages (docs/api.md §4): typed while a run is busy, started as the next turn when the
 run completes, kept (visible, editable, removable) when it is cancelled or fails. They live
-in the log, so they survive reloads and restarts."""
+in the log, so they survive reloads and restarts. Adding, editing and removing one is here;
+starting one is the engine's (`RunEngine.start_next` once a completed turn frees the session,
+`RunEngine.start_queued`), which this service acts on."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
 from tether import events as ev
-from tether.errors import ApiError, QueueItemNotFound
+from tether.errors import QueueItemNotFound
 from tether.events import new_id
 from tether.log import Draft
 from tether.runs.engine import RunEngine
 from tether.runs.intake import Upload
-
-log = logging.getLogger("tether.runs")
 
 
 class QueueService:
@@ -38,7 +37,7 @@ class QueueService:
                     raise
         started = None
         if not self.engine.registry.busy(session_id):
-            started = await self.start_next(session_id)
+            started = await self.engine.start_next(session_id)
         return {"queue_id": queue_id, "started": started}
 
     async def _locate(self, queue_id: str) -> tuple[str, dict[str, Any]]:
@@ -74,23 +73,4 @@ class QueueService:
         """Start one queued message as the turn now (`POST /api/chat/queue/start`); a refused
         start (`session_busy`, ...) raises and leaves it queued."""
         session_id, item = await self._locate(queue_id)
-        return await self._start_item(session_id, item)
-
-    async def start_next(self, session_id: str) -> str | None:
-        """Start the oldest queued message as the next turn; None when nothing is queued or
-        the session is taken. It stays queued if the start is refused."""
-        fold = await self.sessions.folds.get(session_id)
-        item = next(iter(fold.transcript.queued.values()), None)
-        if item is None:
-            return None
-        try:
-            started = await self._start_item(session_id, item)
-        except ApiError as exc:  # busy, rotated, closing, gone: it stays queued
-            log.info("queued message %s stays queued: %s", item["queue_id"], exc.message)
-            return None
-        return started["stream_id"]
-
-    async def _start_item(self, session_id: str, item: dict[str, Any]) -> dict[str, Any]:
-        # The engine reads the item again under the session lock: what it sends is the
-        # latest edit, and the item leaves the queue in the turn's own append.
-        return await self.engine.start(session_id, item["text"], queue_id=item["queue_id"])
+        return await self.engine.start_queued(session_id, item)

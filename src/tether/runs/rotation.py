@@ -18,8 +18,8 @@ from tether import events as ev
 from tether.events import new_id
 from tether.ingest.normalizer import Normalizer
 from tether.log import Draft
-from tether.runs.engine import RunEngine
-from tether.runtimes.base import ProviderError
+from tether.runtimes.base import ProviderError, Runtime
+from tether.sessions.service import SessionService
 from tether.settings import Settings
 
 log = logging.getLogger("tether.runs")
@@ -33,12 +33,15 @@ def estimate_tokens(messages: list[dict[str, Any]]) -> int:
 
 
 class Rotator:
-    def __init__(self, engine: RunEngine, settings: Settings):
-        self.engine = engine
+    """The engine's `Rotation` (runs/engine.py): it acts on the sessions, not on the engine."""
+
+    def __init__(self, sessions: SessionService, runtime: Runtime, settings: Settings):
+        self.sessions = sessions
+        self.runtime = runtime
         self.settings = settings
 
     def _window(self) -> int | None:
-        return self.settings.context_window or self.engine.runtime.context_window
+        return self.settings.context_window or self.runtime.context_window
 
     def crossed(self, normalizer: Normalizer) -> bool:
         if normalizer.compressed:
@@ -63,11 +66,11 @@ class Rotator:
             return session_id
 
     async def rotate(self, parent_id: str) -> str:
-        fold = await self.engine.sessions.folds.get(parent_id)
+        fold = await self.sessions.folds.get(parent_id)
         messages = fold.transcript.context()["context_messages"]
-        summary = await self.engine.runtime.summarize(messages, None)
+        summary = await self.runtime.summarize(messages, None)
         return await continue_in(
-            self.engine,
+            self.sessions,
             parent_id,
             new_id("s"),
             create=True,
@@ -80,15 +83,15 @@ class Rotator:
 
 
 async def continue_in(
-    engine: RunEngine, parent_id: str, child_id: str, *, create: bool, **created: object
+    sessions: SessionService, parent_id: str, child_id: str, *, create: bool, **created: object
 ) -> str:
     """Make `parent_id` continue in `child_id` (created here, or already there): the child
     takes the parent's place in the sidebar without looking newer, the parent records
     `session.rotated`, queued messages move along. `created` goes into the child's
     `session.created` (its handoff, the agent session it drives)."""
-    store = engine.store
-    fold = await engine.sessions.folds.get(parent_id)
-    parent = await engine.sessions.row(parent_id)
+    store = sessions.store
+    fold = await sessions.folds.get(parent_id)
+    parent = await sessions.row(parent_id)
     assert parent is not None and fold.row is not None
     if create:
         await store.create_session(

@@ -40,7 +40,7 @@ from tether.log.errors import (
     StorageError,
     StreamClosed,
 )
-from tether.log.pg_fanout import CHANNEL, Fanout, payloads
+from tether.log.pg_fanout import Fanout, Notifier
 from tether.log.pg_schema import SCHEMA_LOCK, apply_migrations
 from tether.log.store import Draft, IndexFold, OpenStream
 from tether.log.subscriptions import Hub
@@ -153,6 +153,7 @@ class PostgresEventStore:
             url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": True}
         )
         self._fanout = Fanout(url, self._read_after, self._all_last_seqs, cursors, poll_seconds)
+        self._notifier = Notifier(url, self.replica_id)
         self._queue: asyncio.Queue[_Op | None] | None = None
         self._writer: asyncio.Task | None = None
         self._start_lock: asyncio.Lock | None = None
@@ -206,6 +207,7 @@ class PostgresEventStore:
             if self._writer is not None:
                 return
             await self._pool.open(wait=False)
+            self._notifier.start()
             self._queue = asyncio.Queue()
             self._writer = asyncio.get_running_loop().create_task(self._writer_loop())
 
@@ -257,29 +259,37 @@ class PostgresEventStore:
     async def _write_batch(self, batch: list[_Op]) -> None:
         outcomes: list[tuple[_Op, list[Event] | LogError]] = []
         work = _Batch()
+        durable = False
         try:
-            async with self._pool.connection() as conn, conn.transaction():
-                await self._lock_sessions(conn, batch, work)
-                await self._load_closed(conn, batch)
+            # One pipeline: BEGIN and the locking SELECT in one round trip, everything else
+            # and COMMIT in a second.
+            async with self._pool.connection() as conn, conn.pipeline() as pipe:
+                async with conn.transaction():
+                    await self._lock_sessions(conn, batch, work)
+                    await self._load_closed(conn, batch)
+                    for op in batch:
+                        try:
+                            if op.kind == "delete":
+                                await self._delete(conn, op.session_id, work)
+                                outcomes.append((op, []))
+                            else:
+                                outcomes.append((op, await self._insert(conn, op, work)))
+                        except LogError as exc:
+                            outcomes.append((op, exc))
+                    await self._flush(conn, work)
+                    announced = await self._finish(conn, work)
+                await pipe.sync()  # COMMIT returned: the batch is durable
+                durable = True
+        except Exception as exc:
+            if not durable:  # anything: the batch is rolled back whole, the writer lives on
+                if not isinstance(exc, psycopg.Error):
+                    log.exception("log writer: batch failed")
+                error = _storage_error("write", exc)
                 for op in batch:
-                    try:
-                        if op.kind == "delete":
-                            await self._delete(conn, op.session_id, work)
-                            outcomes.append((op, []))
-                        else:
-                            outcomes.append((op, await self._insert(conn, op, work)))
-                    except LogError as exc:
-                        outcomes.append((op, exc))
-                await self._flush(conn, work)
-                await self._finish(conn, work)
-        except Exception as exc:  # anything: the batch is rolled back whole, the writer lives on
-            if not isinstance(exc, psycopg.Error):
-                log.exception("log writer: batch failed")
-            error = _storage_error("write", exc)
-            for op in batch:
-                if not op.future.done():
-                    op.future.set_exception(error)
-            return
+                    if not op.future.done():
+                        op.future.set_exception(error)
+                return
+        self._notifier.announce(announced, [sid for sid in work.deleted if work.last[sid] is None])
         for stream_id, _ in work.closing_written:
             if len(self._closed_streams) > _CLOSED_STREAM_CACHE:
                 self._closed_streams.clear()
@@ -427,11 +437,12 @@ class PostgresEventStore:
     async def _flush(self, conn: psycopg.AsyncConnection, work: _Batch) -> None:
         """Write the rows gathered so far (before a delete, and at the end of the batch)."""
         async with conn.cursor() as cur:
-            if work.rows:
-                await cur.executemany(
+            if work.rows:  # one statement for the batch: rows keep their order (and ids)
+                await cur.execute(
                     f"INSERT INTO events ({_COLUMNS}, queue_id, search_text) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    work.rows,
+                    "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], "
+                    "%s::float8[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])",
+                    [list(column) for column in zip(*work.rows, strict=True)],
                 )
             if work.uploads:
                 await cur.executemany(
@@ -461,9 +472,9 @@ class PostgresEventStore:
         work.touched.add(sid)
         work.deleted.append(sid)
 
-    async def _finish(self, conn: psycopg.AsyncConnection, work: _Batch) -> None:
+    async def _finish(self, conn: psycopg.AsyncConnection, work: _Batch) -> dict[str, int]:
         """Write each touched session's counter row and index state, free the rows of creates
-        that failed, and announce the commit (the NOTIFY is sent when it commits)."""
+        that failed; return the new last seqs to announce."""
         updates = []
         gone = []
         for sid in sorted(work.touched | work.placeholders):
@@ -473,19 +484,18 @@ class PostgresEventStore:
             else:
                 state = work.state[sid]
                 encoded = None if state is None else _dumps(state)
-                updates.append((last, encoded, last, sid))
+                updates.append((sid, last, encoded))
         async with conn.cursor() as cur:
             if updates:
-                await cur.executemany(
-                    "UPDATE sessions SET last_seq=%s, state=%s, state_seq=%s WHERE session_id=%s",
-                    updates,
+                await cur.execute(
+                    "UPDATE sessions SET last_seq=u.last, state=u.state, state_seq=u.last "
+                    "FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS u(sid, last, state) "
+                    "WHERE sessions.session_id = u.sid",
+                    [list(column) for column in zip(*updates, strict=True)],
                 )
             if gone:
                 await cur.execute("DELETE FROM sessions WHERE session_id = ANY(%s)", (gone,))
-            announced = {u[3]: u[0] for u in updates}
-            deleted = [sid for sid in work.deleted if work.last[sid] is None]
-            for payload in payloads(self.replica_id, announced, deleted):
-                await cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+        return {u[0]: u[1] for u in updates}
 
     # -- reads ------------------------------------------------------------------------------
     async def _rows(self, sql: str, params: tuple) -> list[tuple]:
@@ -504,8 +514,15 @@ class PostgresEventStore:
         )
         return [_row_to_event(row) for row in rows]
 
-    async def _read_after(self, session_id: str, after: int) -> list[Event]:
-        return await self.read(session_id, after)
+    async def _read_after(self, cursors: dict[str, int]) -> list[Event]:
+        """What follows each session's cursor, in one query (the fan-out's catch-up)."""
+        rows = await self._rows(
+            f"SELECT {', '.join('e.' + c for c in _COLUMNS.split(', '))} FROM events e "
+            "JOIN unnest(%s::text[], %s::bigint[]) AS c(sid, after) "
+            "ON e.session_id = c.sid AND e.seq > c.after ORDER BY e.session_id, e.seq",
+            (list(cursors), list(cursors.values())),
+        )
+        return [_row_to_event(row) for row in rows]
 
     async def _all_last_seqs(self) -> dict[str, int]:
         return dict(await self._rows("SELECT session_id, last_seq FROM sessions", ()))
@@ -577,6 +594,7 @@ class PostgresEventStore:
             self._queue.put_nowait(None)
             with contextlib.suppress(Exception):
                 await self._writer
+        await self._notifier.stop()
         await self._fanout.stop()
         await self._pool.close()
 

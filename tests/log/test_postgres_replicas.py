@@ -10,12 +10,13 @@ import asyncio
 import json
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from pg import database
+from pg import database, private_server
 
 from tether.events import Event
-from tether.log import Draft, Hub
+from tether.log import Draft, Hub, StorageError
 from tether.log.pg_fanout import PAYLOAD_LIMIT, payloads
 from tether.log.postgres import PostgresEventStore
 
@@ -136,6 +137,57 @@ def test_a_follower_whose_listen_connection_is_killed_catches_up_from_its_cursor
         await follower.aclose()
 
     asyncio.run(main())
+
+
+def test_followers_catch_up_after_the_database_restarts_mid_stream(tmp_path: Path) -> None:
+    """PostgreSQL restarted (fast shutdown: every connection cut) while a replica appends and
+    another follows: appends fail with StorageError while it is away and nothing
+    acknowledged is lost; the follower's LISTEN connection comes back and its hub hears every
+    event of the log once, in order."""
+    with private_server(tmp_path) as server:
+
+        async def main() -> None:
+            writer, follower = open_store(server.url, "writer"), open_store(server.url, "f")
+            hub = Hub(asyncio.get_running_loop())
+            follower.attach_hub(hub)
+            await follower.wait_listening()
+            heard: list[int] = []
+            sub = hub.subscribe("s1")
+            await writer.create_session("s1", [Draft("session.created", {})])
+            acked: dict[int, int] = {}
+            refused = 0
+            restart = None
+            i = 0
+            while i < 300:
+                if i == 100:
+                    restart = asyncio.create_task(asyncio.to_thread(server.restart))
+                try:
+                    (event,) = await writer.append("s1", [Draft("text.delta", {"i": i})])
+                    acked[event.seq] = i
+                    i += 1
+                except StorageError:
+                    refused += 1
+                    await asyncio.sleep(0.05)
+                heard.extend(e.seq for e in sub.take())
+            assert restart is not None
+            await restart
+            assert refused > 0  # the restart did cut the writer off
+            last = await writer.last_seq("s1")
+            assert last is not None
+            logged = await writer.read("s1")
+            assert [e.seq for e in logged] == list(range(1, last + 1))
+            by_seq = {e.seq: e.data.get("i") for e in logged}
+            assert all(by_seq[seq] == n for seq, n in acked.items())  # nothing acked lost
+            while len(heard) < last:
+                batch = await sub.next_batch(15)
+                assert batch, f"the follower stalled at {len(heard)} of {last}"
+                heard.extend(e.seq for e in batch)
+            assert heard == list(range(1, last + 1))
+            sub.close()
+            await writer.aclose()
+            await follower.aclose()
+
+        asyncio.run(main())
 
 
 def test_a_notification_names_sessions_and_seqs_within_notify_limit() -> None:

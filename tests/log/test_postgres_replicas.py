@@ -17,6 +17,7 @@ from pg import database, private_server
 
 from tether.events import Event
 from tether.log import Draft, Hub, StorageError
+from tether.log.errors import SessionOccupied
 from tether.log.pg_fanout import PAYLOAD_LIMIT, payloads
 from tether.log.postgres import PostgresEventStore
 
@@ -188,6 +189,49 @@ def test_followers_catch_up_after_the_database_restarts_mid_stream(tmp_path: Pat
             await follower.aclose()
 
         asyncio.run(main())
+
+
+def turn(n: int) -> Draft:
+    data = {"turn_id": f"u{n}", "stream_id": f"r{n}", "text": f"turn {n}", "attachments": []}
+    return Draft("turn.submitted", data, f"r{n}", f"u{n}", admits_run=True)
+
+
+def test_admission_is_decided_by_the_database_one_unfinished_run_per_session(url: str) -> None:
+    """Layer: runs admission (contract invariant 9's `busy`, across replicas): of thirty
+    turns submitted at once through three replicas, one is admitted and every other is
+    refused with the winner's stream; once it has its run.finished, the next is admitted."""
+
+    async def main() -> None:
+        stores = [open_store(url, f"r{n}") for n in range(3)]
+        await stores[0].create_session("s1", [Draft("session.created", {})])
+        outcomes = await asyncio.gather(
+            *(stores[n % 3].append("s1", [turn(n)]) for n in range(30)), return_exceptions=True
+        )
+        admitted = [o for o in outcomes if isinstance(o, list)]
+        assert len(admitted) == 1
+        winner = admitted[0][0].stream_id
+        refusals = [o for o in outcomes if not isinstance(o, list)]
+        assert all(isinstance(o, SessionOccupied) for o in refusals) and len(refusals) == 29
+        assert {
+            o.extra["active_stream_id"] for o in refusals if isinstance(o, SessionOccupied)
+        } == {winner}
+        types = [e.type for e in await stores[1].read("s1")]
+        assert types == ["session.created", "turn.submitted"]  # refused turns wrote nothing
+        # other events of the open run, and of the session, go on
+        await stores[1].append("s1", [Draft("text.delta", {"text": "hi"}, winner)])
+        await stores[2].append("s1", [Draft("run.finished", {"state": "completed"}, winner)])
+        assert [e.stream_id for e in await stores[2].append("s1", [turn(99)])] == ["r99"]
+        with pytest.raises(SessionOccupied):
+            await stores[0].append("s1", [turn(100)])
+        # a turn and its own run.finished in one batch, then the next: both admitted
+        await asyncio.gather(
+            stores[0].append("s1", [Draft("run.finished", {"state": "cancelled"}, "r99")]),
+            stores[0].append("s1", [turn(101)]),
+        )
+        for store in stores:
+            await store.aclose()
+
+    asyncio.run(main())
 
 
 def test_a_notification_names_sessions_and_seqs_within_notify_limit() -> None:

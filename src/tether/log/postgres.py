@@ -12,6 +12,11 @@ seqs; publication to the Hub goes through log/pg_fanout.py, with the log as the 
 Durability: PostgreSQL's default `synchronous_commit=on`, so COMMIT returns once the WAL is
 flushed: an acknowledged append survives `kill -9` of the replica and of the database server.
 
+Admission is the database's too: the counter row names the session's unfinished run
+(`open_stream`, set by its `turn.submitted`, cleared by its `run.finished`), so a second
+`turn.submitted` with a stream is refused with SessionOccupied (409 `session_busy`) whichever
+replica sends it, in the same locked transaction.
+
 Reads go to the database (a connection pool), never to process memory: another replica may
 have written since. The only cache is of streams known to be finished, which stays true.
 """
@@ -37,6 +42,7 @@ from tether.log.errors import (
     LogError,
     SessionExists,
     SessionNotFound,
+    SessionOccupied,
     StorageError,
     StreamClosed,
 )
@@ -113,6 +119,7 @@ class _Batch:
         self.closing: list[tuple[str, str]] = []  # (stream, session) not written yet
         self.closing_written: list[tuple[str, str]] = []
         self.closed: set[str] = set()
+        self.open: dict[str, str | None] = {}  # each session's unfinished run (admission)
         self.touched: set[str] = set()
         self.deleted: list[str] = []
 
@@ -314,13 +321,14 @@ class PostgresEventStore:
         another replica's batch), then insert the rows of new sessions, in the same order."""
         sids = sorted({op.session_id for op in batch})
         cur = await conn.execute(
-            "SELECT session_id, last_seq, state FROM sessions WHERE session_id = ANY(%s) "
-            "ORDER BY session_id FOR UPDATE",
+            "SELECT session_id, last_seq, state, open_stream FROM sessions "
+            "WHERE session_id = ANY(%s) ORDER BY session_id FOR UPDATE",
             (sids,),
         )
-        for sid, last, state in await cur.fetchall():
+        for sid, last, state, open_stream in await cur.fetchall():
             work.last[sid] = last
             work.state[sid] = None if state is None else json.loads(state)
+            work.open[sid] = open_stream
         creating = sorted({op.session_id for op in batch if op.kind == "create"} - set(work.last))
         for sid in creating:
             cur = await conn.execute(
@@ -334,14 +342,18 @@ class PostgresEventStore:
                 work.state[sid] = None
             else:  # another replica created it meanwhile (and has committed by now)
                 cur = await conn.execute(
-                    "SELECT last_seq, state FROM sessions WHERE session_id=%s FOR UPDATE", (sid,)
+                    "SELECT last_seq, state, open_stream FROM sessions WHERE session_id=%s "
+                    "FOR UPDATE",
+                    (sid,),
                 )
                 row = await cur.fetchone()
                 work.last[sid] = None if row is None else row[0]
                 work.state[sid] = None if row is None or row[1] is None else json.loads(row[1])
+                work.open[sid] = None if row is None else row[2]
         for sid in sids:
             work.last.setdefault(sid, None)
             work.state.setdefault(sid, None)
+            work.open.setdefault(sid, None)
 
     async def _load_closed(self, conn: psycopg.AsyncConnection, batch: list[_Op]) -> None:
         """Which of the batch's streams are finished, read after the sessions were locked (a
@@ -369,6 +381,7 @@ class PostgresEventStore:
         elif last is None:
             raise SessionNotFound(sid)
         finishing: set[str] = set()
+        open_stream = work.open.get(sid)
         for draft in op.drafts:
             if draft.stream_id is not None:
                 stream = draft.stream_id
@@ -376,6 +389,12 @@ class PostgresEventStore:
                     raise StreamClosed(stream)
                 if draft.type == RUN_FINISHED:
                     finishing.add(stream)
+                    if stream == open_stream:
+                        open_stream = None
+                elif draft.type == TURN_SUBMITTED and open_stream != stream:
+                    if draft.admits_run and open_stream is not None:  # one run per session
+                        raise SessionOccupied(sid, open_stream)
+                    open_stream = stream
         payloads_ = [_encode(sid, draft) for draft in op.drafts]  # refuse before writing
         uploads = [await self._uploads(conn, sid, d, work) for d in op.drafts]
         now = self._clock()
@@ -408,6 +427,7 @@ class PostgresEventStore:
             work.closed.add(stream_id)
         work.last[sid] = last
         work.state[sid] = state
+        work.open[sid] = open_stream
         work.touched.add(sid)
         return events
 
@@ -469,6 +489,7 @@ class PostgresEventStore:
         work.closing_written = [(s, owner) for s, owner in work.closing_written if owner != sid]
         work.last[sid] = None
         work.state[sid] = None
+        work.open[sid] = None
         work.touched.add(sid)
         work.deleted.append(sid)
 
@@ -484,13 +505,13 @@ class PostgresEventStore:
             else:
                 state = work.state[sid]
                 encoded = None if state is None else _dumps(state)
-                updates.append((sid, last, encoded))
+                updates.append((sid, last, encoded, work.open[sid]))
         async with conn.cursor() as cur:
             if updates:
                 await cur.execute(
-                    "UPDATE sessions SET last_seq=u.last, state=u.state, state_seq=u.last "
-                    "FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS u(sid, last, state) "
-                    "WHERE sessions.session_id = u.sid",
+                    "UPDATE sessions SET last_seq=u.last, state=u.state, state_seq=u.last, "
+                    "open_stream=u.open FROM unnest(%s::text[], %s::bigint[], %s::text[], "
+                    "%s::text[]) AS u(sid, last, state, open) WHERE sessions.session_id = u.sid",
                     [list(column) for column in zip(*updates, strict=True)],
                 )
             if gone:

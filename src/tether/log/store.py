@@ -39,6 +39,10 @@ class Draft:
     # New uploads this event refers to: attachment id -> the blob (SHA-256) holding its bytes.
     # Kept beside the event (log/owners.py), never in it.
     blobs: dict[str, str] = field(default_factory=dict)
+    # A `turn.submitted` that starts a run: a backend shared by several processes refuses it
+    # with SessionOccupied while the session has an unfinished run (log/postgres.py). The
+    # SQLite backend serves one process, whose run registry refuses first (runs/engine.py).
+    admits_run: bool = False
 
 
 class OpenStream(NamedTuple):

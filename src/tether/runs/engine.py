@@ -128,6 +128,7 @@ class RunEngine:
                     stream_id=run.stream_id,
                     turn_id=run.turn_id,
                     blobs=blobs,
+                    admits_run=True,  # several replicas: the database admits (SessionOccupied)
                 )
                 try:
                     await self.store.append(session_id, [draft])

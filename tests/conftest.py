@@ -8,7 +8,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import pg  # noqa: E402
+
 from helpers import ServerProcess, running_server  # noqa: E402
+
+
+def pytest_report_header() -> str:
+    """Whether the PostgreSQL backend's tests will run, said before any test does (they are
+    skipped without a server, never silently)."""
+    return pg.unavailable() or f"postgresql: tests run against {pg.SERVER}"
 
 
 @pytest.fixture

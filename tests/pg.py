@@ -8,10 +8,16 @@ skipped with a printed reason (pytest -rs shows it), never silently.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import socket
+import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -25,13 +31,15 @@ def _admin():  # noqa: ANN202
     return psycopg.connect(SERVER, autocommit=True, connect_timeout=3)
 
 
-def unavailable() -> str | None:
+def unavailable(check_server: bool = True) -> str | None:
     """Why the PostgreSQL tests cannot run here (None: they can)."""
     try:
         import psycopg  # noqa: F401
         import psycopg_pool  # noqa: F401
     except ImportError as exc:
         return f"PostgreSQL tests skipped: the postgres extra is not installed ({exc})"
+    if not check_server:
+        return None
     try:
         with _admin():
             return None
@@ -69,3 +77,79 @@ def database() -> Iterator[str]:
         yield url
     finally:
         drop_database(name)
+
+
+# -- a PostgreSQL server of the test's own, for faults the shared one must not suffer ---------
+
+
+class PrivateServer:
+    """A throwaway PostgreSQL cluster in a temporary directory, from the Debian binaries, run
+    as the `postgres` user when the tests run as root (initdb refuses root). `restart()` stops
+    it the way an operator's restart does (fast shutdown: connections are cut) and starts it
+    again on the same port."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.data = root / "cluster"
+        self.port = _free_port()
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str) -> None:
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run([*prefix, *args], check=True, capture_output=True, timeout=120)
+
+    def start(self) -> None:
+        self._run(
+            str(_BIN / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-w",
+            "-l",
+            str(self.root / "log"),
+            "-o",
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=on",
+            "start",
+        )
+
+    def stop(self) -> None:
+        self._run(str(_BIN / "pg_ctl"), "-D", str(self.data), "-w", "-m", "fast", "stop")
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+_BIN = _BIN_DIRS[-1] if _BIN_DIRS else Path("/nonexistent")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def private_server(tmp_path: Path) -> Iterator[PrivateServer]:
+    """A PostgreSQL server of this test's own; skips (with the reason printed) without the
+    binaries or a way to run them."""
+    reason = unavailable(check_server=False)
+    if reason is None and not (_BIN / "initdb").exists():
+        reason = "PostgreSQL tests skipped: no PostgreSQL binaries to start a private server"
+    if reason is None and os.geteuid() == 0 and shutil.which("runuser") is None:
+        reason = "PostgreSQL tests skipped: running as root without runuser"
+    if reason is not None:
+        print(reason)
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix="tether-pg-", dir="/tmp"))  # short: the socket path
+    server = PrivateServer(root)
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
+    server._run(str(_BIN / "initdb"), "-D", str(server.data), "-A", "trust", "-U", "postgres")
+    server.start()
+    try:
+        yield server
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            server.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,7 +1,8 @@
 """Several `tether serve` processes on one PostgreSQL database, and the one-process rule of
 the embedded SQLite default (docs/api.md §1, docs/operations.md). Layer: the log and the
 event stream; contract "run-journal sequence publication" across processes: a run started on
-one replica is followed live on another, and a follower that reconnects with Last-Event-ID
+one replica is followed live on another, a second run is refused by any replica while one is
+unfinished (admission in the database), and a follower that reconnects with Last-Event-ID
 (to either replica) gets every event after its cursor, none missing, none twice."""
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ def test_a_run_started_on_one_replica_is_followed_on_another_without_gap_or_dupl
         sid = new_session(on_a, "across replicas")
         assert on_b.get("/api/session", params={"session_id": sid}).status_code == 200
         started = start_turn(on_a, sid, "count these words please")
+        # Admission is the database's: B refuses a second run while A's is unfinished.
+        busy = on_b.post("/api/chat/start", json={"session_id": sid, "message": "me too"})
+        assert busy.status_code == 409, busy.text
+        assert busy.json()["code"] == "session_busy"
+        assert busy.json()["active_stream_id"] == started["stream_id"]
         # B follows live from the start, and drops the connection mid-run ...
         first = read_events(on_b, sid, after="0", until_seq=8, timeout=20)
         cursor = seqs(first)[-1]
@@ -71,6 +77,10 @@ def test_a_run_started_on_one_replica_is_followed_on_another_without_gap_or_dupl
             what="the session in B's list",
         )
         assert listed[0]["title"] == "across replicas"
+        # Once A's run finished, B admits the next turn (and B runs it).
+        again = start_turn(on_b, sid, "and now from B")
+        done = read_events(on_a, sid, after=str(whole[-1]), stop_on="run.finished", timeout=60)
+        assert done[-1].json["stream_id"] == again["stream_id"]
 
 
 def test_a_second_server_on_the_same_sqlite_data_directory_is_refused(tmp_path: Path) -> None:

@@ -10,12 +10,14 @@ import asyncio
 import json
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from pg import database
+from pg import database, private_server
 
 from tether.events import Event
-from tether.log import Draft, Hub
+from tether.log import Draft, Hub, StorageError
+from tether.log.errors import SessionOccupied
 from tether.log.pg_fanout import PAYLOAD_LIMIT, payloads
 from tether.log.postgres import PostgresEventStore
 
@@ -134,6 +136,100 @@ def test_a_follower_whose_listen_connection_is_killed_catches_up_from_its_cursor
         assert await heard == list(range(1, 202))
         await writer.aclose()
         await follower.aclose()
+
+    asyncio.run(main())
+
+
+def test_followers_catch_up_after_the_database_restarts_mid_stream(tmp_path: Path) -> None:
+    """PostgreSQL restarted (fast shutdown: every connection cut) while a replica appends and
+    another follows: appends fail with StorageError while it is away and nothing
+    acknowledged is lost; the follower's LISTEN connection comes back and its hub hears every
+    event of the log once, in order."""
+    with private_server(tmp_path) as server:
+
+        async def main() -> None:
+            writer, follower = open_store(server.url, "writer"), open_store(server.url, "f")
+            hub = Hub(asyncio.get_running_loop())
+            follower.attach_hub(hub)
+            await follower.wait_listening()
+            heard: list[int] = []
+            sub = hub.subscribe("s1")
+            await writer.create_session("s1", [Draft("session.created", {})])
+            acked: dict[int, int] = {}
+            refused = 0
+            restart = None
+            i = 0
+            while i < 300:
+                if i == 100:
+                    restart = asyncio.create_task(asyncio.to_thread(server.restart))
+                try:
+                    (event,) = await writer.append("s1", [Draft("text.delta", {"i": i})])
+                    acked[event.seq] = i
+                    i += 1
+                except StorageError:
+                    refused += 1
+                    await asyncio.sleep(0.05)
+                heard.extend(e.seq for e in sub.take())
+            assert restart is not None
+            await restart
+            assert refused > 0  # the restart did cut the writer off
+            last = await writer.last_seq("s1")
+            assert last is not None
+            logged = await writer.read("s1")
+            assert [e.seq for e in logged] == list(range(1, last + 1))
+            by_seq = {e.seq: e.data.get("i") for e in logged}
+            assert all(by_seq[seq] == n for seq, n in acked.items())  # nothing acked lost
+            while len(heard) < last:
+                batch = await sub.next_batch(15)
+                assert batch, f"the follower stalled at {len(heard)} of {last}"
+                heard.extend(e.seq for e in batch)
+            assert heard == list(range(1, last + 1))
+            sub.close()
+            await writer.aclose()
+            await follower.aclose()
+
+        asyncio.run(main())
+
+
+def turn(n: int) -> Draft:
+    data = {"turn_id": f"u{n}", "stream_id": f"r{n}", "text": f"turn {n}", "attachments": []}
+    return Draft("turn.submitted", data, f"r{n}", f"u{n}", admits_run=True)
+
+
+def test_admission_is_decided_by_the_database_one_unfinished_run_per_session(url: str) -> None:
+    """Layer: runs admission (contract invariant 9's `busy`, across replicas): of thirty
+    turns submitted at once through three replicas, one is admitted and every other is
+    refused with the winner's stream; once it has its run.finished, the next is admitted."""
+
+    async def main() -> None:
+        stores = [open_store(url, f"r{n}") for n in range(3)]
+        await stores[0].create_session("s1", [Draft("session.created", {})])
+        outcomes = await asyncio.gather(
+            *(stores[n % 3].append("s1", [turn(n)]) for n in range(30)), return_exceptions=True
+        )
+        admitted = [o for o in outcomes if isinstance(o, list)]
+        assert len(admitted) == 1
+        winner = admitted[0][0].stream_id
+        refusals = [o for o in outcomes if not isinstance(o, list)]
+        assert all(isinstance(o, SessionOccupied) for o in refusals) and len(refusals) == 29
+        assert {
+            o.extra["active_stream_id"] for o in refusals if isinstance(o, SessionOccupied)
+        } == {winner}
+        types = [e.type for e in await stores[1].read("s1")]
+        assert types == ["session.created", "turn.submitted"]  # refused turns wrote nothing
+        # other events of the open run, and of the session, go on
+        await stores[1].append("s1", [Draft("text.delta", {"text": "hi"}, winner)])
+        await stores[2].append("s1", [Draft("run.finished", {"state": "completed"}, winner)])
+        assert [e.stream_id for e in await stores[2].append("s1", [turn(99)])] == ["r99"]
+        with pytest.raises(SessionOccupied):
+            await stores[0].append("s1", [turn(100)])
+        # a turn and its own run.finished in one batch, then the next: both admitted
+        await asyncio.gather(
+            stores[0].append("s1", [Draft("run.finished", {"state": "cancelled"}, "r99")]),
+            stores[0].append("s1", [turn(101)]),
+        )
+        for store in stores:
+            await store.aclose()
 
     asyncio.run(main())
 

@@ -1,7 +1,7 @@
 """Errors the log raises. The ones a client can meet are in the API's error family
 (`tether.errors`), with their code and status; the others stay inside the server."""
 
-from tether.errors import ApiError, InvalidRequest
+from tether.errors import ApiError, InvalidRequest, SessionBusy
 
 
 class LogError(Exception):
@@ -22,6 +22,15 @@ class SessionNotFound(LogError, ApiError):
 
 class SessionExists(LogError):
     pass
+
+
+class SessionOccupied(LogError, SessionBusy):
+    """A new run's `turn.submitted` while the session's log has an unfinished run (a backend
+    shared by several processes decides admission in the database: log/postgres.py)."""
+
+    def __init__(self, session_id: str, stream_id: str):
+        SessionBusy.__init__(self, "A run is still using this session.", active_stream_id=stream_id)
+        self.session_id, self.stream_id = session_id, stream_id
 
 
 class StreamClosed(LogError):

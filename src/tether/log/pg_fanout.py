@@ -29,7 +29,7 @@ log = logging.getLogger("tether.log")
 CHANNEL = "tether_log"
 PAYLOAD_LIMIT = 7000  # bytes; NOTIFY refuses payloads of 8000 bytes or more
 
-Reader = Callable[[str, int], Awaitable[list[Event]]]
+Reader = Callable[[dict[str, int]], Awaitable[list[Event]]]  # {sid: after} -> events
 LastSeqs = Callable[[], Awaitable[dict[str, int]]]
 
 
@@ -61,6 +61,70 @@ def payloads(replica: str, seqs: dict[str, int], deleted: list[str]) -> list[str
         size += cost
     flush()
     return out
+
+
+class Notifier:
+    """Sends this replica's wake-ups, off the writer's path, on a connection of its own.
+
+    Not inside the batch's transaction: PostgreSQL holds one database-wide lock from a
+    notifying transaction's commit until its WAL flush is done, which would serialise every
+    replica's commits. Not in the writer's round trips either: the writer hands the new last
+    seqs over and goes on, and announcements made while one NOTIFY is on its way are merged
+    into the next. The wake-up need not be durable (a lost one costs the slow poll's latency),
+    so its transaction skips the WAL flush."""
+
+    def __init__(self, conninfo: str, replica: str):
+        self._conninfo = conninfo
+        self._replica = replica
+        self._seqs: dict[str, int] = {}
+        self._deleted: list[str] = []
+        self._woken = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._send_forever())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    def announce(self, seqs: dict[str, int], deleted: list[str]) -> None:
+        for sid, seq in seqs.items():
+            self._seqs[sid] = max(seq, self._seqs.get(sid, 0))
+        self._deleted.extend(deleted)
+        if seqs or deleted:
+            self._woken.set()
+
+    async def _send_forever(self) -> None:
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self._conninfo, autocommit=True
+                ) as conn:
+                    while True:
+                        await self._woken.wait()
+                        self._woken.clear()
+                        seqs, deleted = self._seqs, self._deleted
+                        self._seqs, self._deleted = {}, []
+                        try:
+                            async with conn.pipeline(), conn.transaction():
+                                await conn.execute("SET LOCAL synchronous_commit = off")
+                                for payload in payloads(self._replica, seqs, deleted):
+                                    await conn.execute(
+                                        "SELECT pg_notify(%s, %s)", (CHANNEL, payload)
+                                    )
+                        except BaseException:
+                            self.announce(seqs, deleted)  # sent with the next one
+                            raise
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("log fan-out: could not notify (%s); retrying", exc)
+                await asyncio.sleep(0.5)
 
 
 class Fanout:
@@ -106,11 +170,18 @@ class Fanout:
             by_session: dict[str, list[Event]] = {}
             for event in events:
                 by_session.setdefault(event.session_id, []).append(event)
+            gaps = {  # another replica committed in between
+                sid: self._published.get(sid, 0)
+                for sid, mine in by_session.items()
+                if mine[0].seq > self._published.get(sid, 0) + 1
+            }
+            before: dict[str, list[Event]] = {}
+            for event in await self._read(gaps) if gaps else []:
+                before.setdefault(event.session_id, []).append(event)
             out: list[Event] = []
             for sid, mine in by_session.items():
                 done = self._published.get(sid, 0)
-                if mine[0].seq > done + 1:  # another replica committed in between
-                    out.extend(e for e in await self._read(sid, done) if e.seq < mine[0].seq)
+                out.extend(e for e in before.get(sid, ()) if done < e.seq < mine[0].seq)
                 out.extend(e for e in mine if e.seq > done)
                 self._published[sid] = max(done, mine[-1].seq)
             self._emit(out, deleted)
@@ -123,15 +194,14 @@ class Fanout:
             if seqs is None:
                 seqs = await self._last_seqs()
                 deleted = [sid for sid in self._published if sid not in seqs]
-            out: list[Event] = []
-            for sid, last in seqs.items():
-                done = self._published.get(sid, 0)
-                if last <= done:
-                    continue
-                events = [e for e in await self._read(sid, done) if e.seq > done]
-                if events:
-                    out.extend(events)
-                    self._published[sid] = events[-1].seq
+            behind = {
+                sid: self._published.get(sid, 0)
+                for sid, last in seqs.items()
+                if last > self._published.get(sid, 0)
+            }
+            out = await self._read(behind) if behind else []  # one query, in seq order per session
+            for event in out:
+                self._published[event.session_id] = event.seq
             gone = [sid for sid in deleted if sid in self._published or complete]
             self._emit(out, gone)
 

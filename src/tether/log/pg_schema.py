@@ -90,6 +90,25 @@ def m001_events(db: psycopg.Connection) -> None:
     db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
 
 
+@migration
+def m002_open_stream(db: psycopg.Connection) -> None:
+    """Admission in the database: the counter row names the session's unfinished run (its
+    `turn.submitted` stream until its `run.finished`), kept in the transaction that writes
+    them, so one run per session holds whichever replica admits it."""
+    db.execute("ALTER TABLE sessions ADD COLUMN open_stream TEXT")
+    db.execute(
+        """
+        UPDATE sessions s SET open_stream = (
+            SELECT t.stream_id FROM events t
+            WHERE t.session_id = s.session_id AND t.type = 'turn.submitted'
+              AND t.stream_id IS NOT NULL
+              AND NOT EXISTS (SELECT 1 FROM closed_streams c WHERE c.stream_id = t.stream_id)
+            ORDER BY t.id DESC LIMIT 1
+        )
+        """
+    )
+
+
 def apply_migrations(db: psycopg.Connection) -> list[str]:
     """Apply what is missing, each in its own transaction; return the names applied.
     `db` is in autocommit mode: transactions are explicit."""

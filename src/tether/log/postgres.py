@@ -12,6 +12,11 @@ seqs; publication to the Hub goes through log/pg_fanout.py, with the log as the 
 Durability: PostgreSQL's default `synchronous_commit=on`, so COMMIT returns once the WAL is
 flushed: an acknowledged append survives `kill -9` of the replica and of the database server.
 
+Admission is the database's too: the counter row names the session's unfinished run
+(`open_stream`, set by its `turn.submitted`, cleared by its `run.finished`), so a second
+`turn.submitted` with a stream is refused with SessionOccupied (409 `session_busy`) whichever
+replica sends it, in the same locked transaction.
+
 Reads go to the database (a connection pool), never to process memory: another replica may
 have written since. The only cache is of streams known to be finished, which stays true.
 """
@@ -37,10 +42,11 @@ from tether.log.errors import (
     LogError,
     SessionExists,
     SessionNotFound,
+    SessionOccupied,
     StorageError,
     StreamClosed,
 )
-from tether.log.pg_fanout import CHANNEL, Fanout, payloads
+from tether.log.pg_fanout import Fanout, Notifier
 from tether.log.pg_schema import SCHEMA_LOCK, apply_migrations
 from tether.log.store import Draft, IndexFold, OpenStream
 from tether.log.subscriptions import Hub
@@ -113,6 +119,7 @@ class _Batch:
         self.closing: list[tuple[str, str]] = []  # (stream, session) not written yet
         self.closing_written: list[tuple[str, str]] = []
         self.closed: set[str] = set()
+        self.open: dict[str, str | None] = {}  # each session's unfinished run (admission)
         self.touched: set[str] = set()
         self.deleted: list[str] = []
 
@@ -153,6 +160,7 @@ class PostgresEventStore:
             url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": True}
         )
         self._fanout = Fanout(url, self._read_after, self._all_last_seqs, cursors, poll_seconds)
+        self._notifier = Notifier(url, self.replica_id)
         self._queue: asyncio.Queue[_Op | None] | None = None
         self._writer: asyncio.Task | None = None
         self._start_lock: asyncio.Lock | None = None
@@ -206,6 +214,7 @@ class PostgresEventStore:
             if self._writer is not None:
                 return
             await self._pool.open(wait=False)
+            self._notifier.start()
             self._queue = asyncio.Queue()
             self._writer = asyncio.get_running_loop().create_task(self._writer_loop())
 
@@ -257,29 +266,37 @@ class PostgresEventStore:
     async def _write_batch(self, batch: list[_Op]) -> None:
         outcomes: list[tuple[_Op, list[Event] | LogError]] = []
         work = _Batch()
+        durable = False
         try:
-            async with self._pool.connection() as conn, conn.transaction():
-                await self._lock_sessions(conn, batch, work)
-                await self._load_closed(conn, batch)
+            # One pipeline: BEGIN and the locking SELECT in one round trip, everything else
+            # and COMMIT in a second.
+            async with self._pool.connection() as conn, conn.pipeline() as pipe:
+                async with conn.transaction():
+                    await self._lock_sessions(conn, batch, work)
+                    await self._load_closed(conn, batch)
+                    for op in batch:
+                        try:
+                            if op.kind == "delete":
+                                await self._delete(conn, op.session_id, work)
+                                outcomes.append((op, []))
+                            else:
+                                outcomes.append((op, await self._insert(conn, op, work)))
+                        except LogError as exc:
+                            outcomes.append((op, exc))
+                    await self._flush(conn, work)
+                    announced = await self._finish(conn, work)
+                await pipe.sync()  # COMMIT returned: the batch is durable
+                durable = True
+        except Exception as exc:
+            if not durable:  # anything: the batch is rolled back whole, the writer lives on
+                if not isinstance(exc, psycopg.Error):
+                    log.exception("log writer: batch failed")
+                error = _storage_error("write", exc)
                 for op in batch:
-                    try:
-                        if op.kind == "delete":
-                            await self._delete(conn, op.session_id, work)
-                            outcomes.append((op, []))
-                        else:
-                            outcomes.append((op, await self._insert(conn, op, work)))
-                    except LogError as exc:
-                        outcomes.append((op, exc))
-                await self._flush(conn, work)
-                await self._finish(conn, work)
-        except Exception as exc:  # anything: the batch is rolled back whole, the writer lives on
-            if not isinstance(exc, psycopg.Error):
-                log.exception("log writer: batch failed")
-            error = _storage_error("write", exc)
-            for op in batch:
-                if not op.future.done():
-                    op.future.set_exception(error)
-            return
+                    if not op.future.done():
+                        op.future.set_exception(error)
+                return
+        self._notifier.announce(announced, [sid for sid in work.deleted if work.last[sid] is None])
         for stream_id, _ in work.closing_written:
             if len(self._closed_streams) > _CLOSED_STREAM_CACHE:
                 self._closed_streams.clear()
@@ -304,13 +321,14 @@ class PostgresEventStore:
         another replica's batch), then insert the rows of new sessions, in the same order."""
         sids = sorted({op.session_id for op in batch})
         cur = await conn.execute(
-            "SELECT session_id, last_seq, state FROM sessions WHERE session_id = ANY(%s) "
-            "ORDER BY session_id FOR UPDATE",
+            "SELECT session_id, last_seq, state, open_stream FROM sessions "
+            "WHERE session_id = ANY(%s) ORDER BY session_id FOR UPDATE",
             (sids,),
         )
-        for sid, last, state in await cur.fetchall():
+        for sid, last, state, open_stream in await cur.fetchall():
             work.last[sid] = last
             work.state[sid] = None if state is None else json.loads(state)
+            work.open[sid] = open_stream
         creating = sorted({op.session_id for op in batch if op.kind == "create"} - set(work.last))
         for sid in creating:
             cur = await conn.execute(
@@ -324,14 +342,18 @@ class PostgresEventStore:
                 work.state[sid] = None
             else:  # another replica created it meanwhile (and has committed by now)
                 cur = await conn.execute(
-                    "SELECT last_seq, state FROM sessions WHERE session_id=%s FOR UPDATE", (sid,)
+                    "SELECT last_seq, state, open_stream FROM sessions WHERE session_id=%s "
+                    "FOR UPDATE",
+                    (sid,),
                 )
                 row = await cur.fetchone()
                 work.last[sid] = None if row is None else row[0]
                 work.state[sid] = None if row is None or row[1] is None else json.loads(row[1])
+                work.open[sid] = None if row is None else row[2]
         for sid in sids:
             work.last.setdefault(sid, None)
             work.state.setdefault(sid, None)
+            work.open.setdefault(sid, None)
 
     async def _load_closed(self, conn: psycopg.AsyncConnection, batch: list[_Op]) -> None:
         """Which of the batch's streams are finished, read after the sessions were locked (a
@@ -359,6 +381,7 @@ class PostgresEventStore:
         elif last is None:
             raise SessionNotFound(sid)
         finishing: set[str] = set()
+        open_stream = work.open.get(sid)
         for draft in op.drafts:
             if draft.stream_id is not None:
                 stream = draft.stream_id
@@ -366,6 +389,12 @@ class PostgresEventStore:
                     raise StreamClosed(stream)
                 if draft.type == RUN_FINISHED:
                     finishing.add(stream)
+                    if stream == open_stream:
+                        open_stream = None
+                elif draft.type == TURN_SUBMITTED and open_stream != stream:
+                    if draft.admits_run and open_stream is not None:  # one run per session
+                        raise SessionOccupied(sid, open_stream)
+                    open_stream = stream
         payloads_ = [_encode(sid, draft) for draft in op.drafts]  # refuse before writing
         uploads = [await self._uploads(conn, sid, d, work) for d in op.drafts]
         now = self._clock()
@@ -398,6 +427,7 @@ class PostgresEventStore:
             work.closed.add(stream_id)
         work.last[sid] = last
         work.state[sid] = state
+        work.open[sid] = open_stream
         work.touched.add(sid)
         return events
 
@@ -427,11 +457,12 @@ class PostgresEventStore:
     async def _flush(self, conn: psycopg.AsyncConnection, work: _Batch) -> None:
         """Write the rows gathered so far (before a delete, and at the end of the batch)."""
         async with conn.cursor() as cur:
-            if work.rows:
-                await cur.executemany(
+            if work.rows:  # one statement for the batch: rows keep their order (and ids)
+                await cur.execute(
                     f"INSERT INTO events ({_COLUMNS}, queue_id, search_text) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    work.rows,
+                    "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], "
+                    "%s::float8[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])",
+                    [list(column) for column in zip(*work.rows, strict=True)],
                 )
             if work.uploads:
                 await cur.executemany(
@@ -458,12 +489,13 @@ class PostgresEventStore:
         work.closing_written = [(s, owner) for s, owner in work.closing_written if owner != sid]
         work.last[sid] = None
         work.state[sid] = None
+        work.open[sid] = None
         work.touched.add(sid)
         work.deleted.append(sid)
 
-    async def _finish(self, conn: psycopg.AsyncConnection, work: _Batch) -> None:
+    async def _finish(self, conn: psycopg.AsyncConnection, work: _Batch) -> dict[str, int]:
         """Write each touched session's counter row and index state, free the rows of creates
-        that failed, and announce the commit (the NOTIFY is sent when it commits)."""
+        that failed; return the new last seqs to announce."""
         updates = []
         gone = []
         for sid in sorted(work.touched | work.placeholders):
@@ -473,19 +505,18 @@ class PostgresEventStore:
             else:
                 state = work.state[sid]
                 encoded = None if state is None else _dumps(state)
-                updates.append((last, encoded, last, sid))
+                updates.append((sid, last, encoded, work.open[sid]))
         async with conn.cursor() as cur:
             if updates:
-                await cur.executemany(
-                    "UPDATE sessions SET last_seq=%s, state=%s, state_seq=%s WHERE session_id=%s",
-                    updates,
+                await cur.execute(
+                    "UPDATE sessions SET last_seq=u.last, state=u.state, state_seq=u.last, "
+                    "open_stream=u.open FROM unnest(%s::text[], %s::bigint[], %s::text[], "
+                    "%s::text[]) AS u(sid, last, state, open) WHERE sessions.session_id = u.sid",
+                    [list(column) for column in zip(*updates, strict=True)],
                 )
             if gone:
                 await cur.execute("DELETE FROM sessions WHERE session_id = ANY(%s)", (gone,))
-            announced = {u[3]: u[0] for u in updates}
-            deleted = [sid for sid in work.deleted if work.last[sid] is None]
-            for payload in payloads(self.replica_id, announced, deleted):
-                await cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+        return {u[0]: u[1] for u in updates}
 
     # -- reads ------------------------------------------------------------------------------
     async def _rows(self, sql: str, params: tuple) -> list[tuple]:
@@ -504,8 +535,15 @@ class PostgresEventStore:
         )
         return [_row_to_event(row) for row in rows]
 
-    async def _read_after(self, session_id: str, after: int) -> list[Event]:
-        return await self.read(session_id, after)
+    async def _read_after(self, cursors: dict[str, int]) -> list[Event]:
+        """What follows each session's cursor, in one query (the fan-out's catch-up)."""
+        rows = await self._rows(
+            f"SELECT {', '.join('e.' + c for c in _COLUMNS.split(', '))} FROM events e "
+            "JOIN unnest(%s::text[], %s::bigint[]) AS c(sid, after) "
+            "ON e.session_id = c.sid AND e.seq > c.after ORDER BY e.session_id, e.seq",
+            (list(cursors), list(cursors.values())),
+        )
+        return [_row_to_event(row) for row in rows]
 
     async def _all_last_seqs(self) -> dict[str, int]:
         return dict(await self._rows("SELECT session_id, last_seq FROM sessions", ()))
@@ -577,6 +615,7 @@ class PostgresEventStore:
             self._queue.put_nowait(None)
             with contextlib.suppress(Exception):
                 await self._writer
+        await self._notifier.stop()
         await self._fanout.stop()
         await self._pool.close()
 

@@ -43,6 +43,11 @@ class Draft:
     # docs/api.md §12); None, as for everything Tether records itself: the commit's time.
     at: float | None = None
 
+    # A `turn.submitted` that starts a run: a backend shared by several processes refuses it
+    # with SessionOccupied while the session has an unfinished run (log/postgres.py). The
+    # SQLite backend serves one process, whose run registry refuses first (runs/engine.py).
+    admits_run: bool = False
+
 
 class SearchDoc(NamedTuple):
     """One transcript row's text as the search index holds it (docs/api.md §12)."""

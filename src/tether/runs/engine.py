@@ -129,6 +129,7 @@ class RunEngine:
                     stream_id=run.stream_id,
                     turn_id=run.turn_id,
                     blobs=blobs,
+                    admits_run=True,  # several replicas: the database admits (SessionOccupied)
                 )
                 drafts = [draft]
                 if queue_id is not None:

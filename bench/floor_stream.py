@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             "5",
         )
         try:
-            server.start()
+            server.start(timeout=120)  # a loaded machine starts slowly
             plan = [
                 ("first", 200, 0.005, 1, args.first_repeat),
                 ("single", 2000, 0.0, 1, args.repeat),

@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         build(db, logs, 0, small_sidebar - len(logs))
         server = ServerProcess(data_dir, "--heartbeat-seconds", "5")
         try:
-            server.start()
+            server.start(timeout=120)  # a loaded machine starts slowly
             results["replay"] = replay_scenario(server, fake, args.events, args.large, args.repeat)
             last = {"bench_1000": 1000, f"bench_{args.large}": args.large}
             times = resume_cost.measure(
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             results["sidebar_small"] = sidebar_scenario(server, db, args.repeat * 3)
             server.stop()
             build(db, {}, small_sidebar, large_sidebar - small_sidebar)
-            server.start()
+            server.start(timeout=120)  # a loaded machine starts slowly
             results["sidebar_large"] = sidebar_scenario(server, db, args.repeat * 3)
         except (SanityError, resume_cost.SanityError, RuntimeError) as exc:
             print(f"SANITY CHECK FAILED: {exc}", file=sys.stderr)

@@ -86,6 +86,12 @@ async def direct_run(client: httpx.AsyncClient, url: str, n: int) -> tuple[float
     return first - start, last - start
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU that process `pid` has used so far, all threads (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def tether_run(client: httpx.AsyncClient, n: int) -> tuple[float, float]:
     """(seconds to the first text.delta, seconds to the frame completing the text) from
     sending `POST /api/chat/start`, on a fresh session whose reader is already subscribed."""
@@ -132,11 +138,12 @@ async def tether_run(client: httpx.AsyncClient, n: int) -> tuple[float, float]:
 
 
 async def rounds(
-    fake: FakeOpenAI, base: str, n: int, gap: float, runs: int, repeat: int
+    fake: FakeOpenAI, base: str, n: int, gap: float, runs: int, repeat: int, pid: int
 ) -> dict[str, list[tuple[float, float]]]:
     """Alternate direct and Tether rounds of `runs` runs at once; one warm-up of each.
-    Each round's figure is its slowest run (first token: the median run of the round)."""
-    out: dict[str, list[tuple[float, float]]] = {"direct": [], "tether": []}
+    Each round's figure is its slowest run (first token: the median run of the round).
+    `cpu` holds the server's CPU seconds per Tether round (load moves it much less)."""
+    out: dict[str, list[tuple[float, float]]] = {"direct": [], "tether": [], "cpu": []}
     limits = httpx.Limits(max_connections=4 * runs + 8)
     async with (
         httpx.AsyncClient(timeout=TIMEOUT, limits=limits) as direct,
@@ -147,8 +154,11 @@ async def rounds(
             fake.script(*(scripted(n, gap) for _ in range(runs)))
             d = await asyncio.gather(*(direct_run(direct, url, n) for _ in range(runs)))
             fake.script(*(scripted(n, gap) for _ in range(runs)))
+            cpu = cpu_seconds(pid)
             t = await asyncio.gather(*(tether_run(tether, n) for _ in range(runs)))
+            cpu = cpu_seconds(pid) - cpu
             if i:
+                out["cpu"].append((cpu, cpu))
                 for key, got in (("direct", d), ("tether", t)):
                     out[key].append(
                         (statistics.median(f for f, _ in got), max(last for _, last in got))
@@ -198,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             "5",
         )
         try:
-            server.start()
+            server.start(timeout=120)  # a loaded machine starts slowly
             plan = [
                 ("first", 200, 0.005, 1, args.first_repeat),
                 ("single", 2000, 0.0, 1, args.repeat),
@@ -207,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
             for key, n, gap, runs, repeat in plan:
                 if key not in wanted:
                     continue
-                got = asyncio.run(rounds(fake, server.base_url, n, gap, runs, repeat))
+                assert server.proc is not None
+                got = asyncio.run(
+                    rounds(fake, server.base_url, n, gap, runs, repeat, server.proc.pid)
+                )
                 col = 0 if key == "first" else 1
                 d = statistics.median(v[col] for v in got["direct"]) * 1000
                 t = statistics.median(v[col] for v in got["tether"]) * 1000
@@ -220,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                     "tether_ms": t,
                     "added_ms": t - d,
                     "ratio": t / d,
+                    "server_cpu_ms_per_round": statistics.median(c for c, _ in got["cpu"]) * 1000,
                     "tether_rounds_ms": [v[col] * 1000 for v in got["tether"]],
                     "direct_rounds_ms": [v[col] * 1000 for v in got["direct"]],
                 }
@@ -239,7 +253,10 @@ def main(argv: list[str] | None = None) -> int:
             f"machine busy {load:.0%} (this bench included)\n"
         )
     targets = {}
-    print(f"{'scenario':<36} {'fake ms':>8} {'tether ms':>10} {'added':>7} {'ratio':>6}  target")
+    print(
+        f"{'scenario':<42} {'fake ms':>8} {'tether ms':>10} {'added':>7} {'ratio':>6} "
+        f"{'srv cpu':>8}  target"
+    )
     for key, r in results.items():
         label = f"{key}: {r['runs']} x {r['deltas']} deltas, {r['gap_ms']:g} ms apart"
         if key == "first":
@@ -250,8 +267,9 @@ def main(argv: list[str] | None = None) -> int:
             target = f"ratio <= {TARGET_THROUGHPUT:g}"
         targets[key] = {"target": target, "met": met}
         print(
-            f"{label:<36} {r['direct_ms']:>8.2f} {r['tether_ms']:>10.2f} {r['added_ms']:>7.2f} "
-            f"{r['ratio']:>6.2f}  {target}  {'MET' if met else 'NOT MET'}"
+            f"{label:<42} {r['direct_ms']:>8.2f} {r['tether_ms']:>10.2f} {r['added_ms']:>7.2f} "
+            f"{r['ratio']:>6.2f} {r['server_cpu_ms_per_round']:>8.1f}  {target}  "
+            f"{'MET' if met else 'NOT MET'}"
         )
     write_results(
         args.out,

@@ -496,6 +496,7 @@ class FakeOpenAI:
         self._queue: collections.deque[AnyReply] = collections.deque()
         self._requests: list[Any] = []
         self._request_headers: list[dict[str, str]] = []
+        self._request_peers: list[tuple[str, int] | None] = []
         self._disconnect_times: list[float] = []
         self._released: dict[str, threading.Event] = {}
         self._reached: dict[str, threading.Event] = {}
@@ -618,6 +619,7 @@ class FakeOpenAI:
             self._queue.clear()
             self._requests.clear()
             self._request_headers.clear()
+            self._request_peers.clear()
             self._disconnect_times.clear()
             self._released.clear()
             self._reached.clear()
@@ -641,6 +643,13 @@ class FakeOpenAI:
         """Headers (lower-case names) of chat completion requests, parallel to ``requests``."""
         with self._lock:
             return [dict(h) for h in self._request_headers]
+
+    @property
+    def request_peers(self) -> list[tuple[str, int] | None]:
+        """The client address (host, port) of each chat completion request, parallel to
+        ``requests``: one TCP connection per distinct address."""
+        with self._lock:
+            return list(self._request_peers)
 
     @property
     def requests_count(self) -> int:
@@ -671,10 +680,13 @@ class FakeOpenAI:
         with self._lock:
             return self._queue.popleft() if self._queue else self.default_reply
 
-    def _record(self, body: Any, headers: dict[str, str]) -> int:
+    def _record(
+        self, body: Any, headers: dict[str, str], peer: tuple[str, int] | None = None
+    ) -> int:
         with self._changed:
             self._requests.append(body)
             self._request_headers.append(headers)
+            self._request_peers.append(peer)
             self._seq += 1
             self._changed.notify_all()
             return self._seq
@@ -710,7 +722,8 @@ class FakeOpenAI:
                 parsed: Any = json.loads(body) if body else None
             except ValueError:
                 parsed = None
-            seq = self._record(parsed, headers)
+            client = scope.get("client")
+            seq = self._record(parsed, headers, tuple(client) if client else None)
             if not self._authorized(headers):
                 await resp.json(
                     401, error(401, "Incorrect API key provided", code="invalid_api_key").body

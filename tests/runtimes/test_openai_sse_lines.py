@@ -1,10 +1,12 @@
-"""The runtime reads the provider's SSE body by raw reads, one idle timeout per read
+"""The runtime reads the provider's SSE body by raw reads under one idle deadline
 (`openai_stream.sse_lines`): lines must come out whole whatever the read boundaries, and a
-provider that sends nothing for the idle timeout still ends the stream."""
+provider that sends nothing for the idle timeout still ends the stream. After `[DONE]` it
+reads the body's end, so the next request reuses the connection."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from tether.runtimes.openai import OpenAIRuntime
 from tether.runtimes.openai_stream import sse_lines
 from tether.settings import Settings
 
-from fake_openai import FakeOpenAI, reply, text
+from fake_openai import FakeOpenAI, hang, raw, reply, text
 
 
 async def _reads(parts: list[bytes], pause: float = 0.0) -> AsyncIterator[bytes]:
@@ -72,3 +74,51 @@ def test_a_fast_stream_of_many_lines_per_read_arrives_whole(tmp_path: Path) -> N
                 await runtime.aclose()
 
         assert asyncio.run(main()) == "".join(words)
+
+
+def _turns(runtime: OpenAIRuntime, count: int) -> list[str]:
+    async def main() -> list[str]:
+        texts = []
+        try:
+            for _ in range(count):
+                turn = TurnInput("s1", "st1", "t1", [{"role": "user", "content": "hi"}])
+                texts.append(
+                    "".join(
+                        [e.text async for e in runtime.stream(turn) if isinstance(e, TextDelta)]
+                    )
+                )
+        finally:
+            await runtime.aclose()
+        return texts
+
+    return asyncio.run(main())
+
+
+def _runtime(fake: FakeOpenAI, tmp_path: Path) -> OpenAIRuntime:
+    return OpenAIRuntime(
+        Settings(
+            runtime="openai", base_url=fake.base_url, model="fake-model", data_dir=tmp_path / "d"
+        )
+    )
+
+
+def test_turns_reuse_one_connection_to_the_model(tmp_path: Path) -> None:
+    # The runtime used to close each response at [DONE], before the body's end, which cost
+    # the connection: every turn opened a new one (with a remote provider, a TLS handshake).
+    with FakeOpenAI() as fake:
+        fake.script(reply(text("a")), reply(text("b")), reply(text("c")))
+        assert _turns(_runtime(fake, tmp_path), 3) == ["a", "b", "c"]
+        peers = fake.request_peers
+        assert len(peers) == 3 and None not in peers
+        assert len(set(peers)) == 1, peers
+
+
+def test_a_body_kept_open_after_done_still_ends_the_turn_at_once(tmp_path: Path) -> None:
+    with FakeOpenAI() as fake:
+        fake.script(reply(text("a"), raw("[DONE]"), hang()), reply(text("b")))
+        started = time.monotonic()
+        assert _turns(_runtime(fake, tmp_path), 2) == ["a", "b"]
+        assert time.monotonic() - started < 5.0  # the drain is bounded (0.1 s)
+        assert fake.wait_disconnects(1), "the open response was cut"
+        peers = fake.request_peers
+        assert len(set(peers)) == 2, "a cut connection is not reused"

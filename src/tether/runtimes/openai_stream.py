@@ -18,12 +18,9 @@ def _get(obj: Any, key: str) -> Any:
     return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
 
 
-def _reasoning_of(delta: Any) -> str | None:
-    extra = {} if isinstance(delta, dict) else (getattr(delta, "model_extra", None) or {})
+def _reasoning_of(delta: dict[str, Any]) -> str | None:
     for key in ("reasoning_content", "reasoning"):
-        value = _get(delta, key)
-        if value is None:
-            value = extra.get(key)
+        value = delta.get(key)
         if isinstance(value, str) and value:
             return value
     return None
@@ -121,39 +118,41 @@ class Accumulator:
         self.finish_reason: str | None = None
 
     def feed(self, chunk: Any) -> list[RuntimeEvent]:
+        """The events of one parsed chunk. Once `_check_shape` passed, every level down to
+        the delta's fields is a plain dict, list or string, so they are read with `dict.get`
+        (this runs once per chunk, thousands of times per answer)."""
         _check_shape(chunk)
         events: list[RuntimeEvent] = []
-        usage = _get(chunk, "usage")
+        usage = chunk.get("usage")
         if usage is not None:
             self.saw_completion = True
             events.append(
                 Usage(
-                    int(_get(usage, "prompt_tokens") or 0),
-                    int(_get(usage, "completion_tokens") or 0),
+                    int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
                 )
             )
-        for choice in _get(chunk, "choices") or []:
-            if finish := _get(choice, "finish_reason"):
+        for choice in chunk.get("choices") or ():
+            if finish := choice.get("finish_reason"):
                 self.finish_reason = str(finish)
                 self.saw_completion = True
-            delta = _get(choice, "delta")
+            delta = choice.get("delta")
             if delta is None:
                 continue
             self.saw_completion = True
             if reasoning := _reasoning_of(delta):
                 events.append(ReasoningDelta(reasoning))
-            content = _get(delta, "content") or _get(delta, "refusal")
-            if isinstance(content, str) and content:
+            content = delta.get("content") or delta.get("refusal")  # strings or None
+            if content:
                 self.text.append(content)
                 events.append(TextDelta(content))
-            for fragment in _get(delta, "tool_calls") or []:
+            for fragment in delta.get("tool_calls") or ():
                 self._add_fragment(fragment)
         return events
 
-    def _add_fragment(self, fragment: Any) -> None:
-        index = _get(fragment, "index")
-        call_id = _get(fragment, "id")
-        function = _get(fragment, "function")
+    def _add_fragment(self, fragment: dict[str, Any]) -> None:
+        index = fragment.get("index")
+        call_id = fragment.get("id")
+        function = fragment.get("function")
         key = self._slot_for.get(index)
         # Some servers reuse one index for several complete calls: a new id starts a new call.
         if key is None or (call_id and self.calls[key]["id"] and call_id != self.calls[key]["id"]):

@@ -8,7 +8,7 @@ keeping the index costs the log writer.
 2. Query cost. A database of SESSIONS sessions of EVENTS events in all (by default 10,000 and
    1,000,000) is built through the real store with the search fold, then served by a real
    `tether serve`. Each query is timed as `GET /api/search` over HTTP (keep-alive) and as the
-   very same FTS5 statement run directly on the database (sqlite3, warm); the ratio of the
+   very same FTS5 statements run directly on the database (sqlite3, warm); the ratio of the
    medians is the target, at most 3. The HTTP floor (`GET /api/health` on the same
    connection) is printed beside it: what any request costs, whatever it asks.
 
@@ -34,9 +34,8 @@ from typing import Any
 import httpx
 from benchkit import write_results  # noqa: E402 - puts tests/ on sys.path
 
-from tether.log import Draft
+from tether.log import Draft, sqlite_search
 from tether.log.sqlite import SQLiteEventStore
-from tether.log.sqlite_search import SEARCH_SQL, match_expression
 from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
 from tether.sessions.search import SEARCH_FOLD_VERSION, search_change
 
@@ -179,10 +178,14 @@ def query_cost(data_dir: Path, repeat: int, limit: int) -> dict[str, Any]:
             floor = timed(lambda: client.get("/api/health").raise_for_status(), repeat)
             out["http floor"] = {"q": "GET /api/health", "http_ms": floor * 1000}
             for label, q in QUERIES.items():
-                expression = match_expression(q.split())
+                words = q.split()
+                expression = sqlite_search.match_expression(words)
 
-                def direct(expression: str = expression) -> int:
-                    return len(db.execute(SEARCH_SQL, (expression, limit)).fetchall())
+                def direct(terms: list[str] = words) -> int:
+                    rows = sqlite_search.search(
+                        lambda sql, args: db.execute(sql, args).fetchall(), terms, limit
+                    )
+                    return len(rows)
 
                 def http(q: str = q) -> int:
                     response = client.get("/api/search", params={"q": q, "limit": limit})

@@ -162,3 +162,34 @@ def test_a_new_fold_version_rebuilds_the_index_from_the_log(backend: Backend) ->
         await store.aclose()
 
     asyncio.run(main())
+
+
+def test_a_word_in_very_many_rows_ranks_the_newest_matches(backend: Backend) -> None:
+    """BM25 over every match of a word in most rows would cost hundreds of ms at a million
+    events: the backend ranks a bounded set of the newest matches (SQLite: 2,000)."""
+
+    async def main() -> None:
+        store = await open_store(backend)
+        await store.create_session("s1", [Draft("session.created", {})])
+        # the oldest rows match best (the word three times in a short row), then 2,500 newer
+        # rows that match once among other words
+        old = [submitted(f"old{n}", f"os{n}", "gull gull gull") for n in range(20)]
+        await store.append("s1", old + [finished(f"os{n}") for n in range(20)])
+        for batch in range(5):
+            new = [
+                submitted(
+                    f"new{batch}_{n}", f"ns{batch}_{n}", "a gull flew over the long harbour wall"
+                )
+                for n in range(500)
+            ]
+            await store.append("s1", new + [finished(f"ns{batch}_{n}") for n in range(500)])
+        hits = await store.search(["gull"], 10)
+        assert len(hits) == 10
+        assert all(h.row_id.startswith("new") for h in hits)
+        # a rarer word is ranked over all its rows: the best match comes first, however old
+        await store.append("s1", [submitted("rare", "rs", "tern"), finished("rs")])
+        await store.append("s1", [submitted("rare2", "rs2", "tern tern tern"), finished("rs2")])
+        assert [h.row_id for h in await store.search(["tern"], 10)] == ["rare2", "rare"]
+        await store.aclose()
+
+    asyncio.run(main())

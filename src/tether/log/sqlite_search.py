@@ -99,11 +99,17 @@ def ensure_index(
     db.execute("COMMIT")
 
 
+# A prefix of one or two letters expands to thousands of words in a large index (FTS5 merges
+# each word's list: over a second at a million events); such a last word matches whole.
+PREFIX_MIN = 3
+
+
 def match_expression(terms: list[str]) -> str:
-    """FTS5 syntax for 'every term, the last as a prefix too': each term a quoted string,
-    so nothing a user typed is read as query syntax."""
+    """FTS5 syntax for 'every term, the last (of PREFIX_MIN letters or more) as a prefix
+    too': each term a quoted string, so nothing a user typed is read as query syntax."""
     quoted = ['"' + term.replace('"', '""') + '"' for term in terms]
-    quoted[-1] += "*"
+    if len(terms[-1]) >= PREFIX_MIN:
+        quoted[-1] += "*"
     return " ".join(quoted)
 
 

@@ -141,9 +141,9 @@ class EventStore(Protocol):
 
     async def search(self, terms: list[str], limit: int) -> list[SearchHit]:
         """Rows (from the `SearchFold`) whose text holds every term as a word, the last term
-        also as a word prefix, ignoring case and accents; best matches first, at most
-        `limit`. Terms are plain words (no query syntax reaches the backend); a backend
-        without a search fold finds nothing."""
+        also as a word prefix when it has 3 characters or more, ignoring case and accents;
+        best matches first, at most `limit`. Terms are plain words (no query syntax reaches
+        the backend); a backend without a search fold finds nothing."""
 
     async def unfinished_streams(self) -> list[OpenStream]:
         """Every `turn.submitted` stream without a `run.finished`, in append order: the runs a

@@ -42,7 +42,7 @@ class Draft:
 
 
 class SearchDoc(NamedTuple):
-    """One transcript row's text as the search index holds it (docs/api.md §12)."""
+    """One transcript row's text as the search index holds it (docs/api.md §10)."""
 
     row_id: str
     role: str  # "user" | "assistant"

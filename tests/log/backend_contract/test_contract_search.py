@@ -76,6 +76,10 @@ def test_settled_rows_are_found_with_marked_snippets(backend: Backend) -> None:
         await store.append("s1", [finished("s1_st2", "cancelled")])
         assert found(await store.search(["cliffs"], 10)) == [("s1", "s1_st2", "assistant")]
         assert len(await store.search(["nest"], 1)) == 1
+        # accents are ignored both ways
+        await store.append("s1", [submitted("s1_t3", "s1_st3", "Un café à Zürich")])
+        assert found(await store.search(["cafe", "zurich"], 10)) == [("s1", "s1_t3", "user")]
+        assert found(await store.search(["CAFÉ"], 10)) == [("s1", "s1_t3", "user")]
         # a last word under 3 characters matches whole, never as a prefix
         assert found(await store.search(["pu"], 10)) == []
         assert found(await store.search(["puf"], 10)) != []

@@ -7,9 +7,16 @@ version rebuilds from the log). Every backend runs these with the real fold."""
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
+import pytest
 from backend_kit import Backend
+from test_contract_durability import read_acks_then_kill
 
 from tether.log import Draft
 from tether.log.errors import StreamClosed
@@ -18,6 +25,7 @@ from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
 from tether.sessions.search import SEARCH_FOLD_VERSION, search_change
 
 SEARCH = (search_change, SEARCH_FOLD_VERSION)
+SEARCH_WRITER = Path(__file__).with_name("crash_search_writer.py")
 
 
 async def open_store(backend: Backend, version: str = SEARCH_FOLD_VERSION) -> EventStore:
@@ -197,6 +205,42 @@ def test_a_word_in_very_many_rows_ranks_the_newest_matches(backend: Backend) -> 
         await store.append("s1", [submitted("rare", "rs", "tern"), finished("rs")])
         await store.append("s1", [submitted("rare2", "rs2", "tern tern tern"), finished("rs2")])
         assert [h.row_id for h in await store.search(["tern"], 10)] == ["rare2", "rare"]
+        await store.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_after_sigkill_the_index_holds_exactly_the_committed_rows(backend: Backend) -> None:
+    """Killed mid-batch, the writer leaves an index that matches its log without any rebuild
+    (the stored fold version is current): each question in the log is found, each answer is
+    found exactly when its `run.finished` is in the log."""
+    child = subprocess.Popen(
+        [sys.executable, str(SEARCH_WRITER), json.dumps(backend.spec())],
+        stdout=subprocess.PIPE,
+        cwd=SEARCH_WRITER.parent,
+    )
+    try:
+        read_acks_then_kill(child, 400, timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == -signal.SIGKILL
+
+    async def main() -> None:
+        store = await open_store(backend)
+        for k in range(8):
+            events = await store.read(f"c{k}")
+            asked = [e.data["turn_id"] for e in events if e.type == "turn.submitted"]
+            answered = {e.stream_id for e in events if e.type == "run.finished"}
+            assert asked, "the writer was killed before this session asked anything"
+            for n in range(len(asked)):
+                question = await store.search([f"q{k}x{n}y"], 5)
+                assert [(h.row_id, h.role) for h in question] == [(f"c{k}_t{n}", "user")]
+                answer = await store.search([f"a{k}x{n}y"], 5)
+                expected = [(f"c{k}_s{n}", "assistant")] if f"c{k}_s{n}" in answered else []
+                assert [(h.row_id, h.role) for h in answer] == expected
         await store.aclose()
 
     asyncio.run(main())

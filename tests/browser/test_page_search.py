@@ -70,6 +70,9 @@ def test_search_finds_marks_and_opens_the_row(
     expect(result).to_contain_text("<img src=x")
     assert result.locator("img, script").count() == 0
     assert page.evaluate("window.pwned") is None
+    from test_page_a11y import axe_violations  # the suite's axe-core runner
+
+    assert axe_violations(page) == []  # the marked snippets keep AA contrast too
 
     result.click()
     expect(dialog).to_be_hidden()

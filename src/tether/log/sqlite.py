@@ -547,8 +547,7 @@ class SQLiteEventStore:
     async def search(self, terms: list[str], limit: int) -> list[SearchHit]:
         if not terms or self._search_fold is None:
             return []
-        expression = sqlite_search.match_expression(terms)
-        rows = await asyncio.to_thread(self._query, sqlite_search.SEARCH_SQL, (expression, limit))
+        rows = await asyncio.to_thread(sqlite_search.search, self._query, terms, limit)
         return sqlite_search.hits(rows)
 
     async def unfinished_streams(self) -> list[OpenStream]:

@@ -1,4 +1,4 @@
-"""The SQLite backend's full-text search (docs/api.md §12): FTS5 over the rows a `SearchFold`
+"""The SQLite backend's full-text search (docs/api.md §10): FTS5 over the rows a `SearchFold`
 names, written by the log writer on its own connection inside the batch's transaction, so the
 index is never behind (nor ahead of) the committed log, whatever crashes when.
 
@@ -81,18 +81,17 @@ def ensure_index(
         db.execute("DELETE FROM search_rows")
         db.execute("INSERT INTO search_fts(search_fts) VALUES ('rebuild')")
         stream_events = stream_reader(db)
-        state: dict[str, Any] | None = None
-        current = None
+        states: dict[str, dict[str, Any]] = {}
+        # in append order, so rowids grow with the log as they do when written live; read as
+        # it goes (the inserts are into another table), never the whole log in memory
         rows = db.execute(
-            "SELECT session_id, seq, type, at, stream_id, turn_id, data FROM events "
-            "ORDER BY session_id, seq"
-        ).fetchall()
+            "SELECT session_id, seq, type, at, stream_id, turn_id, data FROM events ORDER BY id"
+        )
         for row in rows:
             event = _row_to_event(row)
-            if event.session_id != current:
-                current, state = event.session_id, None
+            state = states.get(event.session_id)
             apply_change(db, event.session_id, fold(state, event, stream_events))
-            state = index_fold(state, event)
+            states[event.session_id] = index_fold(state, event)
         db.execute("INSERT OR REPLACE INTO meta VALUES ('search_version', ?)", (version,))
     except BaseException:
         db.execute("ROLLBACK")
@@ -100,20 +99,41 @@ def ensure_index(
     db.execute("COMMIT")
 
 
+# A prefix of one or two letters expands to thousands of words in a large index (FTS5 merges
+# each word's list: over a second at a million events); such a last word matches whole.
+PREFIX_MIN = 3
+
+
 def match_expression(terms: list[str]) -> str:
-    """FTS5 syntax for 'every term, the last as a prefix too': each term a quoted string,
-    so nothing a user typed is read as query syntax."""
+    """FTS5 syntax for 'every term, the last (of PREFIX_MIN letters or more) as a prefix
+    too': each term a quoted string, so nothing a user typed is read as query syntax."""
     quoted = ['"' + term.replace('"', '""') + '"' for term in terms]
-    quoted[-1] += "*"
+    if len(terms[-1]) >= PREFIX_MIN:
+        quoted[-1] += "*"
     return " ".join(quoted)
 
 
+# BM25 ranks every row it is given before the best `limit` are kept, so a word in most rows
+# (or a one-letter prefix, typed on the way to a word) would cost hundreds of ms at a million
+# events. Only the newest RANKED_MAX matching rows are ranked: for such a word, the best
+# matches among the most recent ones (rowids grow with the log's append order).
+RANKED_MAX = 2000
+CUTOFF_SQL = (
+    "SELECT rowid FROM search_fts WHERE search_fts MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?"
+)
 SEARCH_SQL = (
     "SELECT r.session_id, r.row_id, r.role, r.at, "
     f"snippet(search_fts, 0, char(2), char(3), '…', {SNIPPET_TOKENS}) "
     "FROM search_fts JOIN search_rows r ON r.id = search_fts.rowid "
-    "WHERE search_fts MATCH ? ORDER BY search_fts.rank LIMIT ?"
+    "WHERE search_fts MATCH ? AND search_fts.rowid >= ? ORDER BY search_fts.rank LIMIT ?"
 )
+
+
+def search(query: Callable[[str, tuple], list[tuple]], terms: list[str], limit: int) -> list[tuple]:
+    """The rows of `SEARCH_SQL` for `terms`, through `query` (a reader's)."""
+    expression = match_expression(terms)
+    cutoff = query(CUTOFF_SQL, (expression, RANKED_MAX - 1))
+    return query(SEARCH_SQL, (expression, cutoff[0][0] if cutoff else 0, limit))
 
 
 def snippet_parts(snippet: str) -> tuple[tuple[str, bool], ...]:

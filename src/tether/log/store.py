@@ -42,7 +42,6 @@ class Draft:
     # When it happened, for history written elsewhere first (an import keeps its own times,
     # docs/api.md §12); None, as for everything Tether records itself: the commit's time.
     at: float | None = None
-
     # A `turn.submitted` that starts a run: a backend shared by several processes refuses it
     # with SessionOccupied while the session has an unfinished run (log/postgres.py). The
     # SQLite backend serves one process, whose run registry refuses first (runs/engine.py).
@@ -50,7 +49,7 @@ class Draft:
 
 
 class SearchDoc(NamedTuple):
-    """One transcript row's text as the search index holds it (docs/api.md §12)."""
+    """One transcript row's text as the search index holds it (docs/api.md §10)."""
 
     row_id: str
     role: str  # "user" | "assistant"
@@ -153,9 +152,9 @@ class EventStore(Protocol):
 
     async def search(self, terms: list[str], limit: int) -> list[SearchHit]:
         """Rows (from the `SearchFold`) whose text holds every term as a word, the last term
-        also as a word prefix, ignoring case and accents; best matches first, at most
-        `limit`. Terms are plain words (no query syntax reaches the backend); a backend
-        without a search fold finds nothing."""
+        also as a word prefix when it has 3 characters or more, ignoring case and accents;
+        best matches first, at most `limit`. Terms are plain words (no query syntax reaches
+        the backend); a backend without a search fold finds nothing."""
 
     async def unfinished_streams(self) -> list[OpenStream]:
         """Every `turn.submitted` stream without a `run.finished`, in append order: the runs a

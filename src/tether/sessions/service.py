@@ -116,7 +116,7 @@ class SessionService:
         return [await self._public(s) for s in sorted(chosen, key=sort_key)]
 
     async def search(self, query: str, limit: int) -> list[dict[str, Any]]:
-        """`GET /api/search` (docs/api.md §12): rows whose text holds every word typed, best
+        """`GET /api/search` (docs/api.md §10): rows whose text holds every word typed, best
         first, each with its session's title and its snippet as parts."""
         found = await self.store.search(search_terms(query), limit)
         results = []

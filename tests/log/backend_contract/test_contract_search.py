@@ -1,4 +1,4 @@
-"""Backend contract, layer: the full-text search index (docs/api.md §12) a backend keeps from
+"""Backend contract, layer: the full-text search index (docs/api.md §10) a backend keeps from
 the `SearchFold` in the transaction of its events. Invariant: what `search` finds is the
 fold over the committed logs, never behind and never ahead (a refused or failed batch
 indexes nothing, a deleted session and a truncated row are gone, a reopen or a new fold
@@ -7,9 +7,16 @@ version rebuilds from the log). Every backend runs these with the real fold."""
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
+import pytest
 from backend_kit import Backend
+from test_contract_durability import read_acks_then_kill
 
 from tether.log import Draft
 from tether.log.errors import StreamClosed
@@ -18,6 +25,7 @@ from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
 from tether.sessions.search import SEARCH_FOLD_VERSION, search_change
 
 SEARCH = (search_change, SEARCH_FOLD_VERSION)
+SEARCH_WRITER = Path(__file__).with_name("crash_search_writer.py")
 
 
 async def open_store(backend: Backend, version: str = SEARCH_FOLD_VERSION) -> EventStore:
@@ -76,6 +84,13 @@ def test_settled_rows_are_found_with_marked_snippets(backend: Backend) -> None:
         await store.append("s1", [finished("s1_st2", "cancelled")])
         assert found(await store.search(["cliffs"], 10)) == [("s1", "s1_st2", "assistant")]
         assert len(await store.search(["nest"], 1)) == 1
+        # accents are ignored both ways
+        await store.append("s1", [submitted("s1_t3", "s1_st3", "Un café à Zürich")])
+        assert found(await store.search(["cafe", "zurich"], 10)) == [("s1", "s1_t3", "user")]
+        assert found(await store.search(["CAFÉ"], 10)) == [("s1", "s1_t3", "user")]
+        # a last word under 3 characters matches whole, never as a prefix
+        assert found(await store.search(["pu"], 10)) == []
+        assert found(await store.search(["puf"], 10)) != []
         await store.aclose()
 
     asyncio.run(main())
@@ -159,6 +174,73 @@ def test_a_new_fold_version_rebuilds_the_index_from_the_log(backend: Backend) ->
         await store.aclose()
         store = await open_store(backend, "search-test-2")
         assert len(await store.search(["egret"], 10)) == 2
+        await store.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_word_in_very_many_rows_ranks_the_newest_matches(backend: Backend) -> None:
+    """BM25 over every match of a word in most rows would cost hundreds of ms at a million
+    events: the backend ranks a bounded set of the newest matches (SQLite: 2,000)."""
+
+    async def main() -> None:
+        store = await open_store(backend)
+        await store.create_session("s1", [Draft("session.created", {})])
+        # the oldest rows match best (the word three times in a short row), then 2,500 newer
+        # rows that match once among other words
+        old = [submitted(f"old{n}", f"os{n}", "gull gull gull") for n in range(20)]
+        await store.append("s1", old + [finished(f"os{n}") for n in range(20)])
+        for batch in range(5):
+            new = [
+                submitted(
+                    f"new{batch}_{n}", f"ns{batch}_{n}", "a gull flew over the long harbour wall"
+                )
+                for n in range(500)
+            ]
+            await store.append("s1", new + [finished(f"ns{batch}_{n}") for n in range(500)])
+        hits = await store.search(["gull"], 10)
+        assert len(hits) == 10
+        assert all(h.row_id.startswith("new") for h in hits)
+        # a rarer word is ranked over all its rows: the best match comes first, however old
+        await store.append("s1", [submitted("rare", "rs", "tern"), finished("rs")])
+        await store.append("s1", [submitted("rare2", "rs2", "tern tern tern"), finished("rs2")])
+        assert [h.row_id for h in await store.search(["tern"], 10)] == ["rare2", "rare"]
+        await store.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_after_sigkill_the_index_holds_exactly_the_committed_rows(backend: Backend) -> None:
+    """Killed mid-batch, the writer leaves an index that matches its log without any rebuild
+    (the stored fold version is current): each question in the log is found, each answer is
+    found exactly when its `run.finished` is in the log."""
+    child = subprocess.Popen(
+        [sys.executable, str(SEARCH_WRITER), json.dumps(backend.spec())],
+        stdout=subprocess.PIPE,
+        cwd=SEARCH_WRITER.parent,
+    )
+    try:
+        read_acks_then_kill(child, 400, timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == -signal.SIGKILL
+
+    async def main() -> None:
+        store = await open_store(backend)
+        for k in range(8):
+            events = await store.read(f"c{k}")
+            asked = [e.data["turn_id"] for e in events if e.type == "turn.submitted"]
+            answered = {e.stream_id for e in events if e.type == "run.finished"}
+            assert asked, "the writer was killed before this session asked anything"
+            for n in range(len(asked)):
+                question = await store.search([f"q{k}x{n}y"], 5)
+                assert [(h.row_id, h.role) for h in question] == [(f"c{k}_t{n}", "user")]
+                answer = await store.search([f"a{k}x{n}y"], 5)
+                expected = [(f"c{k}_s{n}", "assistant")] if f"c{k}_s{n}" in answered else []
+                assert [(h.row_id, h.role) for h in answer] == expected
         await store.aclose()
 
     asyncio.run(main())

@@ -2,6 +2,7 @@
 // (Shift+Enter is a newline); while a run is active the text can steer it or wait in the
 // queue, which is shown above, editable and removable. Attachments by picker, paste or drop.
 import { h, patchChildren } from "./dom.js";
+import { sendKey } from "./settings.js";
 
 const readBase64 = (file) =>
   new Promise((resolve, reject) => {
@@ -34,7 +35,10 @@ export class Composer {
       this.primaryAction();
     });
     this.input.addEventListener("keydown", (e) => {
-      if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+      // the send key is this browser's choice (settings.js): Enter, or Ctrl/Cmd+Enter
+      const chord = e.ctrlKey || e.metaKey;
+      const sends = sendKey() === "mod-enter" ? chord : true;
+      if (e.key === "Enter" && !e.shiftKey && !e.isComposing && sends) {
         e.preventDefault();
         if (this.running) {
           if (this.hasContent()) this.queue();

@@ -7,6 +7,7 @@ import { Composer } from "./composer.js";
 import { applyEvent, applySnapshot, createSession, view } from "./reducer.js";
 import { MessageSearch } from "./search.js";
 import { SessionSettings } from "./session_settings.js";
+import { SettingsPanel } from "./settings.js";
 import { Sidebar } from "./sidebar.js";
 import { SessionStream } from "./stream.js";
 import { TranscriptView } from "./transcript.js";
@@ -56,6 +57,10 @@ class App {
     this.settings = new SessionSettings({
       ensureSession: () => this.ensureSession(),
       onRow: (row) => this.onRowChanged(row),
+      notify: (msg) => this.notify(msg),
+    });
+    this.panel = new SettingsPanel({
+      sessionSettings: this.settings,
       notify: (msg) => this.notify(msg),
     });
   }

@@ -1,0 +1,107 @@
+// The settings panel (docs/page.md): the server's defaults for sessions without their own
+// (`GET/PATCH /api/settings`: the default model and system prompt, shared by every browser
+// and kept across restarts) and this browser's own preferences (theme, view mode, send key,
+// in localStorage). One dialog with labelled controls; Save applies, Cancel or Esc changes
+// nothing.
+import { get, patch } from "./api.js";
+
+const $ = (id) => document.getElementById(id);
+export const SEND_KEY = "tether-send-key"; // "enter" (default) | "mod-enter"
+const THEME_KEY = "tether-theme"; // "light" | "dark"; absent: the system's
+const HINTS = {
+  enter: "Enter sends · Shift+Enter for a new line",
+  "mod-enter": "Ctrl+Enter sends · Enter for a new line",
+};
+
+export function sendKey() {
+  return localStorage.getItem(SEND_KEY) === "mod-enter" ? "mod-enter" : "enter";
+}
+
+function applyTheme(choice) {
+  if (choice === "system") localStorage.removeItem(THEME_KEY);
+  else localStorage.setItem(THEME_KEY, choice);
+  const dark =
+    choice === "system" ? matchMedia("(prefers-color-scheme: dark)").matches : choice === "dark";
+  document.documentElement.dataset.theme = dark ? "dark" : "light";
+}
+
+export class SettingsPanel {
+  /** opts: sessionSettings (the composer's model picker and prompt button), notify(msg) */
+  constructor({ sessionSettings, notify }) {
+    this.sessionSettings = sessionSettings;
+    this.notify = notify;
+    this.dialog = $("settings-dialog");
+    this.server = null;
+    this.resetPrompt = false;
+    $("settings-btn").addEventListener("click", () => this.open());
+    $("settings-reset").addEventListener("click", () => {
+      $("settings-model").value = "";
+      $("settings-prompt").value = this.server?.command_line.system_prompt ?? "";
+      this.resetPrompt = true;
+    });
+    $("settings-prompt").addEventListener("input", () => {
+      this.resetPrompt = false;
+    });
+    this.dialog.addEventListener("close", () => {
+      if (this.dialog.returnValue === "save") this.save();
+    });
+    this.showHint();
+  }
+
+  showHint() {
+    $("composer-hint").textContent = HINTS[sendKey()];
+  }
+
+  async open() {
+    try {
+      this.server = await get("/api/settings");
+    } catch (err) {
+      this.notify(err.message);
+      return;
+    }
+    const models = this.sessionSettings.models.models ?? [];
+    const saved = this.server.saved.default_model ?? "";
+    const options = [new Option(`Command line's (${this.server.command_line.model})`, "")];
+    for (const m of models) options.push(new Option(m.id, m.id));
+    if (saved && !models.some((m) => m.id === saved)) options.push(new Option(saved, saved));
+    $("settings-model").replaceChildren(...options);
+    $("settings-model").value = saved;
+    $("settings-prompt").value = this.server.default_system_prompt ?? "";
+    this.resetPrompt = false;
+    const theme = localStorage.getItem(THEME_KEY);
+    $("settings-theme").value = theme === "light" || theme === "dark" ? theme : "system";
+    $("settings-view").value = $("display-mode").value;
+    $("settings-send").value = sendKey();
+    this.dialog.returnValue = "";
+    this.dialog.showModal();
+  }
+
+  async save() {
+    applyTheme($("settings-theme").value);
+    const mode = $("display-mode");
+    if (mode.value !== $("settings-view").value) {
+      mode.value = $("settings-view").value;
+      mode.dispatchEvent(new Event("change"));
+    }
+    localStorage.setItem(SEND_KEY, $("settings-send").value);
+    this.showHint();
+    const changes = {};
+    const model = $("settings-model").value;
+    if (model !== (this.server.saved.default_model ?? "")) changes.default_model = model || null;
+    const prompt = $("settings-prompt").value;
+    if (this.resetPrompt) {
+      if ("default_system_prompt" in this.server.saved) changes.default_system_prompt = null;
+    } else if (prompt !== (this.server.default_system_prompt ?? "")) {
+      changes.default_system_prompt = prompt;
+    }
+    if (!Object.keys(changes).length) return;
+    try {
+      this.server = await patch("/api/settings", changes);
+    } catch (err) {
+      this.notify(err.message);
+      return;
+    }
+    await this.sessionSettings.load(); // "Default (model)" and the prompt button follow
+    this.sessionSettings.show(this.sessionSettings.row);
+  }
+}

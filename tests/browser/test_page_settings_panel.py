@@ -1,0 +1,176 @@
+"""The settings panel (issue 16.7): a dialog with labelled controls for the server's default
+model and system prompt (`PATCH /api/settings`: the next run of a session without its own
+uses them, and they survive a reload) and this browser's theme, view mode and send key
+(localStorage: a second tab of the same profile gets them). Works on the phone layout."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Page, expect
+
+from fake_openai import FakeOpenAI, reply, text
+from helpers import ServerProcess, running_server, wait_until
+from pagekit import open_app, wait_settled
+
+pytestmark = pytest.mark.slow
+
+PHONE = {"width": 390, "height": 844}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as server:
+        server.other_models = ["big-model"]
+        yield server
+
+
+@pytest.fixture
+def server(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
+    with running_server(
+        tmp_path / "data",
+        *("--runtime", "openai", "--base-url", fake.base_url, "--model", "fake-model"),
+    ) as srv:
+        yield srv
+
+
+def open_settings(page: Page):  # noqa: ANN201 - a Playwright locator
+    page.get_by_role("button", name="Settings").click()
+    dialog = page.get_by_role("dialog", name="Settings")
+    expect(dialog).to_be_visible()
+    return dialog
+
+
+def test_server_defaults_apply_to_the_next_run_and_survive_a_reload(
+    context: BrowserContext, server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    fake.script(reply(text("one")), reply(text("two")))
+    page = context.new_page()
+    open_app(page, server.base_url)
+    dialog = open_settings(page)
+    model = dialog.get_by_role("combobox", name="Default model")
+    expect(model.locator("option")).to_have_text(
+        ["Command line's (fake-model)", "fake-model", "big-model"]
+    )
+    model.select_option("big-model")
+    dialog.get_by_role("textbox", name="Default system prompt").fill("Answer <b>briefly</b>.")
+    dialog.get_by_role("button", name="Save").click()
+    expect(dialog).to_be_hidden()
+    with server.client() as client:
+        wait_until(
+            lambda: (
+                client.get("/api/settings").json()["saved"]
+                == {"default_model": "big-model", "default_system_prompt": "Answer <b>briefly</b>."}
+            ),
+            what="the PATCH landed",
+        )
+    # the composer's picker and prompt button follow the new defaults
+    picker = page.get_by_role("combobox", name="Model")
+    expect(picker.locator("option").first).to_have_text("Default (big-model)")
+    expect(page.get_by_role("button", name="System prompt (default)")).to_be_visible()
+
+    box = page.get_by_role("textbox", name="Message")
+    box.fill("hello")
+    box.press("Enter")
+    wait_settled(page)
+    assert fake.last_request["model"] == "big-model"
+    assert fake.last_request["messages"][0] == {
+        "role": "system",
+        "content": "Answer <b>briefly</b>.",
+    }
+
+    page.reload()
+    dialog = open_settings(page)
+    expect(dialog.get_by_role("combobox", name="Default model")).to_have_value("big-model")
+    prompt = dialog.get_by_role("textbox", name="Default system prompt")
+    expect(prompt).to_have_value("Answer <b>briefly</b>.")
+    # Use the command line's, then Save: both go back to the flags
+    dialog.get_by_role("button", name="Use the command line's").click()
+    dialog.get_by_role("button", name="Save").click()
+    with server.client() as client:
+        wait_until(lambda: client.get("/api/settings").json()["saved"] == {}, what="reset")
+    expect(picker.locator("option").first).to_have_text("Default (fake-model)")
+    # Cancel changes nothing
+    dialog = open_settings(page)
+    dialog.get_by_role("combobox", name="Default model").select_option("big-model")
+    dialog.get_by_role("button", name="Cancel").click()
+    expect(dialog).to_be_hidden()
+    with server.client() as client:
+        assert client.get("/api/settings").json()["saved"] == {}
+
+
+def test_browser_preferences_apply_and_persist(
+    context: BrowserContext, server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    fake.script(reply(text("sent by chord")))
+    page = context.new_page()
+    open_app(page, server.base_url)
+    dialog = open_settings(page)
+    dialog.get_by_role("combobox", name="Theme").select_option("dark")
+    dialog.get_by_role("combobox", name="View mode").select_option("final")
+    dialog.get_by_role("combobox", name="Send key").select_option("mod-enter")
+    dialog.get_by_role("button", name="Save").click()
+    expect(page.locator("html")).to_have_attribute("data-theme", "dark")
+    expect(page.get_by_role("combobox", name="Display mode")).to_have_value("final")
+    expect(page.locator("#composer-hint")).to_have_text("Ctrl+Enter sends · Enter for a new line")
+
+    # Enter is a new line now; Ctrl+Enter sends
+    box = page.get_by_role("textbox", name="Message")
+    box.fill("line one")
+    box.press("Enter")
+    box.type("line two")
+    expect(box).to_have_value("line one\nline two")
+    assert fake.requests == []
+    box.press("Control+Enter")
+    wait_settled(page)
+    assert fake.last_request["messages"][-1]["content"] == "line one\nline two"
+
+    # another tab of the same browser profile starts with the same preferences
+    other = context.new_page()
+    open_app(other, server.base_url)
+    expect(other.locator("html")).to_have_attribute("data-theme", "dark")
+    expect(other.get_by_role("combobox", name="Display mode")).to_have_value("final")
+    dialog = open_settings(other)
+    expect(dialog.get_by_role("combobox", name="Send key")).to_have_value("mod-enter")
+    dialog.get_by_role("combobox", name="Theme").select_option("light")
+    dialog.get_by_role("button", name="Save").click()
+    expect(other.locator("html")).to_have_attribute("data-theme", "light")
+
+
+def test_the_panel_works_on_a_phone(browser: Browser, server: ServerProcess) -> None:
+    page = browser.new_context(viewport=PHONE, has_touch=True).new_page()
+    open_app(page, server.base_url)
+    page.get_by_role("button", name="Sessions").click()  # the drawer holds the button
+    dialog = open_settings(page)
+    box = dialog.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
+    for name in ("Default model", "Theme", "View mode", "Send key"):
+        control = dialog.get_by_role("combobox", name=name)
+        control.scroll_into_view_if_needed()
+        size = control.bounding_box()
+        assert size is not None and size["height"] >= 44, name
+    dialog.get_by_role("button", name="Cancel").click()
+    expect(dialog).to_be_hidden()
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_the_open_dialogs_have_no_serious_axe_violation(
+    browser: Browser, server: ServerProcess, theme: str
+) -> None:
+    """The settings and the search dialogs, open, in both themes (axe-core, as
+    test_page_a11y.py runs it)."""
+    from test_page_a11y import axe_violations, new_page
+
+    page = new_page(browser, "phone", theme)
+    open_app(page, server.base_url)
+    page.get_by_role("button", name="Sessions").click()
+    open_settings(page)
+    assert axe_violations(page) == []
+    page.keyboard.press("Escape")
+    page.keyboard.press("Control+k")
+    dialog = page.get_by_role("dialog", name="Search messages")
+    dialog.get_by_role("searchbox", name="Search messages").fill("nothing")
+    expect(dialog.get_by_role("status")).to_have_text("No messages match.")
+    assert axe_violations(page) == []

@@ -369,6 +369,20 @@ def test_branches_keep_their_attachments(openai_server: ServerProcess, fake: Fak
         assert "ZEBRA-42" in str(fake.requests[-1]["messages"])
         assert client.get(kept["attachments"][0]["url"]).content == b"ZEBRA-42"
 
+        # Kept and new attachments together fit the per-message limit (10), or nothing is written.
+        last_seq = body["last_seq"]
+        response = client.post(
+            "/api/chat/start",
+            json={
+                "session_id": sid,
+                "message": "too many",
+                "edit_of": kept["id"],
+                "attachments": [upload(f"f{i}.txt", "text/plain", b"x") for i in range(10)],
+            },
+        )
+        assert response.status_code == 400 and "at most 10" in response.json()["message"]
+        assert session_body(client, sid)["last_seq"] == last_seq
+
         # ...and drops them when asked, and takes new ones beside them.
         fake.script(reply(text("no file")))
         start_turn(
@@ -492,3 +506,30 @@ def test_a_rotated_session_refuses_edit_regenerate_and_switch_before_any_write(
             assert response.json()["code"] == "session_rotated"
             assert response.json()["continuation_session_id"] == child
         assert observed() == before
+
+
+def test_a_regenerated_run_cut_by_a_crash_is_settled_on_its_branch(
+    openai_server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """Recovery settles a regenerated run like any other (its `turn.submitted` has a stream
+    and no `run.finished`): interrupted, kept with its partial output on the new branch, the
+    old answer kept beside it, and the session admits the next command."""
+    with openai_server.client() as client:
+        sid = new_session(client)
+        body = answered(client, fake, sid, "one", "A1")
+        old = body["messages"][1]
+        fake.script(reply(text("half of a new"), hang()))
+        client.post("/api/chat/regenerate", json={"session_id": sid})
+        wait_until(lambda: "half" in str(live_timeline(client, sid)), what="partial output")
+    openai_server.kill()
+    openai_server.start()
+    with openai_server.client() as client:
+        body = wait_idle(client, sid)
+        assert [m["role"] for m in body["messages"]] == ["user", "assistant"]
+        cut = body["messages"][1]
+        assert cut["state"] == "interrupted" and "half of a new" in cut["content"]
+        assert cut["branch"] == {"index": 2, "count": 2}
+        assert "half of a new" in str(context_of(client, sid)["context_messages"])
+        shown = switch(client, sid, cut["id"], 1).json()["session"]
+        assert shown["messages"][1] == old | {"branch": {"index": 1, "count": 2}}
+        assert "half" not in str(context_of(client, sid)["context_messages"])

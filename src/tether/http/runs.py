@@ -65,6 +65,7 @@ async def start_turn(app: App, body: StartTurn) -> dict:
         body.model,
         edit_of=body.edit_of,
         keep_attachments=body.keep_attachments,
+        max_attachments=app.settings.max_attachments,
     )
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tether import events as ev
-from tether.errors import ServerClosing, SessionBusy
+from tether.errors import InvalidRequest, ServerClosing, SessionBusy
 from tether.events import new_id
 from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
@@ -106,6 +106,7 @@ class RunEngine:
         *,
         edit_of: str | None = None,
         keep_attachments: list[str] | None = None,
+        max_attachments: int | None = None,
     ) -> dict[str, Any]:
         """Admit and record a new turn. `uploads` are stored here, after every refusal;
         `refs` are attachments stored earlier (a queued message). `edit_of` (a visible user
@@ -118,6 +119,12 @@ class RunEngine:
             if edit_of is not None:
                 fold = await self.sessions.folds.get(session_id)
                 before, kept = edit_fork(fold, edit_of, keep_attachments)
+                total = len(kept) + len(refs) + len(uploads)
+                if max_attachments is not None and total > max_attachments:
+                    raise InvalidRequest(
+                        f"{total} attachments with the ones kept; at most {max_attachments} "
+                        "fit in one message (keep_attachments drops some)."
+                    )
                 refs = [*kept, *refs]
                 extra = {"edit_of": edit_of}
             run = Run(session_id, new_id("r"), new_id("u"))

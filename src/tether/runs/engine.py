@@ -110,7 +110,7 @@ class RunEngine:
     ) -> dict[str, Any]:
         """Admit and record a new turn. `uploads` are stored here, after every refusal;
         `refs` are attachments stored earlier (a queued message). `edit_of` (a visible user
-        row) makes the turn a new branch in that message's place (docs/api.md §11), with
+        row) makes the turn a new branch in that message's place (docs/api.md §10), with
         that message's attachments (those `keep_attachments` names, when given)."""
         async with self.sessions.locks(session_id):
             await self._admissible(session_id)
@@ -137,7 +137,7 @@ class RunEngine:
         self, session_id: str, row_id: str | None = None, model: str | None = None
     ) -> dict[str, Any]:
         """A new run answering again the turn that the answer `row_id` (default: the last
-        one) answered, as a new branch beside it (docs/api.md §11). Retry after a Stop or an
+        one) answered, as a new branch beside it (docs/api.md §10). Retry after a Stop or an
         error is this. Refused exactly like a start, before any write."""
         async with self.sessions.locks(session_id):
             await self._admissible(session_id)

@@ -46,6 +46,7 @@ def test_edit_regenerate_and_switch_from_the_page(
     expect(box).to_have_value("second question")
     box.fill("second, edited")
     second.get_by_role("button", name="Save and send").click()
+    expect(second.locator(".user-text")).to_have_text("second, edited")  # the events came
     wait_settled(page)
     assert user_texts(page) == ["first question", "second, edited"]
     expect(second.get_by_label("Branch 2 of 2")).to_be_visible()
@@ -78,10 +79,10 @@ def test_edit_regenerate_and_switch_from_the_page(
     answer = page.locator("#transcript .rows > .row.assistant").last
     old_id = answer.get_attribute("data-row-id")
     answer.get_by_role("button", name="Regenerate").click()
+    answer = page.locator("#transcript .rows > .row.assistant").last
+    expect(answer.get_by_label("Branch 2 of 2")).to_be_visible()  # the events came
     wait_settled(page)
     expect(rows).to_have_count(4)
-    answer = page.locator("#transcript .rows > .row.assistant").last
-    expect(answer.get_by_label("Branch 2 of 2")).to_be_visible()
     assert answer.get_attribute("data-row-id") != old_id
     answer.get_by_role("button", name="Previous branch").click()
     expect(page.locator("#transcript .rows > .row.assistant").last).to_have_attribute(
@@ -154,16 +155,16 @@ def test_an_edit_keeps_or_drops_the_messages_attachments(
     expect(kept).to_contain_text("notes.txt")
     row.get_by_role("textbox", name="Edit message").fill("same file, new words")
     row.get_by_role("button", name="Save and send").click()
-    wait_settled(page)
     expect(row.locator(".user-text")).to_have_text("same file, new words")
+    wait_settled(page)
     expect(row.locator(".file-chip")).to_have_text("notes.txt")  # kept
 
     row.get_by_role("button", name="Edit").click()
     row.get_by_role("button", name="Remove notes.txt").click()
     row.get_by_role("textbox", name="Edit message").fill("no file now")
     row.get_by_role("button", name="Save and send").click()
-    wait_settled(page)
     expect(row.get_by_label("Branch 3 of 3")).to_be_visible()
+    wait_settled(page)
     expect(row.locator(".file-chip")).to_have_count(0)
     with httpx.Client(base_url=web_server.base_url) as client:
         body = session_body(client, sid)

@@ -182,6 +182,11 @@ class TurnSubmitted(TypedDict):
     text: str
     attachments: list[AttachmentRef]
     submitted_at: float
+    # a new branch (docs/api.md §10): an edited message replacing row `edit_of`, or a new
+    # answer (`regenerate`, no new user row) to the turn whose answer `regenerate_of` was
+    edit_of: NotRequired[str]
+    regenerate: NotRequired[bool]
+    regenerate_of: NotRequired[str | None]
 
 
 class RunStarted(TypedDict):
@@ -323,6 +328,16 @@ class TranscriptTruncated(TypedDict):
     transcript_generation: int
 
 
+class BranchSwitched(TypedDict):
+    """Row `row_id`, branch `index` of its fork, is shown there, with what was shown below it
+    last time; `message_count` is the visible row count after it."""
+
+    row_id: str
+    index: int
+    message_count: int
+    transcript_generation: int
+
+
 class AgentImported(TypedDict):
     """What another client of the agent wrote into its own store (docs/hermes.md); each entry
     `{kind: "turn", turn_id, rows, context}` or `{kind: "compaction", summary, context}`."""
@@ -359,6 +374,8 @@ QUEUE_UPDATED = durable("queue.updated", QueueUpdated)
 QUEUE_REMOVED = durable("queue.removed", QueueRemoved)
 RUN_FINISHED = durable("run.finished", RunFinished)
 TRANSCRIPT_TRUNCATED = durable("transcript.truncated", TranscriptTruncated)
+# extension (docs/api.md §10): another branch of the transcript is shown from a fork on.
+BRANCH_SWITCHED = durable("branch.switched", BranchSwitched)
 # extension: what another client of the agent wrote into the agent's own store (Hermes
 # state.db), reconciled into this session: turns to show, and a compaction done elsewhere.
 AGENT_IMPORTED = durable("agent.imported", AgentImported)

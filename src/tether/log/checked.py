@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tether.events import VOCABULARY, Event, Vocabulary
-from tether.log.store import Draft, EventStore, OpenStream
+from tether.log.store import Draft, EventStore, OpenStream, SearchHit
 from tether.log.subscriptions import Hub
 
 
@@ -34,6 +34,11 @@ class CheckedStore:
     async def create_session(self, session_id: str, drafts: list[Draft]) -> list[Event]:
         self._check(drafts)
         return await self.backend.create_session(session_id, drafts)
+
+    async def create_sessions(self, sessions: list[tuple[str, list[Draft]]]) -> list[list[Event]]:
+        for _, drafts in sessions:
+            self._check(drafts)
+        return await self.backend.create_sessions(sessions)
 
     async def append(self, session_id: str, drafts: list[Draft]) -> list[Event]:
         self._check(drafts)
@@ -56,6 +61,9 @@ class CheckedStore:
 
     async def search_text(self, needle: str) -> set[str]:
         return await self.backend.search_text(needle)
+
+    async def search(self, terms: list[str], limit: int) -> list[SearchHit]:
+        return await self.backend.search(terms, limit)
 
     async def unfinished_streams(self) -> list[OpenStream]:
         return await self.backend.unfinished_streams()

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tether import events as ev
-from tether.errors import ApiError, QueueItemNotFound, ServerClosing, SessionBusy
+from tether.errors import ApiError, InvalidRequest, QueueItemNotFound, ServerClosing, SessionBusy
 from tether.events import new_id
 from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
@@ -34,6 +34,7 @@ from tether.runs.intake import Upload
 from tether.runs.pump import END, STOP, Signal, outcome, pump
 from tether.runs.registry import CANCELLING, RUNNING, STARTING, Run, RunRegistry
 from tether.runtimes.base import AttachmentRef, ProviderError, Runtime, TurnInput
+from tether.sessions.branching import edit_fork, regenerate_fork
 from tether.sessions.service import SessionService
 
 log = logging.getLogger("tether.runs")
@@ -90,15 +91,20 @@ class RunEngine:
         uploads: Sequence[Upload] = (),
         model: str | None = None,
         queue_id: str | None = None,
+        *,
+        edit_of: str | None = None,
+        keep_attachments: list[str] | None = None,
+        max_attachments: int | None = None,
     ) -> dict[str, Any]:
         """Admit and record a new turn. `uploads` are stored here, after every refusal.
         With `queue_id` the turn is that queued message, read under the session lock and
         taken off the queue in the same append, so an edit or a removal racing the start
-        either lands before it (and is what gets sent) or finds the item gone (404)."""
+        either lands before it (and is what gets sent) or finds the item gone (404).
+        `edit_of` (a visible user row) makes the turn a new branch in that message's place
+        (docs/api.md §10), with that message's attachments (those `keep_attachments` names,
+        when given)."""
         async with self.sessions.locks(session_id):
-            if self.agent_sync is not None:  # an unknown session: nothing to sync, 404 below
-                await self.agent_sync.before_start(session_id)  # may reveal a continuation
-            await self.check_admissible(session_id, starting=True)
+            await self._admissible(session_id)
             refs: list[dict[str, Any]] = []
             if queue_id is not None:
                 item = (await self.sessions.folds.get(session_id)).transcript.queued.get(queue_id)
@@ -110,40 +116,93 @@ class RunEngine:
                 refs = [
                     {k: a[k] for k in ("id", "name", "mime", "size")} for a in item["attachments"]
                 ]
-            async with self.sessions.blob_guard(bool(uploads)):
-                new_refs, blobs = await self.store_uploads(uploads)
-                stored = [*refs, *new_refs]
-                run = Run(session_id, new_id("r"), new_id("u"))
-                self.registry.add(run)
-                submitted_at = time.time()
-                submitted = {
-                    "turn_id": run.turn_id,
-                    "stream_id": run.stream_id,
-                    "text": text,
-                    "attachments": stored,
-                    "submitted_at": submitted_at,
-                }
-                draft = Draft(
-                    ev.TURN_SUBMITTED,
-                    submitted,
-                    stream_id=run.stream_id,
-                    turn_id=run.turn_id,
-                    blobs=blobs,
-                    admits_run=True,  # several replicas: the database admits (SessionOccupied)
-                )
-                drafts = [draft]
-                if queue_id is not None:
-                    taken = {"queue_id": queue_id, "reason": "started", "stream_id": run.stream_id}
-                    drafts.append(Draft(ev.QUEUE_REMOVED, taken))
-                try:
-                    await self.store.append(session_id, drafts)
-                except BaseException:
-                    self.registry.remove(run)
-                    await self.sessions.release_blobs_held(blobs.values())
-                    raise
+            before: list[Draft] = []
+            extra: dict[str, Any] = {}
+            if edit_of is not None:
+                fold = await self.sessions.folds.get(session_id)
+                before, kept = edit_fork(fold, edit_of, keep_attachments)
+                total = len(kept) + len(refs) + len(uploads)
+                if max_attachments is not None and total > max_attachments:
+                    raise InvalidRequest(
+                        f"{total} attachments with the ones kept; at most {max_attachments} "
+                        "fit in one message (keep_attachments drops some)."
+                    )
+                refs = [*kept, *refs]
+                extra = {"edit_of": edit_of}
+            run = Run(session_id, new_id("r"), new_id("u"))
+            submitted = {"text": text, "attachments": list(refs), **extra}
+            after: list[Draft] = []
+            if queue_id is not None:
+                taken = {"queue_id": queue_id, "reason": "started", "stream_id": run.stream_id}
+                after.append(Draft(ev.QUEUE_REMOVED, taken))
+            started = await self._record(run, before, submitted, uploads, after)
             run.worker = asyncio.create_task(self._work(run, model), name=run.stream_id)
+        return started
+
+    async def regenerate(
+        self, session_id: str, row_id: str | None = None, model: str | None = None
+    ) -> dict[str, Any]:
+        """A new run answering again the turn that the answer `row_id` (default: the last
+        one) answered, as a new branch beside it (docs/api.md §10). Retry after a Stop or an
+        error is this. Refused exactly like a start, before any write."""
+        async with self.sessions.locks(session_id):
+            await self._admissible(session_id)
+            fold = await self.sessions.folds.get(session_id)
+            before, turn_id, replaced = regenerate_fork(fold, row_id)
+            run = Run(session_id, new_id("r"), turn_id)
+            submitted = {
+                "text": "",
+                "attachments": [],
+                "regenerate": True,
+                "regenerate_of": replaced,
+            }
+            started = await self._record(run, before, submitted, ())
+            run.worker = asyncio.create_task(self._work(run, model), name=run.stream_id)
+        return started
+
+    async def _admissible(self, session_id: str) -> None:
+        if self.agent_sync is not None:  # an unknown session: nothing to sync, 404 below
+            await self.agent_sync.before_start(session_id)  # may reveal a continuation
+        await self.check_admissible(session_id, starting=True)
+
+    async def _record(
+        self,
+        run: Run,
+        before: list[Draft],
+        fields: dict[str, Any],
+        uploads: Sequence[Upload],
+        after: Sequence[Draft] = (),
+    ) -> dict[str, Any]:
+        """Store `uploads`, register `run` and append `before`, its `turn.submitted` and
+        `after` in one append; on any failure the run is unregistered and new bytes are
+        released."""
+        async with self.sessions.blob_guard(bool(uploads)):
+            new_refs, blobs = await self.store_uploads(uploads)
+            self.registry.add(run)
+            submitted_at = time.time()
+            submitted = {
+                "turn_id": run.turn_id,
+                "stream_id": run.stream_id,
+                **fields,
+                "attachments": [*fields["attachments"], *new_refs],
+                "submitted_at": submitted_at,
+            }
+            draft = Draft(
+                ev.TURN_SUBMITTED,
+                submitted,
+                stream_id=run.stream_id,
+                turn_id=run.turn_id,
+                blobs=blobs,
+                admits_run=True,  # several replicas: the database admits (SessionOccupied)
+            )
+            try:
+                await self.store.append(run.session_id, [*before, draft, *after])
+            except BaseException:
+                self.registry.remove(run)
+                await self.sessions.release_blobs_held(blobs.values())
+                raise
         return {
-            "session_id": session_id,
+            "session_id": run.session_id,
             "stream_id": run.stream_id,
             "turn_id": run.turn_id,
             "pending_started_at": submitted_at,

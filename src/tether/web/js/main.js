@@ -3,6 +3,7 @@
 // go through it, so a reload, a reconnect and a session switch show the same rows.
 import "./session_auth.js";
 import { ApiError, del, get, patch, post, q } from "./api.js";
+import { BranchActions } from "./branches.js";
 import { Composer } from "./composer.js";
 import { applyEvent, applySnapshot, createSession, view } from "./reducer.js";
 import { MessageSearch } from "./search.js";
@@ -82,6 +83,7 @@ class App {
     $("transcript").addEventListener("click", (event) => this.onContinueClick(event));
     $("transcript").addEventListener("click", (event) => this.onClarifyChoice(event));
     $("transcript").addEventListener("submit", (event) => this.onClarifySubmit(event));
+    this.branches = new BranchActions($("transcript"), this); // Edit, Regenerate, ‹ 2/3 ›
     await this.route();
   }
 
@@ -240,7 +242,7 @@ class App {
   async refreshRow(sid) {
     try {
       const { session } = await get(`/api/session?${q({ session_id: sid })}`);
-      const { messages, live, queued, inherited_messages, ...row } = session;
+      const { messages, live, queued, inherited_messages, branches, ...row } = session;
       this.onRowChanged(row);
       this.sidebar.load();
     } catch {

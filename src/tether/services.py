@@ -25,6 +25,7 @@ from tether.runtimes import load_runtime
 from tether.runtimes.base import Runtime
 from tether.sessions.feed import SidebarFeed
 from tether.sessions.service import SessionService
+from tether.sessions.transfer.importer import Importer
 from tether.settings import Settings
 
 
@@ -41,6 +42,7 @@ class Services:
     engine: RunEngine
     queue: QueueService
     agent_sync: agent_sync.AgentSync | None
+    importer: Importer
 
 
 def open_store(settings: Settings) -> EventStore:
@@ -84,4 +86,5 @@ def build_services(settings: Settings, runtime: Runtime | None = None) -> Servic
         engine=engine,
         queue=queue,
         agent_sync=syncer,
+        importer=Importer(sessions),
     )

@@ -19,7 +19,17 @@ from fastapi.staticfiles import StaticFiles
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from tether import __version__
-from tether.http import auth_routes, errors, health, models, pages, runs, sessions, streams
+from tether.http import (
+    auth_routes,
+    errors,
+    health,
+    models,
+    pages,
+    runs,
+    sessions,
+    streams,
+    transfer,
+)
 from tether.http.auth import Authenticator, AuthGate
 from tether.http.deps import Services
 from tether.http.head import HeadAsGet
@@ -104,13 +114,17 @@ def create_app(
     )
     app.state.auth = auth
     errors.install(app)
-    for module in (health, auth_routes, sessions, models, runs, streams, pages):
+    for module in (health, auth_routes, sessions, transfer, models, runs, streams, pages):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=str(pages.WEB_ROOT)), name="static")
     # The last added runs first: proxy headers, the Host check, the body deadline, login, the
     # body limit, then HEAD; a request refused by one never reaches those after it.
     app.add_middleware(HeadAsGet)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.max_body_bytes,
+        larger={transfer.IMPORT_PATH: settings.max_import_bytes},
+    )
     app.add_middleware(AuthGate, auth=auth)
     app.add_middleware(BodyDeadline, seconds=settings.body_timeout_seconds)
     app.add_middleware(HostGuard, allowed=AllowedHosts.from_settings(settings))  # before login

@@ -286,3 +286,24 @@ class QueueChanged(Out):
 
 class Rendered(Out):
     html: list[str]
+
+
+class ImportResult(Out):
+    """`POST /api/sessions/import`: the file's sessions, in its order, once each."""
+
+    sessions: list[SessionRow]
+    created: int
+    existing: int
+    skipped: dict[str, int]
+
+
+class ImportProgress(Out):
+    """`GET /api/imports/{import_id}`."""
+
+    import_id: str
+    phase: str
+    done: int
+    total: int | None
+    created: int
+    existing: int
+    error: dict | None

@@ -1,0 +1,129 @@
+"""Importing ChatGPT's `conversations.json` (docs/api.md §12) over real HTTP into a real
+server: the path to `current_node` becomes the transcript at ChatGPT's own times (invariant
+4: an import is not activity), what is skipped is counted, the other branches stay in the
+log, the same file again creates nothing, and all of it survives a restart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from chatgpt_kit import Conversation
+from helpers import running_server, session_body
+
+START = 1_690_000_000.0
+
+
+def a_conversation() -> Conversation:
+    c = Conversation("Trip <img src=x onerror=alert(1)>", START, "conv-1")
+    c.add("system", "You are ChatGPT.", hidden=True)
+    c.add("user", "Hello <b>there</b>")
+    c.add("assistant", "Hi! <script>alert(1)</script>", model="gpt-4o")
+    fork = c.current
+    c.add("user", "Write poetry")  # the branch the user left: an edit of the next message
+    c.add("assistant", "Roses are red", model="gpt-4o")
+    c.add("user", "Compute 2+2", parent=fork)
+    c.add("assistant", "print(2+2)", content_type="code", recipient="python", model="gpt-4o")
+    c.add("tool", "4", content_type="execution_output")
+    c.add("assistant", "", model="gpt-4o")
+    c.add("assistant", "The result is 4.", model="gpt-4o")
+    c.add(
+        "user",
+        [{"content_type": "image_asset_pointer", "asset_pointer": "file://x"}, "What is this?"],
+        content_type="multimodal_text",
+    )
+    c.add("assistant", "A cat.", model="gpt-4o")
+    c.add("user", "One last question")
+    return c
+
+
+def seen(session: dict[str, Any]) -> list[tuple]:
+    return [(m["role"], m["content"], m.get("state")) for m in session["messages"]]
+
+
+def test_a_chatgpt_export_becomes_sessions_on_the_path_to_current_node(tmp_path: Path) -> None:
+    conversation = a_conversation()
+    other = Conversation("<script>alert('title')</script>", START + 86_400, "conv-2")
+    other.add("user", "Second conversation")
+    other.add("assistant", "Indeed.")
+    export = json.dumps([conversation.data, other.data]).encode()
+
+    with running_server(tmp_path / "data") as server:
+        with server.client(timeout=60) as client:
+            response = client.post("/api/sessions/import", content=export)
+            assert response.status_code == 201, response.text
+            body = response.json()
+            assert body["created"] == 2 and body["existing"] == 0
+            assert body["skipped"] == {"system": 1, "tool": 2, "empty": 1, "other_branches": 2}
+            trip, second = body["sessions"]
+            assert trip["title"] == "Trip <img src=x onerror=alert(1)>"  # text, as written
+            assert second["title"] == "<script>alert('title')</script>"
+            session = session_body(client, trip["session_id"])
+            assert seen(session) == [
+                ("user", "Hello <b>there</b>", None),
+                ("assistant", "Hi! <script>alert(1)</script>", "completed"),
+                ("user", "Compute 2+2", None),
+                ("assistant", "The result is 4.", "completed"),
+                (
+                    "user",
+                    "What is this?\n\n[1 file or image in the ChatGPT export, not imported]",
+                    None,
+                ),
+                ("assistant", "A cat.", "completed"),
+                ("user", "One last question", None),
+                ("assistant", "", "interrupted"),
+            ]
+            assert session["messages"][1]["model"] == "gpt-4o"
+            times = [m["created_at"] for m in session["messages"] if m["role"] == "user"]
+            assert times == [START + 20, START + 60, START + 110, START + 130]
+            # its own times: created then, last active at its last message, not now
+            assert trip["created_at"] == START
+            assert trip["updated_at"] == trip["last_message_at"] == START + 130
+            listed = client.get("/api/sessions").json()["sessions"]
+            assert [r["session_id"] for r in listed] == [
+                second["session_id"],
+                trip["session_id"],
+            ]
+            context = client.get(
+                "/api/session/context", params={"session_id": trip["session_id"]}
+            ).json()["context_messages"]
+            assert context[0] == {"role": "user", "content": "Hello <b>there</b>"}
+
+            # the branch the user left is in the log: its JSON export carries it
+            exported = json.loads(client.get(f"/api/sessions/{trip['session_id']}/export").content)
+            created = exported["events"][0]["data"]["imported"]
+            assert created["source"] == "chatgpt" and created["origin"] == "conv-1"
+            assert [(b["role"], b["text"]) for b in created["other_branches"]] == [
+                ("user", "Write poetry"),
+                ("assistant", "Roses are red"),
+            ]
+
+            again = client.post("/api/sessions/import", content=export)
+            assert again.status_code == 200, again.text
+            assert [r["session_id"] for r in again.json()["sessions"]] == [
+                trip["session_id"],
+                second["session_id"],
+            ]
+
+        server.restart()
+        with server.client() as client:
+            assert seen(session_body(client, trip["session_id"])) == seen(session)
+            assert len(client.get("/api/sessions").json()["sessions"]) == 2
+
+
+def test_a_conversation_without_current_node_follows_its_newest_branches(tmp_path: Path) -> None:
+    c = Conversation("no current node", START)
+    c.add("user", "Question")
+    c.add("assistant", "First answer")
+    c.add("assistant", "Regenerated answer", parent=c.mapping[c.current]["parent"])
+    del c.data["current_node"]
+    with running_server(tmp_path / "data") as server, server.client(timeout=60) as client:
+        response = client.post("/api/sessions/import", content=json.dumps([c.data]).encode())
+        assert response.status_code == 201, response.text
+        sid = response.json()["sessions"][0]["session_id"]
+        assert seen(session_body(client, sid)) == [
+            ("user", "Question", None),
+            ("assistant", "Regenerated answer", "completed"),
+        ]
+        assert response.json()["skipped"] == {"other_branches": 1}

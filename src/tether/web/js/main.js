@@ -8,6 +8,7 @@ import { applyEvent, applySnapshot, createSession, view } from "./reducer.js";
 import { SessionSettings } from "./session_settings.js";
 import { Sidebar } from "./sidebar.js";
 import { SessionStream } from "./stream.js";
+import { ImportControl } from "./transfer.js";
 import { TranscriptView } from "./transcript.js";
 import { UnreadStore } from "./unread.js";
 
@@ -51,6 +52,7 @@ class App {
       removeQueued: (id) => this.call(() => del(`/api/chat/queue?${q({ queue_id: id })}`)),
       sendQueued: (id) => this.call(() => post("/api/chat/queue/start", { queue_id: id })),
     });
+    this.importer = new ImportControl({ onImported: () => this.sidebar.load() });
     this.settings = new SessionSettings({
       ensureSession: () => this.ensureSession(),
       onRow: (row) => this.onRowChanged(row),

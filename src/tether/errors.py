@@ -100,6 +100,12 @@ class AttachmentNotFound(ApiError):
     code, status = "attachment_not_found", 404
 
 
+class RowNotFound(ApiError):
+    """A row id (edit, regenerate, branch switch) not in the transcript shown."""
+
+    code, status = "row_not_found", 404
+
+
 class MethodNotAllowed(ApiError):
     code, status = "method_not_allowed", 405
 

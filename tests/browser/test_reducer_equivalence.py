@@ -158,6 +158,31 @@ def generate(seed: int) -> list[Event]:
         else:
             drafts.append(("queue.removed", {"queue_id": rnd.choice(queue_ids + ["qx"])}, None))
 
+    def branch_event() -> None:
+        """An edit or regenerate's truncate, or a switch to any row (or none) of the log."""
+        known = [f"u{t}" for t in range(turns)] + [f"r{t}" for t in range(turns)]
+        if rnd.random() < 0.5:
+            drafts.append(
+                (
+                    "transcript.truncated",
+                    {"keep_count": rnd.randint(0, visible), "transcript_generation": 7},
+                    None,
+                )
+            )
+        else:
+            drafts.append(
+                (
+                    "branch.switched",
+                    {
+                        "row_id": rnd.choice([*known, "nope", None]),
+                        "index": 1,
+                        "message_count": 0,
+                        "transcript_generation": 8,
+                    },
+                    None,
+                )
+            )
+
     for turn in range(turns):
         stream, turn_id = f"r{turn}", f"u{turn}"
         submitted: dict[str, Any] = {
@@ -168,6 +193,11 @@ def generate(seed: int) -> list[Event]:
             if rnd.random() < 0.3
             else [],
         }
+        if turn and rnd.random() < 0.2:  # a new answer to the turn before: no new user row
+            turn_id = f"u{turn - 1}"
+            submitted.update(
+                turn_id=turn_id, text="", attachments=[], regenerate=True, regenerate_of=None
+            )
         if rnd.random() < 0.8:
             submitted["submitted_at"] = 1000.5 + turn
         drafts.append(("turn.submitted", submitted, stream))
@@ -421,6 +451,8 @@ def generate(seed: int) -> list[Event]:
             visible = min(visible, drafts[-1][1]["keep_count"])
         if rnd.random() < 0.3:
             queue_event()
+        if rnd.random() < 0.4:
+            branch_event()
     return [
         Event(SID, seq, type_, 2000.25 + seq, data, stream, None)
         for seq, (type_, data, stream) in enumerate(drafts, start=1)
@@ -519,6 +551,8 @@ def test_reducer_view_equals_the_python_fold(page: Page) -> None:
     views = [fold(log).view() for log in logs]
     assert any(v["live"] and v["live"]["timeline"] for v in views)
     assert any(v["queued"] for v in views)
+    assert any(v["branches"] and v["branches"]["hidden"] for v in views)
+    assert any("branch" in m for v in views for m in v["messages"])
     assert any(v["live"] and v["live"]["pending_steers"] for v in views)
     assert any(
         item.get("leftover") for v in views for m in v["messages"] for item in m.get("timeline", [])

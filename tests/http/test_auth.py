@@ -43,6 +43,8 @@ PROTECTED = [
     ("DELETE", "/api/session?session_id=abc", None),
     ("GET", "/api/session/context?session_id=abc", None),
     ("POST", "/api/session/truncate", {"session_id": "abc", "keep_count": 0}),
+    ("POST", "/api/session/branch", {"session_id": "abc", "row_id": "u_x", "index": 1}),
+    ("POST", "/api/chat/regenerate", {"session_id": "abc"}),
     ("GET", "/api/session/status?session_id=abc", None),
     ("POST", "/api/chat/start", {"session_id": "abc", "message": "hi"}),
     ("POST", "/api/chat/cancel", {"session_id": "abc"}),

@@ -23,6 +23,7 @@ from tether.http.schemas import (
     Queued,
     QueueIdQuery,
     QueueMessage,
+    RegenerateTurn,
     StartQueued,
     StartTurn,
     SteerResult,
@@ -48,12 +49,38 @@ async def start_turn(app: App, body: StartTurn) -> dict:
     """Record the user's message (with optional base64 attachments) and start a run. The
     turn is durable, and visible in `GET /api/session`, before this returns. 409
     `session_busy` while any worker occupies the session, `session_rotated` after a
-    compression rotation; every refusal comes before any write."""
+    compression rotation; every refusal comes before any write. With `edit_of` (a user
+    row of the transcript shown) the message replaces that one and everything after it as
+    a new branch; the old branch is kept (404 `row_not_found` for a row not shown)."""
     text = check_message(body.message, app.settings)
     uploads = decode_uploads(
         [a.model_dump() for a in body.attachments], app.settings, app.engine.runtime
     )
-    return await app.engine.start(body.session_id, text, uploads, body.model)
+    if body.keep_attachments is not None and body.edit_of is None:
+        raise InvalidRequest("keep_attachments goes with edit_of.")
+    return await app.engine.start(
+        body.session_id,
+        text,
+        uploads,
+        body.model,
+        edit_of=body.edit_of,
+        keep_attachments=body.keep_attachments,
+        max_attachments=app.settings.max_attachments,
+    )
+
+
+@router.post(
+    "/api/chat/regenerate",
+    summary="Regenerate an answer",
+    response_model=None,
+    responses=documented(400, 404, 409, 413, 503, ok=TurnStarted),
+)
+async def regenerate_turn(app: App, body: RegenerateTurn) -> dict:
+    """A new run answers again the message that the answer `row_id` (default: the last
+    one) answered, as a new branch; the old answer is kept. The same answer as
+    `chat/start`, and the same 409s (`session_busy`, `session_rotated`), before any write;
+    404 `row_not_found` for a row not shown. Retry after a Stop or an error is this."""
+    return await app.engine.regenerate(body.session_id, body.row_id, body.model)
 
 
 @router.post(

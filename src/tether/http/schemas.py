@@ -21,6 +21,8 @@ from tether.events import ID_PATTERN
 from tether.settings import SYSTEM_PROMPT_MAX_CHARS
 
 Id = Annotated[StrictStr, Field(pattern=ID_PATTERN)]
+# A transcript row's id: a turn or stream id, or an imported answer's `<turn id>.reply`.
+RowId = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.-]{1,80}$")]
 SessionIdQuery = Annotated[str, Query(pattern=ID_PATTERN, description="A session id")]
 QueueIdQuery = Annotated[str, Query(pattern=ID_PATTERN, description="A queued message id")]
 
@@ -93,6 +95,32 @@ class StartTurn(Body):
     message: StrictStr
     attachments: list[AttachmentUpload] = []
     model: ModelId | None = None
+    edit_of: RowId | None = Field(
+        default=None,
+        description="A visible user row: the message replaces it as a new branch (the old "
+        "branch is kept)",
+    )
+    keep_attachments: Annotated[list[Id], Field(max_length=100)] | None = Field(
+        default=None,
+        description="With `edit_of`: the attachments of the edited message to keep "
+        "(default: all of them)",
+    )
+
+
+class RegenerateTurn(Body):
+    session_id: Id
+    row_id: RowId | None = Field(
+        default=None, description="The answer to regenerate (default: the last one)"
+    )
+    model: ModelId | None = None
+
+
+class SwitchBranch(Body):
+    session_id: Id
+    row_id: RowId = Field(description="A visible row that carries `branch`")
+    index: Annotated[StrictInt, Field(ge=1, le=1_000_000)] = Field(
+        description="The branch to show, 1-based"
+    )
 
 
 class CancelRun(Body):

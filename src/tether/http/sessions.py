@@ -23,6 +23,7 @@ from tether.http.schemas import (
     SessionRowOut,
     SessionStatus,
     SessionViewOut,
+    SwitchBranch,
     TruncateSession,
 )
 from tether.log import SessionNotFound
@@ -135,6 +136,22 @@ async def truncate_session(app: App, body: TruncateSession) -> dict:
     `session_busy` while a run occupies the session; 409 `session_rotated` (with
     `continuation_session_id`) on a session that continues in a newer one."""
     return {"session": await app.sessions.truncate(body.session_id, body.keep_count)}
+
+
+@router.post(
+    "/api/session/branch",
+    summary="Show another branch",
+    response_model=None,
+    responses=documented(400, 404, 409, 413, 503, ok=SessionViewOut),
+)
+async def switch_branch(app: App, body: SwitchBranch) -> JSONResponse:
+    """Show branch `index` (1-based) of the fork at the visible row `row_id` (a row that
+    carries `branch`): the transcript and the model's next context then follow it. Not
+    activity: `updated_at` stays. It bumps `transcript_generation`, since the branch left
+    is hidden. 409 `session_busy` while a run occupies the session, `session_rotated` on a
+    session that continues in a newer one; 404 `row_not_found` for a row not shown."""
+    session = await app.sessions.switch_branch(body.session_id, body.row_id, body.index)
+    return JSONResponse({"session": session})
 
 
 @router.get(

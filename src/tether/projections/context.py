@@ -10,7 +10,7 @@ do not take it back as input.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from tether.events import summary_message
@@ -95,14 +95,18 @@ def _assistant_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
 def _boundary(
     messages: list[dict[str, Any]],
     compressions: Sequence[dict[str, Any]],
+    shown_runs: Collection[str] | None,
 ) -> tuple[int, dict[str, Any] | None]:
     """The newest compression whose boundary turn is still visible, and where it starts.
     A compression whose boundary was truncated away is ignored: its summary may describe
-    rows the user removed, and removed rows must not reappear in the model context."""
+    rows the user removed, and removed rows must not reappear in the model context. So is
+    one whose run is not on the branch shown (`shown_runs`: the assistant rows visible and
+    the runs still live): it may summarize that run's own work, another branch's rows."""
     index_of = {row["turn_id"]: i for i, row in enumerate(messages) if row["role"] == "user"}
     for compression in reversed(compressions):
         start = index_of.get(compression["boundary_turn_id"])
-        if start is not None:
+        run = compression.get("stream_id")
+        if start is not None and (shown_runs is None or run is None or run in shown_runs):
             return start, compression
     return 0, None
 
@@ -113,12 +117,13 @@ def context_messages(
     handoff: dict[str, Any] | None = None,
     agent_compactions: Sequence[dict[str, Any]] = (),
     system_prompt: str | None = None,
+    shown_runs: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """`{context_messages, excluded, compressions, compressed_at}` for the visible `messages`,
     the session's compression passes, for a rotated child its parent's handoff, and the
     compactions another client of the agent did in place (`agent.imported`). The session's
     system prompt, when it has one, is the first message (invariant 1: shown as sent)."""
-    start, compression = _boundary(messages, compressions)
+    start, compression = _boundary(messages, compressions, shown_runs)
     summary = compression["summary"] if compression else (handoff or {}).get("summary")
     carried: list[dict[str, Any]] = []
     # The agent's own compaction wins when it came after Tether's.

@@ -17,7 +17,7 @@ from tether import events as ev
 from tether.events import Event
 
 # Bump when the fold changes: the store then rebuilds every persisted row from the log.
-SIDEBAR_FOLD_VERSION = "sidebar-5"
+SIDEBAR_FOLD_VERSION = "sidebar-6"
 
 DEFAULT_TITLE = "New chat"
 TITLE_MAX = 80
@@ -30,6 +30,7 @@ ROW_EVENT_TYPES = frozenset(
         ev.TURN_SUBMITTED,
         ev.RUN_FINISHED,
         ev.TRANSCRIPT_TRUNCATED,
+        ev.BRANCH_SWITCHED,
         ev.SESSION_ROTATED,
         ev.AGENT_IMPORTED,
     }
@@ -91,8 +92,10 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
             if key in data:
                 row[key] = data[key]
     elif event.type == ev.TURN_SUBMITTED:
-        row["message_count"] += 1
         row["updated_at"] = row["last_message_at"] = event.at
+        if data.get("regenerate"):  # a new answer to a turn already shown: no new row yet
+            return row
+        row["message_count"] += 1
         if row["title_from_message"] is None:
             row["title_from_message"] = title_from_message(data.get("text", "")) or None
     elif event.type == ev.RUN_FINISHED:
@@ -108,6 +111,13 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
         row["maintenance_rows"] = 0  # activity_count restarts at the baseline
         row["transcript_generation"] = data["transcript_generation"]
         row["transcript_generation_baseline"] = data["keep_count"]
+    elif event.type == ev.BRANCH_SWITCHED:
+        # Like a truncate (the rows of the branch left are hidden), but not activity: the
+        # baseline is everything now shown, so no client marks the switch unread (inv. 4).
+        row["message_count"] = data["message_count"]
+        row["maintenance_rows"] = 0
+        row["transcript_generation"] = data["transcript_generation"]
+        row["transcript_generation_baseline"] = data["message_count"]
     elif event.type == ev.SESSION_ROTATED:
         row["continuation_session_id"] = data.get("continuation_session_id")
     elif event.type == ev.AGENT_IMPORTED:

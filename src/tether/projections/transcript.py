@@ -14,6 +14,7 @@ from typing import Any
 from tether import events as ev
 from tether.events import Event
 from tether.projections.agent_rows import imported_rows
+from tether.projections.branches import BranchTree
 from tether.projections.context import context_messages
 from tether.projections.timeline import timeline_view
 
@@ -89,7 +90,8 @@ class TranscriptFold:
 
     def __init__(self) -> None:
         self.last_seq = 0
-        self.messages: list[dict[str, Any]] = []
+        self.messages: list[dict[str, Any]] = []  # the visible transcript: the branch shown
+        self.tree = BranchTree(self.messages)  # every branch (docs/api.md §11)
         self.active: dict[str, RunScene] = {}
         self.users: dict[str, dict[str, Any]] = {}
         self.queued: dict[str, dict[str, Any]] = {}
@@ -97,7 +99,8 @@ class TranscriptFold:
         self.compressions: list[dict[str, Any]] = []
         self.handoff: dict[str, Any] | None = None
         # What another client of the agent wrote (`agent.imported`): where the next pass
-        # starts, and compactions it did in place (the model context restarts there).
+        # starts, and compactions it did in place (the model context restarts after the row
+        # they follow, on the branches through that row).
         self.agent_watermark = 0
         self.agent_compactions: list[dict[str, Any]] = []
 
@@ -115,6 +118,11 @@ class TranscriptFold:
 
     def _turn_submitted(self, event: Event) -> None:
         data = event.data
+        if data.get("regenerate"):  # a new answer to a turn already shown: no new user row
+            self.active[data["stream_id"]] = RunScene(
+                data["stream_id"], data["turn_id"], data.get("submitted_at", event.at)
+            )
+            return
         row = {
             "id": data["turn_id"],
             "role": "user",
@@ -126,7 +134,7 @@ class TranscriptFold:
                 for a in data.get("attachments") or []
             ],
         }
-        self.messages.append(row)
+        self.tree.append(row)
         self.users[data["turn_id"]] = row
         self.active[data["stream_id"]] = RunScene(
             data["stream_id"], data["turn_id"], data.get("submitted_at", event.at)
@@ -213,6 +221,7 @@ class TranscriptFold:
                         "pass_id": data["pass_id"],
                         "summary": data["summary"],
                         "boundary_turn_id": data.get("boundary_turn_id") or scene.turn_id,
+                        "stream_id": scene.stream_id,  # its summary is of that run's branch
                         "tokens_before": data.get("tokens_before"),
                         "tokens_after": data.get("tokens_after"),
                     }
@@ -354,12 +363,16 @@ class TranscriptFold:
             row["usage"] = dict(event.data["usage"])  # the context meter's source
         if event.data.get("finish_reason"):
             row["finish_reason"] = event.data["finish_reason"]
-        self.messages.append(row)
+        self.tree.append(row)
 
     def _truncated(self, event: Event) -> None:
-        keep = event.data["keep_count"]
-        del self.messages[keep:]
-        self.agent_compactions = [c for c in self.agent_compactions if c["at"] <= keep]
+        """Hide the rows from `keep_count` on: kept as a branch beside what comes next."""
+        self.tree.cut(event.data["keep_count"])
+
+    def _branch_switched(self, event: Event) -> None:
+        row_id = event.data.get("row_id")
+        if isinstance(row_id, str):
+            self.tree.show(row_id)
 
     def _agent_imported(self, event: Event) -> None:
         """Turns another client of the agent wrote, in the order it wrote them; a compaction
@@ -370,20 +383,33 @@ class TranscriptFold:
             if entry.get("kind") == "compaction":
                 self.agent_compactions.append(
                     {
-                        "at": len(self.messages),
+                        "after": self.messages[-1]["id"] if self.messages else None,
                         "summary": entry.get("summary") or "",
                         "carried": list(entry.get("context") or []),
                     }
                 )
             elif entry.get("kind") == "turn":
-                self.messages.extend(imported_rows(entry))
+                for row in imported_rows(entry):
+                    self.tree.append(row)
 
     # -- views ------------------------------------------------------------------------------
     def context(self, system_prompt: str | None = None) -> dict[str, Any]:
         """The model context of the next call (docs/api.md §3, `GET /api/session/context`),
         opened by `system_prompt` when there is one."""
+        position = {row["id"]: index for index, row in enumerate(self.messages)}
+        # A compaction counts on the branches through the row it followed.
+        compactions = [
+            {**c, "at": 0 if c["after"] is None else position[c["after"]] + 1}
+            for c in self.agent_compactions
+            if c["after"] is None or c["after"] in position
+        ]
         return context_messages(
-            self.messages, self.compressions, self.handoff, self.agent_compactions, system_prompt
+            self.messages,
+            self.compressions,
+            self.handoff,
+            compactions,
+            system_prompt,
+            shown_runs={*position, *self.active},
         )
 
     def view(self) -> dict[str, Any]:
@@ -397,6 +423,7 @@ class TranscriptFold:
             "pending_started_at": None,
             "live": None,
             "queued": [dict(q) for q in self.queued.values()],
+            "branches": self.tree.snapshot(_copy_row),
         }
         if scene is not None:
             user = self.users.get(scene.turn_id)
@@ -427,6 +454,8 @@ def _copy_row(row: dict[str, Any]) -> dict[str, Any]:
         copy["timeline"] = [dict(item) for item in copy["timeline"]]
     if "attachments" in copy:
         copy["attachments"] = [dict(a) for a in copy["attachments"]]
+    if "branch" in copy:
+        copy["branch"] = dict(copy["branch"])
     return copy
 
 
@@ -454,5 +483,6 @@ _HANDLERS = {
     ev.CLARIFY_RESOLVED: TranscriptFold._clarify,
     ev.RUN_FINISHED: TranscriptFold._run_finished,
     ev.TRANSCRIPT_TRUNCATED: TranscriptFold._truncated,
+    ev.BRANCH_SWITCHED: TranscriptFold._branch_switched,
     ev.AGENT_IMPORTED: TranscriptFold._agent_imported,
 }

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tether import events as ev
-from tether.errors import ServerClosing, SessionBusy
+from tether.errors import InvalidRequest, ServerClosing, SessionBusy
 from tether.events import new_id
 from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
@@ -34,6 +34,7 @@ from tether.runs.intake import Upload
 from tether.runs.pump import END, STOP, Signal, outcome, pump
 from tether.runs.registry import CANCELLING, RUNNING, STARTING, Run, RunRegistry
 from tether.runtimes.base import AttachmentRef, ProviderError, Runtime, TurnInput
+from tether.sessions.branching import edit_fork, regenerate_fork
 from tether.sessions.service import SessionService
 
 log = logging.getLogger("tether.runs")
@@ -102,42 +103,97 @@ class RunEngine:
         uploads: Sequence[Upload] = (),
         model: str | None = None,
         refs: Sequence[dict[str, Any]] = (),
+        *,
+        edit_of: str | None = None,
+        keep_attachments: list[str] | None = None,
+        max_attachments: int | None = None,
     ) -> dict[str, Any]:
         """Admit and record a new turn. `uploads` are stored here, after every refusal;
-        `refs` are attachments stored earlier (a queued message)."""
+        `refs` are attachments stored earlier (a queued message). `edit_of` (a visible user
+        row) makes the turn a new branch in that message's place (docs/api.md §11), with
+        that message's attachments (those `keep_attachments` names, when given)."""
         async with self.sessions.locks(session_id):
-            if self.agent_sync is not None:  # an unknown session: nothing to sync, 404 below
-                await self.agent_sync.before_start(session_id)  # may reveal a continuation
-            await self.check_admissible(session_id, starting=True)
-            async with self.sessions.blob_guard(bool(uploads)):
-                new_refs, blobs = await self.store_uploads(uploads)
-                stored = [*refs, *new_refs]
-                run = Run(session_id, new_id("r"), new_id("u"))
-                self.registry.add(run)
-                submitted_at = time.time()
-                submitted = {
-                    "turn_id": run.turn_id,
-                    "stream_id": run.stream_id,
-                    "text": text,
-                    "attachments": stored,
-                    "submitted_at": submitted_at,
-                }
-                draft = Draft(
-                    ev.TURN_SUBMITTED,
-                    submitted,
-                    stream_id=run.stream_id,
-                    turn_id=run.turn_id,
-                    blobs=blobs,
-                )
-                try:
-                    await self.store.append(session_id, [draft])
-                except BaseException:
-                    self.registry.remove(run)
-                    await self.sessions.release_blobs_held(blobs.values())
-                    raise
+            await self._admissible(session_id)
+            before: list[Draft] = []
+            extra: dict[str, Any] = {}
+            if edit_of is not None:
+                fold = await self.sessions.folds.get(session_id)
+                before, kept = edit_fork(fold, edit_of, keep_attachments)
+                total = len(kept) + len(refs) + len(uploads)
+                if max_attachments is not None and total > max_attachments:
+                    raise InvalidRequest(
+                        f"{total} attachments with the ones kept; at most {max_attachments} "
+                        "fit in one message (keep_attachments drops some)."
+                    )
+                refs = [*kept, *refs]
+                extra = {"edit_of": edit_of}
+            run = Run(session_id, new_id("r"), new_id("u"))
+            submitted = {"text": text, "attachments": list(refs), **extra}
+            started = await self._record(run, before, submitted, uploads)
             run.worker = asyncio.create_task(self._work(run, model), name=run.stream_id)
+        return started
+
+    async def regenerate(
+        self, session_id: str, row_id: str | None = None, model: str | None = None
+    ) -> dict[str, Any]:
+        """A new run answering again the turn that the answer `row_id` (default: the last
+        one) answered, as a new branch beside it (docs/api.md §11). Retry after a Stop or an
+        error is this. Refused exactly like a start, before any write."""
+        async with self.sessions.locks(session_id):
+            await self._admissible(session_id)
+            fold = await self.sessions.folds.get(session_id)
+            before, turn_id, replaced = regenerate_fork(fold, row_id)
+            run = Run(session_id, new_id("r"), turn_id)
+            submitted = {
+                "text": "",
+                "attachments": [],
+                "regenerate": True,
+                "regenerate_of": replaced,
+            }
+            started = await self._record(run, before, submitted, ())
+            run.worker = asyncio.create_task(self._work(run, model), name=run.stream_id)
+        return started
+
+    async def _admissible(self, session_id: str) -> None:
+        if self.agent_sync is not None:  # an unknown session: nothing to sync, 404 below
+            await self.agent_sync.before_start(session_id)  # may reveal a continuation
+        await self.check_admissible(session_id, starting=True)
+
+    async def _record(
+        self,
+        run: Run,
+        before: list[Draft],
+        fields: dict[str, Any],
+        uploads: Sequence[Upload],
+    ) -> dict[str, Any]:
+        """Store `uploads`, register `run` and append `before` and its `turn.submitted` in
+        one append; on any failure the run is unregistered and new bytes are released."""
+        async with self.sessions.blob_guard(bool(uploads)):
+            new_refs, blobs = await self.store_uploads(uploads)
+            self.registry.add(run)
+            submitted_at = time.time()
+            submitted = {
+                "turn_id": run.turn_id,
+                "stream_id": run.stream_id,
+                **fields,
+                "attachments": [*fields["attachments"], *new_refs],
+                "submitted_at": submitted_at,
+            }
+            draft = Draft(
+                ev.TURN_SUBMITTED,
+                submitted,
+                stream_id=run.stream_id,
+                turn_id=run.turn_id,
+                blobs=blobs,
+            )
+            try:
+                await self.store.append(run.session_id, [*before, draft])
+            except BaseException:
+                self.registry.remove(run)
+                await self.sessions.release_blobs_held(blobs.values())
+                raise
         return {
-            "session_id": session_id,
+            "session_id": run.session_id,
             "stream_id": run.stream_id,
             "turn_id": run.turn_id,
             "pending_started_at": submitted_at,

@@ -16,6 +16,7 @@ from tether.log import Draft, SessionNotFound
 from tether.log.attachments import AttachmentStore
 from tether.log.store import EventStore
 from tether.projections.sidebar import public_row, sort_key
+from tether.sessions.branching import switch_draft
 from tether.sessions.folds import FoldCache
 from tether.sessions.titles import TitleRefused, normalise_title
 
@@ -255,3 +256,22 @@ class SessionService:
         row = await self.row(session_id)
         assert row is not None
         return row
+
+    async def switch_branch(self, session_id: str, row_id: str, index: int) -> dict[str, Any]:
+        """Show branch `index` of the fork at the visible row `row_id` (docs/api.md §11):
+        what the page shows and what the model gets next follow it (invariant 1). Not
+        activity (invariant 4); refused like truncate on a rotated or busy session."""
+        async with self.locks(session_id):
+            state = await self.store.index_state(session_id)
+            if state is None:
+                raise SessionNotFound(session_id)
+            await self.refuse_if_rotated(state)
+            if self.registry.busy(session_id):
+                raise SessionBusy(
+                    "A run is still using this session; stop it first.",
+                    active_stream_id=self.registry.attachable_stream(session_id),
+                )
+            draft = switch_draft(await self.folds.get(session_id), row_id, index)
+            if draft is not None:
+                await self.store.append(session_id, [draft])
+        return await self.view(session_id)

@@ -3,6 +3,7 @@
 // go through it, so a reload, a reconnect and a session switch show the same rows.
 import "./session_auth.js";
 import { ApiError, del, get, patch, post, q } from "./api.js";
+import { BranchActions } from "./branches.js";
 import { Composer } from "./composer.js";
 import { applyEvent, applySnapshot, createSession, view } from "./reducer.js";
 import { SessionSettings } from "./session_settings.js";
@@ -77,6 +78,7 @@ class App {
     $("transcript").addEventListener("click", (event) => this.onContinueClick(event));
     $("transcript").addEventListener("click", (event) => this.onClarifyChoice(event));
     $("transcript").addEventListener("submit", (event) => this.onClarifySubmit(event));
+    this.branches = new BranchActions($("transcript"), this); // Edit, Regenerate, ‹ 2/3 ›
     await this.route();
   }
 

@@ -10,8 +10,10 @@
 // The renderer clears `state.dirty` after patching. `view()` never contains `rev`.
 //
 // The folds of timeline items (text, tools, approvals, clarify questions, steers...) are in
-// reducer_items.js, the only module this one imports.
+// reducer_items.js, and the tree of branches (edit, regenerate, switch) in
+// reducer_branches.js: the only modules this one imports.
 
+import { append, createTree, cut, restore, show, snapshot } from "./reducer_branches.js";
 import {
   DIRTY_LIVE,
   DIRTY_MESSAGES,
@@ -106,11 +108,13 @@ export function noticeText(state, data) {
 }
 
 export function createSession(sessionId) {
+  const messages = []; // rows, in transcript order: the branch shown
   return {
     sessionId,
     lastSeq: 0,
     clock: 0, // source of every `rev`; never goes back
-    messages: [], // rows, in transcript order
+    messages,
+    tree: createTree(messages), // every branch (docs/api.md §10)
     active: new Map(), // stream_id -> scene {stream_id, turn_id, started_at, phase, ..., items}
     users: new Map(), // turn_id -> user row (or the snapshot's pending turn)
     queued: new Map(), // queue_id -> entry
@@ -134,6 +138,13 @@ function newScene(state, streamId, turnId, startedAt) {
   return touch(state, scene);
 }
 
+/** Show `row` after the visible tail; siblings whose `branch` changed are patched too. */
+function appendRow(state, row) {
+  touch(state, row);
+  for (const labelled of append(state.tree, row)) touch(state, labelled);
+  state.dirty.add(DIRTY_MESSAGES);
+}
+
 const HANDLERS = new Map(ITEM_FOLDS); // the item folds live in reducer_items.js
 const on = (types, handler) => {
   for (const type of types) HANDLERS.set(type, handler);
@@ -141,6 +152,11 @@ const on = (types, handler) => {
 
 on(["turn.submitted"], (state, env, data) => {
   const at = get(data, "submitted_at", env.at);
+  if (truthy(get(data, "regenerate"))) {
+    // a new answer to a turn already shown: no new user row
+    state.active.set(data.stream_id, newScene(state, data.stream_id, data.turn_id, at));
+    return;
+  }
   const row = {
     id: data.turn_id,
     role: "user",
@@ -149,8 +165,7 @@ on(["turn.submitted"], (state, env, data) => {
     content: get(data, "text", ""),
     attachments: attachments(get(data, "attachments"), env.session_id),
   };
-  state.messages.push(touch(state, row));
-  state.dirty.add(DIRTY_MESSAGES);
+  appendRow(state, row);
   state.users.set(data.turn_id, row);
   state.active.set(data.stream_id, newScene(state, data.stream_id, data.turn_id, at));
 });
@@ -231,14 +246,23 @@ on(["run.finished"], (state, env, data) => {
   if (truthy(get(data, "error"))) row.error = { ...data.error };
   if (truthy(get(data, "usage"))) row.usage = { ...data.usage }; // the context meter's source
   if (truthy(get(data, "finish_reason"))) row.finish_reason = data.finish_reason;
-  state.messages.push(touch(state, row));
-  state.dirty.add(DIRTY_MESSAGES).add(DIRTY_LIVE);
+  appendRow(state, row);
+  state.dirty.add(DIRTY_LIVE);
 });
 
+// The rows hidden stay in the tree, as a branch beside what comes next.
 on(["transcript.truncated"], (state, _env, data) => {
-  const removed = state.messages.splice(data.keep_count);
+  const removed = cut(state.tree, data.keep_count);
   if (removed.length === 0) return;
   for (const row of removed) state.dirty.add(row.id);
+  state.dirty.add(DIRTY_MESSAGES);
+});
+
+on(["branch.switched"], (state, _env, data) => {
+  const [removed, shown] = show(state.tree, get(data, "row_id"));
+  if (removed.length === 0 && shown.length === 0) return;
+  for (const row of removed) state.dirty.add(row.id);
+  for (const row of shown) touch(state, row);
   state.dirty.add(DIRTY_MESSAGES);
 });
 
@@ -254,38 +278,34 @@ on(["agent.imported"], (state, _env, data) => {
         ? `\n\n[${count} ${count === 1 ? "image" : "images"} ` +
           "sent from another client; not stored in Tether]"
         : "";
-      state.messages.push(
-        touch(state, {
-          id: turnId,
-          role: "user",
-          turn_id: turnId,
-          created_at: user.timestamp,
-          content: (get(user, "content") || "") + note,
-          attachments: [],
-          origin: "agent",
-        }),
-      );
+      appendRow(state, {
+        id: turnId,
+        role: "user",
+        turn_id: turnId,
+        created_at: user.timestamp,
+        content: (get(user, "content") || "") + note,
+        attachments: [],
+        origin: "agent",
+      });
     }
     const rest = user !== null ? rows.slice(1) : rows;
     if (rest.length > 0) {
       const timeline = importedTimeline(state, rest, turnId);
-      state.messages.push(
-        touch(state, {
-          id: `${turnId}.reply`,
-          role: "assistant",
-          turn_id: turnId,
-          created_at: rest[0].timestamp,
-          finished_at: rest.at(-1).timestamp,
-          content: timeline
-            .filter((i) => i.type === "text" && !i.interim)
-            .map((i) => i.text)
-            .join(""),
-          state: "completed",
-          stream_id: null,
-          timeline,
-          origin: "agent",
-        }),
-      );
+      appendRow(state, {
+        id: `${turnId}.reply`,
+        role: "assistant",
+        turn_id: turnId,
+        created_at: rest[0].timestamp,
+        finished_at: rest.at(-1).timestamp,
+        content: timeline
+          .filter((i) => i.type === "text" && !i.interim)
+          .map((i) => i.text)
+          .join(""),
+        state: "completed",
+        stream_id: null,
+        timeline,
+        origin: "agent",
+      });
     }
     state.dirty.add(DIRTY_MESSAGES);
   }
@@ -310,12 +330,14 @@ export function applySnapshot(state, session) {
     return false;
   }
   const hydrate = (obj) => touch(state, clone(obj));
-  state.lastSeq = Number(session.last_seq ?? 0);
-  state.messages = (session.messages ?? []).map((row) => {
+  const hydrateRow = (row) => {
     const copy = hydrate(row);
     if (Array.isArray(copy.timeline)) for (const item of copy.timeline) touch(state, item);
     return copy;
-  });
+  };
+  state.lastSeq = Number(session.last_seq ?? 0);
+  state.messages = (session.messages ?? []).map(hydrateRow);
+  state.tree = restore(state.messages, session.branches ?? null, hydrateRow);
   state.users = new Map();
   for (const row of state.messages) if (row.role === "user") state.users.set(row.turn_id, row);
   state.active = new Map();
@@ -360,6 +382,7 @@ export function view(state) {
     pending_started_at: null,
     live: null,
     queued: [...state.queued.values()].map(bare),
+    branches: snapshot(state.tree, copyRow),
   };
   const scene = state.active.values().next().value;
   if (scene !== undefined) {

@@ -26,6 +26,7 @@ export const EVENT_TYPES = [
   "queue.removed",
   "run.finished",
   "transcript.truncated",
+  "branch.switched",
   "approval.requested",
   "approval.resolved",
   "clarify.requested",

@@ -1,6 +1,7 @@
 // The conversation view: rows keyed by message id, blocks keyed by item id, each patched in
 // place when its content changes. Untrusted text only ever goes through textContent; the only
 // HTML inserted is sanitised Markdown (markdown.js).
+import { buildRowActions, updateRowActions } from "./branches.js";
 import { activityParts, blocksFor } from "./blocks.js";
 import { formatDuration, h, patchChildren } from "./dom.js";
 import { MarkdownView } from "./markdown.js";
@@ -311,6 +312,7 @@ function buildRow(row) {
         h("div", { class: "user-attachments" }),
       ),
       copyMessageButton(),
+      buildRowActions("user"),
     );
   }
   return h(
@@ -322,6 +324,7 @@ function buildRow(row) {
       h("span", { class: "working" }),
       h("span", { class: "model" }),
       copyMessageButton(),
+      buildRowActions("assistant"),
     ),
     h("div", { class: "items" }),
   );
@@ -466,6 +469,7 @@ export class TranscriptView {
 
   /** Patch the DOM to show `view` (the reducer's view of one session). */
   render(view, inherited = []) {
+    this.running = !!view.live; // Edit, Regenerate and switching wait for the run to end
     const rows = [];
     for (const m of view.messages) {
       if (this.compressedAt && m.role === "user" && m.turn_id === this.compressedAt.turn_id) {
@@ -505,6 +509,7 @@ export class TranscriptView {
       }
       note.textContent = `Not in the model's context. ${reason}`;
     } else note?.remove();
+    updateRowActions(el, row, { running: this.running });
     if (row.role === "user") return updateUserRow(el, row);
     const live = !!row.live;
     el.classList.toggle("live", live);

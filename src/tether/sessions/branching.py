@@ -1,0 +1,106 @@
+"""Edit, regenerate and branch switching (docs/api.md §11): which events each one appends.
+
+A new branch is the log's ordinary truncate (`transcript.truncated`), which hides the rows
+from the fork on without removing them (projections/branches.py), followed in the same
+append by the new turn: `turn.submitted{edit_of}` for an edited message, or
+`turn.submitted{regenerate}` (no new user row) for a new answer to a turn already shown.
+Showing another branch is `branch.switched`. Every check here reads the fold under the
+session's lock, before anything is written, so a refusal leaves the log untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tether import events as ev
+from tether.errors import InvalidRequest, RowNotFound
+from tether.log import Draft
+from tether.sessions.folds import SessionFold
+
+
+def _visible_index(fold: SessionFold, row_id: str) -> int:
+    for index, row in enumerate(fold.transcript.messages):
+        if row["id"] == row_id:
+            return index
+    raise RowNotFound(
+        "There is no such message in the transcript shown (another tab may have switched "
+        "branch; reload the session).",
+        row_id=row_id,
+    )
+
+
+def _hide_from(fold: SessionFold, keep: int) -> Draft:
+    """The truncate that starts a new branch at visible position `keep`."""
+    assert fold.row is not None
+    return Draft(
+        ev.TRANSCRIPT_TRUNCATED,
+        {"keep_count": keep, "transcript_generation": fold.row["transcript_generation"] + 1},
+    )
+
+
+def edit_fork(
+    fold: SessionFold, row_id: str, keep_attachments: list[str] | None
+) -> tuple[list[Draft], list[dict[str, Any]]]:
+    """For `chat/start {edit_of}`: (the drafts before the new turn, the attachments of the
+    edited message it keeps: all of them unless `keep_attachments` names some)."""
+    index = _visible_index(fold, row_id)
+    row = fold.transcript.messages[index]
+    if row["role"] != "user":
+        raise InvalidRequest("edit_of names an answer; only your own messages can be edited.")
+    owned = [{k: v for k, v in a.items() if k != "url"} for a in row.get("attachments") or []]
+    if keep_attachments is not None:
+        unknown = sorted(set(keep_attachments) - {a["id"] for a in owned})
+        if unknown:
+            raise InvalidRequest(
+                f"keep_attachments names {', '.join(unknown)}, not an attachment of the "
+                "message edited."
+            )
+        owned = [a for a in owned if a["id"] in keep_attachments]
+    return [_hide_from(fold, index)], owned
+
+
+def regenerate_fork(fold: SessionFold, row_id: str | None) -> tuple[list[Draft], str, str | None]:
+    """For `chat/regenerate`: (the drafts before the new run, the turn it answers, the
+    answer it replaces). Without `row_id`: the last answer, or, when the transcript ends
+    with a message nobody answered yet, that message (nothing is hidden then)."""
+    messages = fold.transcript.messages
+    if row_id is None:
+        if messages and messages[-1]["role"] == "user":
+            return [], messages[-1]["turn_id"], None
+        answers = [row["id"] for row in messages if row["role"] == "assistant"]
+        if not answers:
+            raise InvalidRequest("There is no answer to regenerate yet.")
+        row_id = answers[-1]
+    index = _visible_index(fold, row_id)
+    row = messages[index]
+    if row["role"] != "assistant":
+        raise InvalidRequest("row_id names your own message; regenerate takes an answer.")
+    asked = messages[index - 1] if index > 0 else None
+    if asked is None or asked["role"] != "user" or asked["turn_id"] != row["turn_id"]:
+        raise InvalidRequest("That answer has no message of yours before it to answer again.")
+    return [_hide_from(fold, index)], row["turn_id"], row_id
+
+
+def switch_draft(fold: SessionFold, row_id: str, index: int) -> Draft | None:
+    """`POST /api/session/branch`: the `branch.switched` that shows branch `index` (1-based)
+    of the fork at the visible row `row_id`, or None when it is shown already."""
+    assert fold.row is not None
+    _visible_index(fold, row_id)
+    tree = fold.transcript.tree
+    siblings = tree.siblings(row_id)
+    if len(siblings) < 2:
+        raise InvalidRequest("This message has no other branch to show.")
+    if not 1 <= index <= len(siblings):
+        raise InvalidRequest(f"index must be between 1 and {len(siblings)} here.")
+    target = siblings[index - 1]
+    if target == row_id:
+        return None
+    return Draft(
+        ev.BRANCH_SWITCHED,
+        {
+            "row_id": target,
+            "index": index,
+            "message_count": tree.count_if_shown(target),
+            "transcript_generation": fold.row["transcript_generation"] + 1,
+        },
+    )

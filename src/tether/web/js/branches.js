@@ -1,0 +1,142 @@
+// Edit, Regenerate and the branch switcher of a row (docs/api.md §10, docs/page.md): the
+// controls transcript.js puts on each settled row, and what a click on them asks the server.
+// What the page shows then comes back as events through the reducer (reducer_branches.js),
+// like every other change, so this tab, another tab and a reload agree.
+import { ApiError, post } from "./api.js";
+import { h } from "./dom.js";
+
+// Labels are drawn from `aria-label` by CSS, so a row's text stays the message alone.
+const button = (cls, label) =>
+  h("button", { type: "button", class: `btn row-action ${cls}`, "aria-label": label });
+
+/** The controls of one row: "‹ 2/3 ›" where branches diverge, then Edit or Regenerate. */
+export function buildRowActions(role) {
+  return h(
+    "div",
+    { class: "row-actions", role: "group", "aria-label": "Message actions" },
+    h(
+      "span",
+      { class: "branch-switch", hidden: true },
+      button("branch-prev", "Previous branch"),
+      h("span", { class: "branch-count" }),
+      button("branch-next", "Next branch"),
+    ),
+    role === "user" ? button("edit-message", "Edit") : button("regenerate", "Regenerate"),
+  );
+}
+
+/** Show `row`'s controls: none on a live row, on a row of an earlier session, or while a
+ *  run holds the session (the server would refuse with 409 `session_busy`). */
+export function updateRowActions(el, row, { running }) {
+  const actions = el.querySelector(".row-actions");
+  if (!actions) return;
+  const settled = !row.live && !row.session_id; // inherited rows carry their session's id
+  actions.hidden = !settled;
+  el.dataset.rowId = row.id;
+  const branch = row.branch;
+  const switcher = actions.querySelector(".branch-switch");
+  switcher.hidden = !branch;
+  if (branch) {
+    const count = actions.querySelector(".branch-count");
+    count.dataset.text = `${branch.index}/${branch.count}`;
+    count.setAttribute("aria-label", `Branch ${branch.index} of ${branch.count}`);
+    actions.querySelector(".branch-prev").disabled = running || branch.index <= 1;
+    actions.querySelector(".branch-next").disabled = running || branch.index >= branch.count;
+    switcher.dataset.index = String(branch.index);
+  }
+  for (const b of actions.querySelectorAll(".edit-message, .regenerate")) b.disabled = running;
+}
+
+export class BranchActions {
+  /** `app` gives `openId`, `call(fn)`, `refused(err, text, files)` and `notify(msg)`. */
+  constructor(root, app) {
+    this.app = app;
+    root.addEventListener("click", (event) => this.onClick(event));
+    root.addEventListener("keydown", (event) => this.onKey(event));
+  }
+
+  onClick(event) {
+    const target = event.target.closest(
+      ".branch-prev, .branch-next, .edit-message, .regenerate, .edit-save, .edit-cancel",
+    );
+    const row = target?.closest(".row");
+    if (!row) return;
+    const sid = this.app.openId;
+    const rowId = row.dataset.rowId;
+    if (target.matches(".branch-prev, .branch-next")) {
+      const index = Number(target.parentElement.dataset.index);
+      const next = target.matches(".branch-next") ? index + 1 : index - 1;
+      this.app.call(() =>
+        post("/api/session/branch", { session_id: sid, row_id: rowId, index: next }),
+      );
+    } else if (target.matches(".regenerate")) {
+      this.app.call(() => post("/api/chat/regenerate", { session_id: sid, row_id: rowId }));
+    } else if (target.matches(".edit-message")) {
+      this.openEditor(row);
+    } else if (target.matches(".edit-cancel")) {
+      this.closeEditor(row);
+    } else {
+      this.save(row, sid, rowId);
+    }
+  }
+
+  onKey(event) {
+    const area = event.target.closest?.(".edit-box textarea");
+    if (!area) return;
+    const row = area.closest(".row");
+    if (event.key === "Escape") this.closeEditor(row);
+    else if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+      event.preventDefault();
+      this.save(row, this.app.openId, row.dataset.rowId);
+    }
+  }
+
+  openEditor(row) {
+    if (row.querySelector(".edit-box")) return;
+    const area = h("textarea", { rows: 3, "aria-label": "Edit message" });
+    area.value = row.copySource || "";
+    const box = h(
+      "div",
+      { class: "edit-box" },
+      area,
+      h(
+        "div",
+        { class: "edit-buttons" },
+        h("button", { type: "button", class: "btn edit-cancel", text: "Cancel" }),
+        h("button", { type: "button", class: "btn primary edit-save", text: "Save and send" }),
+      ),
+    );
+    row.classList.add("editing");
+    row.querySelector(".user-bubble").after(box);
+    area.focus();
+  }
+
+  closeEditor(row) {
+    row.querySelector(".edit-box")?.remove();
+    row.classList.remove("editing");
+    row.querySelector(".edit-message")?.focus();
+  }
+
+  /** The edited message becomes a new branch; the old one stays. A refusal keeps the text. */
+  async save(row, sid, rowId) {
+    const area = row.querySelector(".edit-box textarea");
+    const text = area?.value ?? "";
+    if (!text.trim()) {
+      area?.focus();
+      return;
+    }
+    for (const b of row.querySelectorAll(".edit-box button")) b.disabled = true;
+    try {
+      await post("/api/chat/start", { session_id: sid, message: text, edit_of: rowId });
+      row.querySelector(".edit-box")?.remove();
+      row.classList.remove("editing");
+    } catch (err) {
+      for (const b of row.querySelectorAll(".edit-box button")) b.disabled = false;
+      if (err instanceof ApiError && err.code === "session_rotated") {
+        this.app.refused(err, text, []); // in the continuation's composer, never resent
+      } else {
+        this.app.notify(err.message); // the text stays in the box
+      }
+    }
+  }
+}

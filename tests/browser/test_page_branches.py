@@ -1,0 +1,129 @@
+"""The page's Edit, Regenerate and "‹ 2/3 ›" branch switcher (docs/page.md, docs/api.md §10):
+the real page in headless Chromium against the real server. Layers: the page (reducer and
+renderer fold `transcript.truncated` / `branch.switched` live), the transcript and the model
+context (invariant 1: the page shows the branch the model gets), the sidebar row
+(invariant 4: a switch marks nothing unread in another tab)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from playwright.sync_api import BrowserContext, Page, expect
+
+from helpers import ServerProcess, session_body, wait_idle
+from pagekit import open_app, send, session_id_of, wait_settled
+
+pytestmark = pytest.mark.slow
+
+
+def user_texts(page: Page) -> list[str]:
+    return page.locator("#transcript .rows > .row.user .user-text").all_inner_texts()
+
+
+def context_users(base_url: str, sid: str) -> list[str]:
+    context = httpx.get(base_url + "/api/session/context", params={"session_id": sid}).json()
+    return [m["content"] for m in context["context_messages"] if m["role"] == "user"]
+
+
+def test_edit_regenerate_and_switch_from_the_page(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    send(page, "first question")
+    wait_settled(page)
+    send(page, "second question")
+    wait_settled(page)
+    sid = session_id_of(page)
+    rows = page.locator("#transcript .rows > .row")
+
+    # Edit the second message: it becomes a new branch beside the old one.
+    second = page.locator("#transcript .rows > .row.user").nth(1)
+    second.get_by_role("button", name="Edit").click()
+    box = second.get_by_role("textbox", name="Edit message")
+    expect(box).to_have_value("second question")
+    box.fill("second, edited")
+    second.get_by_role("button", name="Save and send").click()
+    wait_settled(page)
+    assert user_texts(page) == ["first question", "second, edited"]
+    expect(second.get_by_label("Branch 2 of 2")).to_be_visible()
+    expect(second.get_by_role("button", name="Next branch")).to_be_disabled()
+    assert context_users(web_server.base_url, sid) == ["first question", "second, edited"]
+    # A row's text is the message alone: the controls draw their labels from CSS.
+    assert second.locator(".user-text").inner_text() == "second, edited"
+
+    # Another tab on the same session follows the switch live.
+    other = context.new_page()
+    open_app(other, web_server.base_url, f"/s/{sid}")
+    expect(other.locator("#transcript .rows > .row.user")).to_have_count(2)
+
+    second.get_by_role("button", name="Previous branch").click()
+    expect(second.get_by_label("Branch 1 of 2")).to_be_visible()
+    assert user_texts(page) == ["first question", "second question"]
+    assert context_users(web_server.base_url, sid) == ["first question", "second question"]
+    expect(
+        other.locator("#transcript .rows > .row.user").nth(1).get_by_label("Branch 1 of 2")
+    ).to_be_visible()
+    expect(other.locator("#transcript .rows > .row.user .user-text").nth(1)).to_have_text(
+        "second question"
+    )
+    # ... and a reload shows the same branch.
+    page.reload()
+    wait_settled(page)
+    assert user_texts(page) == ["first question", "second question"]
+
+    # Regenerate the last answer: a new answer beside the old one.
+    answer = page.locator("#transcript .rows > .row.assistant").last
+    old_id = answer.get_attribute("data-row-id")
+    answer.get_by_role("button", name="Regenerate").click()
+    wait_settled(page)
+    expect(rows).to_have_count(4)
+    answer = page.locator("#transcript .rows > .row.assistant").last
+    expect(answer.get_by_label("Branch 2 of 2")).to_be_visible()
+    assert answer.get_attribute("data-row-id") != old_id
+    answer.get_by_role("button", name="Previous branch").click()
+    expect(page.locator("#transcript .rows > .row.assistant").last).to_have_attribute(
+        "data-row-id", str(old_id)
+    )
+    body = session_body(httpx.Client(base_url=web_server.base_url), sid)
+    assert body["messages"][-1]["id"] == old_id
+    assert body["messages"][-1]["branch"] == {"index": 1, "count": 2}
+
+    # The other tab, which saw every switch, marks nothing unread; both tabs show one scene.
+    other.goto(web_server.base_url + "/")
+    item = other.get_by_role("button", name="first question")
+    expect(item).to_be_visible()
+    expect(item).not_to_contain_text("unread")
+    assert "unread" not in (item.get_attribute("aria-label") or "")
+
+
+def test_controls_wait_for_the_run_and_retry_after_stop_is_a_regenerate(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    send(page, "warm up")
+    wait_settled(page)
+    sid = session_id_of(page)
+    send(page, "/slow a long one")
+    stop = page.get_by_role("button", name="Stop")
+    expect(stop).to_be_visible()
+    first = page.locator("#transcript .rows > .row.user").first
+    expect(first.get_by_role("button", name="Edit")).to_be_disabled()
+    expect(
+        page.locator("#transcript .rows > .row.assistant").first.get_by_role(
+            "button", name="Regenerate"
+        )
+    ).to_be_disabled()
+    stop.click()
+    wait_settled(page)
+    stopped = page.locator("#transcript .rows > .row.assistant").last
+    expect(stopped).to_contain_text("Stopped")
+    stopped.get_by_role("button", name="Regenerate").click()
+    with httpx.Client(base_url=web_server.base_url) as client:
+        body = wait_idle(client, sid, timeout=60)
+    wait_settled(page)
+    assert body["messages"][-1]["state"] == "completed"
+    assert body["messages"][-1]["branch"] == {"index": 2, "count": 2}
+    expect(page.locator("#transcript .rows > .row.assistant").last).not_to_contain_text("Stopped")
+    expect(page.locator("#transcript .rows > .row")).to_have_count(4)

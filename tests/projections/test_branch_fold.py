@@ -1,0 +1,183 @@
+"""Layer: projections (transcript, model context, sidebar row). docs/api.md §10: branches are
+folded from the log like everything else, so any split of the log folds to the same view
+(invariant 5), nothing of any branch is ever lost, the sidebar's `message_count` is the
+visible row count, and the model context holds the branch shown and no other (invariant 1).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tether.events import Event
+from tether.projections.branches import BranchTree
+from tether.projections.sidebar import fold_row
+from tether.projections.transcript import TranscriptFold
+
+
+@st.composite
+def branchy_logs(draw: st.DrawFn) -> list[Event]:
+    """Turns, edits (truncate + turn), regenerations (truncate + regenerate turn) and
+    switches, as the server writes them: each fork is checked against a fold of the log so
+    far, exactly like sessions/branching.py does."""
+    fold = TranscriptFold()
+    row: dict[str, Any] | None = None
+    events: list[Event] = []
+
+    def add(type_: str, data: dict[str, Any], stream: str | None = None) -> None:
+        nonlocal row
+        event = Event("s", len(events) + 1, type_, float(len(events) + 1), data, stream, None)
+        events.append(event)
+        fold.apply(event)
+        row = fold_row(row, event)
+
+    def run(turn_id: str, stream: str, before: list[tuple[str, dict[str, Any]]], **extra: Any):
+        for type_, data in before:
+            add(type_, data)
+        add(
+            "turn.submitted",
+            {"turn_id": turn_id, "stream_id": stream, "attachments": [], **extra},
+            stream,
+        )
+        if draw(st.booleans()):
+            add("text.delta", {"stream_id": stream, "item_id": "t", "text": f"said {stream}"})
+        state = draw(st.sampled_from(["completed", "cancelled", "error", "interrupted"]))
+        add("run.finished", {"stream_id": stream, "turn_id": turn_id, "state": state}, stream)
+
+    add("session.created", {"title": None})
+    for step in range(draw(st.integers(1, 12))):
+        assert row is not None
+        generation = row["transcript_generation"] + 1
+        visible = fold.messages
+        kind = draw(st.sampled_from(["turn", "turn", "edit", "regenerate", "switch", "undo"]))
+        users = [i for i, m in enumerate(visible) if m["role"] == "user"]
+        answers = [
+            i
+            for i, m in enumerate(visible)
+            if m["role"] == "assistant" and i and visible[i - 1]["turn_id"] == m["turn_id"]
+        ]
+        forks = [i for i, m in enumerate(visible) if len(fold.tree.siblings(m["id"])) > 1]
+        if kind == "edit" and users:
+            at = draw(st.sampled_from(users))
+            cut = {"keep_count": at, "transcript_generation": generation}
+            run(f"u{step}", f"r{step}", [("transcript.truncated", cut)], text=f"edit {step}")
+        elif kind == "regenerate" and answers:
+            at = draw(st.sampled_from(answers))
+            cut = {"keep_count": at, "transcript_generation": generation}
+            turn_id = visible[at]["turn_id"]
+            run(turn_id, f"r{step}", [("transcript.truncated", cut)], text="", regenerate=True)
+        elif kind == "switch" and forks:
+            at = draw(st.sampled_from(forks))
+            siblings = fold.tree.siblings(visible[at]["id"])
+            index = draw(st.integers(1, len(siblings)))
+            target = siblings[index - 1]
+            if target != visible[at]["id"]:
+                add(
+                    "branch.switched",
+                    {
+                        "row_id": target,
+                        "index": index,
+                        "message_count": fold.tree.count_if_shown(target),
+                        "transcript_generation": generation,
+                    },
+                )
+        elif kind == "undo" and visible:
+            keep = draw(st.integers(0, len(visible) - 1))
+            add("transcript.truncated", {"keep_count": keep, "transcript_generation": generation})
+        else:
+            run(f"u{step}", f"r{step}", [], text=f"turn {step}")
+    return events
+
+
+def project(events: list[Event], fold: TranscriptFold | None = None, row: dict | None = None):
+    fold = fold or TranscriptFold()
+    for event in events:
+        fold.apply(event)
+        row = fold_row(row, event)
+    return fold, row
+
+
+def snapshot(fold: TranscriptFold, row: dict | None) -> str:
+    return json.dumps([fold.view(), fold.context(), row], sort_keys=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(branchy_logs(), st.data())
+def test_any_split_and_any_replay_fold_to_the_same_branches(
+    events: list[Event], data: st.DataObject
+) -> None:
+    whole = snapshot(*project(events))
+    cut = data.draw(st.integers(0, len(events)))
+    fold, row = project(events[:cut])
+    fold, row = project(events[cut:], fold, row)
+    assert snapshot(fold, row) == whole
+    fold, row = project(events, fold, row)  # everything again: already seen
+    assert snapshot(fold, row) == whole
+
+
+@settings(max_examples=300, deadline=None)
+@given(branchy_logs())
+def test_nothing_of_any_branch_is_lost_and_the_model_gets_the_branch_shown(
+    events: list[Event],
+) -> None:
+    fold, row = project(events)
+    view = fold.view()
+    assert row is not None and row["message_count"] == len(view["messages"])
+    written = {
+        e.data["turn_id"]
+        for e in events
+        if e.type == "turn.submitted" and not e.data.get("regenerate")
+    } | {e.data["stream_id"] for e in events if e.type == "run.finished"}
+    hidden = (view["branches"] or {}).get("hidden", [])
+    shown_ids = [m["id"] for m in view["messages"]]
+    assert sorted(shown_ids + [m["id"] for m in hidden]) == sorted(written)
+    # Every fork labels each of its rows, 1..count, in the order they were made.
+    for message in view["messages"] + hidden:
+        siblings = fold.tree.siblings(message["id"])
+        if len(siblings) > 1:
+            assert message["branch"] == {
+                "index": siblings.index(message["id"]) + 1,
+                "count": len(siblings),
+            }
+        else:
+            assert "branch" not in message
+    # The visible path is a path: each row's parent is the row before it.
+    for before, after in zip([None, *shown_ids], shown_ids, strict=False):
+        assert fold.tree.parent_of[after] == before
+    # The model gets the visible user messages, in order, and none of another branch.
+    users = [m["content"] for m in view["messages"] if m["role"] == "user"]
+    sent = [m["content"] for m in fold.context()["context_messages"] if m["role"] == "user"]
+    assert sent == users
+
+
+def test_a_switch_restores_the_branch_below_it_as_it_was_left() -> None:
+    """Deep forks: switching at an upper fork brings back the lower fork's choice."""
+    visible: list[dict[str, Any]] = []
+    tree = BranchTree(visible)
+
+    def row(row_id: str) -> dict[str, Any]:
+        return {"id": row_id}
+
+    for row_id in ("u1", "a1", "u2", "a2"):
+        tree.append(row(row_id))
+    tree.cut(3)  # regenerate a2
+    tree.append(row("a2b"))
+    tree.cut(2)  # edit u2
+    tree.append(row("u2b"))
+    tree.append(row("a2c"))
+    assert [r["id"] for r in visible] == ["u1", "a1", "u2b", "a2c"]
+    hidden, shown = tree.show("u2")
+    assert [r["id"] for r in hidden] == ["u2b", "a2c"]
+    assert [r["id"] for r in shown] == ["u2", "a2b"]  # the answer shown last time
+    assert [r["id"] for r in visible] == ["u1", "a1", "u2", "a2b"]
+    assert visible[3]["branch"] == {"index": 2, "count": 2}
+    assert visible[2]["branch"] == {"index": 1, "count": 2}
+    assert tree.count_if_shown("u2b") == 4
+    tree.show("a2")
+    assert [r["id"] for r in visible] == ["u1", "a1", "u2", "a2"]
+    # a fork off the path changes only what it shows once it is on the path again
+    assert tree.show("a2c") == ([], [])
+    assert [r["id"] for r in visible] == ["u1", "a1", "u2", "a2"]

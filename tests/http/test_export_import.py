@@ -251,3 +251,47 @@ def test_import_progress_is_polled_by_the_id_the_client_gave(shared_server: Serv
         assert progress["created"] + progress["existing"] == 1
         missing = client.get("/api/imports/never-started")
         assert missing.status_code == 404 and missing.json()["code"] == "import_not_found"
+
+
+def test_branches_round_trip_through_the_json_export(tmp_path: Path) -> None:
+    """Edit and regenerate (docs/api.md §10) are events of the log, so the export carries
+    them: the copy shows the same branch, hides the same rows, and switches like the
+    original."""
+    with (
+        running_server(tmp_path / "a") as source,
+        running_server(tmp_path / "b") as target,
+        source.client() as a,
+        target.client() as b,
+    ):
+        sid = new_session(a, "branches")
+        start_turn(a, sid, "first question")
+        wait_idle(a, sid)
+        start_turn(a, sid, "second question")
+        wait_idle(a, sid)
+        assert a.post("/api/chat/regenerate", json={"session_id": sid}).status_code == 200
+        wait_idle(a, sid)
+        edited = session_body(a, sid)["messages"][2]["id"]
+        start_turn(a, sid, "second question, edited", edit_of=edited)
+        wait_idle(a, sid)
+        original = session_body(a, sid)
+        assert original["branches"] is not None
+
+        body = imported(b, a.get(f"/api/sessions/{sid}/export").content)
+        copy_id = body["sessions"][0]["session_id"]
+        copy = session_body(b, copy_id)
+        assert visible(copy) == visible(original)
+        assert [m.get("branch") for m in copy["messages"]] == [
+            m.get("branch") for m in original["messages"]
+        ]
+        assert visible({"messages": copy["branches"]["hidden"]}) == visible(
+            {"messages": original["branches"]["hidden"]}
+        )
+        for client, session in ((a, original), (b, copy)):
+            fork = session["messages"][2]["id"]
+            switched = client.post(
+                "/api/session/branch",
+                json={"session_id": session["session_id"], "row_id": fork, "index": 1},
+            )
+            assert switched.status_code == 200, switched.text
+        assert visible(session_body(b, copy_id)) == visible(session_body(a, sid))
+        assert row_of(b, copy_id)["updated_at"] == row_of(a, sid)["updated_at"]

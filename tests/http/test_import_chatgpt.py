@@ -1,13 +1,16 @@
 """Importing ChatGPT's `conversations.json` (docs/api.md §12) over real HTTP into a real
-server: the path to `current_node` becomes the transcript at ChatGPT's own times (invariant
-4: an import is not activity), what is skipped is counted, the other branches stay in the
-log, the same file again creates nothing, and all of it survives a restart."""
+server: its message tree becomes Tether's branches (docs/api.md §10), the path to
+`current_node` the branch shown, at ChatGPT's own times (invariant 4: an import is not
+activity); what is skipped is counted, the same file again creates nothing, and all of it
+survives a restart and a JSON export's round trip."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from chatgpt_kit import Conversation
 from helpers import running_server, session_body
@@ -38,6 +41,11 @@ def a_conversation() -> Conversation:
     return c
 
 
+def row_of(client: httpx.Client, session_id: str) -> dict[str, Any]:
+    rows = client.get("/api/sessions").json()["sessions"]
+    return next(r for r in rows if r["session_id"] == session_id)
+
+
 def seen(session: dict[str, Any]) -> list[tuple]:
     return [(m["role"], m["content"], m.get("state")) for m in session["messages"]]
 
@@ -55,7 +63,7 @@ def test_a_chatgpt_export_becomes_sessions_on_the_path_to_current_node(tmp_path:
             assert response.status_code == 201, response.text
             body = response.json()
             assert body["created"] == 2 and body["existing"] == 0
-            assert body["skipped"] == {"system": 1, "tool": 2, "empty": 1, "other_branches": 2}
+            assert body["skipped"] == {"system": 1, "tool": 2, "empty": 1}
             trip, second = body["sessions"]
             assert trip["title"] == "Trip <img src=x onerror=alert(1)>"  # text, as written
             assert second["title"] == "<script>alert('title')</script>"
@@ -90,17 +98,37 @@ def test_a_chatgpt_export_becomes_sessions_on_the_path_to_current_node(tmp_path:
             ).json()["context_messages"]
             assert context[0] == {"role": "user", "content": "Hello <b>there</b>"}
 
-            # the branch the user left is in the log: its JSON export carries it
-            exported = json.loads(client.get(f"/api/sessions/{trip['session_id']}/export").content)
-            created = exported["events"][0]["data"]["imported"]
+            # the edit the user left is a branch: 1 of 2 beside the one shown (2 of 2)
+            edited = session["messages"][2]
+            assert edited["branch"] == {"index": 2, "count": 2}
+            hidden = [(r["role"], r["content"]) for r in session["branches"]["hidden"]]
+            assert hidden == [("user", "Write poetry"), ("assistant", "Roses are red")]
+            switched = client.post(
+                "/api/session/branch",
+                json={"session_id": trip["session_id"], "row_id": edited["id"], "index": 1},
+            )
+            assert switched.status_code == 200, switched.text
+            assert seen(switched.json()["session"])[2:] == [
+                ("user", "Write poetry", None),
+                ("assistant", "Roses are red", "completed"),
+            ]
+            assert row_of(client, trip["session_id"])["updated_at"] == START + 130  # not activity
+            session = session_body(client, trip["session_id"])
+
+            exported = client.get(f"/api/sessions/{trip['session_id']}/export").content
+            created = json.loads(exported)["events"][0]["data"]["imported"]
             assert created["source"] == "chatgpt" and created["origin"] == "conv-1"
-            assert [(b["role"], b["text"]) for b in created["other_branches"]] == [
-                ("user", "Write poetry"),
-                ("assistant", "Roses are red"),
+            copy = client.post("/api/sessions/import", content=exported)
+            assert copy.status_code == 201, copy.text
+            copied = session_body(client, copy.json()["sessions"][0]["session_id"])
+            assert seen(copied) == seen(session)
+            assert [(r["role"], r["content"]) for r in copied["branches"]["hidden"]] == [
+                (r["role"], r["content"]) for r in session["branches"]["hidden"]
             ]
 
             again = client.post("/api/sessions/import", content=export)
             assert again.status_code == 200, again.text
+            assert again.json()["created"] == 0
             assert [r["session_id"] for r in again.json()["sessions"]] == [
                 trip["session_id"],
                 second["session_id"],
@@ -109,7 +137,7 @@ def test_a_chatgpt_export_becomes_sessions_on_the_path_to_current_node(tmp_path:
         server.restart()
         with server.client() as client:
             assert seen(session_body(client, trip["session_id"])) == seen(session)
-            assert len(client.get("/api/sessions").json()["sessions"]) == 2
+            assert len(client.get("/api/sessions").json()["sessions"]) == 3
 
 
 def test_a_conversation_without_current_node_follows_its_newest_branches(tmp_path: Path) -> None:
@@ -122,8 +150,11 @@ def test_a_conversation_without_current_node_follows_its_newest_branches(tmp_pat
         response = client.post("/api/sessions/import", content=json.dumps([c.data]).encode())
         assert response.status_code == 201, response.text
         sid = response.json()["sessions"][0]["session_id"]
-        assert seen(session_body(client, sid)) == [
+        body = session_body(client, sid)
+        assert seen(body) == [
             ("user", "Question", None),
             ("assistant", "Regenerated answer", "completed"),
         ]
-        assert response.json()["skipped"] == {"other_branches": 1}
+        assert body["messages"][1]["branch"] == {"index": 2, "count": 2}  # a regenerate
+        assert [r["content"] for r in body["branches"]["hidden"]] == ["First answer"]
+        assert response.json()["skipped"] == {}

@@ -67,6 +67,9 @@ def test_import_shows_progress_then_sessions_whose_html_stays_text(
 
     row = page.locator(".session-link", has_text="window.__xss=6")
     expect(row).to_have_count(1)
+    # an import is not activity (invariant 4): 151 new rows, and not one unread dot
+    expect(page.locator(".session-row")).to_have_count(151)
+    assert page.locator(".unread-dot:not([hidden])").count() == 0
     expect(row).to_contain_text(EVIL_TITLE)  # the title as text
     row.click()
     transcript = page.locator("#transcript")

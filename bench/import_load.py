@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
 import tempfile
 import threading
@@ -37,22 +38,41 @@ TARGET = 2.0
 
 
 def timed_gets(
-    client: httpx.Client, gap: float, stop: threading.Event | int, starts: list[float] | None = None
+    client: httpx.Client, gap: float, stop: Any, seen: list[tuple[float, float, int]] | None = None
 ) -> list[float]:
-    """Latencies (s) of GET /api/sessions until `stop` is set (or for `stop` requests)."""
+    """Latencies (s) of GET /api/sessions for `stop` requests, or until `stop()` is true;
+    `seen` gets (start, latency, rows listed) of each."""
     out: list[float] = []
-    while (len(out) < stop) if isinstance(stop, int) else not stop.is_set():
+    while (len(out) < stop) if isinstance(stop, int) else not stop():
         start = time.perf_counter()
         response = client.get("/api/sessions")
         out.append(time.perf_counter() - start)
-        if starts is not None:
-            starts.append(start)
         assert response.status_code == 200, response.text
+        if seen is not None:
+            seen.append((start, out[-1], response.content.count(b'"session_id"')))
         time.sleep(gap)
     return out
 
 
+def _post_file(base_url: str, path: str, results: Any) -> None:
+    """The importing client, in a process of its own: its upload and its reading of the
+    1,000-row answer must not take the measuring client's GIL."""
+    with httpx.Client(base_url=base_url, timeout=600) as own:
+        start = time.perf_counter()
+        body = Path(path).read_bytes()
+        response = own.post("/api/sessions/import", content=body, params={"import_id": "bench"})
+        results.put(
+            {
+                "status": response.status_code,
+                "seconds": time.perf_counter() - start,
+                "created": response.json().get("created"),
+            }
+        )
+
+
 def summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0, "p50_ms": float("nan"), "p99_ms": float("nan"), "max_ms": float("nan")}
     return {
         "n": len(values),
         "p50_ms": percentile(values, 50) * 1000,
@@ -64,37 +84,28 @@ def summary(values: list[float]) -> dict[str, float]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     seed = json.dumps(many(args.seed, turns=args.turns, start=1_600_000_000.0)).encode()
     export = json.dumps(many(args.conversations, turns=args.turns)).encode()
+    context = multiprocessing.get_context("spawn")
     with (
         tempfile.TemporaryDirectory() as tmp,
         running_server(Path(tmp) / "data") as server,
         httpx.Client(base_url=server.base_url, timeout=600) as client,
     ):
+        file = Path(tmp) / "conversations.json"
+        file.write_bytes(export)
         assert client.post("/api/sessions/import", content=seed).status_code == 201
         timed_gets(client, args.gap, 20)  # warm up
         idle = timed_gets(client, args.gap, args.samples)
 
-        done = threading.Event()
         phases: list[tuple[str, int, int | None]] = []
         phase_at: list[tuple[float, str]] = []  # when each phase was first seen
-        starts: list[float] = []
-        result: dict[str, Any] = {}
-
-        def importer() -> None:
-            with httpx.Client(base_url=server.base_url, timeout=600) as own:
-                start = time.perf_counter()
-                response = own.post(
-                    "/api/sessions/import", content=export, params={"import_id": "bench"}
-                )
-                result.update(
-                    status=response.status_code,
-                    seconds=time.perf_counter() - start,
-                    created=response.json().get("created"),
-                )
-            done.set()
+        seen: list[tuple[float, float, int]] = []
+        results = context.Queue()
+        poster = context.Process(target=_post_file, args=(server.base_url, str(file), results))
+        finished = threading.Event()
 
         def watcher() -> None:
             with httpx.Client(base_url=server.base_url, timeout=60) as own:
-                while not done.is_set():
+                while not finished.is_set():
                     got = own.get("/api/imports/bench")
                     if got.status_code == 200:
                         p = got.json()
@@ -104,19 +115,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             phase_at.append((time.perf_counter(), p["phase"]))
                     time.sleep(0.1)
 
-        threads = [threading.Thread(target=importer), threading.Thread(target=watcher)]
-        for thread in threads:
-            thread.start()
-        during = timed_gets(client, args.gap, done, starts)
-        for thread in threads:
-            thread.join()
+        watching = threading.Thread(target=watcher)
+        poster.start()
+        watching.start()
+        timed_gets(client, args.gap, lambda: not poster.is_alive(), seen)
+        poster.join()
+        finished.set()
+        watching.join()
+        result = results.get(timeout=10)
         after = timed_gets(client, args.gap, args.samples)
         rows = len(client.get("/api/sessions").json()["sessions"])
+    # A request during the import saw the list as it was (seeded rows) or, after its one
+    # commit, with every imported row: each is compared with the idle list of its size.
+    before_commit = [latency for _, latency, listed in seen if listed <= args.seed]
+    after_commit = [latency for _, latency, listed in seen if listed > args.seed]
     by_phase: dict[str, list[float]] = {}
-    for start, latency in zip(starts, during, strict=True):
+    for start, latency, _ in seen:
         phase = next((name for at, name in reversed(phase_at) if at <= start), "reading")
         by_phase.setdefault(phase, []).append(latency)
-    ratio = percentile(during, 99) / percentile(idle, 99)
+    ratio = percentile(before_commit, 99) / percentile(idle, 99)
+    ratio_after = (
+        percentile(after_commit, 99) / percentile(after, 99) if after_commit else float("nan")
+    )
     return {
         "conversations": args.conversations,
         "turns": args.turns,
@@ -127,13 +147,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "progress_updates": len(phases),
         "progress_phases": sorted({p[0] for p in phases}),
         "idle": summary(idle),
-        "during": summary(during),
+        "during": summary([latency for _, latency, _ in seen]),
+        "during, before its commit": summary(before_commit),
+        "during, after its commit": summary(after_commit),
         "after": summary(after),
         "during_by_phase": {name: summary(values) for name, values in by_phase.items()},
         "p99_during_over_idle": ratio,
-        "p99_during_over_after": percentile(during, 99) / percentile(after, 99),
+        "p99_after_commit_over_after": ratio_after,
         "target": TARGET,
-        "met": ratio <= TARGET,
+        "met": ratio <= TARGET and not ratio_after > TARGET,
     }
 
 
@@ -156,15 +178,17 @@ def main() -> None:
         f"status {out['import']['status']}, {out['import']['created']} created; "
         f"progress polled {out['progress_updates']} distinct states {out['progress_phases']}"
     )
-    print(f"{'GET /api/sessions':<22}{'n':>6}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
-    rows = [(name, out[name]) for name in ("idle", "during", "after")]
+    print(f"{'GET /api/sessions':<28}{'n':>6}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
+    names = ("idle", "during", "during, before its commit", "during, after its commit", "after")
+    rows = [(name, out[name]) for name in names]
     rows[2:2] = [(f"  during: {k}", v) for k, v in out["during_by_phase"].items()]
     for name, s in rows:
-        print(f"{name:<22}{s['n']:>6}{s['p50_ms']:>10.1f}{s['p99_ms']:>10.1f}{s['max_ms']:>10.1f}")
+        print(f"{name:<28}{s['n']:>6}{s['p50_ms']:>10.1f}{s['p99_ms']:>10.1f}{s['max_ms']:>10.1f}")
     verdict = "met" if out["met"] else "NOT MET"
     print(
-        f"p99 during / idle: {out['p99_during_over_idle']:.2f} (target <= {TARGET}: {verdict}); "
-        f"during / after: {out['p99_during_over_after']:.2f}"
+        f"p99 during the import / idle, same list: {out['p99_during_over_idle']:.2f} before "
+        f"its commit, {out['p99_after_commit_over_after']:.2f} after it "
+        f"(target <= {TARGET}: {verdict})"
     )
     write_results(args.out, out)
     sys.exit(0)

@@ -158,3 +158,32 @@ def test_a_conversation_without_current_node_follows_its_newest_branches(tmp_pat
         assert body["messages"][1]["branch"] == {"index": 2, "count": 2}  # a regenerate
         assert [r["content"] for r in body["branches"]["hidden"]] == ["First answer"]
         assert response.json()["skipped"] == {}
+
+
+def test_odd_fields_of_an_export_import_what_they_can_and_count_the_rest(tmp_path: Path) -> None:
+    """Fields ChatGPT never writes that way (metadata a list, a role a number, a content
+    type a list, parts that are numbers, children that are objects) are not a crash: the
+    messages they make unreadable are counted as skipped, the rest imports."""
+    c = Conversation("odd", START)
+    c.add("user", "Readable question")
+    odd = c.add("assistant", "Readable answer")
+    c.mapping[odd]["message"]["metadata"] = ["not", "an", "object"]
+    weird_role = c.add("user", "who wrote this?")
+    c.mapping[weird_role]["message"]["author"]["role"] = 5
+    weird_type = c.add("assistant", "typed oddly")
+    c.mapping[weird_type]["message"]["content"]["content_type"] = ["text"]
+    c.add("user", [7, "numbers are not text", 8.5])
+    c.mapping[c.root]["children"].append({"an": "object"})
+    del c.data["current_node"]
+    with running_server(tmp_path / "data") as server, server.client(timeout=60) as client:
+        response = client.post("/api/sessions/import", content=json.dumps([c.data]).encode())
+        assert response.status_code == 201, response.text
+        assert response.json()["skipped"] == {"other_role": 1, "other_content": 1}
+        sid = response.json()["sessions"][0]["session_id"]
+        assert seen(session_body(client, sid)) == [
+            ("user", "Readable question", None),
+            ("assistant", "Readable answer", "completed"),
+            ("user", "numbers are not text", None),
+            ("assistant", "", "interrupted"),
+        ]
+        assert "Traceback" not in server.log()

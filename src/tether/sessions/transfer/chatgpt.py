@@ -12,8 +12,8 @@ answer a regenerated one, and the path to `current_node` is the branch shown.
 Nothing is dropped silently: every message not imported is counted in the response (and in
 `session.created` `imported.skipped`) by reason: `system` and `tool` messages (and assistant
 messages addressed to a tool), `hidden` ones ChatGPT does not show either, `empty` ones,
-content of another kind (`other_content`), and assistant messages before the first user
-message (`before_first_user`).
+authors of another role (`other_role`), content of another kind (`other_content`), and
+assistant messages before the first user message (`before_first_user`).
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ def _path(mapping: dict[str, dict[str, Any]], current: Any, where: str) -> list[
         roots = [k for k, n in mapping.items() if n.get("parent") not in mapping]
         current = roots[0] if roots else None
         while current is not None:
-            children = [c for c in mapping[current].get("children") or [] if c in mapping]
+            listed = mapping[current].get("children")
+            children = [c for c in listed or [] if isinstance(c, str) and c in mapping]
             if not children:
                 break
             current = children[-1]
@@ -119,6 +120,11 @@ def _path(mapping: dict[str, dict[str, Any]], current: Any, where: str) -> list[
     return path[::-1]
 
 
+def _metadata(message: dict[str, Any]) -> dict[str, Any]:
+    metadata = message.get("metadata")
+    return metadata if isinstance(metadata, dict) else {}
+
+
 def _text(message: dict[str, Any]) -> tuple[str | None, str | None]:
     """The message's text and, when it is skipped, why."""
     role = (message.get("author") or {}).get("role")
@@ -127,11 +133,12 @@ def _text(message: dict[str, Any]) -> tuple[str | None, str | None]:
         return None, role
     if role not in ("user", "assistant"):
         return None, "other_role"
-    if (message.get("metadata") or {}).get("is_visually_hidden_from_conversation"):
+    if _metadata(message).get("is_visually_hidden_from_conversation") is True:
         return None, "hidden"
     if role == "assistant" and message.get("recipient") not in (None, "all"):
         return None, "tool"
-    if content.get("content_type") not in _TEXT_TYPES:
+    kind = content.get("content_type")
+    if not isinstance(kind, str) or kind not in _TEXT_TYPES:
         return None, "other_content"
     texts = [p for p in content.get("parts") or [] if isinstance(p, str)]
     media = sum(1 for p in content.get("parts") or [] if isinstance(p, dict))
@@ -352,7 +359,7 @@ class _Tree:
             self.drafts.append(Draft(ev.RUN_FINISHED, data, stream, turn, at=self.clock))
             return
         first = self.mapping[chain[0]]["message"]
-        model = (first.get("metadata") or {}).get("model_slug")
+        model = _metadata(first).get("model_slug")
         started = {"stream_id": stream, "runtime": RUNTIME}
         if isinstance(model, str) and model:
             started["model"] = model[:200]

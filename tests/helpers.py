@@ -90,7 +90,8 @@ class ServerProcess:
         return self.start()
 
     def client(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=10, **kwargs)
+        kwargs.setdefault("timeout", 10)
+        return httpx.Client(base_url=self.base_url, **kwargs)
 
 
 @contextmanager

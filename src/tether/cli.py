@@ -214,6 +214,11 @@ def main() -> None:
     "0: only before each turn).",
 )
 @option(
+    "--max-import-bytes",
+    type=click.IntRange(min=1),
+    help="The largest file POST /api/sessions/import takes (a Tether or ChatGPT export).",
+)
+@option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",

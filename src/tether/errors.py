@@ -38,6 +38,40 @@ class InvalidRequest(ApiError):
     code, status = "invalid_request", 400
 
 
+# An import refused (docs/api.md §12): each names what is wrong with the file, and nothing
+# of it was written. `path` (where given) points into the file, e.g. `events[3].data.text`.
+class ImportNotJson(ApiError):
+    code, status = "import_not_json", 400
+
+
+class ImportUnknownFormat(ApiError):
+    code, status = "import_unknown_format", 400
+
+
+class ImportUnsupportedVersion(ApiError):
+    code, status = "import_unsupported_version", 400
+
+
+class ImportInvalid(ApiError):
+    code, status = "import_invalid", 400
+
+
+class ImportTooDeep(ApiError):
+    code, status = "import_too_deep", 400
+
+
+class ImportBadBase64(ApiError):
+    code, status = "import_bad_base64", 400
+
+
+class ImportTooLarge(ApiError):
+    code, status = "import_too_large", 413
+
+
+class ImportNotFound(ApiError):
+    code, status = "import_not_found", 404
+
+
 class BadCredentials(ApiError):
     code, status = "bad_credentials", 401
 

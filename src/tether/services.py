@@ -29,6 +29,7 @@ from tether.sessions.defaults import ServerDefaults
 from tether.sessions.feed import SidebarFeed
 from tether.sessions.search import SEARCH_FOLD_VERSION, search_change
 from tether.sessions.service import SessionService
+from tether.sessions.transfer.importer import Importer
 from tether.settings import SYSTEM_PROMPT_MAX_CHARS, Settings
 
 
@@ -46,6 +47,7 @@ class Services:
     engine: RunEngine
     queue: QueueService
     agent_sync: agent_sync.AgentSync | None
+    importer: Importer
     replica_id: str  # this process, among the replicas sharing a database (GET /api/health)
 
     @property
@@ -138,4 +140,5 @@ def build_services(
         queue=queue,
         agent_sync=syncer,
         replica_id=replica_id,
+        importer=Importer(sessions),
     )

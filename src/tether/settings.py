@@ -63,6 +63,7 @@ class Settings:
     max_attachment_bytes: int = 20 * MiB
     max_attachments: int = 10
     max_message_chars: int = 200_000
+    max_import_bytes: int = 200 * MiB
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir) if self.data_dir else default_data_dir()

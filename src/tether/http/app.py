@@ -31,6 +31,7 @@ from tether.http import (
     server_settings,
     sessions,
     streams,
+    transfer,
 )
 from tether.http.auth import Authenticator, AuthGate
 from tether.http.deps import Services
@@ -124,6 +125,7 @@ def create_app(
         health,
         auth_routes,
         sessions,
+        transfer,
         search,
         models,
         server_settings,
@@ -136,7 +138,11 @@ def create_app(
     # The last added runs first: proxy headers, the Host check, the body deadline, login, the
     # body limit, then HEAD; a request refused by one never reaches those after it.
     app.add_middleware(HeadAsGet)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.max_body_bytes,
+        larger={transfer.IMPORT_PATH: settings.max_import_bytes},
+    )
     app.add_middleware(AuthGate, auth=auth)
     app.add_middleware(BodyDeadline, seconds=settings.body_timeout_seconds)
     app.add_middleware(HostGuard, allowed=AllowedHosts.from_settings(settings))  # before login

@@ -14,17 +14,22 @@ class _TooLarge(Exception):
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    """`max_bytes` for every route but those `larger` names (path -> its own ceiling: an
+    import file may be larger than any other body)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, larger: dict[str, int] | None = None):
         self.app = app
         self.max_bytes = max_bytes
+        self.larger = larger or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.larger.get(scope.get("path", ""), self.max_bytes)
         for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await self._refuse(send)
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                await self._refuse(send, limit)
                 return
         seen = 0
         started = False
@@ -34,7 +39,7 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > limit:
                     raise _TooLarge()
             return message
 
@@ -48,10 +53,10 @@ class BodyLimit:
             await self.app(scope, limited_receive, tracking_send)
         except _TooLarge:
             if not started:
-                await self._refuse(send)
+                await self._refuse(send, limit)
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, send: Send, limit: int) -> None:
         refusal = PayloadTooLarge(
-            f"The request body is larger than {self.max_bytes} bytes.", limit_bytes=self.max_bytes
+            f"The request body is larger than {limit} bytes.", limit_bytes=limit
         )
         await send_refusal(send, refusal, close=True)

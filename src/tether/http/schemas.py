@@ -370,3 +370,24 @@ class ServerSettingsOut(Out):
     default_system_prompt: str | None
     saved: dict
     command_line: CommandLineDefaults
+
+
+class ImportResult(Out):
+    """`POST /api/sessions/import`: the file's sessions, in its order, once each."""
+
+    sessions: list[SessionRow]
+    created: int
+    existing: int
+    skipped: dict[str, int]
+
+
+class ImportProgress(Out):
+    """`GET /api/imports/{import_id}`."""
+
+    import_id: str
+    phase: str
+    done: int
+    total: int | None
+    created: int
+    existing: int
+    error: dict | None

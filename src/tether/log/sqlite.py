@@ -373,15 +373,23 @@ class SQLiteEventStore:
         committed = [
             ev
             for op, result in outcomes
-            if isinstance(result, list)
-            for ev in (
-                [e for events in result for e in events] if op.kind == "create_many" else result
-            )
+            if isinstance(result, list) and op.kind != "create_many"
+            for ev in result
+        ]
+        # Many sessions created at once (an import) go out one session per batch, so the loop
+        # serves other work between them instead of dispatching every event in one callback.
+        created = [
+            events
+            for op, result in outcomes
+            if op.kind == "create_many" and isinstance(result, list)
+            for events in result
         ]
         if hub is not None:
             try:
                 if committed:
                     hub.publish(committed)
+                for events in created:
+                    hub.publish(events)
                 for sid in deleted:
                     hub.publish_deleted(sid)
             except RuntimeError:  # the loop is gone: the server is shutting down

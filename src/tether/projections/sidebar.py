@@ -77,6 +77,12 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
     if event.type == ev.SESSION_CREATED:
         row["title"] = data.get("title") or None
         row["parent_session_id"] = data.get("parent_session_id")
+        # What an import made this session from (docs/api.md §12): the same file imported
+        # again finds it here. Rows folded before imports existed have no key, as none was
+        # imported, so the fold's version stays.
+        imported = data.get("imported")
+        if isinstance(imported, dict) and isinstance(imported.get("key"), str):
+            row["import_key"] = imported["key"]
         # A rotated continuation takes its parent's place without looking newer (inv. 4).
         if data.get("inherited_updated_at") is not None:
             row["updated_at"] = data["inherited_updated_at"]

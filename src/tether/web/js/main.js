@@ -11,6 +11,7 @@ import { SessionSettings } from "./session_settings.js";
 import { SettingsPanel } from "./settings.js";
 import { Sidebar } from "./sidebar.js";
 import { SessionStream } from "./stream.js";
+import { ImportControl } from "./transfer.js";
 import { TranscriptView } from "./transcript.js";
 import { UnreadStore } from "./unread.js";
 
@@ -55,6 +56,7 @@ class App {
       sendQueued: (id) => this.call(() => post("/api/chat/queue/start", { queue_id: id })),
     });
     this.search = new MessageSearch({ onPick: (sid, rowId) => this.openAt(sid, rowId) });
+    this.importer = new ImportControl({ onImported: () => this.sidebar.load() });
     this.settings = new SessionSettings({
       ensureSession: () => this.ensureSession(),
       onRow: (row) => this.onRowChanged(row),

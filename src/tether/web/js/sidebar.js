@@ -3,6 +3,7 @@
 // title and its state ("running", "unread"); arrow keys move between rows.
 import { del, get, patch, q } from "./api.js";
 import { h, patchChildren } from "./dom.js";
+import { exportLinks } from "./transfer.js";
 
 function groupOf(row, now = new Date()) {
   if (row.pinned) return "Pinned";
@@ -252,6 +253,18 @@ export class Sidebar {
       item(row.pinned ? "Unpin" : "Pin", () => this.update1(row, { pinned: !row.pinned })),
       item(row.archived ? "Unarchive" : "Archive", () =>
         this.update1(row, { archived: !row.archived }),
+      ),
+      ...exportLinks(row.session_id).map(({ label, href }) =>
+        h("a", {
+          role: "menuitem",
+          href,
+          download: true,
+          text: label,
+          onclick: (e) => {
+            e.stopPropagation();
+            this.closeMenus();
+          },
+        }),
       ),
       item("Delete…", () => this.remove(row)),
     );

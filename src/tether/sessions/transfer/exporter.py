@@ -1,0 +1,105 @@
+"""`GET /api/sessions/{id}/export` and `GET /api/export` behind the routes (docs/api.md §12).
+
+The JSON form is the session's log plus its attachments' bytes (`tether_json.export_entry`);
+the Markdown form is the visible transcript, for people. Reads only: an export never
+appends, repairs or bumps anything. Every session is read, encoded and sent one at a time,
+off the event loop, so exporting every session never holds more than one in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from tether import events as ev
+from tether.events import Event
+from tether.log import SessionNotFound
+from tether.sessions.service import SessionService
+from tether.sessions.transfer.tether_json import export_entry
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+async def _attachments(sessions: SessionService, sid: str, events: list[Event]) -> list[dict]:
+    ids: dict[str, None] = {}
+    for event in events:
+        if event.type in (ev.TURN_SUBMITTED, ev.QUEUE_ADDED):
+            for ref in event.data.get("attachments") or []:
+                ids[ref["id"]] = None
+    out = []
+    for attachment_id in ids:
+        upload = await sessions.store.attachment(attachment_id, sid)
+        path = None if upload is None else sessions.attachments.path(upload["blob"])
+        if upload is None or path is None:
+            continue
+        data = await asyncio.to_thread(path.read_bytes)
+        out.append({**upload, "data": data})
+    return out
+
+
+async def session_json(sessions: SessionService, sid: str) -> str:
+    """One session in Tether's JSON form, as text."""
+    events = await sessions.store.read(sid)
+    if not events:
+        raise SessionNotFound(sid)
+    entry = export_entry(events, await _attachments(sessions, sid, events), time.time())
+    return await asyncio.to_thread(_dumps, entry)
+
+
+async def all_sessions(sessions: SessionService) -> AsyncIterator[bytes]:
+    """Every session, one JSON line each, oldest first; a session deleted meanwhile is left
+    out."""
+    states = sorted((await sessions.store.index_states()).values(), key=lambda s: s["created_at"])
+    for state in states:
+        try:
+            line = await session_json(sessions, state["session_id"])
+        except SessionNotFound:
+            continue
+        yield (line + "\n").encode("utf-8")
+
+
+def _when(at: float | None) -> str:
+    if at is None:
+        return ""
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+async def session_markdown(sessions: SessionService, sid: str) -> tuple[str, str]:
+    """(title, Markdown): the visible transcript, each message under a heading."""
+    view = await sessions.view(sid)
+    title = view["title"]
+    lines = [f"# {title}", "", f"_Exported from Tether on {_when(time.time())}._", ""]
+    for row in view["messages"]:
+        who = "User" if row["role"] == "user" else "Assistant"
+        if row.get("model"):
+            who += f" ({row['model']})"
+        lines += [f"## {who} · {_when(row.get('created_at'))}", ""]
+        if row.get("content"):
+            lines += [row["content"], ""]
+        for attachment in row.get("attachments") or []:
+            lines += [f"- Attachment: {attachment['name']} ({attachment['size']:,} bytes)"]
+        for item in row.get("timeline") or []:
+            if item["type"] == "tool":
+                lines += [f"- Tool call: `{item.get('name', '')}`"]
+            elif item["type"] == "notice":
+                lines += [f"> {item['text']}"]
+        if lines[-1] != "":
+            lines.append("")
+    return title, "\n".join(lines)
+
+
+def attachment_header(title: str, extension: str) -> str:
+    """`Content-Disposition` for a download named after the session."""
+    plain = re.sub(r"[^A-Za-z0-9 ._-]+", "", title).strip(" .")[:60] or "session"
+    return (
+        f'attachment; filename="{plain}.{extension}"; '
+        f"filename*=UTF-8''{quote(title[:60] or 'session', safe='')}.{extension}"
+    )

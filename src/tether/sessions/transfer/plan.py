@@ -1,0 +1,122 @@
+"""What an import file becomes before anything is written: one `SessionPlan` per session,
+checked in full (docs/api.md §12), and the limits a file must keep.
+
+Plans cross a process boundary (the import worker, `transfer/worker.py`), so they are plain
+picklable data, and a refusal travels as `Refusal(code, message, extra)` rather than as the
+API error itself; `refusal_error` turns it back into the `tether.errors` class of that code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether import errors
+from tether.log.store import Draft
+
+# Nesting deeper than this is refused (`import_too_deep`): a Tether export nests about 8 deep
+# (tool arguments a little more), a ChatGPT export about 10.
+MAX_DEPTH = 64
+MAX_SESSIONS = 20_000
+MAX_EVENTS_PER_SESSION = 500_000
+MAX_NODES_PER_CONVERSATION = 100_000
+
+
+@dataclass
+class Upload:
+    """An attachment to store before its session is written: `id` is the one its events use."""
+
+    id: str
+    name: str
+    mime: str
+    data: bytes
+
+
+@dataclass
+class SessionPlan:
+    """One session to create: its events (with their own times) and the bytes they refer to.
+    `key` identifies what was imported (the same file gives the same key: idempotence)."""
+
+    key: str
+    source: str  # "tether" | "chatgpt"
+    drafts: list[Draft]
+    uploads: list[Upload] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+    session_id: str = ""  # the new session's id (lineage in the same file points at it)
+
+
+class Refusal(Exception):
+    """The file is refused; `code` is one of the `import_*` codes of docs/api.md §2."""
+
+    def __init__(self, code: str, message: str, **extra: Any) -> None:
+        super().__init__(code, message, extra)
+        self.code, self.message, self.extra = code, message, extra
+
+
+_CODES = {
+    cls.code: cls
+    for cls in (
+        errors.ImportNotJson,
+        errors.ImportUnknownFormat,
+        errors.ImportUnsupportedVersion,
+        errors.ImportInvalid,
+        errors.ImportTooDeep,
+        errors.ImportBadBase64,
+        errors.ImportTooLarge,
+    )
+}
+
+
+def refusal_error(refusal: Refusal) -> errors.ApiError:
+    return _CODES[refusal.code](refusal.message, **refusal.extra)
+
+
+def invalid(path: str, message: str) -> Refusal:
+    return Refusal("import_invalid", f"{path}: {message}" if path else message, path=path)
+
+
+def too_deep(limit: int = MAX_DEPTH) -> Refusal:
+    return Refusal(
+        "import_too_deep",
+        f"The file nests deeper than {limit} levels; an export never does.",
+        limit_depth=limit,
+    )
+
+
+def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
+    """Refuse nesting deeper than `limit`, without recursion (a hostile file cannot make the
+    check itself overflow)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            raise too_deep(limit)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+
+
+def finite_time(value: Any) -> float | None:
+    """A time in seconds since the epoch, or None for anything that is not one."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and 0 <= value < 1e11 else None
+
+
+def join(where: str, rest: str) -> str:
+    """A place in the file: `rest` inside the session `where` names (`line 3: events[1]`)."""
+    return f"{where}: {rest}" if where and rest else where or rest
+
+
+def path_of(loc: tuple[Any, ...], where: str = "", inner: str = "") -> str:
+    """A pydantic error location under `inner` (`events[3].data` + `text`), in `where`."""
+    out = inner
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return join(where, out)

@@ -1,0 +1,384 @@
+"""Tether's own export format (docs/api.md §12): a session's durable events plus the bytes of
+its attachments, versioned.
+
+The log is the source of truth and every view a projection of it, so the export is the log:
+importing it folds into the same visible transcript, branches, model context and row, with no
+case per feature. What an import changes, and why:
+
+- The session gets a new id, and so do the ids the log looks up across sessions (streams,
+  turns, queue items, attachments): importing into the server the export came from must not
+  collide with the original (a stream id is fenced server-wide once it has finished). They
+  are replaced wherever a field names one: a field called `id`, `*_id`, `*_ids` or `*_of`
+  (`edit_of`, `row_id` of `branch.switched`), never in text.
+- Lineage (`parent_session_id`, `continuation_session_id`) points at the imported copy of
+  that session when the same file holds it, and at nothing otherwise; so does a link to the
+  agent's own session (`agent_session_id`): a copy does not follow the agent's history.
+- `session.created` records `imported: {source, key, origin}`: the key makes importing the
+  same file twice find the first import instead of making a copy.
+- A run the export caught while it was running ends `interrupted` (maintenance: the row does
+  not look newer, invariant 4), as a restart would end it.
+
+Every event is checked by type and then folded by the real projections (row, transcript,
+model context) before anything is written: a file that would not fold is refused, naming the
+event.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from tether import events as ev
+from tether.events import ID_PATTERN, Event, new_id
+from tether.log.store import Draft
+from tether.projections.sidebar import fold_row
+from tether.projections.transcript import TranscriptFold
+from tether.sessions.service import clean_title
+from tether.sessions.transfer.plan import (
+    MAX_EVENTS_PER_SESSION,
+    Refusal,
+    SessionPlan,
+    Upload,
+    invalid,
+    join,
+    path_of,
+)
+
+FORMAT = "tether.session"
+VERSION = 1
+
+KNOWN_TYPES = frozenset(
+    value
+    for name, value in vars(ev).items()
+    if name.isupper() and isinstance(value, str) and "." in value and " " not in value
+)
+Time = Annotated[float, Field(ge=0, lt=1e11, allow_inf_nan=False)]
+Id = Annotated[str, Field(pattern=ID_PATTERN)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class EventIn(_Strict):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    seq: int
+    type: str
+    at: Time
+    session_id: str | None = None
+    stream_id: Id | None = None
+    turn_id: Id | None = None
+    data: dict[str, Any]
+
+
+class AttachmentIn(_Strict):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    id: Id
+    name: Annotated[str, Field(min_length=1, max_length=255)]
+    mime: Annotated[str, Field(max_length=255)]
+    size: Annotated[int, Field(ge=0)]
+    data_base64: str
+
+
+class SessionIn(_Strict):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    format: Literal["tether.session"]
+    version: int
+    events: Annotated[list[EventIn], Field(min_length=1, max_length=MAX_EVENTS_PER_SESSION)]
+    attachments: list[AttachmentIn] = []
+
+
+class _Ref(_Strict):
+    id: Id
+    name: str
+    mime: str
+    size: int
+
+
+class _Created(_Strict):
+    title: str | None = None
+
+
+class _Updated(_Strict):
+    title: str | None = None
+    pinned: bool = False
+    archived: bool = False
+    model: str | None = None
+    system_prompt: str | None = None
+
+
+class _Submitted(_Strict):
+    turn_id: Id
+    stream_id: Id
+    text: str
+    attachments: list[_Ref] = []
+    submitted_at: Time | None = None
+
+
+class _Queued(_Strict):
+    queue_id: Id
+    text: str = ""
+    attachments: list[_Ref] = []
+
+
+class _Delta(_Strict):
+    item_id: str | int
+    text: str
+
+
+class _Finished(_Strict):
+    state: Literal[ev.RUN_STATES] = "completed"  # type: ignore[valid-type]
+
+
+# The fields the folds and the page read as a given type; everything else is checked by
+# folding it.
+_DATA: dict[str, TypeAdapter[Any]] = {
+    ev.SESSION_CREATED: TypeAdapter(_Created),
+    ev.SESSION_UPDATED: TypeAdapter(_Updated),
+    ev.TURN_SUBMITTED: TypeAdapter(_Submitted),
+    ev.QUEUE_ADDED: TypeAdapter(_Queued),
+    ev.TEXT_DELTA: TypeAdapter(_Delta),
+    ev.REASONING_DELTA: TypeAdapter(_Delta),
+    ev.RUN_FINISHED: TypeAdapter(_Finished),
+}
+# Keys whose values name something the log looks up across sessions.
+_REKEYED = ("stream_id", "turn_id", "queue_id", "boundary_turn_id")
+
+INTERRUPTED_REASON = "the export was made while this run was going on"
+
+
+def export_entry(events: list[Event], attachments: list[dict[str, Any]], at: float) -> dict:
+    """One session in Tether's format. `attachments`: `{id, name, mime, size, data}`."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "exported_at": at,
+        "session_id": events[0].session_id if events else None,
+        "events": [{k: v for k, v in e.envelope().items() if k != "session_id"} for e in events],
+        "attachments": [
+            {
+                "id": a["id"],
+                "name": a["name"],
+                "mime": a["mime"],
+                "size": a["size"],
+                "data_base64": base64.b64encode(a["data"]).decode("ascii"),
+            }
+            for a in attachments
+        ],
+    }
+
+
+def looks_like(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("format") == FORMAT
+
+
+def content_key(entry: dict[str, Any]) -> str:
+    """The same session exported the same way gives the same key, whenever it was exported."""
+    body = {"events": entry.get("events"), "attachments": entry.get("attachments")}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "tether:" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def plan_sessions(
+    entries: list[Any], progress: Callable[[int], None], where: Callable[[int], str]
+) -> list[SessionPlan]:
+    """Check every entry and make its plan; lineage is resolved across the whole file."""
+    parsed = [_parse(entry, where(i)) for i, entry in enumerate(entries)]
+    new_ids: dict[str, str] = {}
+    for origin, _ in parsed:
+        if origin:
+            new_ids.setdefault(origin, new_id("s"))
+    plans, used = [], set()
+    for i, ((origin, entry), raw) in enumerate(zip(parsed, entries, strict=True)):
+        sid = new_ids.get(origin or "")
+        if sid is None or sid in used:  # the same session twice (two exports joined)
+            sid = new_id("s")
+        used.add(sid)
+        plans.append(_plan(sid, entry, raw, new_ids, where(i)))
+        progress(i + 1)
+    return plans
+
+
+def _parse(raw: Any, where: str) -> tuple[str | None, SessionIn]:
+    version = raw.get("version") if isinstance(raw, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
+        raise Refusal(
+            "import_unsupported_version",
+            f"{where or 'The file'}: this is version {version} of Tether's export; this "
+            f"server reads version {VERSION}. Import it with a newer Tether.",
+            path=where,
+        )
+    try:
+        entry = SessionIn.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise invalid(path_of(first["loc"], where), first["msg"]) from None
+    origin = raw.get("session_id")
+    return (origin if isinstance(origin, str) else None), entry
+
+
+def _plan(
+    sid: str, entry: SessionIn, raw: dict[str, Any], sessions: dict[str, str], where: str
+) -> SessionPlan:
+    uploads, attachment_ids = _uploads(entry.attachments, where)
+    ids: dict[str, str] = dict(attachment_ids)
+    for i, event in enumerate(entry.events):
+        if event.seq != i + 1:
+            raise invalid(join(where, f"events[{i}].seq"), f"is {event.seq}; expected {i + 1}")
+        if event.type not in KNOWN_TYPES:
+            raise invalid(join(where, f"events[{i}].type"), f"{event.type!r} is not a Tether event")
+        if (i == 0) != (event.type == ev.SESSION_CREATED):
+            raise invalid(join(where, f"events[{i}].type"), "a log starts with one session.created")
+        check = _DATA.get(event.type)
+        if check is not None:
+            try:
+                check.validate_python(event.data)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                path = path_of(first["loc"], where, f"events[{i}].data")
+                raise invalid(path, first["msg"]) from None
+        _titles(event, join(where, f"events[{i}].data.title"))
+        for value in (event.stream_id, event.turn_id, *(event.data.get(k) for k in _REKEYED)):
+            if isinstance(value, str) and value not in ids:
+                ids[value] = new_id(value.partition("_")[0] if "_" in value else "x")
+    drafts = [_draft(event, ids, sessions) for event in entry.events]
+    drafts[0] = Draft(
+        ev.SESSION_CREATED,
+        {
+            **drafts[0].data,
+            "imported": {
+                "source": "tether",
+                "key": content_key(raw),
+                "origin": raw.get("session_id"),
+            },
+        },
+        at=drafts[0].at,
+    )
+    _refs_known(drafts, attachment_ids, where)
+    drafts += _close_open_runs(drafts)
+    _fold(sid, drafts, where)
+    return SessionPlan(content_key(raw), "tether", drafts, uploads, session_id=sid)
+
+
+def _titles(event: EventIn, path: str) -> None:
+    title = event.data.get("title")
+    if event.type in (ev.SESSION_CREATED, ev.SESSION_UPDATED) and title is not None:
+        try:
+            clean_title(title)
+        except Exception as exc:  # InvalidRequest: the same rule as PATCH /api/session
+            raise invalid(path, str(exc)) from None
+
+
+def _uploads(items: list[AttachmentIn], where: str) -> tuple[list[Upload], dict[str, str]]:
+    uploads, ids = [], {}
+    for i, item in enumerate(items):
+        path = join(where, f"attachments[{i}]")
+        try:
+            data = base64.b64decode(item.data_base64, validate=True)
+        except (binascii.Error, ValueError):
+            raise Refusal(
+                "import_bad_base64", f"{path}.data_base64 is not valid base64.", path=path
+            ) from None
+        if len(data) != item.size:
+            raise invalid(f"{path}.size", f"is {item.size}; the data holds {len(data)} bytes")
+        if "/" in item.name or "\\" in item.name or not item.name.strip():
+            raise invalid(f"{path}.name", "is not a plain file name")
+        if item.id in ids:
+            raise invalid(f"{path}.id", "appears twice")
+        ids[item.id] = new_id("a")
+        uploads.append(Upload(ids[item.id], item.name, item.mime, data))
+    return uploads, ids
+
+
+def _rekey(value: Any, ids: dict[str, str], sessions: dict[str, str], key: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: _rekey(v, ids, sessions, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rekey(v, ids, sessions, key) for v in value]
+    if isinstance(value, str) and key.endswith("session_id"):
+        return sessions.get(value)  # a session the file does not hold: nothing
+    if isinstance(value, str) and (key == "id" or key.endswith(("_id", "_ids", "_of"))):
+        return ids.get(value, value)  # a row, stream, turn, queue item or attachment
+    return value
+
+
+def _draft(event: EventIn, ids: dict[str, str], sessions: dict[str, str]) -> Draft:
+    return Draft(
+        event.type,
+        _rekey(event.data, ids, sessions),
+        stream_id=ids[event.stream_id] if event.stream_id else None,
+        turn_id=ids[event.turn_id] if event.turn_id else None,
+        at=event.at,
+    )
+
+
+def _refs_known(drafts: list[Draft], uploads: dict[str, str], where: str) -> None:
+    """Every attachment an event refers to is in the file: a reference to bytes the file
+    does not carry would otherwise name an upload of another session."""
+    mine = set(uploads.values())
+    for i, draft in enumerate(drafts):
+        for j, ref in enumerate(draft.data.get("attachments") or []):
+            if draft.type in (ev.TURN_SUBMITTED, ev.QUEUE_ADDED) and ref["id"] not in mine:
+                raise invalid(
+                    join(where, f"events[{i}].data.attachments[{j}].id"),
+                    "names an attachment the file does not hold",
+                )
+
+
+def _close_open_runs(drafts: list[Draft]) -> list[Draft]:
+    opened: dict[str, str | None] = {}
+    for draft in drafts:
+        if draft.type == ev.TURN_SUBMITTED and draft.stream_id:
+            opened[draft.stream_id] = draft.turn_id
+        elif draft.type == ev.RUN_FINISHED and draft.stream_id:
+            opened.pop(draft.stream_id, None)
+    last = drafts[-1].at
+    return [
+        Draft(
+            ev.RUN_FINISHED,
+            {
+                "stream_id": stream,
+                "turn_id": turn,
+                "state": "interrupted",
+                "reason": INTERRUPTED_REASON,
+                "maintenance": True,
+            },
+            stream_id=stream,
+            turn_id=turn,
+            at=last,
+        )
+        for stream, turn in opened.items()
+    ]
+
+
+def fold_check(sid: str, drafts: list[Draft], where: str) -> None:
+    """Fold the events the way the server will (row, transcript, model context): an event
+    that would not fold is refused here, before anything is written."""
+    row: dict[str, Any] | None = None
+    transcript = TranscriptFold()
+    for seq, draft in enumerate(drafts, start=1):
+        event = Event(
+            sid, seq, draft.type, draft.at or 0.0, draft.data, draft.stream_id, draft.turn_id
+        )
+        try:
+            row = fold_row(row, event)
+            transcript.apply(event)
+        except Exception as exc:  # whatever the fold trips on, the file is what is wrong
+            raise invalid(
+                join(where, f"events[{seq - 1}]"),
+                f"this {draft.type} event does not fold ({exc!r})",
+            ) from None
+    try:
+        transcript.view()
+        transcript.context()
+    except Exception as exc:
+        raise invalid(where, f"the transcript does not fold ({exc!r})") from None
+
+
+_fold = fold_check

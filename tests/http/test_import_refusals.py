@@ -1,0 +1,264 @@
+"""A malformed or hostile import file (docs/api.md §12) is refused with the stable code
+naming what is wrong, and nothing of it is written: the log (its SQLite file), the sidebar and
+the attachment store are as they were. Over real HTTP against a real server."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from chatgpt_kit import Conversation
+from helpers import ServerProcess, new_session, running_server, start_turn, wait_idle
+
+
+@pytest.fixture(scope="module")
+def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, dict]]:
+    """A server holding one session with an attachment, and that session's JSON export."""
+    data = tmp_path_factory.mktemp("refusals") / "data"
+    with running_server(data, "--max-import-bytes", "2000000") as server, server.client() as c:
+        sid = new_session(c, "kept")
+        upload = {"name": "a.txt", "mime": "text/plain", "data_base64": "aGVsbG8K"}
+        start_turn(c, sid, "with a file", attachments=[upload])
+        wait_idle(c, sid)
+        export = json.loads(c.get(f"/api/sessions/{sid}/export").content)
+        yield server, export
+
+
+def slow_client(server: ServerProcess) -> httpx.Client:
+    return httpx.Client(base_url=server.base_url, timeout=60)
+
+
+def everything(server: ServerProcess) -> tuple:
+    """The database's rows and the attachment files, read behind the server's back."""
+    conn = sqlite3.connect(server.data_dir / "tether.db")
+    try:
+        events = conn.execute("SELECT COUNT(*), MAX(id) FROM events").fetchone()
+        owners = conn.execute("SELECT COUNT(*) FROM attachments").fetchone()
+        index = conn.execute("SELECT COUNT(*) FROM session_index").fetchone()
+    finally:
+        conn.close()
+    files = sorted(p.name for p in (server.data_dir / "attachments").rglob("*") if p.is_file())
+    return events, owners, index, files
+
+
+def edited(change: Callable[[dict], Any]) -> Callable[[dict], bytes]:
+    def make(export: dict) -> bytes:
+        doc = copy.deepcopy(export)
+        change(doc)
+        return json.dumps(doc).encode()
+
+    return make
+
+
+def _nested(depth: int) -> bytes:
+    return (
+        b'{"format": "tether.session", "version": 1, "events": '
+        + b"[" * depth
+        + b"]" * depth
+        + b"}"
+    )
+
+
+def _first(doc: dict, type_: str) -> dict:
+    return next(e for e in doc["events"] if e["type"] == type_)
+
+
+def _chatgpt_with_a_bad_node() -> bytes:
+    conversation = Conversation("x", 1_700_000_000)
+    node = conversation.add("user", "hi")
+    conversation.mapping[node]["message"]["content"] = "not an object"
+    return json.dumps([conversation.data]).encode()
+
+
+def _chatgpt_with_a_cycle() -> bytes:
+    conversation = Conversation("x", 1_700_000_000)
+    a = conversation.add("user", "a")
+    b = conversation.add("assistant", "b")
+    conversation.mapping[a]["parent"] = b
+    return json.dumps([conversation.data]).encode()
+
+
+def _lines_with_a_bad_third(export: dict) -> bytes:
+    good = json.dumps(export)
+    return "\n".join([good, good.replace('"kept"', '"other"'), "{not json"]).encode()
+
+
+def _all_sessions_with_a_bad_third(export: dict) -> bytes:
+    second = copy.deepcopy(export)
+    second["events"][0]["data"]["title"] = "second"
+    third = copy.deepcopy(export)
+    third["events"][1]["at"] = "yesterday"
+    return "\n".join(json.dumps(e) for e in (export, second, third)).encode()
+
+
+CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
+    ("not json", lambda e: b"<html>nope", 400, "import_not_json", "not JSON"),
+    ("not utf-8", lambda e: b'{"a": "\xff"}', 400, "import_not_json", "UTF-8"),
+    ("empty body", lambda e: b"", 400, "import_not_json", "not JSON"),
+    ("something else", lambda e: b'{"hello": 1}', 400, "import_unknown_format", "neither"),
+    ("a list of numbers", lambda e: b"[1, 2]", 400, "import_unknown_format", "neither"),
+    (
+        "a newer version",
+        edited(lambda d: d.update(version=99)),
+        400,
+        "import_unsupported_version",
+        "version 99",
+    ),
+    (
+        "a time that is text",
+        edited(lambda d: d["events"][1].update(at="yesterday")),
+        400,
+        "import_invalid",
+        "events[1].at",
+    ),
+    (
+        "a message that is a number",
+        edited(lambda d: _first(d, "turn.submitted")["data"].update(text=12)),
+        400,
+        "import_invalid",
+        ".data.text",
+    ),
+    (
+        "a gap in the seqs",
+        edited(lambda d: d["events"][2].update(seq=7)),
+        400,
+        "import_invalid",
+        "events[2].seq",
+    ),
+    (
+        "an unknown event",
+        edited(lambda d: d["events"][2].update(type="evil.thing")),
+        400,
+        "import_invalid",
+        "not a Tether event",
+    ),
+    (
+        "an event that does not fold",
+        edited(lambda d: _first(d, "text.delta").update(type="tool.completed")),
+        400,
+        "import_invalid",
+        "does not fold",
+    ),
+    (
+        "a title with a control character",
+        edited(lambda d: d["events"][0]["data"].update(title="bad\x00title")),
+        400,
+        "import_invalid",
+        "data.title",
+    ),
+    (
+        "bad base64",
+        edited(lambda d: d["attachments"][0].update(data_base64="@@not base64@@")),
+        400,
+        "import_bad_base64",
+        "attachments[0].data_base64",
+    ),
+    (
+        "a size the bytes do not have",
+        edited(lambda d: d["attachments"][0].update(size=5000)),
+        400,
+        "import_invalid",
+        "attachments[0].size",
+    ),
+    (
+        "a reference to bytes it does not carry",
+        edited(lambda d: d.update(attachments=[])),
+        400,
+        "import_invalid",
+        "does not hold",
+    ),
+    (
+        "a path as a file name",
+        edited(lambda d: d["attachments"][0].update(name="../../etc/passwd")),
+        400,
+        "import_invalid",
+        "plain file name",
+    ),
+    ("nested 100,000 deep", lambda e: _nested(100_000), 400, "import_too_deep", "deeper"),
+    ("nested 200 deep", lambda e: _nested(200), 400, "import_too_deep", "deeper"),
+    ("over the size limit", lambda e: b" " * 2_000_001, 413, "payload_too_large", "larger"),
+    (
+        "a ChatGPT node of the wrong type",
+        lambda e: _chatgpt_with_a_bad_node(),
+        400,
+        "import_invalid",
+        "message.content",
+    ),
+    (
+        "a ChatGPT tree with a cycle",
+        lambda e: _chatgpt_with_a_cycle(),
+        400,
+        "import_invalid",
+        "own ancestor",
+    ),
+    ("JSON lines, line 3 broken", _lines_with_a_bad_third, 400, "import_not_json", "Line 3"),
+    (
+        "all sessions, the third wrong",
+        _all_sessions_with_a_bad_third,
+        400,
+        "import_invalid",
+        "line 3",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "status", "code", "says"), CASES, ids=[c[0] for c in CASES]
+)
+def test_a_bad_file_is_refused_naming_what_is_wrong_and_nothing_is_written(
+    refusing: tuple[ServerProcess, dict],
+    name: str,
+    make: Callable[[dict], bytes],
+    status: int,
+    code: str,
+    says: str,
+) -> None:
+    server, export = refusing
+    before = everything(server)
+    with slow_client(server) as client:
+        rows = client.get("/api/sessions").json()
+        response = client.post("/api/sessions/import", content=make(export))
+        assert response.status_code == status, response.text
+        body = response.json()
+        assert body["code"] == code, body
+        assert says in body["message"], body
+        assert client.get("/api/sessions").json() == rows
+    assert everything(server) == before
+
+
+def test_the_unchanged_export_does_import(refusing: tuple[ServerProcess, dict]) -> None:
+    """The cases above fail for what they change, not for the file they start from."""
+    server, export = refusing
+    with slow_client(server) as client:
+        response = client.post("/api/sessions/import", content=json.dumps(export).encode())
+        assert response.status_code == 201, response.text
+
+
+def test_a_stored_attachment_is_released_when_its_import_is_refused(tmp_path: Path) -> None:
+    """An import whose bytes are new and whose events are refused by the log (a JSON value it
+    cannot store) leaves no file behind: the bytes are stored first, then released."""
+    with running_server(tmp_path / "data") as server, slow_client(server) as client:
+        sid = new_session(client, "x")
+        upload = {"name": "b.txt", "mime": "text/plain", "data_base64": "Ynl0ZXMK"}
+        start_turn(client, sid, "f", attachments=[upload])
+        wait_idle(client, sid)
+        export = json.loads(client.get(f"/api/sessions/{sid}/export").content)
+        client.delete("/api/session", params={"session_id": sid})
+        assert everything(server)[3] == []
+        fresh = base64.b64encode(b"never stored\n").decode()
+        export["attachments"][0].update(data_base64=fresh, size=13)
+        export["events"][0]["data"]["lone"] = "\ud800"  # JSON can say it; UTF-8 cannot store it
+        response = client.post(
+            "/api/sessions/import", content=json.dumps(export).encode("utf-8", "surrogatepass")
+        )
+        assert response.status_code == 400, response.text
+        assert response.json()["code"] == "import_invalid"
+        assert everything(server)[3] == [] and client.get("/api/sessions").json()["sessions"] == []

@@ -66,6 +66,14 @@ class AttachmentNotFound(ApiError):
     code, status = "attachment_not_found", 404
 
 
+class UserNotFound(ApiError):
+    code, status = "user_not_found", 404
+
+
+class TokenNotFound(ApiError):
+    code, status = "token_not_found", 404
+
+
 class MethodNotAllowed(ApiError):
     code, status = "method_not_allowed", 405
 
@@ -76,6 +84,10 @@ class SessionBusy(ApiError):
 
 class SessionRotated(ApiError):
     code, status = "session_rotated", 409
+
+
+class UserExists(ApiError):
+    code, status = "user_exists", 409
 
 
 class RequestTimeout(ApiError):

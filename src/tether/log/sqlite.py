@@ -52,9 +52,10 @@ _CLOSED_STREAM_CACHE = 50_000
 
 @dataclass(eq=False)
 class _Op:
-    kind: str  # "create" | "append" | "delete"
+    kind: str  # "create" | "append" | "delete" | "claim"
     session_id: str = ""
     drafts: list[Draft] = field(default_factory=list)
+    owner: str | None = None  # create: the new session's; claim: who takes the unowned
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
@@ -85,7 +86,18 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 # Every table a Tether database may hold (log/migrations.py); sqlite_* are SQLite's own.
-_TETHER_TABLES = frozenset({"migrations", "events", "session_index", "meta", "attachments"})
+_TETHER_TABLES = frozenset(
+    {
+        "migrations",
+        "events",
+        "session_index",
+        "meta",
+        "attachments",
+        "users",
+        "api_tokens",
+        "session_owners",
+    }
+)
 
 
 def _refuse_foreign(db: sqlite3.Connection, path: Path) -> None:
@@ -201,6 +213,12 @@ class SQLiteEventStore:
             # that it cannot read yet. The writer works on _last_seq / _index.
             self._visible_seq = dict(self._last_seq)
             self._visible_index = dict(self._index)
+            # Who owns each session (docs/api.md §15), as committed; changed by the writer
+            # only after COMMIT, like the visible index.
+            self._owners: dict[str, str] = dict(
+                self._db.execute("SELECT session_id, owner FROM session_owners")
+            )
+            self._owner_changes: dict[str, str | None] = {}
         except sqlite3.DatabaseError as exc:
             raise StorageError(
                 f"Cannot open the Tether database {self.path}: {exc}. "
@@ -264,8 +282,18 @@ class SQLiteEventStore:
         """Thread-safe append for callers outside the event loop (runtime callback threads)."""
         return self._submit(_Op("append", session_id, list(drafts)))
 
-    async def create_session(self, session_id: str, drafts: list[Draft]) -> list[Event]:
-        return await asyncio.wrap_future(self._submit(_Op("create", session_id, list(drafts))))
+    async def create_session(
+        self, session_id: str, drafts: list[Draft], owner: str | None = None
+    ) -> list[Event]:
+        op = _Op("create", session_id, list(drafts), owner=owner)
+        return await asyncio.wrap_future(self._submit(op))
+
+    async def session_owner(self, session_id: str) -> str | None:
+        return self._owners.get(session_id)
+
+    async def claim_unowned(self, owner: str) -> int:
+        claimed = await asyncio.wrap_future(self._submit(_Op("claim", owner=owner)))
+        return len(claimed)
 
     async def append(self, session_id: str, drafts: list[Draft]) -> list[Event]:
         return await asyncio.wrap_future(self.submit_append(session_id, drafts))
@@ -292,13 +320,17 @@ class SQLiteEventStore:
             self._write_batch(batch)
 
     def _write_batch(self, batch: list[_Op]) -> None:
-        outcomes: list[tuple[_Op, list[Event] | LogError]] = []
+        outcomes: list[tuple[_Op, list[Event] | list[str] | LogError]] = []
         undo_seq: dict[str, int | None] = {}
         undo_index: dict[str, dict[str, Any] | None] = {}
         deleted: list[str] = []
+        self._owner_changes = {}
         try:
             self._db.execute("BEGIN IMMEDIATE")
             for op in batch:
+                if op.kind == "claim":
+                    outcomes.append((op, self._claim(op.owner or "")))
+                    continue
                 sid = op.session_id
                 if sid not in undo_seq:
                     undo_seq[sid] = self._last_seq.get(sid)
@@ -323,6 +355,7 @@ class SQLiteEventStore:
                     )
             self._db.execute("COMMIT")
         except Exception as exc:  # anything: the batch is rolled back whole, the writer lives on
+            self._owner_changes = {}
             self._rollback(undo_seq, undo_index)
             if not isinstance(exc, sqlite3.Error):
                 log.exception("log writer: batch failed")
@@ -337,6 +370,11 @@ class SQLiteEventStore:
             else:
                 self._visible_seq.pop(sid, None)
                 self._visible_index.pop(sid, None)
+        for sid, owner in self._owner_changes.items():
+            if owner is None:
+                self._owners.pop(sid, None)
+            else:
+                self._owners[sid] = owner
         self._publish(outcomes, deleted)
 
     def _rollback(self, undo_seq: dict[str, int | None], undo_index: dict) -> None:
@@ -353,7 +391,12 @@ class SQLiteEventStore:
 
     def _publish(self, outcomes: list, deleted: list[str]) -> None:
         hub = self._hub
-        committed = [ev for _, result in outcomes if isinstance(result, list) for ev in result]
+        committed = [
+            ev
+            for op, result in outcomes
+            if isinstance(result, list) and op.kind != "claim"
+            for ev in result
+        ]
         if hub is not None:
             try:
                 if committed:
@@ -363,7 +406,9 @@ class SQLiteEventStore:
             except RuntimeError:  # the loop is gone: the server is shutting down
                 pass
         for op, result in outcomes:
-            if isinstance(result, LogError):
+            if op.kind == "claim":
+                op.future.set_result(result)
+            elif isinstance(result, LogError):
                 op.future.set_exception(result)
             else:
                 op.future.set_result(result)
@@ -375,6 +420,11 @@ class SQLiteEventStore:
             if last is not None:
                 raise SessionExists(sid)
             last = 0
+            if op.owner is not None:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO session_owners VALUES (?, ?)", (sid, op.owner)
+                )
+                self._owner_changes[sid] = op.owner
         elif last is None:
             raise SessionNotFound(sid)
         finishing: set[str] = set()
@@ -407,6 +457,17 @@ class SQLiteEventStore:
             self._index[sid] = state
         return events
 
+    def _claim(self, owner: str) -> list[str]:
+        unowned = [
+            sid
+            for sid in self._last_seq
+            if sid not in self._owners and self._owner_changes.get(sid) is None
+        ]
+        for sid in unowned:
+            self._db.execute("INSERT OR IGNORE INTO session_owners VALUES (?, ?)", (sid, owner))
+            self._owner_changes[sid] = owner
+        return unowned
+
     def _stream_closed(self, stream_id: str) -> bool:
         closed = self._closed_streams.get(stream_id)
         if closed is None:
@@ -427,6 +488,8 @@ class SQLiteEventStore:
             raise SessionNotFound(sid)
         self._db.execute("DELETE FROM events WHERE session_id=?", (sid,))
         owners.forget(self._db, sid)
+        self._db.execute("DELETE FROM session_owners WHERE session_id=?", (sid,))
+        self._owner_changes[sid] = None
         del self._last_seq[sid]
         self._index.pop(sid, None)
 

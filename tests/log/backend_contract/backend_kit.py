@@ -16,7 +16,8 @@ from typing import Any, Protocol
 
 from tether.events import Event
 from tether.log.sqlite import SQLiteEventStore
-from tether.log.store import EventStore, IndexFold
+from tether.log.sqlite_accounts import SQLiteAccountStore
+from tether.log.store import AccountStore, EventStore, IndexFold
 
 PROBE_FOLD_VERSION = "probe-1"
 
@@ -41,6 +42,9 @@ class Backend(Protocol):
         self, fold: IndexFold = probe_fold, version: str = PROBE_FOLD_VERSION
     ) -> EventStore:
         """A store on this backend's database (the same data every time)."""
+
+    async def open_accounts(self) -> AccountStore:
+        """The users and tokens on this backend's database (open the log first: it migrates)."""
 
     def spec(self) -> dict[str, Any]:
         """JSON that `from_spec` turns back into this backend in another process."""
@@ -69,6 +73,9 @@ class SQLiteBackend:
         self, fold: IndexFold = probe_fold, version: str = PROBE_FOLD_VERSION
     ) -> EventStore:
         return SQLiteEventStore(self.path, index_fold=fold, index_version=version)
+
+    async def open_accounts(self) -> AccountStore:
+        return SQLiteAccountStore(self.path)
 
     def spec(self) -> dict[str, Any]:
         return {"backend": self.name, "path": str(self.path)}

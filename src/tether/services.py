@@ -12,9 +12,11 @@ from dataclasses import dataclass
 
 from tether.log import Hub
 from tether.log.attachments import AttachmentStore
+from tether.log.ownership import OwnedStore
 from tether.log.private import private_dir
 from tether.log.sqlite import SQLiteEventStore
-from tether.log.store import EventStore
+from tether.log.sqlite_accounts import SQLiteAccountStore
+from tether.log.store import AccountStore, EventStore
 from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
 from tether.runs import agent_sync
 from tether.runs.engine import RunEngine
@@ -32,7 +34,8 @@ from tether.settings import Settings
 class Services:
     settings: Settings
     runtime: Runtime
-    store: EventStore
+    store: OwnedStore  # every layer reads and writes the log through the ownership filter
+    accounts: AccountStore
     hub: Hub
     registry: RunRegistry
     sessions: SessionService
@@ -50,11 +53,17 @@ def open_store(settings: Settings) -> EventStore:
     )
 
 
+def open_accounts(settings: Settings) -> AccountStore:
+    """The users and tokens, in the database of the log (open the log first: it migrates)."""
+    return SQLiteAccountStore(settings.database_path)
+
+
 def build_services(settings: Settings, runtime: Runtime | None = None) -> Services:
     """Everything wired, on the running event loop. `runtime` defaults to the one
     `settings.runtime` names; tests pass their own."""
     runtime = runtime if runtime is not None else load_runtime(settings)
-    store = open_store(settings)
+    store = OwnedStore(open_store(settings))
+    accounts = open_accounts(settings)
     attachments = AttachmentStore(settings.data_dir / "attachments")
     hub = Hub(asyncio.get_running_loop())
     store.attach_hub(hub)
@@ -76,6 +85,7 @@ def build_services(settings: Settings, runtime: Runtime | None = None) -> Servic
         settings=settings,
         runtime=runtime,
         store=store,
+        accounts=accounts,
         hub=hub,
         registry=registry,
         sessions=sessions,

@@ -49,6 +49,8 @@ class Settings:
     max_tokens: int | None = None
     workspace: Path | None = None
     hermes_python: str | None = None
+    auth: str = "password"  # password | accounts | trusted-header (docs/configuration.md)
+    trusted_header: str = "X-Forwarded-User"
     password_env: str | None = None
     password_file: Path | None = None
     insecure_no_password: bool = False

@@ -19,8 +19,19 @@ from fastapi.staticfiles import StaticFiles
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from tether import __version__
-from tether.http import auth_routes, errors, health, models, pages, runs, sessions, streams
-from tether.http.auth import Authenticator, AuthGate
+from tether.http import (
+    account_routes,
+    auth_routes,
+    errors,
+    health,
+    models,
+    pages,
+    runs,
+    sessions,
+    streams,
+)
+from tether.http.accounts import USER_MODES, AccountAuth, RecordPeer
+from tether.http.auth import Authenticator, AuthGate, LoginLimiter
 from tether.http.deps import Services
 from tether.http.head import HeadAsGet
 from tether.http.hosts import AllowedHosts, HostGuard
@@ -53,6 +64,7 @@ def create_app(
     the command line built before serving; without it, the one settings name."""
     if auth is None:
         auth = Authenticator.from_settings(settings)
+    accounts = AccountAuth(settings) if settings.auth in USER_MODES else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -61,6 +73,13 @@ def create_app(
             stream_slots=StreamSlots(settings.max_streams_per_client),
         )
         engine, store = services.engine, services.store
+        if accounts is not None:
+            accounts.attach(services.accounts)
+            admins = [u for u in await services.accounts.users() if u.admin]
+            if admins:
+                store.default_owner = admins[0].user_id
+                if await store.claim_unowned(admins[0].user_id):
+                    log.info("sessions without an owner now belong to %s", admins[0].username)
         recovered = await maintenance.recover(engine)
         if recovered:
             log.warning(
@@ -92,6 +111,9 @@ def create_app(
             await services.runtime.aclose()
             app.state.renderer.close()
             store.attach_hub(None)
+            if accounts is not None:
+                accounts.attach(None)
+            await services.accounts.aclose()
             await store.aclose()
 
     app = FastAPI(
@@ -103,17 +125,21 @@ def create_app(
         openapi_url="/api/openapi.json",
     )
     app.state.auth = auth
+    app.state.accounts = accounts
+    app.state.user_limiter = LoginLimiter(max_failures=10, window=300.0)  # per user name
     errors.install(app)
-    for module in (health, auth_routes, sessions, models, runs, streams, pages):
+    for module in (health, auth_routes, account_routes, sessions, models, runs, streams, pages):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=str(pages.WEB_ROOT)), name="static")
     # The last added runs first: proxy headers, the Host check, the body deadline, login, the
     # body limit, then HEAD; a request refused by one never reaches those after it.
     app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(AuthGate, auth=auth)
+    app.add_middleware(AuthGate, auth=auth, accounts=accounts)
     app.add_middleware(BodyDeadline, seconds=settings.body_timeout_seconds)
     app.add_middleware(HostGuard, allowed=AllowedHosts.from_settings(settings))  # before login
     if settings.trusted_proxies:  # first of all: the client address and scheme everyone sees
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=list(settings.trusted_proxies))
+    if accounts is not None:  # outermost: the peer's own address, before any rewrite
+        app.add_middleware(RecordPeer)
     return app

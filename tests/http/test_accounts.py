@@ -22,7 +22,15 @@ from accounts_kit import (
     tether_users,
 )
 
-from helpers import ServerProcess, new_session, running_server
+from helpers import (
+    ServerProcess,
+    new_session,
+    running_server,
+    session_body,
+    start_turn,
+    wait_idle,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -292,3 +300,27 @@ def test_the_account_routes_are_absent_in_the_single_user_modes(
             response = client.request(method, path, json={"name": "x"})
             assert response.status_code == 404 and response.json()["code"] == "not_found"
         assert client.get("/api/auth/status").json()["mode"] == "password"
+
+
+def test_a_rotated_session_continues_as_its_owners(tmp_path: Path) -> None:
+    """Layer: rotation (runs/rotation.py) under ownership: the child session a compression
+    rotation makes belongs to the parent's person, and to nobody else."""
+    data = tmp_path / "data"
+    add_user(data, "alice", admin=True)
+    add_user(data, "bob")
+    rotating = ("--context-window", "256", "--compression-mode", "rotate")
+    with running_server(data, *ACCOUNTS, *rotating, env={"TETHER_DEMO_DELAY": "0.002"}) as srv:
+        bob, alice = sign_in(srv, "bob"), sign_in(srv, "alice")
+        parent = new_session(bob, "Long talk")
+        start_turn(bob, parent, "hello " * 150)  # the demo's usage crosses 80% of 256
+        child = wait_until(
+            lambda: session_body(bob, parent)["continuation_session_id"], what="a rotation"
+        )
+        wait_idle(bob, parent)
+        assert bob.get("/api/session", params={"session_id": child}).status_code == 200
+        assert child in bob.get("/api/sessions").text
+        hidden = alice.get("/api/session", params={"session_id": child})
+        assert hidden.status_code == 404 and hidden.json()["code"] == "session_not_found"
+        assert alice.get("/api/sessions").json() == {"sessions": []}
+        bob.close()
+        alice.close()

@@ -86,18 +86,11 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 # Every table a Tether database may hold (log/migrations.py); sqlite_* are SQLite's own.
-_TETHER_TABLES = frozenset(
-    {
-        "migrations",
-        "events",
-        "session_index",
-        "meta",
-        "attachments",
-        "users",
-        "api_tokens",
-        "session_owners",
-    }
-)
+_TETHER_TABLES = frozenset({"migrations", "events", "session_index", "meta", "attachments"}) | {
+    "users",  # m004: accounts
+    "api_tokens",
+    "session_owners",
+}
 
 
 def _refuse_foreign(db: sqlite3.Connection, path: Path) -> None:

@@ -165,9 +165,25 @@ def main() -> None:
 )
 @option(
     "--auth",
-    type=click.Choice(["password", "accounts", "trusted-header"]),
+    type=click.Choice(["password", "accounts", "trusted-header", "oidc"]),
     help="Who may sign in: one password (or none on loopback), people with accounts "
-    "(`tether users add`), or the user a trusted reverse proxy names.",
+    "(`tether users add`), the user a trusted reverse proxy names, or an OpenID Connect "
+    "provider's.",
+)
+@option("--oidc-issuer", help="The OpenID Connect provider's issuer URL (--auth oidc).")
+@option("--oidc-client-id", help="Tether's client id at the provider (--auth oidc).")
+@option(
+    "--oidc-client-secret-env",
+    help="Environment variable that holds Tether's client secret at the provider (--auth oidc).",
+)
+@option(
+    "--oidc-allowed-group",
+    "oidc_allowed_groups",
+    envvar="TETHER_OIDC_ALLOWED_GROUPS",
+    multiple=True,
+    type=CommaListed("group", lambda v: None),
+    help="Only people whose `groups` claim names this group may sign in (repeatable; "
+    "default: anyone the provider signs in).",
 )
 @option(
     "--trusted-header",
@@ -263,8 +279,14 @@ def serve(log_level: str, **options: object) -> None:
     except OSError as exc:
         raise click.ClickException(f"Cannot set up login in {settings.data_dir}: {exc}") from exc
     del password
+    from tether.http.oidc import OIDCConfigError, client_secret
+
+    try:
+        secret = client_secret(settings) if settings.auth == "oidc" else None
+    except OIDCConfigError as exc:
+        raise click.UsageError(str(exc)) from None
     config = uvicorn.Config(
-        create_app(settings, auth, runtime),
+        create_app(settings, auth, runtime, oidc_secret=secret),
         host=settings.host,
         port=settings.port,
         log_level=log_level,
@@ -293,6 +315,12 @@ def _check_auth_mode(settings: Settings) -> None:
             f"--auth {settings.auth} signs people in one by one: --password-env and "
             "--password-file are for --auth password (give each person a password with "
             "`tether users add`)."
+        )
+    if settings.auth == "oidc" and not (
+        settings.oidc_issuer and settings.oidc_client_id and settings.oidc_client_secret_env
+    ):
+        raise click.UsageError(
+            "--auth oidc needs --oidc-issuer, --oidc-client-id and --oidc-client-secret-env."
         )
     if settings.auth == "trusted-header" and not settings.trusted_proxies:
         raise click.UsageError(

@@ -45,7 +45,7 @@ log = logging.getLogger("tether.auth")
 
 COOKIE_NAME = "tether_session"
 SESSION_MAX_AGE = 30 * 24 * 3600
-USER_MODES = frozenset({"accounts", "trusted-header"})
+USER_MODES = frozenset({"accounts", "trusted-header", "oidc"})
 TOKEN_PREFIX = "tth_"
 PEER_KEY = "tether.peer"
 USERNAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$"
@@ -124,8 +124,10 @@ class AccountAuth:
         self.hasher = PasswordHasher()
         self.verify_slots = asyncio.Semaphore(2)  # argon2 takes 64 MiB per check
         self._dummy_hash = self.hasher.hash(secrets.token_urlsafe(16))
+        secret = _secret(settings.data_dir)
+        self.flow_secret = hashlib.sha256(b"tether-oidc-flow:" + secret.encode()).hexdigest()
         self._serializer = URLSafeTimedSerializer(
-            _secret(settings.data_dir),
+            secret,
             salt="tether-account-session",
             signer_kwargs={"digest_method": hashlib.sha256},
         )

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from starlette.middleware.sessions import SessionMiddleware
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from tether import __version__
@@ -25,6 +26,7 @@ from tether.http import (
     errors,
     health,
     models,
+    oidc,
     pages,
     runs,
     sessions,
@@ -57,7 +59,10 @@ def _freeze_startup_heap() -> None:
 
 
 def create_app(
-    settings: Settings, auth: Authenticator | None = None, runtime: Runtime | None = None
+    settings: Settings,
+    auth: Authenticator | None = None,
+    runtime: Runtime | None = None,
+    oidc_secret: str | None = None,
 ) -> FastAPI:
     """The app. `auth` carries the hashed password; without it, it is loaded from settings
     (auth.PasswordError when the configured password cannot be read). `runtime` is the one
@@ -65,6 +70,9 @@ def create_app(
     if auth is None:
         auth = Authenticator.from_settings(settings)
     accounts = AccountAuth(settings) if settings.auth in USER_MODES else None
+    signin = None
+    if settings.auth == "oidc":  # oidc.OIDCConfigError when incomplete
+        signin = oidc.OIDCLogin(settings, oidc_secret or oidc.client_secret(settings))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -126,14 +134,25 @@ def create_app(
     )
     app.state.auth = auth
     app.state.accounts = accounts
+    app.state.oidc = signin
     app.state.user_limiter = LoginLimiter(max_failures=10, window=300.0)  # per user name
     errors.install(app)
     for module in (health, auth_routes, account_routes, sessions, models, runs, streams, pages):
         app.include_router(module.router)
+    app.include_router(oidc.router)
     app.mount("/static", StaticFiles(directory=str(pages.WEB_ROOT)), name="static")
     # The last added runs first: proxy headers, the Host check, the body deadline, login, the
     # body limit, then HEAD; a request refused by one never reaches those after it.
     app.add_middleware(HeadAsGet)
+    if signin is not None and accounts is not None:  # the sign-in flow's state, for Authlib
+        app.add_middleware(
+            SessionMiddleware,
+            secret_key=accounts.flow_secret,
+            session_cookie=oidc.STATE_COOKIE,
+            max_age=600,
+            same_site="lax",  # it must come back with the provider's redirect
+            path="/api/auth/oidc/",
+        )
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(AuthGate, auth=auth, accounts=accounts)
     app.add_middleware(BodyDeadline, seconds=settings.body_timeout_seconds)

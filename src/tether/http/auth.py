@@ -48,7 +48,15 @@ SESSION_MAX_AGE = 30 * 24 * 3600
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Reachable without a session: readiness, the login page and its API, and static assets.
 PUBLIC_PATHS = frozenset(
-    {"/api/health", "/login", "/api/auth/login", "/api/auth/logout", "/api/auth/status"}
+    {
+        "/api/health",
+        "/login",
+        "/api/auth/login",
+        "/api/auth/logout",
+        "/api/auth/status",
+        "/api/auth/oidc/login",
+        "/api/auth/oidc/callback",
+    }
 )
 PUBLIC_PREFIXES = ("/static/",)
 MAX_REVOKED = 10_000
@@ -376,7 +384,7 @@ class AuthGate:
         principal = None if quiet and not bearer else await accounts.identify(scope, headers)
         if principal is None and not is_public(path):
             page = not websocket and method in ("GET", "HEAD") and not path.startswith("/api/")
-            if page and accounts.mode == "accounts":
+            if page and accounts.mode in ("accounts", "oidc"):
                 await self._redirect(scope, send)
             else:
                 await self._refuse(scope, send, Unauthenticated("Log in first."))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from typing import Annotated
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -87,6 +88,12 @@ async def login_page(request: Request, next: str | None = None) -> Response:
         return RedirectResponse(
             safe_next(next), status_code=303, headers={"Cache-Control": "no-store"}
         )
+    if accounts is not None and accounts.mode == "oidc":  # the provider's sign-in page
+        return RedirectResponse(
+            "/api/auth/oidc/login?" + urlencode({"next": safe_next(next)}),
+            status_code=303,
+            headers={"Cache-Control": "no-store"},
+        )
     return HTMLResponse((WEB_ROOT / "login.html").read_text(encoding="utf-8"), headers=PAGE_HEADERS)
 
 
@@ -128,7 +135,9 @@ async def _account_login(
     """A user name and password (`--auth accounts`): failures are limited per address and,
     so that many addresses cannot share the guessing of one password, per user name."""
     if accounts.mode != "accounts":
-        raise InvalidRequest("This server signs people in through its proxy, not a password.")
+        raise InvalidRequest(
+            "This server signs people in through its proxy or provider, not a password."
+        )
     if not body.username or not body.username.strip():
         raise InvalidRequest("Send your user name with the password.")
     client = request.client.host if request.client else "unknown"

@@ -24,7 +24,6 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from accounts_kit import add_user, bearer, new_token, sign_in
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -35,6 +34,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from accounts_kit import add_user, bearer, new_token, sign_in
 from helpers import ServerProcess, running_server
 
 pytestmark = pytest.mark.slow

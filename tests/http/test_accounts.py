@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from accounts_kit import (
     PASSWORDS,
     OpenStream,
@@ -21,7 +22,6 @@ from accounts_kit import (
     sign_in,
     tether_users,
 )
-
 from helpers import (
     ServerProcess,
     new_session,

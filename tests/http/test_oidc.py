@@ -15,9 +15,9 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
 import pytest
-from oidc_provider import Provider, running_provider
 
 from helpers import ServerProcess, new_session, running_server
+from oidc_provider import Provider, running_provider
 
 pytestmark = pytest.mark.slow
 

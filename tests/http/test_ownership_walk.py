@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from accounts_kit import OpenStream, add_user, bearer, new_token, sign_in
 
+from accounts_kit import OpenStream, add_user, bearer, new_token, sign_in
 from helpers import ServerProcess, iter_sse, new_session, running_server, start_turn, wait_idle
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from accounts_kit import add_user, sign_in, tether_users
 
+from accounts_kit import add_user, sign_in, tether_users
 from helpers import new_session, running_server
 
 pytestmark = pytest.mark.slow

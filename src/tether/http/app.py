@@ -83,7 +83,10 @@ def create_app(
         engine, store = services.engine, services.store
         if accounts is not None:
             accounts.attach(services.accounts)
-            admins = [u for u in await services.accounts.users() if u.admin]
+            people = await services.accounts.users()
+            admins = [u for u in people if u.admin]
+            if not people and settings.auth == "accounts":
+                log.warning("no users yet: nobody can sign in until `tether users add` adds one")
             if admins:
                 store.default_owner = admins[0].user_id
                 if await store.claim_unowned(admins[0].user_id):

@@ -223,9 +223,17 @@ def test_tokens_act_for_their_user_need_no_origin_and_stop_at_once(
             assert alice.delete(f"/api/tokens/{made['token_id']}").json() == {"ok": True}
             assert script.get("/api/me").status_code == 401
             assert stream.ended.wait(3) and stream.ended_at - revoked_at < 3
-        for header in ("Bearer", "Bearer nonsense", "Basic YWxpY2U6eA==", f"Token {made['token']}"):
+        for header in (f"Bearer {made['token']}", "Bearer tth_nonsense", "bearer  tth_x"):
             refused = alice.get("/api/sessions", headers={"Authorization": header})
-            assert refused.status_code == 401, header  # never falls back to the cookie
+            assert refused.status_code == 401, header  # a Tether token never falls back
+        for header in ("Basic YWxpY2U6eA==", "Bearer eyJhbGciOi.not.ours", "Bearer", "Token x"):
+            # Not a Tether token (a proxy's credential): ignored, the cookie decides...
+            assert alice.get("/api/sessions", headers={"Authorization": header}).status_code == 200
+            # ...and it does not lift the Origin check from a cookie request.
+            crossed = alice.post(
+                "/api/sessions", json={}, headers={"Authorization": header, **CROSS_SITE}
+            )
+            assert crossed.status_code == 403, header
 
 
 def test_login_failures_are_limited_per_address_and_per_user(data_dir: Path) -> None:
@@ -272,6 +280,9 @@ def test_the_trusted_header_is_believed_only_from_the_proxy(tmp_path: Path) -> N
             assert sid not in eve.get("/api/sessions").text
             via_proxy = dora.get("/api/me", headers={"X-Forwarded-For": "203.0.113.7"})
             assert via_proxy.json()["username"] == "dora"  # the proxy's own address is what counts
+            # oauth2-proxy can pass the provider's token along: not Tether's, ignored.
+            passed = dora.get("/api/me", headers={"Authorization": "Bearer eyJhbGciOi.x.y"})
+            assert passed.status_code == 200 and passed.json()["username"] == "dora"
         with srv.client() as nobody:
             assert nobody.get("/api/sessions").status_code == 401
             assert nobody.get("/").status_code == 401  # no login page to send anyone to

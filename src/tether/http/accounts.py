@@ -70,6 +70,19 @@ class Principal:
 PRINCIPAL: ContextVar[Principal | None] = ContextVar("tether_principal", default=None)
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The Tether token an `Authorization` header carries (`Bearer tth_...`), else None.
+    Any other credential (a proxy's Basic, an identity provider's bearer JWT passed along by
+    oauth2-proxy) is not Tether's and is ignored, never mistaken for a wrong token."""
+    if authorization is None:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token.startswith(TOKEN_PREFIX):
+        return None
+    return token
+
+
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
@@ -187,14 +200,11 @@ class AccountAuth:
         return address is not None and any(address in net for net in self.proxies)
 
     async def identify(self, scope: Scope, headers: Headers) -> Principal | None:
-        """The principal of this request, or None (401). A request carrying a bearer token
+        """The principal of this request, or None (401). A request carrying a Tether token
         is that token's or nobody's: it never falls back to a cookie."""
-        authorization = headers.get("authorization")
-        if authorization is not None:
-            scheme, _, token = authorization.partition(" ")
-            if scheme.lower() != "bearer" or not token.strip():
-                return None
-            token_hash = hash_token(token.strip())
+        token = bearer_token(headers.get("authorization"))
+        if token is not None:
+            token_hash = hash_token(token)
             found = await self.store.token_user(token_hash)
             return Principal(found[1], "token", token_hash) if found else None
         if self.mode == "trusted-header":

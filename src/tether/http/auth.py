@@ -35,7 +35,7 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tether.errors import ApiError, BadOrigin, Unauthenticated
-from tether.http.accounts import PRINCIPAL, AccountAuth
+from tether.http.accounts import PRINCIPAL, AccountAuth, bearer_token
 from tether.http.refusals import send_refusal
 from tether.log.ownership import NOBODY, VIEWER
 from tether.log.private import private_dir
@@ -373,7 +373,7 @@ class AuthGate:
         method = scope.get("method", "GET")
         path = scope.get("path", "/")
         websocket = scope["type"] == "websocket"
-        bearer = "authorization" in headers
+        bearer = bearer_token(headers.get("authorization")) is not None
         changing = websocket or method in STATE_CHANGING
         if changing and not bearer and not same_origin(scope, headers):
             await self._refuse(

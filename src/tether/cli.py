@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import signal
 import threading
 import webbrowser
@@ -177,6 +178,32 @@ def main() -> None:
     "--hermes-python",
     help="Python of the environment with hermes-agent (for --runtime hermes).",
 )
+@option(
+    "--auth",
+    type=click.Choice(["password", "accounts", "trusted-header", "oidc"]),
+    help="Who may sign in: one password (or none on loopback), people with accounts "
+    "(`tether users add`), the user a trusted reverse proxy names, or an OpenID Connect "
+    "provider's.",
+)
+@option("--oidc-issuer", help="The OpenID Connect provider's issuer URL (--auth oidc).")
+@option("--oidc-client-id", help="Tether's client id at the provider (--auth oidc).")
+@option(
+    "--oidc-client-secret-env",
+    help="Environment variable that holds Tether's client secret at the provider (--auth oidc).",
+)
+@option(
+    "--oidc-allowed-group",
+    "oidc_allowed_groups",
+    envvar="TETHER_OIDC_ALLOWED_GROUPS",
+    multiple=True,
+    type=CommaListed("group", lambda v: None),
+    help="Only people whose `groups` claim names this group may sign in (repeatable; "
+    "default: anyone the provider signs in).",
+)
+@option(
+    "--trusted-header",
+    help="The header a --trusted-proxy names the signed-in user in (--auth trusted-header).",
+)
 @option("--password-env", help="Environment variable that holds the login password.")
 @option(
     "--password-file",
@@ -229,11 +256,17 @@ def serve(log_level: str, **options: object) -> None:
     settings = Settings(**options)  # type: ignore[arg-type]
     from tether.http.auth import Authenticator, PasswordError, load_password
 
+    _check_auth_mode(settings)
     try:
         password = load_password(settings)
     except PasswordError as exc:
         raise click.UsageError(str(exc)) from None
-    if password is None and not is_loopback(settings.host) and not settings.insecure_no_password:
+    if (
+        password is None
+        and settings.auth == "password"
+        and not is_loopback(settings.host)
+        and not settings.insecure_no_password
+    ):
         raise click.UsageError(
             f"Refusing to listen on {settings.host} without a password: anyone who can reach "
             "it could read and drive your sessions. Use a loopback address, set a password "
@@ -268,8 +301,14 @@ def serve(log_level: str, **options: object) -> None:
     except OSError as exc:
         raise click.ClickException(f"Cannot set up login in {settings.data_dir}: {exc}") from exc
     del password
+    from tether.http.oidc import OIDCConfigError, client_secret
+
+    try:
+        secret = client_secret(settings) if settings.auth == "oidc" else None
+    except OIDCConfigError as exc:
+        raise click.UsageError(str(exc)) from None
     config = uvicorn.Config(
-        create_app(settings, auth, runtime),
+        create_app(settings, auth, runtime, oidc_secret=secret),
         host=settings.host,
         port=settings.port,
         log_level=log_level,
@@ -290,6 +329,28 @@ def serve(log_level: str, **options: object) -> None:
         dir_lock.close()
     if not server.started:
         raise SystemExit(1)
+
+
+def _check_auth_mode(settings: Settings) -> None:
+    if settings.auth == "password":
+        return
+    if settings.password_env or settings.password_file:
+        raise click.UsageError(
+            f"--auth {settings.auth} signs people in one by one: --password-env and "
+            "--password-file are for --auth password (give each person a password with "
+            "`tether users add`)."
+        )
+    if settings.auth == "oidc" and not (
+        settings.oidc_issuer and settings.oidc_client_id and settings.oidc_client_secret_env
+    ):
+        raise click.UsageError(
+            "--auth oidc needs --oidc-issuer, --oidc-client-id and --oidc-client-secret-env."
+        )
+    if settings.auth == "trusted-header" and not settings.trusted_proxies:
+        raise click.UsageError(
+            "--auth trusted-header needs --trusted-proxy: the header is believed only from "
+            "the proxy's address."
+        )
 
 
 @main.command()
@@ -316,3 +377,77 @@ def _open_browser_when_ready(server: uvicorn.Server, url: str) -> None:
             threading.Event().wait(0.05)
 
     threading.Thread(target=wait_then_open, daemon=True).start()
+
+
+_data_dir_option = click.option(
+    "--data-dir",
+    envvar="TETHER_DATA_DIR",
+    show_envvar=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The data directory of the server (default: the per-user data directory).",
+)
+
+
+def _settings(data_dir: Path | None) -> Settings:
+    return Settings() if data_dir is None else Settings(data_dir=data_dir)
+
+
+@main.group()
+def users() -> None:
+    """The people who sign in to `tether serve --auth accounts` (docs/api.md §15)."""
+
+
+@users.command("add")
+@click.argument("name")
+@click.option(
+    "--admin",
+    is_flag=True,
+    help="May manage users (the first admin also owns the sessions made before accounts).",
+)
+@click.option("--password-env", help="Environment variable holding the password (else: a prompt).")
+@_data_dir_option
+def users_add(name: str, admin: bool, password_env: str | None, data_dir: Path | None) -> None:
+    """Add a user; works without a running server (the first admin of a headless one)."""
+    from tether import cli_users
+
+    if password_env:
+        password = os.environ.pop(password_env, None)
+        if password is None:
+            raise click.UsageError(f"The environment variable {password_env} is not set.")
+    else:
+        password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
+    try:
+        claimed = cli_users.add_user(_settings(data_dir), name, password, admin)
+    except (cli_users.Refused, StorageError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"Added {'admin ' if admin else ''}{name}.")
+    if claimed:
+        click.echo(f"{name} now owns the {claimed} session(s) made before accounts.")
+
+
+@users.command("list")
+@_data_dir_option
+def users_list(data_dir: Path | None) -> None:
+    """List the users, oldest first."""
+    from tether import cli_users
+
+    try:
+        found = cli_users.list_users(_settings(data_dir))
+    except StorageError as exc:
+        raise click.ClickException(str(exc)) from None
+    for user in found:
+        click.echo(f"{user.username}{' (admin)' if user.admin else ''}")
+
+
+@users.command("remove")
+@click.argument("name")
+@_data_dir_option
+def users_remove(name: str, data_dir: Path | None) -> None:
+    """Remove a user: their tokens and logins end; their sessions are kept, shown to no one."""
+    from tether import cli_users
+
+    try:
+        cli_users.remove_user(_settings(data_dir), name)
+    except (cli_users.Refused, StorageError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"Removed {name}.")

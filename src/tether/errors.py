@@ -106,6 +106,14 @@ class RowNotFound(ApiError):
     code, status = "row_not_found", 404
 
 
+class UserNotFound(ApiError):
+    code, status = "user_not_found", 404
+
+
+class TokenNotFound(ApiError):
+    code, status = "token_not_found", 404
+
+
 class MethodNotAllowed(ApiError):
     code, status = "method_not_allowed", 405
 
@@ -116,6 +124,10 @@ class SessionBusy(ApiError):
 
 class SessionRotated(ApiError):
     code, status = "session_rotated", 409
+
+
+class UserExists(ApiError):
+    code, status = "user_exists", 409
 
 
 class RequestTimeout(ApiError):

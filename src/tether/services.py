@@ -14,9 +14,11 @@ from tether.events import VOCABULARY, Vocabulary, new_id
 from tether.log import Hub, StorageError
 from tether.log.attachments import AttachmentStore
 from tether.log.checked import CheckedStore
+from tether.log.ownership import OwnedStore
 from tether.log.private import private_dir
 from tether.log.sqlite import SQLiteEventStore
-from tether.log.store import EventStore
+from tether.log.sqlite_accounts import SQLiteAccountStore
+from tether.log.store import AccountStore, EventStore
 from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
 from tether.runs import agent_sync
 from tether.runs.engine import RunEngine
@@ -38,7 +40,8 @@ class Services:
     settings: Settings
     vocabulary: Vocabulary
     runtime: Runtime
-    store: EventStore
+    store: OwnedStore  # every layer reads and writes the log through the ownership filter
+    accounts: AccountStore
     hub: Hub
     registry: RunRegistry
     sessions: SessionService
@@ -88,6 +91,11 @@ def open_store(
     return CheckedStore(backend, vocabulary)
 
 
+def open_accounts(settings: Settings) -> AccountStore:
+    """The users and tokens, in the database of the log (open the log first: it migrates)."""
+    return SQLiteAccountStore(settings.database_path)
+
+
 def build_services(
     settings: Settings, runtime: Runtime | None = None, vocabulary: Vocabulary = VOCABULARY
 ) -> Services:
@@ -95,7 +103,8 @@ def build_services(
     `settings.runtime` names; tests pass their own, and may pass a larger `vocabulary`."""
     runtime = runtime if runtime is not None else load_runtime(settings)
     replica_id = new_id("replica")
-    store = open_store(settings, replica_id, vocabulary)
+    store = OwnedStore(open_store(settings, replica_id, vocabulary))
+    accounts = open_accounts(settings)
     attachments = AttachmentStore(settings.data_dir / "attachments")
     hub = Hub(asyncio.get_running_loop())
     store.attach_hub(hub)
@@ -131,6 +140,7 @@ def build_services(
         vocabulary=vocabulary,
         runtime=runtime,
         store=store,
+        accounts=accounts,
         hub=hub,
         registry=registry,
         sessions=sessions,

@@ -50,6 +50,12 @@ class Settings:
     max_tokens: int | None = None
     workspace: Path | None = None
     hermes_python: str | None = None
+    auth: str = "password"  # password | accounts | trusted-header (docs/configuration.md)
+    trusted_header: str = "X-Forwarded-User"
+    oidc_issuer: str | None = None
+    oidc_client_id: str | None = None
+    oidc_client_secret_env: str | None = None
+    oidc_allowed_groups: tuple[str, ...] = ()
     password_env: str | None = None
     password_file: Path | None = None
     insecure_no_password: bool = False

@@ -139,7 +139,12 @@ def test_public_routes_need_no_login(pw_server: ServerProcess) -> None:
         assert client.get("/static/css/app.css").status_code == 200
         assert client.get("/static/js/login.js").status_code == 200
         status = client.get("/api/auth/status").json()
-        assert status == {"authenticated": False, "password_required": True}
+        assert status == {
+            "authenticated": False,
+            "password_required": True,
+            "mode": "password",
+            "username": None,
+        }
 
 
 def test_pages_redirect_to_login(pw_server: ServerProcess) -> None:
@@ -177,6 +182,8 @@ def test_login_sets_a_strict_http_only_cookie_and_opens_the_api(pw_server: Serve
         assert client.get("/api/auth/status").json() == {
             "authenticated": True,
             "password_required": True,
+            "mode": "password",
+            "username": None,
         }
         sid = new_session(client, "after login")
         assert client.get("/api/session", params={"session_id": sid}).status_code == 200
@@ -326,6 +333,8 @@ def test_origin_check_without_a_password(server: ServerProcess) -> None:
         assert client.get("/api/auth/status").json() == {
             "authenticated": True,
             "password_required": False,
+            "mode": "password",
+            "username": None,
         }
         _origin_checks(server, client)
         assert client.get("/").status_code == 200

@@ -16,15 +16,18 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from starlette.middleware.sessions import SessionMiddleware
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from tether import __version__
 from tether.events import VOCABULARY, Vocabulary
 from tether.http import (
+    account_routes,
     auth_routes,
     errors,
     health,
     models,
+    oidc,
     pages,
     runs,
     search,
@@ -33,7 +36,8 @@ from tether.http import (
     streams,
     transfer,
 )
-from tether.http.auth import Authenticator, AuthGate
+from tether.http.accounts import USER_MODES, AccountAuth, RecordPeer
+from tether.http.auth import Authenticator, AuthGate, LoginLimiter
 from tether.http.deps import Services
 from tether.http.head import HeadAsGet
 from tether.http.hosts import AllowedHosts, HostGuard
@@ -63,6 +67,7 @@ def create_app(
     auth: Authenticator | None = None,
     runtime: Runtime | None = None,
     vocabulary: Vocabulary = VOCABULARY,
+    oidc_secret: str | None = None,
 ) -> FastAPI:
     """The app. `auth` carries the hashed password; without it, it is loaded from settings
     (auth.PasswordError when the configured password cannot be read). `runtime` is the one
@@ -70,6 +75,10 @@ def create_app(
     the event types it speaks (a test may add its own)."""
     if auth is None:
         auth = Authenticator.from_settings(settings)
+    accounts = AccountAuth(settings) if settings.auth in USER_MODES else None
+    signin = None
+    if settings.auth == "oidc":  # oidc.OIDCConfigError when incomplete
+        signin = oidc.OIDCLogin(settings, oidc_secret or oidc.client_secret(settings))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -78,6 +87,16 @@ def create_app(
             stream_slots=StreamSlots(settings.max_streams_per_client),
         )
         engine, store = services.engine, services.store
+        if accounts is not None:
+            accounts.attach(services.accounts)
+            people = await services.accounts.users()
+            admins = [u for u in people if u.admin]
+            if not people and settings.auth == "accounts":
+                log.warning("no users yet: nobody can sign in until `tether users add` adds one")
+            if admins:
+                store.default_owner = admins[0].user_id
+                if await store.claim_unowned(admins[0].user_id):
+                    log.info("sessions without an owner now belong to %s", admins[0].username)
         recovered = await maintenance.recover(engine)
         if recovered:
             log.warning(
@@ -109,6 +128,9 @@ def create_app(
             await services.runtime.aclose()
             app.state.renderer.close()
             store.attach_hub(None)
+            if accounts is not None:
+                accounts.attach(None)
+            await services.accounts.aclose()
             await store.aclose()
 
     app = FastAPI(
@@ -120,10 +142,14 @@ def create_app(
         openapi_url="/api/openapi.json",
     )
     app.state.auth = auth
+    app.state.accounts = accounts
+    app.state.oidc = signin
+    app.state.user_limiter = LoginLimiter(max_failures=10, window=300.0)  # per user name
     errors.install(app)
     for module in (
         health,
         auth_routes,
+        account_routes,
         sessions,
         transfer,
         search,
@@ -134,18 +160,30 @@ def create_app(
         pages,
     ):
         app.include_router(module.router)
+    app.include_router(oidc.router)
     app.mount("/static", StaticFiles(directory=str(pages.WEB_ROOT)), name="static")
     # The last added runs first: proxy headers, the Host check, the body deadline, login, the
     # body limit, then HEAD; a request refused by one never reaches those after it.
     app.add_middleware(HeadAsGet)
+    if signin is not None and accounts is not None:  # the sign-in flow's state, for Authlib
+        app.add_middleware(
+            SessionMiddleware,
+            secret_key=accounts.flow_secret,
+            session_cookie=oidc.STATE_COOKIE,
+            max_age=600,
+            same_site="lax",  # it must come back with the provider's redirect
+            path="/api/auth/oidc/",
+        )
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes,
         larger={transfer.IMPORT_PATH: settings.max_import_bytes},
     )
-    app.add_middleware(AuthGate, auth=auth)
+    app.add_middleware(AuthGate, auth=auth, accounts=accounts)
     app.add_middleware(BodyDeadline, seconds=settings.body_timeout_seconds)
     app.add_middleware(HostGuard, allowed=AllowedHosts.from_settings(settings))  # before login
     if settings.trusted_proxies:  # first of all: the client address and scheme everyone sees
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=list(settings.trusted_proxies))
+    if accounts is not None:  # outermost: the peer's own address, before any rewrite
+        app.add_middleware(RecordPeer)
     return app

@@ -35,7 +35,9 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tether.errors import ApiError, BadOrigin, Unauthenticated
+from tether.http.accounts import PRINCIPAL, AccountAuth, bearer_token
 from tether.http.refusals import send_refusal
+from tether.log.ownership import NOBODY, VIEWER
 from tether.log.private import private_dir
 from tether.settings import Settings
 
@@ -46,7 +48,15 @@ SESSION_MAX_AGE = 30 * 24 * 3600
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Reachable without a session: readiness, the login page and its API, and static assets.
 PUBLIC_PATHS = frozenset(
-    {"/api/health", "/login", "/api/auth/login", "/api/auth/logout", "/api/auth/status"}
+    {
+        "/api/health",
+        "/login",
+        "/api/auth/login",
+        "/api/auth/logout",
+        "/api/auth/status",
+        "/api/auth/oidc/login",
+        "/api/auth/oidc/callback",
+    }
 )
 PUBLIC_PREFIXES = ("/static/",)
 MAX_REVOKED = 10_000
@@ -321,11 +331,14 @@ def safe_next(value: str | None) -> str:
 
 class AuthGate:
     """Pure ASGI middleware (streaming responses pass through untouched): the Origin check on
-    state-changing requests, then, when a password is set, the session check."""
+    state-changing requests, then, when a password is set, the session check. In the user
+    modes (`accounts` given) the session check names the person, and the whole request acts
+    for them (`log.ownership.VIEWER`); a bearer token needs no Origin."""
 
-    def __init__(self, app: ASGIApp, auth: Authenticator) -> None:
+    def __init__(self, app: ASGIApp, auth: Authenticator, accounts: AccountAuth | None = None):
         self.app = app
         self.auth = auth
+        self.accounts = accounts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -335,6 +348,9 @@ class AuthGate:
         method = scope.get("method", "GET")
         path = scope.get("path", "/")
         websocket = scope["type"] == "websocket"
+        if self.accounts is not None:
+            await self._as_person(scope, receive, send, self.accounts)
+            return
         if (websocket or method in STATE_CHANGING) and not same_origin(scope, headers):
             await self._refuse(
                 scope, send, BadOrigin("This request came from another site and was refused.")
@@ -349,6 +365,37 @@ class AuthGate:
                     await self._refuse(scope, send, Unauthenticated("Log in first."))
                 return
         await self.app(scope, receive, send)
+
+    async def _as_person(
+        self, scope: Scope, receive: Receive, send: Send, accounts: AccountAuth
+    ) -> None:
+        headers = Headers(scope=scope)
+        method = scope.get("method", "GET")
+        path = scope.get("path", "/")
+        websocket = scope["type"] == "websocket"
+        bearer = bearer_token(headers.get("authorization")) is not None
+        changing = websocket or method in STATE_CHANGING
+        if changing and not bearer and not same_origin(scope, headers):
+            await self._refuse(
+                scope, send, BadOrigin("This request came from another site and was refused.")
+            )
+            return
+        quiet = path.startswith(PUBLIC_PREFIXES) or path == "/api/health"
+        principal = None if quiet and not bearer else await accounts.identify(scope, headers)
+        if principal is None and not is_public(path):
+            page = not websocket and method in ("GET", "HEAD") and not path.startswith("/api/")
+            if page and accounts.mode in ("accounts", "oidc"):
+                await self._redirect(scope, send)
+            else:
+                await self._refuse(scope, send, Unauthenticated("Log in first."))
+            return
+        viewer = VIEWER.set(principal.user.user_id if principal else NOBODY)
+        person = PRINCIPAL.set(principal)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            PRINCIPAL.reset(person)
+            VIEWER.reset(viewer)
 
     async def _refuse(self, scope: Scope, send: Send, refusal: ApiError) -> None:
         if scope["type"] == "websocket":

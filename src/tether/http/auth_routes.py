@@ -1,18 +1,21 @@
-"""Login routes (docs/api.md §8, docs/security.md): the login page, log in, log out, and status.
-The Origin check and the session check of every other route live in `auth.AuthGate`."""
+"""Login routes (docs/api.md §8 and §15, docs/security.md): the login page, log in, log out,
+and status, for the single-password mode and for `--auth accounts`. The Origin check and the
+session check of every other route live in `auth.AuthGate`."""
 
 from __future__ import annotations
 
 import logging
 from typing import Annotated
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from pydantic import Field, StrictStr
+from pydantic import BaseModel, Field, StrictStr
 
-from tether.errors import BadCredentials, RateLimited
-from tether.http.auth import COOKIE_NAME, SESSION_MAX_AGE, Authenticator, safe_next
-from tether.http.errors import error_response
+from tether.errors import BadCredentials, InvalidRequest, RateLimited
+from tether.http.accounts import PRINCIPAL, AccountAuth
+from tether.http.auth import COOKIE_NAME, SESSION_MAX_AGE, Authenticator, LoginLimiter, safe_next
+from tether.http.errors import documented, error_response
 from tether.http.pages import PAGE_HEADERS, WEB_ROOT
 from tether.http.schemas import Body
 
@@ -20,12 +23,35 @@ log = logging.getLogger("tether.auth")
 router = APIRouter()
 
 
+class LoginOut(BaseModel):
+    ok: bool
+    password_required: bool
+    username: str | None = None
+
+
+class LogoutOut(BaseModel):
+    ok: bool
+    was_logged_in: bool
+
+
+class AuthStatus(BaseModel):
+    authenticated: bool
+    password_required: bool
+    mode: str
+    username: str | None
+
+
 class LoginRequest(Body):
+    username: Annotated[StrictStr | None, Field(max_length=200)] = None
     password: Annotated[StrictStr, Field(min_length=1, max_length=4096)]
 
 
 def _auth(request: Request) -> Authenticator:
     return request.app.state.auth
+
+
+def _accounts(request: Request) -> AccountAuth | None:
+    return request.app.state.accounts
 
 
 def _cookie_options(request: Request) -> dict:
@@ -37,29 +63,56 @@ def _cookie_options(request: Request) -> dict:
     }
 
 
+async def _signed_in(request: Request) -> bool:
+    if _accounts(request) is not None:
+        return PRINCIPAL.get() is not None
+    return _auth(request).is_authenticated(request.cookies.get(COOKIE_NAME))
+
+
+def _limited(limiter: LoginLimiter, key: str) -> Response | None:
+    wait = limiter.retry_after(key)
+    if not wait:
+        return None
+    response = error_response(
+        RateLimited(f"Too many failed attempts; try again in {wait} s.", retry_after=wait)
+    )
+    response.headers["Retry-After"] = str(wait)
+    return response
+
+
 @router.get("/login", include_in_schema=False)
 async def login_page(request: Request, next: str | None = None) -> Response:
-    auth = _auth(request)
-    if not auth.password_required or auth.is_authenticated(request.cookies.get(COOKIE_NAME)):
+    auth, accounts = _auth(request), _accounts(request)
+    open_door = accounts is None and not auth.password_required
+    if open_door or await _signed_in(request):
         return RedirectResponse(
             safe_next(next), status_code=303, headers={"Cache-Control": "no-store"}
+        )
+    if accounts is not None and accounts.mode == "oidc":  # the provider's sign-in page
+        return RedirectResponse(
+            "/api/auth/oidc/login?" + urlencode({"next": safe_next(next)}),
+            status_code=303,
+            headers={"Cache-Control": "no-store"},
         )
     return HTMLResponse((WEB_ROOT / "login.html").read_text(encoding="utf-8"), headers=PAGE_HEADERS)
 
 
-@router.post("/api/auth/login")
+@router.post(
+    "/api/auth/login",
+    summary="Log in",
+    response_model=None,
+    responses=documented(400, 401, 429, ok=LoginOut),
+)
 async def login(request: Request, body: LoginRequest) -> Response:
-    auth = _auth(request)
+    auth, accounts = _auth(request), _accounts(request)
+    if accounts is not None:
+        return await _account_login(request, body, accounts, auth.limiter)
     if not auth.password_required:
         return JSONResponse({"ok": True, "password_required": False})
     client = request.client.host if request.client else "unknown"
-    wait = auth.limiter.retry_after(client)
-    if wait:
-        response = error_response(
-            RateLimited(f"Too many failed attempts; try again in {wait} s.", retry_after=wait)
-        )
-        response.headers["Retry-After"] = str(wait)
-        return response
+    refused = _limited(auth.limiter, client)
+    if refused is not None:
+        return refused
     # Counted before the (slow) check, so guesses sent in parallel are limited too.
     auth.limiter.record_failure(client)
     if not await auth.verify_password(body.password):
@@ -76,10 +129,55 @@ async def login(request: Request, body: LoginRequest) -> Response:
     return response
 
 
-@router.post("/api/auth/logout")
+async def _account_login(
+    request: Request, body: LoginRequest, accounts: AccountAuth, per_address: LoginLimiter
+) -> Response:
+    """A user name and password (`--auth accounts`): failures are limited per address and,
+    so that many addresses cannot share the guessing of one password, per user name."""
+    if accounts.mode != "accounts":
+        raise InvalidRequest(
+            "This server signs people in through its proxy or provider, not a password."
+        )
+    if not body.username or not body.username.strip():
+        raise InvalidRequest("Send your user name with the password.")
+    client = request.client.host if request.client else "unknown"
+    name_key = "user:" + body.username.strip().casefold()
+    per_user: LoginLimiter = request.app.state.user_limiter
+    refused = _limited(per_address, client) or _limited(per_user, name_key)
+    if refused is not None:
+        return refused
+    per_address.record_failure(client)
+    per_user.record_failure(name_key)
+    user = await accounts.verify(body.username.strip(), body.password)
+    if user is None:
+        log.warning("failed login for %r from %s", body.username[:64], client)
+        raise BadCredentials("That user name and password do not match.")
+    per_address.reset(client)
+    per_user.reset(name_key)
+    log.info("login of %s from %s", user.username, client)
+    response = JSONResponse(
+        {"ok": True, "password_required": True, "username": user.username},
+        headers={"Cache-Control": "no-store"},
+    )
+    response.set_cookie(
+        COOKIE_NAME, accounts.cookie_for(user), max_age=SESSION_MAX_AGE, **_cookie_options(request)
+    )
+    return response
+
+
+@router.post(
+    "/api/auth/logout", summary="Log out", response_model=None, responses=documented(ok=LogoutOut)
+)
 async def logout(request: Request) -> Response:
-    auth = _auth(request)
-    revoked = await auth.revoke(request.cookies.get(COOKIE_NAME))
+    accounts = _accounts(request)
+    if accounts is not None:
+        principal = PRINCIPAL.get()
+        revoked = principal is not None and principal.via == "cookie"
+        if principal is not None and revoked:  # every session of this person, everywhere
+            await accounts.store.end_sessions(principal.user.user_id)
+            accounts.credentials_changed(principal.user.user_id)
+    else:
+        revoked = await _auth(request).revoke(request.cookies.get(COOKIE_NAME))
     response = JSONResponse(
         {"ok": True, "was_logged_in": revoked}, headers={"Cache-Control": "no-store"}
     )
@@ -87,13 +185,21 @@ async def logout(request: Request) -> Response:
     return response
 
 
-@router.get("/api/auth/status")
+@router.get(
+    "/api/auth/status",
+    summary="Whether this client is logged in",
+    response_model=None,
+    responses=documented(ok=AuthStatus),
+)
 async def status(request: Request) -> JSONResponse:
-    auth = _auth(request)
+    auth, accounts = _auth(request), _accounts(request)
+    principal = PRINCIPAL.get()
     return JSONResponse(
         {
-            "authenticated": auth.is_authenticated(request.cookies.get(COOKIE_NAME)),
-            "password_required": auth.password_required,
+            "authenticated": await _signed_in(request),
+            "password_required": auth.password_required if accounts is None else True,
+            "mode": accounts.mode if accounts is not None else "password",
+            "username": principal.user.username if principal else None,
         },
         headers={"Cache-Control": "no-store"},
     )

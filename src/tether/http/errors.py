@@ -46,11 +46,17 @@ _DESCRIPTIONS = {
     400: "Bad input (`invalid_request`): a body that is not a JSON object, a wrong type, an "
     "id outside `[A-Za-z0-9_-]{1,64}`, required text that is empty, or text that is not "
     "valid Unicode. Never 422.",
-    404: "Unknown id (`session_not_found`, `queue_item_not_found`, ...).",
-    409: "State conflict: `session_busy` (with `active_stream_id`) or `session_rotated` "
-    "(with `continuation_session_id`).",
+    401: "`bad_credentials` (a sign-in that does not match) or `unauthenticated` (no valid "
+    "cookie, token or trusted header).",
+    403: "`forbidden`: an admin route (docs/api.md §15) asked by someone who is not one.",
+    404: "Unknown id (`session_not_found`, `queue_item_not_found`, `user_not_found`, "
+    "`token_not_found`, ...); another person's session is unknown too. The account routes "
+    "answer `not_found` when accounts are off.",
+    409: "State conflict: `session_busy` (with `active_stream_id`), `session_rotated` "
+    "(with `continuation_session_id`) or `user_exists`.",
     413: "Too large (`payload_too_large`): the request body, an attachment or the message.",
-    429: "Too many (`too_many_streams`: this client's open event streams are at the limit).",
+    429: "Too many (`too_many_streams`: this client's open event streams are at the limit; "
+    "`rate_limited`: too many failed sign-ins, with `retry_after`).",
     503: "`storage_unavailable` or `server_closing`; nothing was changed.",
 }
 _ERROR_REF = "#/components/schemas/ErrorBody"

@@ -12,6 +12,7 @@ honoured gets one `session.snapshot`, never a refusal and never a silent skip.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ from starlette.background import BackgroundTask
 
 from tether.errors import TooManyStreams
 from tether.events import ID_PATTERN, Event
+from tether.http.accounts import PRINCIPAL, StreamGuard
 from tether.http.deps import App, Services
 from tether.http.errors import documented
 from tether.log import SessionDeleted, SessionNotFound
@@ -73,6 +75,8 @@ def _heartbeat(app: Services, session_id: str, last_seq: int) -> ServerSentEvent
 
 
 async def _changes(app: Services, changes: list[tuple[str, str]] | None) -> list[ServerSentEvent]:
+    """The sidebar frames of these changes: only of sessions the stream's person may see
+    (log/ownership.py), so another person's activity is never announced."""
     if changes is None:
         return [ServerSentEvent(event="resync", data=_dumps({"reason": "overflow"}))]
     return [
@@ -81,18 +85,31 @@ async def _changes(app: Services, changes: list[tuple[str, str]] | None) -> list
             data=_dumps({"session_id": sid, "reason": reason, "row": await app.sessions.row(sid)}),
         )
         for sid, reason in changes
+        if await app.store.visible(sid)
     ]
 
 
+def _guard(request: Request) -> StreamGuard | None:
+    accounts = request.app.state.accounts
+    return None if accounts is None else accounts.guard(PRINCIPAL.get())
+
+
 async def _session_frames(
-    app: Services, session_id: str, cursor_raw: str | None, with_sidebar: bool
+    app: Services,
+    session_id: str,
+    cursor_raw: str | None,
+    with_sidebar: bool,
+    guard: StreamGuard | None,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     interval = app.settings.heartbeat_seconds
     wakeup = asyncio.Event()
     feed = app.feed.connect(wakeup) if with_sidebar else None
     try:
-        with app.hub.subscribe(session_id, wakeup) as sub:
-            async for frame in _follow(app, session_id, cursor_raw, sub, feed, interval):
+        with (
+            app.hub.subscribe(session_id, wakeup) as sub,
+            guard.watching(wakeup) if guard else contextlib.nullcontext(),
+        ):
+            async for frame in _follow(app, session_id, cursor_raw, sub, feed, interval, guard):
                 yield frame
     finally:
         if feed is not None:
@@ -106,6 +123,7 @@ async def _follow(
     sub: Subscription,
     feed: FeedClient | None,
     interval: float,
+    guard: StreamGuard | None,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     current = await app.store.last_seq(session_id)
     if current is None:
@@ -143,9 +161,13 @@ async def _follow(
             try:
                 await asyncio.wait_for(sub.wakeup.wait(), max(0.0, quiet_until - loop.time()))
             except TimeoutError:
+                if guard and not await guard.holds(heartbeat=True):
+                    return  # logged out, token revoked or user removed: the stream ends
                 yield _heartbeat(app, session_id, sent)
                 quiet_until = loop.time() + interval
                 continue
+        if guard and not await guard.holds(heartbeat=False):
+            return
         quiet_until = loop.time() + interval
         if feed is not None and feed.has_pending():
             for change in await _changes(app, feed.take()):
@@ -214,7 +236,8 @@ async def session_events(
     if await app.store.last_seq(session_id) is None:
         raise SessionNotFound(session_id)
     cursor = after if after is not None else last_event_id
-    return _stream(request, app, _session_frames(app, session_id, cursor, sidebar))
+    frames = _session_frames(app, session_id, cursor, sidebar, _guard(request))
+    return _stream(request, app, frames)
 
 
 def _stream(
@@ -247,18 +270,30 @@ def _stream(
     )
 
 
-async def _sidebar_frames(app: Services) -> AsyncIterator[ServerSentEvent]:
+async def _sidebar_frames(
+    app: Services, guard: StreamGuard | None
+) -> AsyncIterator[ServerSentEvent]:
     client = app.feed.connect()
     try:
-        while True:
-            changes = await client.next(timeout=app.settings.heartbeat_seconds)
-            if changes == []:
-                yield ServerSentEvent(event="heartbeat", data=_dumps({"server_time": time.time()}))
-                continue
-            for frame in await _changes(app, changes):
+        with guard.watching(client.wakeup) if guard else contextlib.nullcontext():
+            async for frame in _sidebar_follow(app, client, guard):
                 yield frame
     finally:
         app.feed.disconnect(client)
+
+
+async def _sidebar_follow(
+    app: Services, client: FeedClient, guard: StreamGuard | None
+) -> AsyncIterator[ServerSentEvent]:
+    while True:
+        changes = await client.next(timeout=app.settings.heartbeat_seconds)
+        if guard and not await guard.holds(heartbeat=changes == []):
+            return  # logged out, token revoked or user removed: the stream ends
+        if changes == []:
+            yield ServerSentEvent(event="heartbeat", data=_dumps({"server_time": time.time()}))
+            continue
+        for frame in await _changes(app, changes):
+            yield frame
 
 
 @router.get(
@@ -271,4 +306,4 @@ async def _sidebar_frames(app: Services) -> AsyncIterator[ServerSentEvent]:
 async def sidebar_events(request: Request, app: App) -> EventSourceResponse:
     """`session.changed` frames (`{session_id, reason, row}`, row null when deleted) and
     heartbeats; a reconnecting client refetches `GET /api/sessions`."""
-    return _stream(request, app, _sidebar_frames(app))
+    return _stream(request, app, _sidebar_frames(app, _guard(request)))

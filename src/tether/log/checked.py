@@ -31,14 +31,18 @@ class CheckedStore:
     def attach_hub(self, hub: Hub | None) -> None:
         self.backend.attach_hub(hub)
 
-    async def create_session(self, session_id: str, drafts: list[Draft]) -> list[Event]:
+    async def create_session(
+        self, session_id: str, drafts: list[Draft], owner: str | None = None
+    ) -> list[Event]:
         self._check(drafts)
-        return await self.backend.create_session(session_id, drafts)
+        return await self.backend.create_session(session_id, drafts, owner)
 
-    async def create_sessions(self, sessions: list[tuple[str, list[Draft]]]) -> list[list[Event]]:
+    async def create_sessions(
+        self, sessions: list[tuple[str, list[Draft]]], owner: str | None = None
+    ) -> list[list[Event]]:
         for _, drafts in sessions:
             self._check(drafts)
-        return await self.backend.create_sessions(sessions)
+        return await self.backend.create_sessions(sessions, owner)
 
     async def append(self, session_id: str, drafts: list[Draft]) -> list[Event]:
         self._check(drafts)
@@ -79,6 +83,12 @@ class CheckedStore:
 
     async def session_blobs(self, session_id: str) -> set[str]:
         return await self.backend.session_blobs(session_id)
+
+    async def session_owner(self, session_id: str) -> str | None:
+        return await self.backend.session_owner(session_id)
+
+    async def claim_unowned(self, owner: str) -> int:
+        return await self.backend.claim_unowned(owner)
 
     async def aclose(self) -> None:
         await self.backend.aclose()

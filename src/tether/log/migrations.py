@@ -121,6 +121,40 @@ def m004_search(db: sqlite3.Connection) -> None:
     )
 
 
+@migration
+def m005_accounts(db: sqlite3.Connection) -> None:
+    """Accounts (docs/api.md §15): users, their API tokens (hashed) and who owns each
+    session. Sessions already in the log get no owner row: they are unowned until the first
+    admin exists, who then owns them (`claim_unowned`), so a single-user data directory
+    upgraded to accounts stays its first admin's."""
+    db.execute(
+        """
+        CREATE TABLE users (
+            user_id TEXT PRIMARY KEY,
+            username TEXT NOT NULL,
+            username_key TEXT NOT NULL UNIQUE, -- casefolded: names are unique ignoring case
+            admin INTEGER NOT NULL,
+            password_hash TEXT,                -- argon2id; NULL: signs in through a proxy/OIDC
+            epoch INTEGER NOT NULL DEFAULT 0,  -- grows at each logout-everywhere
+            created_at REAL NOT NULL
+        )
+        """
+    )
+    db.execute(
+        """
+        CREATE TABLE api_tokens (
+            token_id TEXT PRIMARY KEY,
+            user_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            token_hash TEXT NOT NULL UNIQUE,   -- SHA-256 of the secret, never the secret
+            created_at REAL NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX api_tokens_by_user ON api_tokens(user_id)")
+    db.execute("CREATE TABLE session_owners (session_id TEXT PRIMARY KEY, owner TEXT NOT NULL)")
+
+
 def apply_migrations(db: sqlite3.Connection) -> list[str]:
     """Apply what is missing, each in its own transaction; return the names applied.
 

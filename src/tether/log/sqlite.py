@@ -52,10 +52,11 @@ _CLOSED_STREAM_CACHE = 50_000
 
 @dataclass(eq=False)
 class _Op:
-    kind: str  # "create" | "append" | "delete" | "create_many"
+    kind: str  # "create" | "append" | "delete" | "create_many" | "claim"
     session_id: str = ""
     drafts: list[Draft] = field(default_factory=list)
     many: list[tuple[str, list[Draft]]] = field(default_factory=list)  # "create_many"
+    owner: str | None = None  # create(_many): the new sessions'; claim: who takes the unowned
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
@@ -89,6 +90,7 @@ def _connect(path: Path) -> sqlite3.Connection:
 _TETHER_TABLES = frozenset(
     {"migrations", "events", "session_index", "meta", "attachments", "search_rows"}
     | {f"search_fts{part}" for part in ("", "_data", "_idx", "_docsize", "_config")}
+    | {"users", "api_tokens", "session_owners"}  # accounts
 )
 
 
@@ -212,6 +214,12 @@ class SQLiteEventStore:
             # that it cannot read yet. The writer works on _last_seq / _index.
             self._visible_seq = dict(self._last_seq)
             self._visible_index = dict(self._index)
+            # Who owns each session (docs/api.md §15), as committed; changed by the writer
+            # only after COMMIT, like the visible index.
+            self._owners: dict[str, str] = dict(
+                self._db.execute("SELECT session_id, owner FROM session_owners")
+            )
+            self._owner_changes: dict[str, str | None] = {}
         except sqlite3.DatabaseError as exc:
             raise StorageError(
                 f"Cannot open the Tether database {self.path}: {exc}. "
@@ -275,11 +283,23 @@ class SQLiteEventStore:
         """Thread-safe append for callers outside the event loop (runtime callback threads)."""
         return self._submit(_Op("append", session_id, list(drafts)))
 
-    async def create_session(self, session_id: str, drafts: list[Draft]) -> list[Event]:
-        return await asyncio.wrap_future(self._submit(_Op("create", session_id, list(drafts))))
+    async def create_session(
+        self, session_id: str, drafts: list[Draft], owner: str | None = None
+    ) -> list[Event]:
+        op = _Op("create", session_id, list(drafts), owner=owner)
+        return await asyncio.wrap_future(self._submit(op))
 
-    async def create_sessions(self, sessions: list[tuple[str, list[Draft]]]) -> list[list[Event]]:
-        op = _Op("create_many", many=[(sid, list(drafts)) for sid, drafts in sessions])
+    async def session_owner(self, session_id: str) -> str | None:
+        return self._owners.get(session_id)
+
+    async def claim_unowned(self, owner: str) -> int:
+        claimed = await asyncio.wrap_future(self._submit(_Op("claim", owner=owner)))
+        return len(claimed)
+
+    async def create_sessions(
+        self, sessions: list[tuple[str, list[Draft]]], owner: str | None = None
+    ) -> list[list[Event]]:
+        op = _Op("create_many", many=[(sid, list(drafts)) for sid, drafts in sessions], owner=owner)
         return await asyncio.wrap_future(self._submit(op))
 
     async def append(self, session_id: str, drafts: list[Draft]) -> list[Event]:
@@ -311,13 +331,18 @@ class SQLiteEventStore:
         undo_seq: dict[str, int | None] = {}
         undo_index: dict[str, dict[str, Any] | None] = {}
         deleted: list[str] = []
+        self._owner_changes = {}
         try:
             self._db.execute("BEGIN IMMEDIATE")
             for op in batch:
-                for sid in [op.session_id] if op.kind != "create_many" else [s for s, _ in op.many]:
-                    if sid not in undo_seq:
-                        undo_seq[sid] = self._last_seq.get(sid)
-                        undo_index[sid] = self._index.get(sid)
+                if op.kind == "claim":
+                    outcomes.append((op, self._claim(op.owner or "")))
+                    continue
+                sid = op.session_id
+                for one in [sid] if op.kind != "create_many" else [s for s, _ in op.many]:
+                    if one not in undo_seq:
+                        undo_seq[one] = self._last_seq.get(one)
+                        undo_index[one] = self._index.get(one)
                 try:
                     if op.kind == "create_many":
                         outcomes.append((op, self._insert_many(op)))
@@ -340,6 +365,7 @@ class SQLiteEventStore:
                     )
             self._db.execute("COMMIT")
         except Exception as exc:  # anything: the batch is rolled back whole, the writer lives on
+            self._owner_changes = {}
             self._rollback(undo_seq, undo_index)
             if not isinstance(exc, sqlite3.Error):
                 log.exception("log writer: batch failed")
@@ -354,6 +380,11 @@ class SQLiteEventStore:
             else:
                 self._visible_seq.pop(sid, None)
                 self._visible_index.pop(sid, None)
+        for sid, owner in self._owner_changes.items():
+            if owner is None:
+                self._owners.pop(sid, None)
+            else:
+                self._owners[sid] = owner
         self._publish(outcomes, deleted)
 
     def _rollback(self, undo_seq: dict[str, int | None], undo_index: dict) -> None:
@@ -373,7 +404,7 @@ class SQLiteEventStore:
         committed = [
             ev
             for op, result in outcomes
-            if isinstance(result, list) and op.kind != "create_many"
+            if isinstance(result, list) and op.kind not in ("create_many", "claim")
             for ev in result
         ]
         # Many sessions created at once (an import) go out one session per batch, so the loop
@@ -395,14 +426,25 @@ class SQLiteEventStore:
             except RuntimeError:  # the loop is gone: the server is shutting down
                 pass
         for op, result in outcomes:
-            if isinstance(result, LogError):
+            if op.kind == "claim":
+                op.future.set_result(result)
+            elif isinstance(result, LogError):
                 op.future.set_exception(result)
             else:
                 op.future.set_result(result)
 
     def _insert(self, op: _Op) -> list[Event]:
         checked = self._check(op.kind, op.session_id, op.drafts)
-        return self._write(op.session_id, op.drafts, *checked)
+        events = self._write(op.session_id, op.drafts, *checked)
+        if op.kind == "create":
+            self._own(op.session_id, op.owner)
+        return events
+
+    def _own(self, sid: str, owner: str | None) -> None:
+        """Record a new session's owner, in the transaction that creates it."""
+        if owner is not None:
+            self._db.execute("INSERT OR REPLACE INTO session_owners VALUES (?, ?)", (sid, owner))
+            self._owner_changes[sid] = owner
 
     def _insert_many(self, op: _Op) -> list[list[Event]]:
         """Every session is checked before any is written, so a refusal writes none."""
@@ -413,10 +455,13 @@ class SQLiteEventStore:
         for sid, drafts in op.many:
             checked.append(self._check("create", sid, drafts, finished_here))
             finished_here |= checked[-1][1]
-        return [
+        written = [
             self._write(sid, drafts, *check)
             for (sid, drafts), check in zip(op.many, checked, strict=True)
         ]
+        for sid, _ in op.many:
+            self._own(sid, op.owner)
+        return written
 
     def _check(
         self, kind: str, sid: str, drafts: list[Draft], closed: set[str] | None = None
@@ -470,6 +515,17 @@ class SQLiteEventStore:
             self._index[sid] = state
         return events
 
+    def _claim(self, owner: str) -> list[str]:
+        unowned = [
+            sid
+            for sid in self._last_seq
+            if sid not in self._owners and self._owner_changes.get(sid) is None
+        ]
+        for sid in unowned:
+            self._db.execute("INSERT OR IGNORE INTO session_owners VALUES (?, ?)", (sid, owner))
+            self._owner_changes[sid] = owner
+        return unowned
+
     def _stream_closed(self, stream_id: str) -> bool:
         closed = self._closed_streams.get(stream_id)
         if closed is None:
@@ -491,6 +547,8 @@ class SQLiteEventStore:
         self._db.execute("DELETE FROM events WHERE session_id=?", (sid,))
         owners.forget(self._db, sid)
         sqlite_search.forget(self._db, sid)
+        self._db.execute("DELETE FROM session_owners WHERE session_id=?", (sid,))
+        self._owner_changes[sid] = None
         del self._last_seq[sid]
         self._index.pop(sid, None)
 

@@ -118,13 +118,19 @@ class EventStore(Protocol):
     def attach_hub(self, hub: Hub | None) -> None:
         """Committed batches go to `hub` from now on (None: nobody is listening)."""
 
-    async def create_session(self, session_id: str, drafts: list[Draft]) -> list[Event]:
+    async def create_session(
+        self, session_id: str, drafts: list[Draft], owner: str | None = None
+    ) -> list[Event]:
         """Start a new log whose first events are `drafts` (seq 1, 2, ...); SessionExists
-        when the session has a log already."""
+        when the session has a log already. `owner` (a user id, docs/api.md §15) is recorded
+        in the same transaction; None leaves the session unowned."""
 
-    async def create_sessions(self, sessions: list[tuple[str, list[Draft]]]) -> list[list[Event]]:
+    async def create_sessions(
+        self, sessions: list[tuple[str, list[Draft]]], owner: str | None = None
+    ) -> list[list[Event]]:
         """Start several new logs at once, all or none: one transaction (an import, docs/api.md
-        §12). SessionExists or InvalidEvent for any of them writes none of them."""
+        §12), each owned by `owner` as `create_session` records it. SessionExists or
+        InvalidEvent for any of them writes none of them."""
 
     async def append(self, session_id: str, drafts: list[Draft]) -> list[Event]:
         """Append atomically, contiguous seqs; raises SessionNotFound, StreamClosed,
@@ -174,5 +180,75 @@ class EventStore(Protocol):
     async def session_blobs(self, session_id: str) -> set[str]:
         """The blobs the session's uploads hold (what its deletion may free)."""
 
+    # -- ownership (docs/api.md §15; the filter itself is log/ownership.py) --
+    async def session_owner(self, session_id: str) -> str | None:
+        """The user id owning the session; None when it is unowned or does not exist."""
+
+    async def claim_unowned(self, owner: str) -> int:
+        """Give every unowned session (made before accounts, or without one) to `owner`;
+        the number given."""
+
     async def aclose(self) -> None:
         """Finish what is queued and release the database; nothing is accepted after."""
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    """A person who signs in (docs/api.md §15). `password_hash` is argon2id, or None for a
+    user who signs in through a trusted proxy or OIDC; `epoch` grows at each logout, and a
+    cookie carries the epoch it was issued in."""
+
+    user_id: str
+    username: str
+    admin: bool
+    password_hash: str | None
+    epoch: int
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ApiToken:
+    token_id: str
+    user_id: str
+    name: str
+    created_at: float
+
+
+class AccountStore(Protocol):
+    """Users and their API tokens, kept in the same database as the log (one numbered
+    migration list per backend). Only hashes are stored: argon2id for passwords, SHA-256
+    for tokens (random 256-bit secrets, so a fast hash is enough). User names are unique
+    ignoring case. Every method may touch the database, so each is a coroutine; every
+    write is durable when it returns, and a read after it, from any process, sees it."""
+
+    async def add_user(self, username: str, password_hash: str | None, admin: bool) -> User:
+        """A new user; UserExists when the name is taken (ignoring case)."""
+
+    async def user_by_name(self, username: str) -> User | None: ...
+
+    async def user_by_id(self, user_id: str) -> User | None: ...
+
+    async def users(self) -> list[User]:
+        """Every user, oldest first."""
+
+    async def remove_user(self, username: str) -> User | None:
+        """Remove the user and their tokens (their sessions stay, owned by the removed id,
+        so nobody else sees them); the removed user, None when there was none."""
+
+    async def set_password(self, user_id: str, password_hash: str) -> None: ...
+
+    async def end_sessions(self, user_id: str) -> None:
+        """Log the user out everywhere: their epoch grows, so every earlier cookie fails."""
+
+    async def add_token(self, user_id: str, name: str, token_hash: str) -> ApiToken: ...
+
+    async def tokens(self, user_id: str) -> list[ApiToken]:
+        """The user's live tokens, oldest first (never their hash)."""
+
+    async def revoke_token(self, user_id: str, token_id: str) -> bool:
+        """Revoke one of the user's tokens; False when they hold no such token."""
+
+    async def token_user(self, token_hash: str) -> tuple[ApiToken, User] | None:
+        """The live token with this hash and its user."""
+
+    async def aclose(self) -> None: ...

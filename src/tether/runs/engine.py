@@ -271,7 +271,7 @@ class RunEngine:
     async def cancel(
         self, *, stream_id: str | None = None, session_id: str | None = None
     ) -> dict[str, Any]:
-        run = (
+        run = await self._visible(
             self.registry.get(stream_id)
             if stream_id
             else (self.registry.for_session(session_id) if session_id else None)
@@ -302,8 +302,15 @@ class RunEngine:
             )
         return {"ok": True, "cancelled": True, "stream_id": run.stream_id}
 
+    async def _visible(self, run: Run | None) -> Run | None:
+        """The run, unless its session is not the requester's: another person's run is no
+        run at all, so Stop, steer and answers leave it alone (log/ownership.py)."""
+        if run is None or await self.store.last_seq(run.session_id) is None:
+            return None
+        return run
+
     async def steer(self, stream_id: str, text: str) -> dict[str, Any]:
-        run = self.registry.get(stream_id)
+        run = await self._visible(self.registry.get(stream_id))
         if run is None or run.resolved or run.phase not in (STARTING, RUNNING):
             return {"accepted": False, "reason": "The run is not running any more."}
         steer_id = new_id("st")
@@ -333,7 +340,7 @@ class RunEngine:
         """The user's answer to an approval prompt of a running agent. Not accepted when the
         run or the prompt is no longer open (answered, timed out, stopped); a choice the
         open prompt does not offer raises `ChoiceNotOffered` (nothing changes)."""
-        run = self.registry.get(stream_id)
+        run = await self._visible(self.registry.get(stream_id))
         accepted = (
             run is not None
             and not run.resolved
@@ -346,7 +353,7 @@ class RunEngine:
         """The user's answer to a question of a running agent (`clarify.requested`). Not
         accepted when the run or the question is no longer open (answered, timed out,
         stopped)."""
-        run = self.registry.get(stream_id)
+        run = await self._visible(self.registry.get(stream_id))
         accepted = (
             run is not None
             and not run.resolved

@@ -108,6 +108,7 @@ async def continue_in(
                     },
                 )
             ],
+            owner=await store.session_owner(parent_id),  # the parent's person
         )
     moved = list(fold.transcript.queued.values())
     await store.append(

@@ -20,7 +20,8 @@ import pg  # noqa: E402
 
 from tether.events import Event  # noqa: E402
 from tether.log.sqlite import SQLiteEventStore  # noqa: E402
-from tether.log.store import EventStore, IndexFold, SearchFold  # noqa: E402
+from tether.log.sqlite_accounts import SQLiteAccountStore  # noqa: E402
+from tether.log.store import AccountStore, EventStore, IndexFold, SearchFold  # noqa: E402
 
 PROBE_FOLD_VERSION = "probe-1"
 
@@ -49,6 +50,9 @@ class Backend(Protocol):
     ) -> EventStore:
         """A store on this backend's database (the same data every time); `search` is the
         search fold and its version, when the test searches."""
+
+    async def open_accounts(self) -> AccountStore:
+        """The users and tokens on this backend's database (open the log first: it migrates)."""
 
     def spec(self) -> dict[str, Any]:
         """JSON that `from_spec` turns back into this backend in another process."""
@@ -87,6 +91,9 @@ class SQLiteBackend:
             search_fold=search_fold,
             search_version=search_version,
         )
+
+    async def open_accounts(self) -> AccountStore:
+        return SQLiteAccountStore(self.path)
 
     def spec(self) -> dict[str, Any]:
         return {"backend": self.name, "path": str(self.path)}

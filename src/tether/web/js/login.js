@@ -1,5 +1,6 @@
-// The login page (docs/security.md): posts the password to /api/auth/login and, once the
-// session cookie is set, goes to `next` when it is a same-origin relative path, else to `/`.
+// The login page (docs/security.md): posts the password (with the user name under
+// `--auth accounts`, docs/api.md §15) to /api/auth/login and, once the session cookie is
+// set, goes to `next` when it is a same-origin relative path, else to `/`.
 
 const $ = (id) => document.getElementById(id);
 
@@ -24,10 +25,29 @@ function showError(text) {
   box.hidden = !text;
 }
 
+let accounts = false;
+
+async function learnMode() {
+  try {
+    const response = await fetch("/api/auth/status", { cache: "no-store" });
+    accounts = (await response.json()).mode === "accounts";
+  } catch {
+    accounts = false;
+  }
+  $("username-field").hidden = !accounts;
+  if (accounts) $("username").focus();
+}
+
 async function logIn(event) {
   event.preventDefault();
   const input = $("password");
+  const name = $("username");
   const button = $("login-submit");
+  if (accounts && !name.value.trim()) {
+    showError("Enter your user name.");
+    name.focus();
+    return;
+  }
   if (!input.value) {
     showError("Enter the password.");
     input.focus();
@@ -39,7 +59,11 @@ async function logIn(event) {
     const response = await fetch("/api/auth/login", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ password: input.value }),
+      body: JSON.stringify(
+        accounts
+          ? { username: name.value.trim(), password: input.value }
+          : { password: input.value },
+      ),
     });
     if (response.ok) {
       location.replace(nextPath());
@@ -52,7 +76,9 @@ async function logIn(event) {
       body = {};
     }
     if (body.code === "bad_credentials") {
-      showError("Wrong password. Try again.");
+      showError(
+        accounts ? "Wrong user name or password. Try again." : "Wrong password. Try again.",
+      );
     } else if (body.code === "rate_limited") {
       showError(`Too many attempts. Try again in ${body.retry_after} seconds.`);
     } else {
@@ -67,3 +93,4 @@ async function logIn(event) {
 }
 
 $("login-form").addEventListener("submit", logIn);
+learnMode();

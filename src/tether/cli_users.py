@@ -1,0 +1,71 @@
+"""What `tether users add|list|remove` does, on the data directory of a server that may be
+stopped (docs/api.md §15): it opens the log (which applies the migrations) and its account
+store, like the server does, and closes them again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from argon2 import PasswordHasher
+
+from tether.errors import UserExists
+from tether.http.accounts import valid_username
+from tether.log.ownership import OwnedStore
+from tether.log.store import AccountStore, User
+from tether.services import open_accounts, open_store
+from tether.settings import Settings
+
+T = TypeVar("T")
+MIN_PASSWORD = 8
+
+
+class Refused(Exception):
+    """The command was refused; the message says why. Nothing changed."""
+
+
+async def _with_stores(
+    settings: Settings, work: Callable[[OwnedStore, AccountStore], Awaitable[T]]
+) -> T:
+    store = OwnedStore(open_store(settings))
+    accounts = open_accounts(settings)
+    try:
+        return await work(store, accounts)
+    finally:
+        await accounts.aclose()
+        await store.aclose()
+
+
+def add_user(settings: Settings, name: str, password: str, admin: bool) -> int:
+    """Add the user; the number of unowned sessions the first admin now owns."""
+    name = name.strip()
+    if not valid_username(name):
+        raise Refused(
+            "A user name is 1-64 letters, digits and ._@+-, starting with a letter or digit."
+        )
+    if len(password) < MIN_PASSWORD:
+        raise Refused(f"A password has at least {MIN_PASSWORD} characters.")
+    password_hash = PasswordHasher().hash(password)
+
+    async def work(store: OwnedStore, accounts: AccountStore) -> int:
+        first_admin = admin and not any(u.admin for u in await accounts.users())
+        try:
+            user = await accounts.add_user(name, password_hash, admin)
+        except UserExists as exc:
+            raise Refused(exc.message) from None
+        return await store.claim_unowned(user.user_id) if first_admin else 0
+
+    return asyncio.run(_with_stores(settings, work))
+
+
+def list_users(settings: Settings) -> list[User]:
+    return asyncio.run(_with_stores(settings, lambda _, accounts: accounts.users()))
+
+
+def remove_user(settings: Settings, name: str) -> None:
+    async def work(_: OwnedStore, accounts: AccountStore) -> None:
+        if await accounts.remove_user(name) is None:
+            raise Refused(f"There is no user {name}.")
+
+    asyncio.run(_with_stores(settings, work))

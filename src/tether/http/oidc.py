@@ -1,0 +1,144 @@
+"""Sign-in through an OpenID Connect provider (`--auth oidc`, docs/api.md §15,
+docs/security.md "Accounts"), with Authlib's Starlette client doing all of the protocol:
+issuer discovery (`/.well-known/openid-configuration`), the authorization code flow with PKCE
+(S256), the `state` check (kept in a signed, short-lived cookie of its own), and the ID
+token's signature (the provider's JWKS), issuer, audience, expiry and `nonce`. Tether only
+decides who the verified person is: their user name claim, created at first sign-in, and,
+with `--oidc-allowed-group`, whether their `groups` claim names one of those groups.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from typing import Any
+
+from authlib.integrations.starlette_client import OAuth, OAuthError
+from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse, Response
+from joserfc.errors import JoseError
+
+from tether.errors import BadCredentials, Forbidden, RouteNotFound, UserExists
+from tether.http.accounts import COOKIE_NAME, SESSION_MAX_AGE, AccountAuth, valid_username
+from tether.http.auth import safe_next
+from tether.settings import Settings
+
+log = logging.getLogger("tether.auth")
+router = APIRouter()
+
+STATE_COOKIE = "tether_oidc"  # the flow's state, nonce and PKCE verifier, for 10 minutes
+LOGIN_PATH = "/api/auth/oidc/login"
+CALLBACK_PATH = "/api/auth/oidc/callback"
+USERNAME_CLAIMS = ("preferred_username", "email", "sub")
+
+
+class OIDCConfigError(Exception):
+    """The OIDC settings are incomplete; the message says which."""
+
+
+def client_secret(settings: Settings) -> str:
+    """The client secret from `--oidc-client-secret-env`, removed from the environment."""
+    var = settings.oidc_client_secret_env
+    if not var:
+        raise OIDCConfigError("--auth oidc needs --oidc-client-secret-env.")
+    value = os.environ.pop(var, None)
+    if not value:
+        raise OIDCConfigError(
+            f"The environment variable {var} (named by --oidc-client-secret-env) is not set."
+        )
+    return value
+
+
+class OIDCLogin:
+    def __init__(self, settings: Settings, secret: str) -> None:
+        if not settings.oidc_issuer or not settings.oidc_client_id:
+            raise OIDCConfigError("--auth oidc needs --oidc-issuer and --oidc-client-id.")
+        self.allowed_groups = frozenset(settings.oidc_allowed_groups)
+        # Checked by Authlib on the ID token. Its default checks only `iss`, and the audience
+        # only through `azp`: a token for another client that names this one as its `azp`
+        # would pass, so the audience is required here (tests/http/test_oidc.py).
+        self.claims_options = {
+            "iss": {"essential": True, "values": [settings.oidc_issuer.rstrip("/")]},
+            "aud": {"essential": True, "values": [settings.oidc_client_id]},
+        }
+        self.oauth = OAuth()
+        self.client = self.oauth.register(
+            "tether",
+            client_id=settings.oidc_client_id,
+            client_secret=secret,
+            server_metadata_url=settings.oidc_issuer.rstrip("/")
+            + "/.well-known/openid-configuration",
+            client_kwargs={"scope": "openid profile email", "code_challenge_method": "S256"},
+        )
+
+    def username(self, claims: dict[str, Any]) -> str:
+        for claim in USERNAME_CLAIMS:
+            value = claims.get(claim)
+            if isinstance(value, str) and valid_username(value.strip()):
+                return value.strip()
+        raise BadCredentials("The provider named nobody Tether can call by a user name.")
+
+    def check_groups(self, claims: dict[str, Any]) -> None:
+        if not self.allowed_groups:
+            return
+        groups = claims.get("groups")
+        if not isinstance(groups, list) or not self.allowed_groups & {str(g) for g in groups}:
+            raise Forbidden("Your account is not in a group allowed to use this Tether.")
+
+
+def _parts(request: Request) -> tuple[OIDCLogin, AccountAuth]:
+    oidc: OIDCLogin | None = request.app.state.oidc
+    if oidc is None:
+        raise RouteNotFound("There is no such route (OIDC sign-in is off).")
+    return oidc, request.app.state.accounts
+
+
+@router.get(LOGIN_PATH, include_in_schema=False)
+async def oidc_login(request: Request, next: str | None = None) -> Response:
+    oidc, _ = _parts(request)
+    request.session["next"] = safe_next(next)
+    redirect_uri = str(request.url_for("oidc_callback"))
+    return await oidc.client.authorize_redirect(request, redirect_uri)
+
+
+@router.get(CALLBACK_PATH, include_in_schema=False, name="oidc_callback")
+async def oidc_callback(request: Request) -> Response:
+    oidc, accounts = _parts(request)
+    try:
+        token = await oidc.client.authorize_access_token(
+            request, claims_options=copy.deepcopy(oidc.claims_options)
+        )
+    except (
+        OAuthError,
+        JoseError,
+        ValueError,
+    ) as exc:  # wrong state, nonce, audience, signature, expiry
+        log.warning("OIDC sign-in refused: %s", exc)
+        raise BadCredentials(f"The sign-in could not be verified ({exc}).") from None
+    claims = token.get("userinfo")
+    if not claims:
+        raise BadCredentials("The provider sent no ID token.")
+    oidc.check_groups(dict(claims))
+    name = oidc.username(dict(claims))
+    user = await accounts.store.user_by_name(name)
+    if user is None:
+        try:
+            user = await accounts.store.add_user(name, None, admin=False)
+            log.info("created user %s at their first OIDC sign-in", name)
+        except UserExists:  # made meanwhile by a parallel sign-in
+            user = await accounts.store.user_by_name(name)
+    if user is None:
+        raise BadCredentials("That user was just removed.")
+    target = safe_next(request.session.pop("next", None))
+    response = RedirectResponse(target, status_code=303, headers={"Cache-Control": "no-store"})
+    response.set_cookie(
+        COOKIE_NAME,
+        accounts.cookie_for(user),
+        max_age=SESSION_MAX_AGE,
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+    return response

@@ -1,0 +1,68 @@
+"""The sign-in page of `--auth accounts` as a person uses it (docs/api.md §15): it asks for a
+user name too, a wrong pair shows an error, the right one opens the app with that person's
+sessions only, another person's session stays invisible even by its address, and "Log out"
+returns to the sign-in page."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import BrowserContext, expect
+
+from accounts_kit import PASSWORDS, add_user, sign_in
+from helpers import ServerProcess, new_session, running_server
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def accounts_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    data = tmp_path / "data"
+    add_user(data, "alice", admin=True)
+    add_user(data, "bob")
+    with running_server(data, "--auth", "accounts", env={"TETHER_DEMO_DELAY": "0.01"}) as srv:
+        yield srv
+
+
+def test_sign_in_with_a_user_name_shows_only_ones_own_sessions(
+    context: BrowserContext, accounts_server: ServerProcess
+) -> None:
+    with sign_in(accounts_server, "bob") as bob:
+        bobs = new_session(bob, "Bob's private plans")
+    with sign_in(accounts_server, "alice") as alice:
+        new_session(alice, "Alice's notes")
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.goto(accounts_server.base_url + "/")
+    expect(page).to_have_url(re.compile(r"/login$"))
+    name = page.get_by_label("User name")
+    expect(name).to_be_visible()
+    expect(name).to_be_focused()
+
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_role("alert")).to_contain_text("Enter your user name")
+    name.fill("alice")
+    page.get_by_label("Password").fill("not her password")
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_role("alert")).to_contain_text("Wrong user name or password")
+
+    page.get_by_label("Password").fill(PASSWORDS["alice"])
+    page.get_by_label("Password").press("Enter")
+    expect(page.get_by_role("textbox", name="Message")).to_be_visible()
+    expect(page.get_by_text("Alice's notes").first).to_be_visible()
+    expect(page.get_by_text("Bob's private plans")).to_have_count(0)
+
+    page.goto(accounts_server.base_url + f"/s/{bobs}")  # his session by its address
+    expect(page.get_by_role("textbox", name="Message")).to_be_visible()
+    page.wait_for_timeout(500)
+    expect(page.get_by_text("Bob's private plans")).to_have_count(0)
+
+    logout = page.get_by_role("button", name="Log out")
+    expect(logout).to_be_visible()
+    logout.click()
+    expect(page).to_have_url(re.compile(r"/login$"))
+    assert not [e for e in errors if "Content Security Policy" in e], errors

@@ -1,0 +1,193 @@
+"""OpenID Connect sign-in (`--auth oidc`, docs/api.md §15, docs/security.md) end to end: a
+real `tether serve` signs people in through a real provider on loopback
+(tests/oidc_provider.py), over HTTP, as a browser would follow the redirects. Tether's side is
+Authlib's client; nothing of it is replaced. A good sign-in creates the user at first sight
+and lands on `next`; a wrong state, a wrong nonce, an expired token, a wrong audience, a
+wrong issuer, a bad signature and a group that is not allowed are each refused with no
+session, no user made, and (for the state) the code never redeemed."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import httpx
+import pytest
+
+from helpers import ServerProcess, new_session, running_server
+from oidc_provider import Provider, running_provider
+
+pytestmark = pytest.mark.slow
+
+CLIENT_ID, SECRET = "tether-test", "s3cret-for-tests"
+ENV = {"TETHER_TEST_OIDC_SECRET": SECRET}
+
+
+def _oidc_args(provider: Provider, *extra: str) -> tuple[str, ...]:
+    return (
+        "--auth",
+        "oidc",
+        "--oidc-issuer",
+        provider.issuer,
+        "--oidc-client-id",
+        CLIENT_ID,
+        "--oidc-client-secret-env",
+        "TETHER_TEST_OIDC_SECRET",
+        *extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[Provider]:
+    with running_provider(CLIENT_ID, SECRET) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def server(provider: Provider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    data = tmp_path_factory.mktemp("oidc") / "data"
+    with running_server(data, *_oidc_args(provider), env=ENV) as srv:
+        yield srv
+
+
+@pytest.fixture(autouse=True)
+def _no_flaw(provider: Provider) -> None:
+    provider.flaw = None
+    provider.user = {"sub": "u-olga", "preferred_username": "olga"}
+
+
+def _users(server: ServerProcess) -> list[str]:
+    db = sqlite3.connect(Path(server.data_dir) / "tether.db")
+    try:
+        return [name for (name,) in db.execute("SELECT username FROM users ORDER BY rowid")]
+    finally:
+        db.close()
+
+
+def sign_in(
+    server: ServerProcess, *, next_path: str = "/", state: str | None = None
+) -> tuple[httpx.Client, httpx.Response, str]:
+    """Follow the sign-in as a browser would: Tether's login page, Tether's redirect to the
+    provider, the provider's redirect back, the callback. `state` replaces the state the
+    provider sends back. Returns the client, the callback's answer and the code."""
+    client = httpx.Client(base_url=server.base_url, timeout=15)
+    page = client.get("/login", params={"next": next_path})
+    assert page.status_code == 303, page.text
+    start = client.get(page.headers["location"])
+    assert start.status_code == 302, start.text
+    at_provider = httpx.get(start.headers["location"], timeout=15)
+    assert at_provider.status_code == 302, at_provider.text
+    back = urlsplit(at_provider.headers["location"])
+    query = {k: v[0] for k, v in parse_qs(back.query).items()}
+    if state is not None:
+        query["state"] = state
+    done = client.get(f"{back.path}?{urlencode(query)}")
+    return client, done, query["code"]
+
+
+def test_a_good_sign_in_creates_the_user_and_lands_on_next(
+    server: ServerProcess, provider: Provider
+) -> None:
+    client, done, _ = sign_in(server, next_path="/s/abc")
+    assert done.status_code == 303 and done.headers["location"] == "/s/abc", done.text
+    assert "tether_session" in client.cookies
+    assert client.get("/api/me").json() == {"username": "olga", "admin": False}
+    asked = provider.authorize_requests[-1]
+    assert asked["code_challenge_method"] == "S256" and asked["code_challenge"]
+    assert asked["nonce"] and asked["state"] and "openid" in asked["scope"].split()
+    assert _users(server).count("olga") == 1
+    again, done_again, _ = sign_in(server)
+    assert done_again.status_code == 303
+    assert _users(server).count("olga") == 1  # the same person, not a second user
+    # Ownership holds between people of the provider too.
+    mine = new_session(client, "olga's")
+    provider.user = {"sub": "u-pavel", "preferred_username": "pavel"}
+    pavel, _, _ = sign_in(server)
+    hidden = pavel.get("/api/session", params={"session_id": mine})
+    assert hidden.status_code == 404 and hidden.json()["code"] == "session_not_found"
+    password = pavel.post("/api/auth/login", json={"username": "olga", "password": "x"})
+    assert password.status_code == 400  # no passwords in this mode
+    for c in (client, again, pavel):
+        c.close()
+
+
+def test_a_wrong_state_is_refused_before_the_code_is_redeemed(
+    server: ServerProcess, provider: Provider
+) -> None:
+    provider.user = {"sub": "u-sam", "preferred_username": "sam"}
+    client, done, code = sign_in(server, state="forged-state")
+    assert done.status_code == 401 and done.json()["code"] == "bad_credentials"
+    assert "tether_session" not in client.cookies
+    assert code in provider.codes  # Tether never asked for a token with it
+    assert client.get("/api/me").status_code == 401
+    assert "sam" not in _users(server)
+    client.close()
+
+
+@pytest.mark.parametrize(
+    ("flaw", "reason"),
+    [
+        ("wrong_nonce", "nonce"),
+        ("expired", "expired"),
+        ("wrong_audience", "aud"),
+        ("audience_with_azp", "aud"),
+        ("wrong_issuer", "iss"),
+        ("bad_signature", "bad_signature"),
+    ],
+)
+def test_an_id_token_that_does_not_verify_is_refused(
+    server: ServerProcess, provider: Provider, flaw: str, reason: str
+) -> None:
+    name = f"user-{flaw.replace('_', '-')}"
+    provider.user = {"sub": f"u-{flaw}", "preferred_username": name}
+    provider.flaw = flaw
+    client, done, code = sign_in(server)
+    assert done.status_code == 401 and done.json()["code"] == "bad_credentials", done.text
+    assert reason in done.json()["message"]  # refused for that reason, not another
+    assert "tether_session" not in client.cookies
+    assert code not in provider.codes  # it got as far as the token: the token is what failed
+    assert name not in _users(server)
+    client.close()
+
+
+def test_only_allowed_groups_may_sign_in(provider: Provider, tmp_path: Path) -> None:
+    args = _oidc_args(provider, "--oidc-allowed-group", "staff")
+    with running_server(tmp_path / "data", *args, env=ENV) as srv:
+        for groups in (["interns"], None):
+            provider.user = {"sub": "u-ivy", "preferred_username": "ivy"}
+            if groups is not None:
+                provider.user["groups"] = groups
+            client, done, _ = sign_in(srv)
+            assert done.status_code == 403 and done.json()["code"] == "forbidden", done.text
+            assert "tether_session" not in client.cookies
+            client.close()
+        assert "ivy" not in _users(srv)
+        provider.user = {"sub": "u-ivy", "preferred_username": "ivy", "groups": ["staff"]}
+        client, done, _ = sign_in(srv)
+        assert done.status_code == 303 and client.get("/api/me").json()["username"] == "ivy"
+        client.close()
+
+
+def test_serve_refuses_oidc_without_its_settings(tmp_path: Path) -> None:
+    for extra, message in (
+        (["--auth", "oidc"], "needs --oidc-issuer, --oidc-client-id"),
+        (
+            [
+                "--auth",
+                "oidc",
+                "--oidc-issuer",
+                "http://127.0.0.1:9",
+                "--oidc-client-id",
+                "x",
+                "--oidc-client-secret-env",
+                "TETHER_TEST_NOT_SET",
+            ],
+            "TETHER_TEST_NOT_SET",
+        ),
+    ):
+        server = ServerProcess(tmp_path / "data", *extra)
+        with pytest.raises(RuntimeError) as failed:
+            server.start(timeout=20)
+        assert message in str(failed.value)

@@ -162,6 +162,12 @@ def main() -> None:
     "--hermes-python",
     help="Python of the environment with hermes-agent (for --runtime hermes).",
 )
+@option(
+    "--hermes-agents",
+    type=click.IntRange(min=1),
+    help="Idle Hermes agents the sidecar keeps; beyond it the least recently used is closed "
+    "and built again at its session's next turn (for --runtime hermes).",
+)
 @option("--password-env", help="Environment variable that holds the login password.")
 @option(
     "--password-file",

@@ -49,6 +49,7 @@ class Settings:
     max_tokens: int | None = None
     workspace: Path | None = None
     hermes_python: str | None = None
+    hermes_agents: int = 16
     password_env: str | None = None
     password_file: Path | None = None
     insecure_no_password: bool = False

@@ -1,53 +1,32 @@
-"""The Hermes Agent sidecar: drives one `run_agent.AIAgent` for one Tether session.
+"""One Tether session's agent inside the shared sidecar: its `run_agent.AIAgent`, its turn,
+its steers, its questions and every event it emits, tagged with its agent key.
 
-Run by the interpreter that has `hermes-agent` installed (`python sidecar.py`). It speaks JSON
-lines: commands on stdin, events on stdout (docs/hermes.md lists both). It is standalone on
-purpose: it imports nothing from Tether, so it runs in Hermes' own environment with Hermes'
-exact pins.
+Runs in the sidecar's interpreter (hermes-agent's virtualenv), imported by sidecar.py after
+the protocol streams moved off fd 0 and 1. Many of these live in one process; each keeps
+everything of its own (the agent, its turn thread, its prompts, its request clients), and
+what Hermes keeps process-wide is routed back to the right one (the steer marker, below).
 
-Threads: the main thread reads commands; a turn runs on its own thread (so `interrupt` and
-`steer` arrive while it runs); Hermes fires callbacks on the turn thread, its HTTP worker
-threads and tool threads. Every line goes through `emit`, under one lock.
+Threads: a turn runs on its own thread (so `interrupt` and `steer` arrive while it runs);
+Hermes fires callbacks on the turn thread, its HTTP worker threads and tool threads.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import sys
 import threading
-import time
 import traceback
 import uuid
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
-# Hermes replaces sys.stdout and prints on it: keep the protocol on a private copy of fd 1
-# and point fd 1 at stderr before anything of Hermes is imported.
-_PROTOCOL = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
-os.dup2(2, 1)
-sys.stdout = sys.stderr
-# Commands come on a private copy of fd 0; fd 0 itself becomes /dev/null, so nothing Hermes
-# runs (an `input()` prompt, a tool's subprocess) can ever read protocol lines.
-_COMMANDS = os.fdopen(os.dup(0), "r", encoding="utf-8")
-os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-sys.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+from sidecar_prompts import UserPrompts  # beside this module, stdlib only
 
-from sidecar_prompts import UserPrompts  # noqa: E402 - beside this script, stdlib only
-
-_WRITE_LOCK = threading.Lock()
 SUMMARY_MARKER = "[CONTEXT COMPACTION"
+Emit = Callable[..., None]
 
-
-def emit(event: str, **data: Any) -> None:
-    line = json.dumps({"ev": event, **data}, default=str, ensure_ascii=False)
-    with _WRITE_LOCK:
-        _PROTOCOL.write(line + "\n")
-        _PROTOCOL.flush()
-
-
-def log(level: str, message: str) -> None:
-    emit("log", level=level, message=message)
+_TURN = threading.local()  # .session: the Session whose turn runs on this thread
 
 
 def _text_of(content: Any) -> str:
@@ -68,13 +47,40 @@ def _estimate(messages: list[Any]) -> int:
     ) // 4 + 4 * len(messages)
 
 
+def install_steer_marker(sessions: Callable[[], list[Session]]) -> None:
+    """`format_steer_marker` is called exactly when an agent appends pending steer text to a
+    tool result (or its next request): that is where that agent took its steers. It is one
+    module function for the whole process, so it is wrapped once and routed to the session
+    whose turn runs on the calling thread (Hermes calls it on the agent's own thread), or
+    else to the one whose forwarded text the marker starts with."""
+    import agent.agent_runtime_helpers as helpers
+    import agent.prompt_builder as builder
+
+    original = builder.format_steer_marker
+
+    def marker(steer_text: str) -> str:
+        owner = getattr(_TURN, "session", None)
+        if owner is None:
+            owner = next((s for s in sessions() if s.owns_steer(steer_text)), None)
+        if owner is not None:
+            owner.steers_taken(steer_text)
+        return original(steer_text)
+
+    builder.format_steer_marker = marker
+    if getattr(helpers, "format_steer_marker", None) is original:
+        helpers.format_steer_marker = marker
+
+
 class Session:
     """One agent and the bookkeeping of its current turn."""
 
-    def __init__(self, config: dict[str, Any]):
-        from run_agent import AIAgent  # imported here: after the fd 1 switch above
+    def __init__(self, key: str, config: dict[str, Any], emit: Emit):
+        from hermes_state import SessionDB
+        from run_agent import AIAgent
 
+        self.key = key
         self.config = config
+        self.emit: Emit = lambda event, **data: emit(event, agent=key, **data)
         self.turn_id: str | None = None
         self.turn_thread: threading.Thread | None = None
         self.forwarded: list[tuple[str, str]] = []  # (steer_id, text) given to agent.steer()
@@ -82,12 +88,15 @@ class Session:
         self.tool_meta: dict[str, dict[str, Any]] = {}
         self.after_tool = False
         self.last_usage: tuple[int, int] | None = None
+        self.closed = False
+        # The connections of the per-request clients this agent made: a Stop shuts down
+        # their sockets, and no other agent's.
+        self.connections: weakref.WeakSet[Any] = weakref.WeakSet()
         self.prompts = UserPrompts(
-            emit,
+            self.emit,
             float(config.get("approval_seconds") or 300),
             config.get("clarify_seconds"),
         )
-        self._patch_steer_marker()
         session = self
 
         class TetherAgent(AIAgent):
@@ -96,7 +105,10 @@ class Session:
                     super()._compress_context, messages, system_message, **kwargs
                 )
 
-        from hermes_state import SessionDB
+            def _create_request_openai_client(self, **kwargs: Any) -> Any:
+                client = super()._create_request_openai_client(**kwargs)
+                session.watch_connections(client)
+                return client
 
         class TetherSessionDB(SessionDB):
             """Notes the id of every message row this agent writes (its turns' evidence:
@@ -117,13 +129,8 @@ class Session:
                 return inserted, calls
 
         self.written: list[int] = []  # row ids the agent wrote during the current turn
-        kwargs: dict[str, Any] = dict(
-            base_url=config.get("base_url"),
-            api_key=config.get("api_key"),
-            provider=config.get("provider"),
-            model=config.get("model") or "",
-            max_tokens=config.get("max_tokens"),
-            quiet_mode=True,
+        kwargs = agent_kwargs(config)
+        kwargs.update(
             session_id=config["session_id"],
             session_db=TetherSessionDB(),
             tool_start_callback=self.on_tool_start,
@@ -136,18 +143,12 @@ class Session:
             step_callback=self.on_step,
             clarify_callback=self.prompts.on_clarify,
         )
-        if config.get("toolsets") is not None:
-            kwargs["enabled_toolsets"] = config["toolsets"]
-        if config.get("tool_delay") is not None:
-            kwargs["tool_delay"] = float(config["tool_delay"])
-        if config.get("max_iterations"):
-            kwargs["max_iterations"] = int(config["max_iterations"])
         self.agent = TetherAgent(**kwargs)
 
     # -- callbacks (any thread) -------------------------------------------------------------
     def on_reasoning(self, text: Any) -> None:
         if isinstance(text, str) and text:
-            emit("reasoning", text=text)
+            self.emit("reasoning", text=text)
 
     def on_delta(self, text: Any) -> None:
         if not isinstance(text, str) or not text:
@@ -157,11 +158,11 @@ class Session:
             if not text:
                 return
             self.after_tool = False
-        emit("text", text=text)
+        self.emit("text", text=text)
 
     def on_interim(self, text: Any, already_streamed: bool = False, **_: Any) -> None:
         if isinstance(text, str) and text.strip() and not already_streamed:
-            emit("text", text=text, interim=True)
+            self.emit("text", text=text, interim=True)
 
     def on_tool_progress(self, kind: Any, name: Any = None, *args: Any, **kwargs: Any) -> None:
         if kind == "tool.completed" and isinstance(name, str):
@@ -172,7 +173,7 @@ class Session:
 
     def on_tool_start(self, call_id: Any, name: Any, args: Any) -> None:
         self._usage()
-        emit(
+        self.emit(
             "tool_started",
             call_id=str(call_id),
             name=str(name),
@@ -181,7 +182,7 @@ class Session:
 
     def on_tool_complete(self, call_id: Any, name: Any, args: Any, result: Any) -> None:
         meta = self.tool_meta.pop(str(name), {})
-        emit(
+        self.emit(
             "tool_completed",
             call_id=str(call_id),
             name=str(name),
@@ -192,7 +193,7 @@ class Session:
         self.after_tool = True
 
     def on_status(self, kind: Any, message: Any = None, *_: Any) -> None:
-        emit("status", kind=str(kind), message=str(message))
+        self.emit("status", kind=str(kind), message=str(message))
 
     def on_step(self, *_: Any, **__: Any) -> None:
         self._usage()
@@ -205,14 +206,14 @@ class Session:
         completion = getattr(compressor, "last_completion_tokens", 0) or 0
         if isinstance(prompt, int) and prompt > 0 and (prompt, completion) != self.last_usage:
             self.last_usage = (prompt, completion)
-            emit("usage", prompt_tokens=prompt, completion_tokens=int(completion or 0))
+            self.emit("usage", prompt_tokens=prompt, completion_tokens=int(completion or 0))
 
     # -- compression ------------------------------------------------------------------------
     def compress(self, original: Any, messages: list, system_message: Any, **kwargs: Any):
         pass_id = f"cmp_{uuid.uuid4().hex[:12]}"
         old_session = self.agent.session_id
         before = kwargs.get("approx_tokens") or _estimate(messages)
-        emit("compression_started", pass_id=pass_id)
+        self.emit("compression_started", pass_id=pass_id)
         result = original(messages, system_message, **kwargs)
         compressed = result[0] if isinstance(result, tuple) else result
         summary = next(
@@ -227,7 +228,7 @@ class Session:
             self.agent.session_id != old_session
         )
         if summary is not None and changed:
-            emit(
+            self.emit(
                 "compression_completed",
                 pass_id=pass_id,
                 tokens_before=int(before),
@@ -238,33 +239,20 @@ class Session:
                 session_id=self.agent.session_id,
             )
         else:
-            emit("compression_skipped", pass_id=pass_id)
+            self.emit("compression_skipped", pass_id=pass_id)
         return result
 
     # -- steer ------------------------------------------------------------------------------
-    def _patch_steer_marker(self) -> None:
-        """`format_steer_marker` is called exactly when the agent appends pending steer text
-        to a tool result: that is where the steers were taken."""
-        import agent.agent_runtime_helpers as helpers
-        import agent.prompt_builder as builder
-
-        original = builder.format_steer_marker
-        session = self
-
-        def marker(steer_text: str) -> str:
-            session.steers_taken(steer_text)
-            return original(steer_text)
-
-        builder.format_steer_marker = marker
-        if getattr(helpers, "format_steer_marker", None) is original:
-            helpers.format_steer_marker = marker
-
     def steer(self, steer_id: str, text: str) -> None:
         with self.steer_lock:
             if self.agent.steer(text):
                 self.forwarded.append((steer_id, text.strip()))
             else:
-                emit("steer_taken", steer_ids=[steer_id])  # empty text: nothing to take
+                self.emit("steer_taken", steer_ids=[steer_id])  # empty text: nothing to take
+
+    def owns_steer(self, steer_text: str) -> bool:
+        with self.steer_lock:
+            return bool(self.forwarded) and steer_text.startswith(self.forwarded[0][1])
 
     def steers_taken(self, steer_text: str) -> None:
         with self.steer_lock:
@@ -281,12 +269,12 @@ class Session:
                 taken = [steer_id for steer_id, _ in self.forwarded]
                 self.forwarded.clear()
         if taken:
-            emit("steer_taken", steer_ids=taken)
+            self.emit("steer_taken", steer_ids=taken)
 
     # -- a turn -----------------------------------------------------------------------------
     def start_turn(self, cmd: dict[str, Any]) -> None:
         if self.turn_thread is not None and self.turn_thread.is_alive():
-            emit(
+            self.emit(
                 "done",
                 id=cmd.get("id"),
                 failed=True,
@@ -296,16 +284,19 @@ class Session:
             return
         self.turn_id = cmd.get("id")
         self.turn_thread = threading.Thread(
-            target=self._run_turn, args=(cmd,), name="tether-turn", daemon=True
+            target=self._run_turn, args=(cmd,), name=f"tether-turn-{self.key}", daemon=True
         )
         self.turn_thread.start()
 
     def _run_turn(self, cmd: dict[str, Any]) -> None:
         # Ask the user through Tether before a flagged command (never auto-approve): an
-        # interactive context with our prompt; Hermes carries both to its tool threads.
+        # interactive context with our prompt; Hermes carries both to its tool threads. All
+        # three are this thread's own (context variables, a thread-local), so agents of other
+        # sessions in this process keep theirs.
         from tools.approval import set_current_session_key, set_hermes_interactive_context
         from tools.terminal_tool import set_approval_callback
 
+        _TURN.session = self
         set_hermes_interactive_context(True)
         # "Allow for this session" is keyed by the Tether session, which outlives the agent
         # sessions its compressions rotate into.
@@ -318,7 +309,7 @@ class Session:
         try:
             if cmd.get("model") and cmd["model"] != self.agent.model:
                 self.agent.model = cmd["model"]
-            emit(
+            self.emit(
                 "accepted",
                 id=cmd.get("id"),
                 session_id=self.agent.session_id,
@@ -333,11 +324,8 @@ class Session:
             )
             self._usage()
             if result.get("interrupted"):
-                _shutdown_provider_sockets(getattr(self.agent, "base_url", None))
-            with self.steer_lock:
-                leftover = [steer_id for steer_id, _ in self.forwarded]
-                self.forwarded.clear()
-            emit(
+                self.shutdown_request_sockets()
+            self.emit(
                 "done",
                 id=cmd.get("id"),
                 session_id=self.agent.session_id,
@@ -345,28 +333,93 @@ class Session:
                 failed=bool(result.get("failed")) and not result.get("interrupted"),
                 completed=bool(result.get("completed")),
                 error=result.get("error"),
-                error_code=_error_code(self.agent, result),
-                leftover_steer_ids=leftover,
+                error_code=_error_code(result),
+                leftover_steer_ids=self._leftover(),
                 row_ids=list(self.written),
                 final_response=result.get("final_response"),
                 turn_exit_reason=result.get("turn_exit_reason"),
             )
         except BaseException as exc:  # report, never die silently
-            with self.steer_lock:
-                leftover = [steer_id for steer_id, _ in self.forwarded]
-                self.forwarded.clear()
-            emit(
+            self.emit(
                 "done",
                 id=cmd.get("id"),
                 session_id=getattr(self.agent, "session_id", None),
                 interrupted=False,
                 failed=True,
                 error=f"{type(exc).__name__}: {exc}",
-                error_code=_classify_exception(exc),
-                leftover_steer_ids=leftover,
+                error_code=classify_exception(exc),
+                leftover_steer_ids=self._leftover(),
                 row_ids=list(self.written),
                 traceback=traceback.format_exc(limit=8),
             )
+        finally:
+            _TURN.session = None
+
+    def _leftover(self) -> list[str]:
+        with self.steer_lock:
+            leftover = [steer_id for steer_id, _ in self.forwarded]
+            self.forwarded.clear()
+        return leftover
+
+    def interrupt(self, message: Any) -> None:
+        self.prompts.stop_all()
+        self.agent.interrupt(message)
+
+    def shutdown_request_sockets(self) -> int:
+        """Make sure no request of this agent outlives a Stop.
+
+        On `interrupt()` Hermes abandons the streaming request on its worker thread but only
+        finds the sockets of some transports to shut down (plain HTTP ones stay open until
+        the provider answers). The sockets of this agent's own clients (the per-request ones
+        it made, and its primary one) are shut down, never closed: the owning thread
+        releases the descriptor, so none is recycled under it. Other sessions' agents in this
+        process keep their requests. (Hermes' own sweep looks at the client's default
+        transport only, while its keep-alive client sends through mounted ones.) The
+        connections are noted as each pool makes them (`watch_connections`): when Hermes
+        gives up a request, its pool may already have dropped the connection that still
+        waits on the provider."""
+        import socket
+
+        count = 0
+        primary = getattr(self.agent, "client", None)
+        connections = [*list(self.connections), *_pool_connections(primary)]
+        for sock in (s for c in connections for s in _connection_sockets(c)):
+            try:
+                if sock.fileno() >= 0:
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the base method: no TLS
+                    count += 1
+            except (OSError, ValueError):
+                continue
+        return count
+
+    def watch_connections(self, client: Any) -> None:
+        """Note every connection `client`'s httpx pools make (httpcore's `create_connection`,
+        the pool's own extension point)."""
+        noted = self.connections
+        for pool in _pools(client):
+            create = getattr(pool, "create_connection", None)
+            if create is None:
+                continue
+
+            def create_connection(origin: Any, create: Any = create) -> Any:
+                connection = create(origin)
+                with contextlib.suppress(TypeError):
+                    noted.add(connection)
+                return connection
+
+            with contextlib.suppress(AttributeError):
+                pool.create_connection = create_connection
+
+    def close(self) -> None:
+        """Stop whatever runs and release the agent (its processes, its client)."""
+        self.closed = True
+        self.prompts.stop_all()
+        with contextlib.suppress(Exception):
+            self.agent.interrupt("Tether closed the session")
+        if self.turn_thread is not None:
+            self.turn_thread.join(5)
+        with contextlib.suppress(Exception):
+            self.agent.close()
 
     def complete(self, cmd: dict[str, Any]) -> None:
         """One plain non-streaming request with the agent's endpoint (summaries)."""
@@ -383,54 +436,63 @@ class Session:
                 model=cmd.get("model") or self.agent.model, messages=cmd["messages"]
             )
             text = (response.choices[0].message.content or "") if response.choices else ""
-            emit("completion", id=cmd.get("id"), text=text)
+            self.emit("completion", id=cmd.get("id"), text=text)
         except Exception as exc:
-            emit(
+            self.emit(
                 "completion",
                 id=cmd.get("id"),
                 error=f"{type(exc).__name__}: {exc}",
-                error_code=_classify_exception(exc),
+                error_code=classify_exception(exc),
             )
 
 
-def _shutdown_provider_sockets(base_url: str | None) -> int:
-    """Make sure no request to the provider outlives a Stop.
-
-    On `interrupt()` Hermes abandons the streaming request on its worker thread but only
-    finds the sockets of some transports to shut down (plain HTTP ones stay open until the
-    provider answers). Every TCP socket of this process connected to the provider's host and
-    port is shut down (not closed: the owning thread releases the descriptor, so no
-    descriptor is recycled under it). Idle pooled connections go too; the client reconnects.
-    """
-    import gc
-    import socket
-    from urllib.parse import urlparse
-
-    if not base_url:
-        return 0
-    url = urlparse(base_url)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(url.hostname, port)}
-    except OSError:
-        return 0
-    count = 0
-    for obj in gc.get_objects():
-        if not isinstance(obj, socket.socket):
-            continue
-        try:
-            if obj.fileno() < 0 or obj.type != socket.SOCK_STREAM:
-                continue
-            peer = obj.getpeername()
-            if peer[1] == port and peer[0] in addresses:
-                socket.socket.shutdown(obj, socket.SHUT_RDWR)  # the base method: no TLS state
-                count += 1
-        except (OSError, ValueError, IndexError):
-            continue
-    return count
+def agent_kwargs(config: dict[str, Any]) -> dict[str, Any]:
+    """`AIAgent`'s keywords from Tether's agent config (all but the session's own)."""
+    kwargs: dict[str, Any] = dict(
+        base_url=config.get("base_url"),
+        api_key=config.get("api_key"),
+        provider=config.get("provider"),
+        model=config.get("model") or "",
+        max_tokens=config.get("max_tokens"),
+        quiet_mode=True,
+    )
+    if config.get("toolsets") is not None:
+        kwargs["enabled_toolsets"] = config["toolsets"]
+    if config.get("tool_delay") is not None:
+        kwargs["tool_delay"] = float(config["tool_delay"])
+    if config.get("max_iterations"):
+        kwargs["max_iterations"] = int(config["max_iterations"])
+    return kwargs
 
 
-def _classify_exception(exc: BaseException) -> str:
+def _pools(client: Any) -> list[Any]:
+    """The httpcore pools of an OpenAI client's httpx client (httpx 0.28, httpcore 1.x,
+    private attributes read defensively): its default transport's and those of its mounts,
+    which Hermes' keep-alive client routes every request through."""
+    http_client = getattr(client, "_client", None)
+    mounts = getattr(http_client, "_mounts", None) or {}
+    transports = [getattr(http_client, "_transport", None), *mounts.values()]
+    return [p for p in (getattr(t, "_pool", None) for t in transports) if p is not None]
+
+
+def _pool_connections(client: Any) -> list[Any]:
+    """The connections an OpenAI client's pools hold."""
+    return [c for pool in _pools(client) for c in list(getattr(pool, "_connections", None) or [])]
+
+
+def _connection_sockets(connection: Any) -> Iterator[Any]:
+    """The socket under an httpcore connection (private attributes, read defensively)."""
+    for candidate in (connection, getattr(connection, "_connection", None)):
+        stream = getattr(candidate, "_network_stream", None)
+        sock = getattr(stream, "_sock", None)
+        if sock is None and stream is not None and hasattr(stream, "get_extra_info"):
+            with contextlib.suppress(Exception):
+                sock = stream.get_extra_info("socket")
+        if sock is not None:
+            yield sock
+
+
+def classify_exception(exc: BaseException) -> str:
     status = getattr(exc, "status_code", None)
     name = type(exc).__name__
     if status in (401, 403) or "Authentication" in name or "PermissionDenied" in name:
@@ -446,7 +508,7 @@ def _classify_exception(exc: BaseException) -> str:
     return "internal"
 
 
-def _error_code(agent: Any, result: dict[str, Any]) -> str | None:
+def _error_code(result: dict[str, Any]) -> str | None:
     if not result.get("failed") or result.get("interrupted"):
         return None
     text = f"{result.get('error') or ''} {result.get('turn_exit_reason') or ''}".lower()
@@ -471,70 +533,3 @@ def _error_code(agent: Any, result: dict[str, Any]) -> str | None:
         if needle in text:
             return code
     return "bad_response"
-
-
-def main() -> int:
-    session: Session | None = None
-    for raw in _COMMANDS:
-        raw = raw.strip()
-        if not raw:
-            continue
-        try:
-            cmd = json.loads(raw)
-        except ValueError:
-            log("warning", f"unreadable command: {raw[:200]}")
-            continue
-        op = cmd.get("op")
-        try:
-            if op == "hello":
-                started = time.monotonic()
-                session = Session(cmd.get("config") or {})
-                import importlib.metadata as md
-
-                emit(
-                    "ready",
-                    session_id=session.agent.session_id,
-                    version=md.version("hermes-agent"),
-                    seconds=round(time.monotonic() - started, 3),
-                )
-            elif session is None:
-                emit("fatal", message=f"{op!r} before hello")
-            elif op == "turn":
-                session.start_turn(cmd)
-            elif op == "steer":
-                session.steer(str(cmd.get("steer_id")), str(cmd.get("text") or ""))
-            elif op == "interrupt":
-                session.prompts.stop_all()
-                session.agent.interrupt(cmd.get("message"))
-            elif op == "approve":
-                session.prompts.answer_approval(str(cmd.get("approval_id")), str(cmd.get("choice")))
-            elif op == "answer":
-                session.prompts.answer_question(
-                    str(cmd.get("question_id")), str(cmd.get("text") or "")
-                )
-            elif op == "complete":
-                threading.Thread(target=session.complete, args=(cmd,), daemon=True).start()
-            elif op == "close":
-                break
-            else:
-                log("warning", f"unknown command {op!r}")
-        except Exception as exc:
-            emit(
-                "fatal",
-                message=f"{op}: {type(exc).__name__}: {exc}",
-                traceback=traceback.format_exc(limit=8),
-            )
-            if op == "hello":
-                return 1
-    if session is not None:
-        session.prompts.stop_all()
-        session.agent.interrupt("Tether closed the session")
-        if session.turn_thread is not None:
-            session.turn_thread.join(5)
-        with contextlib.suppress(Exception):
-            session.agent.close()
-    return 0
-
-
-if __name__ == "__main__":
-    os._exit(main())

@@ -83,6 +83,7 @@ class Session:
         self.emit: Emit = lambda event, **data: emit(event, agent=key, **data)
         self.turn_id: str | None = None
         self.turn_thread: threading.Thread | None = None
+        self.turn_running = False  # until its `done` is emitted (its thread ends just after)
         self.forwarded: list[tuple[str, str]] = []  # (steer_id, text) given to agent.steer()
         self.steer_lock = threading.Lock()
         self.tool_meta: dict[str, dict[str, Any]] = {}
@@ -273,7 +274,7 @@ class Session:
 
     # -- a turn -----------------------------------------------------------------------------
     def start_turn(self, cmd: dict[str, Any]) -> None:
-        if self.turn_thread is not None and self.turn_thread.is_alive():
+        if self.turn_running:
             self.emit(
                 "done",
                 id=cmd.get("id"),
@@ -283,6 +284,7 @@ class Session:
             )
             return
         self.turn_id = cmd.get("id")
+        self.turn_running = True
         self.turn_thread = threading.Thread(
             target=self._run_turn, args=(cmd,), name=f"tether-turn-{self.key}", daemon=True
         )
@@ -325,8 +327,7 @@ class Session:
             self._usage()
             if result.get("interrupted"):
                 self.shutdown_request_sockets()
-            self.emit(
-                "done",
+            self._done(
                 id=cmd.get("id"),
                 session_id=self.agent.session_id,
                 interrupted=bool(result.get("interrupted")),
@@ -340,8 +341,7 @@ class Session:
                 turn_exit_reason=result.get("turn_exit_reason"),
             )
         except BaseException as exc:  # report, never die silently
-            self.emit(
-                "done",
+            self._done(
                 id=cmd.get("id"),
                 session_id=getattr(self.agent, "session_id", None),
                 interrupted=False,
@@ -354,6 +354,11 @@ class Session:
             )
         finally:
             _TURN.session = None
+
+    def _done(self, **data: Any) -> None:
+        """The turn's last word: from here the next turn may start (this thread only ends)."""
+        self.turn_running = False
+        self.emit("done", **data)
 
     def _leftover(self) -> list[str]:
         with self.steer_lock:

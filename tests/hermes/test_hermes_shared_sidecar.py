@@ -226,6 +226,33 @@ def test_a_sidecar_given_up_ends_only_after_the_other_sessions_turns(
     asyncio.run(main())
 
 
+def test_a_new_sessions_agent_is_built_before_its_first_turn(
+    hermes_env: Path, fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    """`POST /api/sessions` calls `prepare`: the agent (and its first system prompt) is built
+    while the user types, and the first turn takes that very agent."""
+    fake.script(reply(text("ready already")))
+
+    async def main() -> None:
+        runtime = make_runtime(fake, tmp_path)
+        try:
+            runtime.prepare("s_new")
+            runtime.prepare("s_new")  # once per session
+            deadline = time.monotonic() + 120
+            while not runtime.pool.agents:
+                assert time.monotonic() < deadline, "the agent was not built"
+                await asyncio.sleep(0.05)
+            (key,) = runtime.pool.agents
+            handle = await runtime.open_handle("s_new")
+            assert handle.channel is not None and handle.channel.key == key
+            assert joined(await collect(handle.stream(turn("s_new", "hi")))) == "ready already"
+            assert len(runtime.pool.agents) == 1
+        finally:
+            await runtime.aclose()
+
+    asyncio.run(main())
+
+
 # -- through the server ------------------------------------------------------------------------
 
 

@@ -446,6 +446,12 @@ class Runtime:
         that needs it waits). A failure here must not stop the server."""
         return None
 
+    def prepare(self, session_id: str) -> None:
+        """A session was just created: a runtime with per-session state may start building
+        it in the background, so its first turn finds it ready (`open_handle` takes it).
+        Never awaited, never failing the caller; by default nothing."""
+        return None
+
     async def open_handle(self, session_id: str) -> RuntimeHandle | None:
         """A handle of the session's own, for a runtime with per-session state; None: the
         engine drives `stream` directly."""

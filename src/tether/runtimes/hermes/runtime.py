@@ -102,6 +102,8 @@ class HermesRuntime(Runtime):
         self.proofs = ProofStore(self.home / "tether-proofs.sqlite")
         self.state_db = self.home / "state.db"
         self._handles: set[HermesHandle] = set()
+        # Handles being built for sessions just created (`prepare`), oldest first.
+        self._prepared: dict[str, asyncio.Task[HermesHandle]] = {}
         self._utility: HermesHandle | None = None
         self._utility_lock = asyncio.Lock()
         self._last_ts = 0.0
@@ -180,7 +182,34 @@ class HermesRuntime(Runtime):
         return ts
 
     # -- the runtime protocol ---------------------------------------------------------------
+    def prepare(self, session_id: str) -> None:
+        """A session was just created: build its agent now (10-30 ms in the warm sidecar,
+        plus the system prompt its first turn needs), while its user types; `open_handle`
+        takes it. At most `--hermes-agents` wait to be taken; the oldest one beyond is
+        closed (its turn then builds its own)."""
+        if session_id in self._prepared:
+            return
+        task = asyncio.ensure_future(self._build_handle(session_id))
+        task.add_done_callback(_retrieved)  # a failure is the first turn's to report
+        self._prepared[session_id] = task
+        while len(self._prepared) > self.pool.max_agents:
+            oldest = next(iter(self._prepared))
+            self._prepared.pop(oldest).add_done_callback(_close_unused)
+
     async def open_handle(self, session_id: str) -> HermesHandle:
+        prepared = self._prepared.pop(session_id, None)
+        if prepared is not None:
+            with contextlib.suppress(Exception):  # its failure: build it again below
+                handle = await prepared
+                if handle.alive:
+                    self._handles.add(handle)
+                    return handle
+                await handle.close()
+        handle = await self._build_handle(session_id)
+        self._handles.add(handle)
+        return handle
+
+    async def _build_handle(self, session_id: str) -> HermesHandle:
         """The agent session is the Tether session's id, or the newest agent session bound to
         it (a continuation: its own turns rotated into it, or one created from the lineage)."""
         bound = await asyncio.to_thread(self.proofs.agent_sessions, session_id)
@@ -189,7 +218,6 @@ class HermesRuntime(Runtime):
         )
         handle = HermesHandle(self, session_id, tip)
         await handle.ensure_started()
-        self._handles.add(handle)
         return handle
 
     async def stream(self, turn: TurnInput) -> RuntimeStream:
@@ -254,12 +282,26 @@ class HermesRuntime(Runtime):
         return await asyncio.to_thread(self.proofs.tether_session_of, agent_session_id)
 
     async def aclose(self) -> None:
+        for task in self._prepared.values():
+            task.add_done_callback(_close_unused)
+        self._prepared.clear()
         handles = list(self._handles) + ([self._utility] if self._utility else [])
         await asyncio.gather(*(h.close() for h in handles), return_exceptions=True)
         self._handles.clear()
         self._utility = None
         await self.pool.aclose()
         await asyncio.to_thread(self.watch.close)
+
+
+def _retrieved(task: asyncio.Task[HermesHandle]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _close_unused(task: asyncio.Task[HermesHandle]) -> None:
+    """A prepared handle nobody will take: close its agent once it is built."""
+    if not task.cancelled() and task.exception() is None:
+        asyncio.ensure_future(task.result().close())
 
 
 class HermesHandle:

@@ -244,6 +244,7 @@ class Host:
             session_id=session.agent.session_id,
             seconds=round(time.monotonic() - started, 3),
         )
+        session.prebuild_prompt()
 
     def drop(self, key: str) -> None:
         with self.lock:

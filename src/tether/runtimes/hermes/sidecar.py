@@ -20,6 +20,7 @@ lock, so lines never interleave.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import os
@@ -109,11 +110,13 @@ def check_once_per_process() -> None:
       for every request and loads the CA bundle into a new context each time (20-100 ms of
       CPU); the context is built once per setting and shared (an `ssl.SSLContext` is safe
       to share between connections). Insecure mode is left to Hermes, warning and all.
+    - The copies of its configuration Hermes makes for every read (`_PlainCopy`).
     """
     import ssl
 
     import agent.model_metadata as metadata
     import agent.ssl_verify as ssl_verify
+    import hermes_cli.config as config_module
     import httpx
     from agent.ssl_guard import verify_ca_bundle
 
@@ -153,6 +156,41 @@ def check_once_per_process() -> None:
 
     metadata.detect_local_server_type = detect_local_server_type
     ssl_verify.resolve_httpx_verify = resolve_httpx_verify
+    config_module.copy = _PlainCopy()
+
+
+class _PlainCopy:
+    """`copy` for `hermes_cli.config`, which deep-copies its cached configuration (plain YAML
+    data: dicts, lists, scalars) on every read, a dozen times for each new agent: the same
+    copy, made by a recursion over plain data (about five times faster than
+    `copy.deepcopy`); anything else, or data nested deeper than 64, goes to
+    `copy.deepcopy`."""
+
+    def deepcopy(self, value: Any, memo: Any = None) -> Any:
+        try:
+            return _plain(value, 0)
+        except _NotPlain:
+            return copy.deepcopy(value, memo)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(copy, name)
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _plain(value: Any, depth: int) -> Any:
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    if depth > 64:
+        raise _NotPlain
+    if kind is dict:
+        return {k: _plain(v, depth + 1) for k, v in value.items()}
+    if kind is list:
+        return [_plain(v, depth + 1) for v in value]
+    raise _NotPlain
 
 
 class Host:

@@ -174,6 +174,15 @@ def _map(event: dict[str, Any], turn: TurnInput) -> RuntimeEvent | None:
     return None
 
 
+async def _prove(proofs: ProofStore, agent_session_id: str, turn: TurnInput, ts: float) -> None:
+    """The binding and the turn's proof, once the agent confirmed it got the timestamp."""
+    await asyncio.to_thread(proofs.bind, turn.session_id, agent_session_id)
+    await asyncio.to_thread(
+        proofs.record,
+        Proof(turn.session_id, turn.stream_id, turn.turn_id, agent_session_id, ts),
+    )
+
+
 def _choices(event: dict[str, Any]) -> tuple[str, ...]:
     """The answers the agent offers for this prompt (sidecar.py `on_approval`)."""
     offered = event.get("choices")
@@ -215,6 +224,7 @@ async def _drive(handle: TurnHandle, channel: AgentChannel, turn: TurnInput) -> 
     )
     handle.turn_open = True
     done = False
+    proving: asyncio.Future[None] | None = None
     asked: dict[str, asyncio.Future[str]] = {}  # approval prompts the user has not answered
     questions: dict[str, asyncio.Future[str | None]] = {}  # clarify questions, likewise
     try:
@@ -242,6 +252,8 @@ async def _drive(handle: TurnHandle, channel: AgentChannel, turn: TurnInput) -> 
                 except TimeoutError:
                     continue
             kind = event.get("ev")
+            if kind in ("eof", "done") and proving is not None:
+                await proving
             if kind == "eof":
                 handle.turn_open = False
                 done = True
@@ -250,18 +262,14 @@ async def _drive(handle: TurnHandle, channel: AgentChannel, turn: TurnInput) -> 
                 return
             if kind == "accepted":
                 handle.agent_session_id = str(event.get("session_id") or handle.agent_session_id)
-                await asyncio.to_thread(
-                    runtime.proofs.bind, turn.session_id, handle.agent_session_id
-                )
-                await asyncio.to_thread(
-                    runtime.proofs.record,
-                    Proof(
-                        turn.session_id,
-                        turn.stream_id,
-                        turn.turn_id,
+                # Written while the turn streams (each is a commit): done waits for them.
+                proving = asyncio.ensure_future(
+                    _prove(
+                        runtime.proofs,
                         handle.agent_session_id,
+                        turn,
                         float(event.get("persist_user_timestamp") or timestamp),
-                    ),
+                    )
                 )
                 continue
             if kind == "approval_requested":

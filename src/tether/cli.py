@@ -204,6 +204,12 @@ def main() -> None:
     "--trusted-header",
     help="The header a --trusted-proxy names the signed-in user in (--auth trusted-header).",
 )
+@option(
+    "--hermes-agents",
+    type=click.IntRange(min=1),
+    help="Idle Hermes agents the sidecar keeps; beyond it the least recently used is closed "
+    "and built again at its session's next turn (for --runtime hermes).",
+)
 @option("--password-env", help="Environment variable that holds the login password.")
 @option(
     "--password-file",

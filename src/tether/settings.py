@@ -56,6 +56,7 @@ class Settings:
     oidc_client_id: str | None = None
     oidc_client_secret_env: str | None = None
     oidc_allowed_groups: tuple[str, ...] = ()
+    hermes_agents: int = 16
     password_env: str | None = None
     password_file: Path | None = None
     insecure_no_password: bool = False

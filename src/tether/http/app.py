@@ -110,6 +110,10 @@ def create_app(
             if services.agent_sync is not None and settings.agent_sync_seconds > 0
             else None
         )
+        try:  # warm what the first turn needs (the Hermes sidecar), in the background
+            await services.runtime.start()
+        except Exception:
+            log.exception("the %s runtime could not start warming up", services.runtime.name)
         app.state.renderer = RenderPool()
         _freeze_startup_heap()
         log.info(

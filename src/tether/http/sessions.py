@@ -42,6 +42,7 @@ async def create_session(app: App, body: CreateSession | None = None) -> dict:
     """Create an empty session. `title` is optional (1-200 characters once trimmed); without
     one the session is called "New chat" until its first message names it."""
     row = await app.sessions.create(body.title if body else None)
+    app.engine.runtime.prepare(row["session_id"])  # its first turn finds the agent built
     return {"session": row}
 
 

@@ -440,6 +440,18 @@ class Runtime:
         """A handoff summary of `messages` (for rotation between turns)."""
         raise ProviderError("internal", f"The {self.name} runtime cannot summarize.")
 
+    async def start(self) -> None:
+        """Called once when the server starts, on its event loop, before it serves: start
+        what should be warm before the first turn (without waiting for it: the first turn
+        that needs it waits). A failure here must not stop the server."""
+        return None
+
+    def prepare(self, session_id: str) -> None:
+        """A session was just created: a runtime with per-session state may start building
+        it in the background, so its first turn finds it ready (`open_handle` takes it).
+        Never awaited, never failing the caller; by default nothing."""
+        return None
+
     async def open_handle(self, session_id: str) -> RuntimeHandle | None:
         """A handle of the session's own, for a runtime with per-session state; None: the
         engine drives `stream` directly."""

@@ -1,4 +1,5 @@
-"""`HermesRuntime`: Hermes Agent behind Tether, one sidecar process per session handle.
+"""`HermesRuntime`: Hermes Agent behind Tether, the agents of every session in one warm
+sidecar process (pool.py), each session's handle driving its own agent there.
 
 docs/hermes.md explains the design (why a sidecar, the protocol, Stop, steer, proofs).
 Nothing here imports hermes-agent: the sidecar runs it in its own interpreter.
@@ -29,8 +30,9 @@ from tether.runtimes.base import (
     TurnInput,
 )
 from tether.runtimes.hermes.agent_view import agent_news
-from tether.runtimes.hermes.client import SidecarError, SidecarProcess
+from tether.runtimes.hermes.client import AgentChannel, SidecarError
 from tether.runtimes.hermes.lineage import live_tip
+from tether.runtimes.hermes.pool import SidecarPool
 from tether.runtimes.hermes.proofs import ProofStore
 from tether.runtimes.hermes.reconcile import max_row_id
 from tether.runtimes.hermes.streaming import run_turn
@@ -64,7 +66,7 @@ def _env_int(name: str) -> int | None:
 
 class HermesRuntime(Runtime):
     name = "hermes"
-    description = "Hermes Agent in a sidecar process of its own (the `hermes` extra)"
+    description = "Hermes Agent in a warm sidecar process (the `hermes` extra)"
     capabilities = Capabilities(
         tools=True,
         attachments=("image", "text"),
@@ -100,10 +102,16 @@ class HermesRuntime(Runtime):
         self.proofs = ProofStore(self.home / "tether-proofs.sqlite")
         self.state_db = self.home / "state.db"
         self._handles: set[HermesHandle] = set()
+        # Handles being built for sessions just created (`prepare`), oldest first.
+        self._prepared: dict[str, asyncio.Task[HermesHandle]] = {}
         self._utility: HermesHandle | None = None
         self._utility_lock = asyncio.Lock()
         self._last_ts = 0.0
         self.watch = AgentWatch(self.state_db, self.proofs, self.profile)
+        cwd = Path(settings.workspace).expanduser() if settings.workspace else self.home
+        self.pool = SidecarPool(
+            python, self.child_env(), cwd, self.agent_config(""), settings.hermes_agents
+        )
 
     @property
     def context_window(self) -> int | None:
@@ -156,15 +164,16 @@ class HermesRuntime(Runtime):
             config["toolsets"] = [t.strip() for t in toolsets.split(",") if t.strip()]
         return config
 
-    async def spawn(self, session_id: str, agent_session_id: str) -> SidecarProcess:
-        cwd = Path(self.settings.workspace).expanduser() if self.settings.workspace else self.home
-        process = SidecarProcess(self.python, self.child_env(), cwd)
+    async def start(self) -> None:
+        """With the server: the sidecar starts and warms up in the background."""
+        self.pool.start_soon()
+
+    async def open_agent(self, session_id: str, agent_session_id: str) -> AgentChannel:
         config = {**self.agent_config(agent_session_id), "approval_session_key": session_id}
         try:
-            await process.start(config)
+            return await self.pool.open(config)
         except SidecarError as exc:
             raise RuntimeUnavailable(f"Hermes Agent could not start: {exc}") from exc
-        return process
 
     def next_timestamp(self) -> float:
         """A `persist_user_timestamp` no other turn of this server used."""
@@ -173,7 +182,34 @@ class HermesRuntime(Runtime):
         return ts
 
     # -- the runtime protocol ---------------------------------------------------------------
+    def prepare(self, session_id: str) -> None:
+        """A session was just created: build its agent now (10-30 ms in the warm sidecar,
+        plus the system prompt its first turn needs), while its user types; `open_handle`
+        takes it. At most `--hermes-agents` wait to be taken; the oldest one beyond is
+        closed (its turn then builds its own)."""
+        if session_id in self._prepared:
+            return
+        task = asyncio.ensure_future(self._build_handle(session_id))
+        task.add_done_callback(_retrieved)  # a failure is the first turn's to report
+        self._prepared[session_id] = task
+        while len(self._prepared) > self.pool.max_agents:
+            oldest = next(iter(self._prepared))
+            self._prepared.pop(oldest).add_done_callback(_close_unused)
+
     async def open_handle(self, session_id: str) -> HermesHandle:
+        prepared = self._prepared.pop(session_id, None)
+        if prepared is not None:
+            with contextlib.suppress(Exception):  # its failure: build it again below
+                handle = await prepared
+                if handle.alive:
+                    self._handles.add(handle)
+                    return handle
+                await handle.close()
+        handle = await self._build_handle(session_id)
+        self._handles.add(handle)
+        return handle
+
+    async def _build_handle(self, session_id: str) -> HermesHandle:
         """The agent session is the Tether session's id, or the newest agent session bound to
         it (a continuation: its own turns rotated into it, or one created from the lineage)."""
         bound = await asyncio.to_thread(self.proofs.agent_sessions, session_id)
@@ -182,7 +218,6 @@ class HermesRuntime(Runtime):
         )
         handle = HermesHandle(self, session_id, tip)
         await handle.ensure_started()
-        self._handles.add(handle)
         return handle
 
     async def stream(self, turn: TurnInput) -> RuntimeStream:
@@ -247,77 +282,117 @@ class HermesRuntime(Runtime):
         return await asyncio.to_thread(self.proofs.tether_session_of, agent_session_id)
 
     async def aclose(self) -> None:
+        for task in self._prepared.values():
+            task.add_done_callback(_close_unused)
+        self._prepared.clear()
         handles = list(self._handles) + ([self._utility] if self._utility else [])
         await asyncio.gather(*(h.close() for h in handles), return_exceptions=True)
         self._handles.clear()
         self._utility = None
+        await self.pool.aclose()
         await asyncio.to_thread(self.watch.close)
 
 
+def _retrieved(task: asyncio.Task[HermesHandle]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _close_unused(task: asyncio.Task[HermesHandle]) -> None:
+    """A prepared handle nobody will take: close its agent once it is built."""
+    if not task.cancelled() and task.exception() is None:
+        asyncio.ensure_future(task.result().close())
+
+
 class HermesHandle:
-    """One Tether session's agent (a sidecar process), reused across its turns."""
+    """One Tether session's agent (in the shared sidecar), reused across its turns; built
+    again when it was evicted or its sidecar was replaced."""
 
     def __init__(self, runtime: HermesRuntime, session_id: str, agent_session_id: str):
         self.runtime = runtime
         self.session_id = session_id
         self.agent_session_id = agent_session_id
-        self.process: SidecarProcess | None = None
-        self.turn_open = False  # a turn was sent and its `done` not read yet
+        self.channel: AgentChannel | None = None
         self.turn_stream_id: str | None = None  # the last turn sent
         self.closed = False
         self._requests = 0
 
     @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.alive
+    def turn_open(self) -> bool:
+        """A turn was sent and its `done` not read yet."""
+        return self.channel is not None and self.channel.turn_open
 
-    async def ensure_started(self) -> SidecarProcess:
-        if self.process is not None and not self.process.alive:
-            await self.process.kill()
-            self.process = None
-        if self.process is None:
-            # A new process continues the newest authorized continuation, if the agent (or
+    @turn_open.setter
+    def turn_open(self, value: bool) -> None:
+        if self.channel is not None:
+            self.channel.turn_open = value
+
+    @property
+    def alive(self) -> bool:
+        return self.channel is not None and self.channel.alive
+
+    async def ensure_started(self) -> AgentChannel:
+        if self.channel is not None and not self.channel.alive:
+            self.channel = None  # evicted, or its sidecar is gone
+        if self.channel is None:
+            # A new agent continues the newest authorized continuation, if the agent (or
             # its CLI) rotated the session meanwhile.
             self.agent_session_id = await asyncio.to_thread(
                 live_tip, self.runtime.state_db, self.agent_session_id, self.runtime.profile
             )
-            self.process = await self.runtime.spawn(self.session_id, self.agent_session_id)
-            self.turn_open = False
-        return self.process
+            channel = await self.runtime.open_agent(self.session_id, self.agent_session_id)
+            if self.closed:  # closed while it was being built
+                self.runtime.pool.close(channel)
+                raise RuntimeUnavailable("The session's Hermes agent was closed.")
+            self.channel = channel
+        self.runtime.pool.touch(self.channel)
+        return self.channel
 
     def interrupt(self) -> None:
-        if self.process is not None and self.turn_open:
-            self.process.send({"op": "interrupt", "message": "Stopped from Tether"})
+        if self.channel is not None and self.channel.turn_open:
+            self.channel.send({"op": "interrupt", "message": "Stopped from Tether"})
+
+    def release(self, channel: AgentChannel) -> None:
+        """The turn (or summary) driven through `channel` is over on Tether's side."""
+        self.runtime.pool.release(channel)
 
     async def close(self) -> None:
         self.closed = True
         self.runtime._handles.discard(self)
-        if self.process is not None:
-            await self.process.close()
-            self.process = None
+        if self.channel is not None:
+            self.runtime.pool.close(self.channel)
+            self.channel = None
 
     async def settle_previous(self) -> None:
-        """Wait (bounded) for an interrupted turn's `done`; replace a sidecar that hangs."""
-        if not self.turn_open or self.process is None:
+        """Wait (bounded) for an interrupted turn's `done`; give up an agent that hangs (its
+        sidecar is retired once the other sessions' turns on it are over, pool.py)."""
+        channel = self.channel
+        if channel is None or not channel.turn_open:
             return
         deadline = time.monotonic() + PREVIOUS_TURN_GRACE
-        while self.turn_open:
+        while channel.turn_open:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 log.warning(
-                    "hermes sidecar of %s did not finish its interrupted turn; restarting it",
-                    self.session_id,
+                    "the hermes agent of %s did not finish its interrupted turn", self.session_id
                 )
-                await self.process.kill()
-                self.process = None
-                self.turn_open = False
+                self.give_up()
                 return
             try:
-                event = await asyncio.wait_for(self.process.events.get(), remaining)
+                event = await asyncio.wait_for(channel.events.get(), remaining)
             except TimeoutError:
                 continue
             if event.get("ev") in ("done", "eof"):
                 await self.turn_done(event)
+
+    def give_up(self) -> None:
+        """Abandon this session's agent (its interrupted turn never ended): its sidecar takes
+        no new agent and ends once the other sessions' turns on it did; this session's next
+        turn builds a new agent in a new sidecar."""
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            channel.turn_open = False
+            self.runtime.pool.abandon(channel)
 
     def turn_begins(self, stream_id: str) -> None:
         """Note where `state.db` stands: the rows after it, until the turn is done, are this
@@ -348,19 +423,23 @@ class HermesHandle:
         self.runtime.proofs.turn_ended(stream_id, max_row_id(self.runtime.state_db), written)
 
     async def complete(self, messages: list[dict[str, Any]], model: str | None) -> str:
-        process = await self.ensure_started()
-        self._requests += 1
-        request_id = f"c{self._requests}"
-        process.send({"op": "complete", "id": request_id, "messages": messages, "model": model})
-        while True:
-            event = await process.events.get()
-            if event.get("ev") == "eof":
-                raise ProviderError("internal", process.describe("The Hermes sidecar exited."))
-            if event.get("ev") == "completion" and event.get("id") == request_id:
-                if event.get("error"):
-                    raise ProviderError(event.get("error_code") or "internal", event["error"])
-                return str(event.get("text") or "")
-            process.handle_side_event(event)
+        channel = await self.ensure_started()
+        channel.busy = True
+        try:
+            self._requests += 1
+            request_id = f"c{self._requests}"
+            channel.send({"op": "complete", "id": request_id, "messages": messages, "model": model})
+            while True:
+                event = await channel.events.get()
+                if event.get("ev") == "eof":
+                    raise ProviderError("internal", channel.describe("The Hermes sidecar exited."))
+                if event.get("ev") == "completion" and event.get("id") == request_id:
+                    if event.get("error"):
+                        raise ProviderError(event.get("error_code") or "internal", event["error"])
+                    return str(event.get("text") or "")
+                channel.handle_side_event(event)
+        finally:
+            self.release(channel)
 
     def stream(self, turn: TurnInput) -> RuntimeStream:
         return run_turn(self, turn)

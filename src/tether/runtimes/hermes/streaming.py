@@ -1,6 +1,10 @@
 """One turn on a Hermes handle: send it, map the sidecar's events to typed runtime events,
 forward steers, and stop the agent when the consumer stops (Stop cancels the task).
 
+The sidecar exiting mid-turn (killed, crashed) ends the run `interrupted`: the agent did not
+fail, its process went away (every run on that sidecar ends so; the next turn builds a new
+agent in a new sidecar, pool.py).
+
 Steer: the handle drains the run's `SteerInbox` every STEER_POLL_SECONDS and forwards the
 text to the sidecar (`AIAgent.steer()`); the inbox's `on_drain` (which records where the
 agent took the steer) is called only when the sidecar reports `steer_taken`. What the agent
@@ -10,6 +14,7 @@ never took is put back into the inbox, so the engine reports it as leftover.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -21,6 +26,7 @@ from tether.runtimes.base import (
     ClarifyResolved,
     CompressionCompleted,
     CompressionStarted,
+    Finished,
     ProviderError,
     ReasoningDelta,
     RuntimeEvent,
@@ -32,11 +38,12 @@ from tether.runtimes.base import (
     TurnInput,
     Usage,
 )
-from tether.runtimes.hermes.client import SidecarProcess
+from tether.runtimes.hermes.client import AgentChannel
 from tether.runtimes.hermes.messages import split_turn
 from tether.runtimes.hermes.proofs import Proof, ProofStore
 
 STEER_POLL_SECONDS = 0.05
+SIDECAR_EXITED = "the Hermes sidecar exited during the turn"
 
 
 class TurnHost(Protocol):
@@ -59,7 +66,9 @@ class TurnHandle(Protocol):
 
     async def settle_previous(self) -> None: ...
 
-    async def ensure_started(self) -> SidecarProcess: ...
+    async def ensure_started(self) -> AgentChannel: ...
+
+    def release(self, channel: AgentChannel) -> None: ...
 
     def turn_begins(self, stream_id: str) -> None: ...
 
@@ -165,6 +174,15 @@ def _map(event: dict[str, Any], turn: TurnInput) -> RuntimeEvent | None:
     return None
 
 
+async def _prove(proofs: ProofStore, agent_session_id: str, turn: TurnInput, ts: float) -> None:
+    """The binding and the turn's proof, once the agent confirmed it got the timestamp."""
+    await asyncio.to_thread(proofs.bind, turn.session_id, agent_session_id)
+    await asyncio.to_thread(
+        proofs.record,
+        Proof(turn.session_id, turn.stream_id, turn.turn_id, agent_session_id, ts),
+    )
+
+
 def _choices(event: dict[str, Any]) -> tuple[str, ...]:
     """The answers the agent offers for this prompt (sidecar.py `on_approval`)."""
     offered = event.get("choices")
@@ -175,14 +193,24 @@ def _choices(event: dict[str, Any]) -> tuple[str, ...]:
 
 async def run_turn(handle: TurnHandle, turn: TurnInput) -> RuntimeStream:
     await handle.settle_previous()
-    process = await handle.ensure_started()
+    channel = await handle.ensure_started()
+    channel.busy = True  # no await since it was handed out: it cannot be evicted meanwhile
+    try:
+        async with contextlib.aclosing(_drive(handle, channel, turn)) as events:
+            async for event in events:
+                yield event
+    finally:
+        handle.release(channel)
+
+
+async def _drive(handle: TurnHandle, channel: AgentChannel, turn: TurnInput) -> RuntimeStream:
     history, message, persist_text = await asyncio.to_thread(split_turn, turn)
     runtime = handle.runtime
     # The contract's proof value: the turn's exact `pending_started_at`.
     timestamp = turn.submitted_at if turn.submitted_at is not None else runtime.next_timestamp()
     steers = _Steers(turn.steer)
     await asyncio.to_thread(handle.turn_begins, turn.stream_id)
-    process.send(
+    channel.send(
         {
             "op": "turn",
             "id": turn.turn_id,
@@ -196,50 +224,52 @@ async def run_turn(handle: TurnHandle, turn: TurnInput) -> RuntimeStream:
     )
     handle.turn_open = True
     done = False
+    proving: asyncio.Future[None] | None = None
     asked: dict[str, asyncio.Future[str]] = {}  # approval prompts the user has not answered
     questions: dict[str, asyncio.Future[str | None]] = {}  # clarify questions, likewise
     try:
         while True:
             for steer_id, text in steers.take_new():
-                process.send({"op": "steer", "steer_id": steer_id, "text": text})
+                channel.send({"op": "steer", "steer_id": steer_id, "text": text})
             for approval_id, answer in list(asked.items()):
                 if answer.done():
                     del asked[approval_id]
-                    process.send(
+                    channel.send(
                         {"op": "approve", "approval_id": approval_id, "choice": answer.result()}
                     )
             for question_id, reply in list(questions.items()):
                 if reply.done():
                     del questions[question_id]
                     if reply.result() is not None:  # None: the run ended (Stop answers it)
-                        process.send(
+                        channel.send(
                             {"op": "answer", "question_id": question_id, "text": reply.result()}
                         )
-            try:
-                event = await asyncio.wait_for(process.events.get(), STEER_POLL_SECONDS)
-            except TimeoutError:
-                continue
+            try:  # what is queued already needs no timer (a stream of deltas)
+                event = channel.events.get_nowait()
+            except asyncio.QueueEmpty:
+                try:
+                    event = await asyncio.wait_for(channel.events.get(), STEER_POLL_SECONDS)
+                except TimeoutError:
+                    continue
             kind = event.get("ev")
+            if kind in ("eof", "done") and proving is not None:
+                await proving
             if kind == "eof":
                 handle.turn_open = False
                 done = True
-                raise ProviderError(
-                    "internal", process.describe("The Hermes sidecar exited during the turn.")
-                )
+                steers.give_back()
+                yield Finished("interrupted", SIDECAR_EXITED)
+                return
             if kind == "accepted":
                 handle.agent_session_id = str(event.get("session_id") or handle.agent_session_id)
-                await asyncio.to_thread(
-                    runtime.proofs.bind, turn.session_id, handle.agent_session_id
-                )
-                await asyncio.to_thread(
-                    runtime.proofs.record,
-                    Proof(
-                        turn.session_id,
-                        turn.stream_id,
-                        turn.turn_id,
+                # Written while the turn streams (each is a commit): done waits for them.
+                proving = asyncio.ensure_future(
+                    _prove(
+                        runtime.proofs,
                         handle.agent_session_id,
+                        turn,
                         float(event.get("persist_user_timestamp") or timestamp),
-                    ),
+                    )
                 )
                 continue
             if kind == "approval_requested":
@@ -247,13 +277,13 @@ async def run_turn(handle: TurnHandle, turn: TurnInput) -> RuntimeStream:
                 if turn.approvals is not None:
                     asked[approval_id] = turn.approvals.open(approval_id, _choices(event))
                 else:  # driven without a way to ask anyone: refuse
-                    process.send({"op": "approve", "approval_id": approval_id, "choice": "deny"})
+                    channel.send({"op": "approve", "approval_id": approval_id, "choice": "deny"})
             if kind == "clarify_requested":
                 question_id = str(event.get("question_id"))
                 if turn.questions is not None:
                     questions[question_id] = turn.questions.open(question_id)
                 else:  # driven without a way to ask anyone: nobody answers
-                    process.send({"op": "answer", "question_id": question_id, "text": ""})
+                    channel.send({"op": "answer", "question_id": question_id, "text": ""})
             if kind == "steer_taken":
                 steers.taken([str(i) for i in event.get("steer_ids") or []])
                 continue
@@ -276,7 +306,7 @@ async def run_turn(handle: TurnHandle, turn: TurnInput) -> RuntimeStream:
             if mapped is not None:
                 yield mapped
             else:
-                process.handle_side_event(event)
+                channel.handle_side_event(event)
     finally:
         if not done:  # the consumer stopped (Stop, shutdown): stop the agent too
             handle.interrupt()

@@ -113,6 +113,28 @@ def test_a_good_sign_in_creates_the_user_and_lands_on_next(
         c.close()
 
 
+def test_a_person_is_their_subject_never_a_name_they_can_change(
+    server: ServerProcess, provider: Provider
+) -> None:
+    provider.user = {"sub": "u-nina", "preferred_username": "nina"}
+    nina, done, _ = sign_in(server)
+    assert done.status_code == 303
+    mine = new_session(nina, "nina's")
+    # Someone else at the provider takes the name "nina": not nina's account here.
+    provider.user = {"sub": "u-impostor", "preferred_username": "nina"}
+    impostor, refused, _ = sign_in(server)
+    assert refused.status_code == 409 and refused.json()["code"] == "user_exists"
+    assert "tether_session" not in impostor.cookies
+    # Nina renames herself at the provider: still nina here, with her sessions.
+    provider.user = {"sub": "u-nina", "preferred_username": "nina-renamed"}
+    again, done, _ = sign_in(server)
+    assert again.get("/api/me").json()["username"] == "nina"
+    assert mine in again.get("/api/sessions").text
+    assert _users(server).count("nina") == 1 and "nina-renamed" not in _users(server)
+    for c in (nina, impostor, again):
+        c.close()
+
+
 def test_a_wrong_state_is_refused_before_the_code_is_redeemed(
     server: ServerProcess, provider: Provider
 ) -> None:

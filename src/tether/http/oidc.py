@@ -120,16 +120,21 @@ async def oidc_callback(request: Request) -> Response:
     if not claims:
         raise BadCredentials("The provider sent no ID token.")
     oidc.check_groups(dict(claims))
-    name = oidc.username(dict(claims))
-    user = await accounts.store.user_by_name(name)
+    # The person is who the provider says (issuer and subject), never a name: a name they
+    # can change at the provider must not open another person's account here.
+    person = f"{claims['iss']}|{claims['sub']}"
+    user = await accounts.store.user_by_external_id(person)
     if user is None:
+        name = oidc.username(dict(claims))
         try:
-            user = await accounts.store.add_user(name, None, admin=False)
+            user = await accounts.store.add_user(name, None, admin=False, external_id=person)
             log.info("created user %s at their first OIDC sign-in", name)
-        except UserExists:  # made meanwhile by a parallel sign-in
-            user = await accounts.store.user_by_name(name)
-    if user is None:
-        raise BadCredentials("That user was just removed.")
+        except UserExists:  # the name is someone else's, or a parallel sign-in made it
+            user = await accounts.store.user_by_external_id(person)
+            if user is None:
+                raise UserExists(
+                    f"The user name {name} is taken here by someone else; ask an admin."
+                ) from None
     target = safe_next(request.session.pop("next", None))
     response = RedirectResponse(target, status_code=303, headers={"Cache-Control": "no-store"})
     response.set_cookie(

@@ -136,7 +136,8 @@ def m005_accounts(db: sqlite3.Connection) -> None:
             admin INTEGER NOT NULL,
             password_hash TEXT,                -- argon2id; NULL: signs in through a proxy/OIDC
             epoch INTEGER NOT NULL DEFAULT 0,  -- grows at each logout-everywhere
-            created_at REAL NOT NULL
+            created_at REAL NOT NULL,
+            external_id TEXT UNIQUE            -- who the OIDC provider says it is: issuer|sub
         )
         """
     )

@@ -68,14 +68,20 @@ class SQLiteAccountStore:
         return _user(rows[0]) if rows else None
 
     # -- users ------------------------------------------------------------------------------
-    async def add_user(self, username: str, password_hash: str | None, admin: bool) -> User:
+    async def add_user(
+        self,
+        username: str,
+        password_hash: str | None,
+        admin: bool,
+        external_id: str | None = None,
+    ) -> User:
         user = User(new_id("usr"), username, admin, password_hash, 0, time.time())
 
         def insert(db: sqlite3.Connection) -> User:
             try:
                 db.execute(
                     "INSERT INTO users (user_id, username, username_key, admin, password_hash, "
-                    "epoch, created_at) VALUES (?, ?, ?, ?, ?, 0, ?)",
+                    "epoch, created_at, external_id) VALUES (?, ?, ?, ?, ?, 0, ?, ?)",
                     (
                         user.user_id,
                         username,
@@ -83,6 +89,7 @@ class SQLiteAccountStore:
                         int(admin),
                         password_hash,
                         user.created_at,
+                        external_id,
                     ),
                 )
             except sqlite3.IntegrityError:
@@ -94,6 +101,11 @@ class SQLiteAccountStore:
     async def user_by_name(self, username: str) -> User | None:
         return await self._one(
             f"SELECT {_USER_COLUMNS} FROM users WHERE username_key=?", (username_key(username),)
+        )
+
+    async def user_by_external_id(self, external_id: str) -> User | None:
+        return await self._one(
+            f"SELECT {_USER_COLUMNS} FROM users WHERE external_id=?", (external_id,)
         )
 
     async def user_by_id(self, user_id: str) -> User | None:

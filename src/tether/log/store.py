@@ -221,10 +221,20 @@ class AccountStore(Protocol):
     ignoring case. Every method may touch the database, so each is a coroutine; every
     write is durable when it returns, and a read after it, from any process, sees it."""
 
-    async def add_user(self, username: str, password_hash: str | None, admin: bool) -> User:
-        """A new user; UserExists when the name is taken (ignoring case)."""
+    async def add_user(
+        self,
+        username: str,
+        password_hash: str | None,
+        admin: bool,
+        external_id: str | None = None,
+    ) -> User:
+        """A new user; UserExists when the name (ignoring case) or the external id is taken.
+        `external_id` names the person at an identity provider (OIDC: issuer and subject),
+        so a later sign-in finds them by it, never by a name they may change there."""
 
     async def user_by_name(self, username: str) -> User | None: ...
+
+    async def user_by_external_id(self, external_id: str) -> User | None: ...
 
     async def user_by_id(self, user_id: str) -> User | None: ...
 

@@ -104,6 +104,11 @@ def test_users_are_unique_ignoring_case_and_logout_grows_the_epoch(backend: Back
         await accounts.end_sessions(alice.user_id)
         again = await accounts.user_by_id(alice.user_id)
         assert again is not None and again.epoch == alice.epoch + 1
+        carol = await accounts.add_user("carol", None, admin=False, external_id="https://idp|c1")
+        assert await accounts.user_by_external_id("https://idp|c1") == carol
+        assert await accounts.user_by_external_id("https://idp|nobody") is None
+        with pytest.raises(UserExists):  # one account per person at the provider
+            await accounts.add_user("carol2", None, admin=False, external_id="https://idp|c1")
         await accounts.set_password(bob.user_id, "$argon2id$other")
         changed = await accounts.user_by_name("bob")
         assert changed is not None and changed.password_hash == "$argon2id$other"

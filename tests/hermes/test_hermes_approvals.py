@@ -181,8 +181,8 @@ def test_always_allow_goes_to_the_permanent_allowlist(
     server: ServerProcess, fake: FakeOpenAI, workspace: Path, hermes_env: Path
 ) -> None:
     """`always` goes to Hermes' permanent allowlist (`approve_permanent`, saved as
-    `command_allowlist` in the home's config.yaml): another session, another agent process,
-    runs a recursive delete without a question."""
+    `command_allowlist` in the home's config.yaml): another session (its own agent in the
+    same sidecar) runs a recursive delete without a question."""
     (workspace / "second").mkdir()
     fake.script(*deleting("scratch", ask=True), *deleting("second", ask=False))
     with server.client() as client:

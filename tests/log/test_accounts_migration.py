@@ -1,4 +1,4 @@
-"""Layer: the log's migrations (log/migrations.py, m004_accounts) on a copy of a data
+"""Layer: the log's migrations (log/migrations.py, m005_accounts) on a copy of a data
 directory made by Tether before accounts existed (fixtures/made-at-m003: two sessions, one
 with a finished turn, written by the server of that day). Upgraded to `--auth accounts`,
 its sessions are the first admin's, whole, and nobody else's (docs/api.md §15)."""
@@ -38,7 +38,7 @@ def test_a_single_user_data_directory_becomes_the_first_admins(tmp_path: Path) -
     made = tether_users(data, "add", "alice", "--admin", password="alice-pass-1")
     assert made.returncode == 0, made.stderr
     assert "alice now owns the 2 session(s) made before accounts" in made.stdout
-    assert _migrations(data / "tether.db")[-1] == "m004_accounts"
+    assert _migrations(data / "tether.db")[-1] == "m005_accounts"
     add_user(data, "bob")  # added later: owns nothing
 
     with running_server(data, "--auth", "accounts") as srv:

@@ -1,5 +1,5 @@
 """The `log.store.AccountStore` backend on the SQLite file of the log: users and API tokens
-(tables of migration m004). Its own connection, opened after `SQLiteEventStore` applied the
+(tables of migration m005). Its own connection, opened after `SQLiteEventStore` applied the
 migrations; each call runs in a thread, one at a time, and each write is its own
 `BEGIN IMMEDIATE` transaction (WAL, synchronous=FULL: durable when it returns)."""
 

@@ -152,6 +152,16 @@ class TokenUsage(TypedDict):
 
 
 # -- durable events: the log (docs/api.md §6) -------------------------------------------------
+class Imported(TypedDict):
+    """Where an imported session came from (docs/api.md §12): `key` makes a second import of
+    the same file find it; from ChatGPT, `skipped` counts the messages left out, by reason."""
+
+    source: str  # "tether" | "chatgpt"
+    key: str
+    origin: str | None
+    skipped: NotRequired[dict[str, int]]
+
+
 class SessionCreated(TypedDict):
     title: str | None
     # a rotated continuation (runs/rotation.py) and a session adopted from the agent's store
@@ -160,6 +170,7 @@ class SessionCreated(TypedDict):
     inherited_updated_at: NotRequired[float]
     inherited_last_message_at: NotRequired[float | None]
     agent_session_id: NotRequired[str]
+    imported: NotRequired[Imported]
 
 
 class SessionUpdated(TypedDict):

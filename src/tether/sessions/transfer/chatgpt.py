@@ -162,7 +162,7 @@ def _plan(conversation: Any, where: str) -> SessionPlan:
         "imported": {
             "source": "chatgpt",
             "key": key,
-            "origin": conversation.get("conversation_id") or conversation.get("id"),
+            "origin": _text_or_none(conversation.get("conversation_id") or conversation.get("id")),
             "skipped": dict(tree.skipped),
         },
     }
@@ -370,3 +370,8 @@ class _Tree:
             self.drafts.append(Draft(ev.TEXT_DELTA, item, stream, turn, at=self._at(node)))
         done = {"stream_id": stream, "turn_id": turn, "state": "completed"}
         self.drafts.append(Draft(ev.RUN_FINISHED, done, stream, turn, at=self.clock))
+
+
+def _text_or_none(value: Any) -> str | None:
+    """An id the file gives, kept only as the text it is (a hostile file's object is not)."""
+    return value[:200] if isinstance(value, str) else None

@@ -359,10 +359,15 @@ def _close_open_runs(drafts: list[Draft]) -> list[Draft]:
 
 def fold_check(sid: str, drafts: list[Draft], where: str) -> None:
     """Fold the events the way the server will (row, transcript, model context): an event
-    that would not fold is refused here, before anything is written."""
+    that its type's definition does not describe, or that would not fold, is refused here,
+    before anything is written."""
     row: dict[str, Any] | None = None
     transcript = TranscriptFold()
     for seq, draft in enumerate(drafts, start=1):
+        try:
+            ev.VOCABULARY.check(draft.type, draft.data)
+        except ev.PayloadMismatch as exc:
+            raise invalid(join(where, f"events[{seq - 1}]"), str(exc)) from None
         event = Event(
             sid, seq, draft.type, draft.at or 0.0, draft.data, draft.stream_id, draft.turn_id
         )

@@ -153,6 +153,55 @@ def test_a_type_outside_the_sidebar_feeds_filter_never_changes_a_row(name: str) 
         assert after == {**before, "last_seq": 2}, name
 
 
+class Reads(dict):
+    """A payload that notes which fields a fold asks for."""
+
+    def __init__(self, data: dict[str, Any]):
+        super().__init__(data)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self.read.add(str(key))
+        return super().__contains__(key)
+
+
+def test_the_server_folds_read_only_fields_their_types_define() -> None:
+    """A fold asking for a field its type does not define reads nothing, silently (a typo,
+    or a field renamed on one side only): each durable type, with every field, through the
+    transcript fold (inside a running turn, where its handlers act) and the sidebar fold."""
+    fold = transcript.TranscriptFold()
+    row = None
+    opening = [
+        (ev.SESSION_CREATED, {"title": "t"}),
+        (ev.TURN_SUBMITTED, {**sample(ev.TurnSubmitted, full=True), "stream_id": "r1"}),
+        (ev.RUN_STARTED, {**sample(ev.RunStarted, full=True), "stream_id": "r1"}),
+    ]
+    rest = [(n, sample(VOCABULARY[n].payload, full=True)) for n in DURABLE if n != ev.RUN_FINISHED]
+    seen: dict[str, set[str]] = {}
+    for seq, (name, data) in enumerate([*opening, *rest, (ev.RUN_FINISHED, {})], 1):
+        if name == ev.RUN_FINISHED:
+            data = sample(ev.RunFinished, full=True)
+        data = {**data, "stream_id": "r1"} if "stream_id" in data else data
+        reads = Reads(data)
+        event = Event("s1", seq, name, float(seq), reads, "r1", "u1")
+        fold.apply(event)
+        row = fold_row(row, event)
+        seen.setdefault(name, set()).update(reads.read)
+    assert len(seen) == len(DURABLE)
+    for name, read in seen.items():
+        event_type = VOCABULARY[name]
+        assert read <= event_type.required | event_type.optional, (name, read)
+    assert seen[ev.APPROVAL_REQUESTED] >= {"approval_id", "command", "choices"}  # it did act
+
+
 # -- the docs and the streams -----------------------------------------------------------------
 def _documented_fields(cell: str) -> list[str]:
     """The top-level names of the cell's first `{...}`, a trailing `?` kept (nested braces,

@@ -9,12 +9,11 @@ served from the definitions (`tests/http/test_event_vocabulary.py`, and the brow
 from __future__ import annotations
 
 import re
-import types
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any
 
 import pytest
-from typing_extensions import is_typeddict
+from event_samples import every_type_in_a_running_turn, sample
 
 from tether import events as ev
 from tether.events import VOCABULARY, Event, EventType, PayloadMismatch
@@ -40,18 +39,6 @@ from tether.runtimes.base import (
 ROOT = Path(__file__).parents[1]
 DURABLE = VOCABULARY.durable_names()
 TRANSIENT = [t.name for t in VOCABULARY if not t.durable]
-
-
-def sample(hint: Any, *, full: bool) -> Any:
-    """A value of the type `hint` describes: with only the required fields of a TypedDict,
-    or (`full`) with every field."""
-    if is_typeddict(hint):
-        keys = hint.__required_keys__ | (hint.__optional_keys__ if full else frozenset())
-        return {k: sample(v, full=full) for k, v in get_type_hints(hint).items() if k in keys}
-    if get_origin(hint) in (Union, types.UnionType):
-        return sample(next(a for a in get_args(hint) if a is not type(None)), full=full)
-    origin = get_origin(hint) or hint
-    return {str: "x", int: 1, float: 1.5, bool: True, list: [], dict: {}}[origin]
 
 
 def test_every_definition_accepts_its_own_samples_and_refuses_what_it_does_not_define() -> None:
@@ -179,17 +166,8 @@ def test_the_server_folds_read_only_fields_their_types_define() -> None:
     transcript fold (inside a running turn, where its handlers act) and the sidebar fold."""
     fold = transcript.TranscriptFold()
     row = None
-    opening = [
-        (ev.SESSION_CREATED, {"title": "t"}),
-        (ev.TURN_SUBMITTED, {**sample(ev.TurnSubmitted, full=True), "stream_id": "r1"}),
-        (ev.RUN_STARTED, {**sample(ev.RunStarted, full=True), "stream_id": "r1"}),
-    ]
-    rest = [(n, sample(VOCABULARY[n].payload, full=True)) for n in DURABLE if n != ev.RUN_FINISHED]
     seen: dict[str, set[str]] = {}
-    for seq, (name, data) in enumerate([*opening, *rest, (ev.RUN_FINISHED, {})], 1):
-        if name == ev.RUN_FINISHED:
-            data = sample(ev.RunFinished, full=True)
-        data = {**data, "stream_id": "r1"} if "stream_id" in data else data
+    for seq, (name, data) in enumerate(every_type_in_a_running_turn(), 1):
         reads = Reads(data)
         event = Event("s1", seq, name, float(seq), reads, "r1", "u1")
         fold.apply(event)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tether import events as ev
-from tether.errors import ApiError, ServerClosing, SessionBusy
+from tether.errors import ApiError, QueueItemNotFound, ServerClosing, SessionBusy
 from tether.events import new_id
 from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
@@ -89,14 +89,27 @@ class RunEngine:
         text: str,
         uploads: Sequence[Upload] = (),
         model: str | None = None,
-        refs: Sequence[dict[str, Any]] = (),
+        queue_id: str | None = None,
     ) -> dict[str, Any]:
-        """Admit and record a new turn. `uploads` are stored here, after every refusal;
-        `refs` are attachments stored earlier (a queued message)."""
+        """Admit and record a new turn. `uploads` are stored here, after every refusal.
+        With `queue_id` the turn is that queued message, read under the session lock and
+        taken off the queue in the same append, so an edit or a removal racing the start
+        either lands before it (and is what gets sent) or finds the item gone (404)."""
         async with self.sessions.locks(session_id):
             if self.agent_sync is not None:  # an unknown session: nothing to sync, 404 below
                 await self.agent_sync.before_start(session_id)  # may reveal a continuation
             await self.check_admissible(session_id, starting=True)
+            refs: list[dict[str, Any]] = []
+            if queue_id is not None:
+                item = (await self.sessions.folds.get(session_id)).transcript.queued.get(queue_id)
+                if item is None:
+                    raise QueueItemNotFound(
+                        "That queued message is not queued any more (it was sent or removed).",
+                    )
+                text = item["text"]
+                refs = [
+                    {k: a[k] for k in ("id", "name", "mime", "size")} for a in item["attachments"]
+                ]
             async with self.sessions.blob_guard(bool(uploads)):
                 new_refs, blobs = await self.store_uploads(uploads)
                 stored = [*refs, *new_refs]
@@ -117,8 +130,12 @@ class RunEngine:
                     turn_id=run.turn_id,
                     blobs=blobs,
                 )
+                drafts = [draft]
+                if queue_id is not None:
+                    taken = {"queue_id": queue_id, "reason": "started", "stream_id": run.stream_id}
+                    drafts.append(Draft(ev.QUEUE_REMOVED, taken))
                 try:
-                    await self.store.append(session_id, [draft])
+                    await self.store.append(session_id, drafts)
                 except BaseException:
                     self.registry.remove(run)
                     await self.sessions.release_blobs_held(blobs.values())
@@ -185,23 +202,10 @@ class RunEngine:
 
     async def start_queued(self, session_id: str, item: dict[str, Any]) -> dict[str, Any]:
         """Start one queued message as the turn now; a refused start (`session_busy`, ...)
-        raises and leaves it queued."""
-        refs = [{k: a[k] for k in ("id", "name", "mime", "size")} for a in item["attachments"]]
-        started = await self.start(session_id, item["text"], refs=refs)
-        await self.store.append(
-            session_id,
-            [
-                Draft(
-                    ev.QUEUE_REMOVED,
-                    {
-                        "queue_id": item["queue_id"],
-                        "reason": "started",
-                        "stream_id": started["stream_id"],
-                    },
-                )
-            ],
-        )
-        return started
+        raises and leaves it queued. `start` reads the item again under the session lock:
+        what it sends is the latest edit, and the item leaves the queue in the turn's own
+        append."""
+        return await self.start(session_id, item["text"], queue_id=item["queue_id"])
 
     # -- Stop and steer ---------------------------------------------------------------------
     async def cancel(

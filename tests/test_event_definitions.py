@@ -9,12 +9,11 @@ served from the definitions (`tests/http/test_event_vocabulary.py`, and the brow
 from __future__ import annotations
 
 import re
-import types
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any
 
 import pytest
-from typing_extensions import is_typeddict
+from event_samples import every_type_in_a_running_turn, sample
 
 from tether import events as ev
 from tether.events import VOCABULARY, Event, EventType, PayloadMismatch
@@ -40,18 +39,6 @@ from tether.runtimes.base import (
 ROOT = Path(__file__).parents[1]
 DURABLE = VOCABULARY.durable_names()
 TRANSIENT = [t.name for t in VOCABULARY if not t.durable]
-
-
-def sample(hint: Any, *, full: bool) -> Any:
-    """A value of the type `hint` describes: with only the required fields of a TypedDict,
-    or (`full`) with every field."""
-    if is_typeddict(hint):
-        keys = hint.__required_keys__ | (hint.__optional_keys__ if full else frozenset())
-        return {k: sample(v, full=full) for k, v in get_type_hints(hint).items() if k in keys}
-    if get_origin(hint) in (Union, types.UnionType):
-        return sample(next(a for a in get_args(hint) if a is not type(None)), full=full)
-    origin = get_origin(hint) or hint
-    return {str: "x", int: 1, float: 1.5, bool: True, list: [], dict: {}}[origin]
 
 
 def test_every_definition_accepts_its_own_samples_and_refuses_what_it_does_not_define() -> None:
@@ -151,6 +138,46 @@ def test_a_type_outside_the_sidebar_feeds_filter_never_changes_a_row(name: str) 
         data = sample(VOCABULARY[name].payload, full=full)
         after = fold_row(before, Event("s1", 2, name, 2.0, data, "r1", "u1"))
         assert after == {**before, "last_seq": 2}, name
+
+
+class Reads(dict):
+    """A payload that notes which fields a fold asks for."""
+
+    def __init__(self, data: dict[str, Any]):
+        super().__init__(data)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self.read.add(str(key))
+        return super().__contains__(key)
+
+
+def test_the_server_folds_read_only_fields_their_types_define() -> None:
+    """A fold asking for a field its type does not define reads nothing, silently (a typo,
+    or a field renamed on one side only): each durable type, with every field, through the
+    transcript fold (inside a running turn, where its handlers act) and the sidebar fold."""
+    fold = transcript.TranscriptFold()
+    row = None
+    seen: dict[str, set[str]] = {}
+    for seq, (name, data) in enumerate(every_type_in_a_running_turn(), 1):
+        reads = Reads(data)
+        event = Event("s1", seq, name, float(seq), reads, "r1", "u1")
+        fold.apply(event)
+        row = fold_row(row, event)
+        seen.setdefault(name, set()).update(reads.read)
+    assert len(seen) == len(DURABLE)
+    for name, read in seen.items():
+        event_type = VOCABULARY[name]
+        assert read <= event_type.required | event_type.optional, (name, read)
+    assert seen[ev.APPROVAL_REQUESTED] >= {"approval_id", "command", "choices"}  # it did act
 
 
 # -- the docs and the streams -----------------------------------------------------------------

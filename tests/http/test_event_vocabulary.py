@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 from pathlib import Path
 from typing import Any, NotRequired
@@ -96,7 +97,8 @@ async def serving(settings: Settings, vocabulary: Any) -> Any:
     very store the server uses)."""
     app = create_app(settings, vocabulary=vocabulary)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", lifespan="on"))
+    config = uvicorn.Config(app, port=port, log_config=None, lifespan="on")  # logging untouched
+    server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
         assert not task.done(), "the server did not start"
@@ -107,6 +109,7 @@ async def serving(settings: Settings, vocabulary: Any) -> Any:
     finally:
         server.should_exit = True
         await task
+        gc.unfreeze()  # the app froze the heap once it was ready: this process goes on
 
 
 async def _frames(client: httpx.AsyncClient, session_id: str, until_seq: int) -> list[dict]:

@@ -234,14 +234,15 @@ class TranscriptFold:
         if scene is None:
             return
         data = event.data
+        asked = data if event.type == ev.APPROVAL_REQUESTED else {}  # an answer asks nothing
         item = scene.item(
             f"{scene.stream_id}.approval.{data['approval_id']}",
             {
                 "type": "approval",
                 "approval_id": data["approval_id"],
-                "command": data.get("command", ""),
-                "description": data.get("description", ""),
-                "choices": _offered(data.get("choices")),
+                "command": asked.get("command", ""),
+                "description": asked.get("description", ""),
+                "choices": _offered(asked.get("choices")),
                 "choice": None,
                 "reason": None,
             },
@@ -256,13 +257,14 @@ class TranscriptFold:
         if scene is None:
             return
         data = event.data
+        asked = data if event.type == ev.CLARIFY_REQUESTED else {}  # an answer asks nothing
         item = scene.item(
             f"{scene.stream_id}.clarify.{data['question_id']}",
             {
                 "type": "clarify",
                 "question_id": data["question_id"],
-                "question": data.get("question", ""),
-                "choices": _strings(data.get("choices")),
+                "question": asked.get("question", ""),
+                "choices": _strings(asked.get("choices")),
                 "text": None,
                 "reason": None,
             },

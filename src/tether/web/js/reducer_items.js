@@ -160,12 +160,13 @@ on(["compression.started", "compression.completed"], (state, env, data) => {
 on(["approval.requested", "approval.resolved"], (state, env, data) => {
   const scene = sceneOf(state, env);
   if (scene === undefined) return;
+  const asked = env.type === "approval.requested" ? data : {}; // an answer asks nothing
   const item = ensureItem(state, scene, `${scene.stream_id}.approval.${data.approval_id}`, {
     type: "approval",
     approval_id: data.approval_id,
-    command: get(data, "command", ""),
-    description: get(data, "description", ""),
-    choices: offered(get(data, "choices")),
+    command: get(asked, "command", ""),
+    description: get(asked, "description", ""),
+    choices: offered(get(asked, "choices")),
     choice: null,
     reason: null,
   });
@@ -178,11 +179,12 @@ on(["approval.requested", "approval.resolved"], (state, env, data) => {
 on(["clarify.requested", "clarify.resolved"], (state, env, data) => {
   const scene = sceneOf(state, env);
   if (scene === undefined) return;
+  const asked = env.type === "clarify.requested" ? data : {}; // an answer asks nothing
   const item = ensureItem(state, scene, `${scene.stream_id}.clarify.${data.question_id}`, {
     type: "clarify",
     question_id: data.question_id,
-    question: get(data, "question", ""),
-    choices: strings(get(data, "choices")),
+    question: get(asked, "question", ""),
+    choices: strings(get(asked, "choices")),
     text: null,
     reason: null,
   });

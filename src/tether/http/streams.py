@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Request
@@ -34,6 +34,7 @@ from tether.sessions.feed import FeedClient
 router = APIRouter(tags=["events"])
 
 _REPLAY_PAGE = 500
+_CHUNK_BYTES = 64 * 1024
 
 
 def _dumps(obj: object) -> str:
@@ -54,10 +55,21 @@ def _frame(event: Event) -> str:
     return f"id: {event.seq}\r\nevent: {event.type}\r\ndata: {_dumps(event.envelope())}\r\n\r\n"
 
 
-def _frames(events: list[Event]) -> bytes:
-    """Several frames as one body chunk: one ASGI send (one socket write) per page or live
-    batch instead of one per event, which is most of a replay's cost."""
-    return "".join(_frame(event) for event in events).encode()
+def _frames(events: list[Event]) -> Iterator[bytes]:
+    """Frames as body chunks of about `_CHUNK_BYTES`: one ASGI send (one socket write) per
+    chunk instead of one per event, which was most of a replay's cost. The bound keeps each
+    send short for a slow reader (the write deadline applies per send)."""
+    parts: list[bytes] = []
+    size = 0
+    for event in events:
+        frame = _frame(event).encode()
+        parts.append(frame)
+        size += len(frame)
+        if size >= _CHUNK_BYTES:
+            yield b"".join(parts)
+            parts, size = [], 0
+    if parts:
+        yield b"".join(parts)
 
 
 def _heartbeat(app: Services, session_id: str, last_seq: int) -> ServerSentEvent:
@@ -145,9 +157,10 @@ async def _follow(
         nonlocal sent
         while True:
             page = await app.store.read(session_id, after=sent, limit=_REPLAY_PAGE)
+            for chunk in _frames(page):
+                yield chunk
             if page:
                 sent = page[-1].seq
-                yield _frames(page)
             if len(page) < _REPLAY_PAGE:
                 return
 
@@ -191,8 +204,8 @@ async def _follow(
                 break
             sent = event.seq
             fresh.append(event)
-        if fresh:
-            yield _frames(fresh)
+        for chunk in _frames(fresh):
+            yield chunk
         if gap:
             async for frame in catch_up():
                 yield frame

@@ -33,7 +33,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -79,7 +79,7 @@ from tether.runtimes.openai_models import (
     discover_window,
     list_models,
 )
-from tether.runtimes.openai_stream import Accumulator, WrongShape, parse_arguments, sse_lines
+from tether.runtimes.openai_stream import Accumulator, WrongShape, drain, parse_arguments, sse_lines
 from tether.runtimes.tools import ToolRunner, WorkspaceTools
 from tether.settings import Settings
 
@@ -104,21 +104,6 @@ def _untransformed(body: dict[str, Any]) -> dict[str, Any]:
     if body.get("stream"):
         params["stream"] = True  # tells the SDK to read a stream
     return params
-
-
-DRAIN_SECONDS = 0.1  # how long the end of a body may take to follow its [DONE]
-
-
-async def _drain(lines: AsyncIterator[str]) -> None:
-    """Read what follows `[DONE]` (normally only the end of the chunked body) so that the
-    HTTP client keeps the connection for the next request: a response closed before its end
-    costs its connection, so every turn opened a new one (a TLS handshake with a remote
-    provider). A provider that sends more lines, or keeps the body open, is cut as before."""
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(DRAIN_SECONDS):
-            async for line in lines:
-                if line:
-                    return
 
 
 def _stream_error(error: Any, response: Any) -> openai.APIError:
@@ -365,7 +350,7 @@ class OpenAIRuntime(Runtime):
                 payload = line[5:].strip()
                 if payload == "[DONE]":
                     done = True
-                    await _drain(lines)
+                    await drain(lines)
                     break
                 try:
                     chunk = json.loads(payload)

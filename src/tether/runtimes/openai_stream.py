@@ -6,6 +6,7 @@ instead of as an empty answer (docs/runtimes.md)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -68,6 +69,21 @@ async def sse_lines(chunks: AsyncIterator[bytes], idle: float) -> AsyncGenerator
             timer.cancel()
     if pending:
         yield pending.decode("utf-8", "replace")
+
+
+DRAIN_SECONDS = 0.1  # how long the end of a body may take to follow its [DONE]
+
+
+async def drain(lines: AsyncIterator[str]) -> None:
+    """Read what follows `[DONE]` (normally only the end of the chunked body) so that the
+    HTTP client keeps the connection for the next request: a response closed before its end
+    costs its connection, so every turn opened a new one (a TLS handshake with a remote
+    provider). A provider that sends more lines, or keeps the body open, is cut as before."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(DRAIN_SECONDS):
+            async for line in lines:
+                if line:
+                    return
 
 
 class WrongShape(ValueError):

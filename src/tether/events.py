@@ -38,7 +38,7 @@ QUEUE_UPDATED = "queue.updated"
 QUEUE_REMOVED = "queue.removed"
 RUN_FINISHED = "run.finished"
 TRANSCRIPT_TRUNCATED = "transcript.truncated"
-# extension (docs/api.md §11): another branch of the transcript is shown from a fork on.
+# extension (docs/api.md §10): another branch of the transcript is shown from a fork on.
 BRANCH_SWITCHED = "branch.switched"
 # extension: what another client of the agent wrote into the agent's own store (Hermes
 # state.db), reconciled into this session: turns to show, and a compaction done elsewhere.

@@ -6,6 +6,8 @@ context (invariant 1: the page shows the branch the model gets), the sidebar row
 
 from __future__ import annotations
 
+import base64
+
 import httpx
 import pytest
 from playwright.sync_api import BrowserContext, Page, expect
@@ -44,6 +46,7 @@ def test_edit_regenerate_and_switch_from_the_page(
     expect(box).to_have_value("second question")
     box.fill("second, edited")
     second.get_by_role("button", name="Save and send").click()
+    expect(second.locator(".user-text")).to_have_text("second, edited")  # the events came
     wait_settled(page)
     assert user_texts(page) == ["first question", "second, edited"]
     expect(second.get_by_label("Branch 2 of 2")).to_be_visible()
@@ -76,10 +79,10 @@ def test_edit_regenerate_and_switch_from_the_page(
     answer = page.locator("#transcript .rows > .row.assistant").last
     old_id = answer.get_attribute("data-row-id")
     answer.get_by_role("button", name="Regenerate").click()
+    answer = page.locator("#transcript .rows > .row.assistant").last
+    expect(answer.get_by_label("Branch 2 of 2")).to_be_visible()  # the events came
     wait_settled(page)
     expect(rows).to_have_count(4)
-    answer = page.locator("#transcript .rows > .row.assistant").last
-    expect(answer.get_by_label("Branch 2 of 2")).to_be_visible()
     assert answer.get_attribute("data-row-id") != old_id
     answer.get_by_role("button", name="Previous branch").click()
     expect(page.locator("#transcript .rows > .row.assistant").last).to_have_attribute(
@@ -127,3 +130,46 @@ def test_controls_wait_for_the_run_and_retry_after_stop_is_a_regenerate(
     assert body["messages"][-1]["branch"] == {"index": 2, "count": 2}
     expect(page.locator("#transcript .rows > .row.assistant").last).not_to_contain_text("Stopped")
     expect(page.locator("#transcript .rows > .row")).to_have_count(4)
+
+
+def test_an_edit_keeps_or_drops_the_messages_attachments(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    with httpx.Client(base_url=web_server.base_url) as client:
+        sid = client.post("/api/sessions", json={}).json()["session"]["session_id"]
+        data = base64.b64encode(b"ZEBRA-42").decode()
+        attachment = {"name": "notes.txt", "mime": "text/plain", "data_base64": data}
+        client.post(
+            "/api/chat/start",
+            json={"session_id": sid, "message": "see file", "attachments": [attachment]},
+        ).raise_for_status()
+        wait_idle(client, sid)
+    page = context.new_page()
+    open_app(page, web_server.base_url, f"/s/{sid}")
+    wait_settled(page)
+    row = page.locator("#transcript .rows > .row.user").first
+    expect(row.locator(".file-chip")).to_have_text("notes.txt")
+
+    row.get_by_role("button", name="Edit").click()
+    kept = row.get_by_role("list", name="Attachments")
+    expect(kept).to_contain_text("notes.txt")
+    row.get_by_role("textbox", name="Edit message").fill("same file, new words")
+    row.get_by_role("button", name="Save and send").click()
+    expect(row.locator(".user-text")).to_have_text("same file, new words")
+    wait_settled(page)
+    expect(row.locator(".file-chip")).to_have_text("notes.txt")  # kept
+
+    row.get_by_role("button", name="Edit").click()
+    row.get_by_role("button", name="Remove notes.txt").click()
+    row.get_by_role("textbox", name="Edit message").fill("no file now")
+    row.get_by_role("button", name="Save and send").click()
+    expect(row.get_by_label("Branch 3 of 3")).to_be_visible()
+    wait_settled(page)
+    expect(row.locator(".file-chip")).to_have_count(0)
+    with httpx.Client(base_url=web_server.base_url) as client:
+        body = session_body(client, sid)
+        assert body["messages"][0]["attachments"] == []
+        assert [a["name"] for a in body["branches"]["hidden"][0]["attachments"]] == ["notes.txt"]
+    row.get_by_role("button", name="Previous branch").click()
+    expect(row.get_by_label("Branch 2 of 3")).to_be_visible()
+    expect(row.locator(".file-chip")).to_have_text("notes.txt")

@@ -13,6 +13,7 @@ from pathlib import Path
 from tether.log.store import EventStore
 from tether.runs import maintenance
 from tether.runs.engine import RunEngine
+from tether.runs.queue import QueueService
 from tether.runs.registry import RunRegistry
 from tether.runtimes.base import Runtime
 from tether.services import build_services
@@ -26,6 +27,7 @@ class Harness:
     registry: RunRegistry
     sessions: SessionService
     engine: RunEngine
+    queue: QueueService
 
     async def types(self, session_id: str) -> list[str]:
         return [e.type for e in await self.store.read(session_id)]
@@ -44,7 +46,9 @@ async def harness(
 ) -> AsyncIterator[Harness]:
     services = build_services(settings or Settings(data_dir=tmp_path), runtime)
     try:
-        yield Harness(services.store, services.registry, services.sessions, services.engine)
+        yield Harness(
+            services.store, services.registry, services.sessions, services.engine, services.queue
+        )
     finally:
         await maintenance.shutdown(services.engine, grace=1)
         await services.store.aclose()

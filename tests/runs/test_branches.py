@@ -1,4 +1,4 @@
-"""Edit, regenerate and branches (docs/api.md §11) through the whole stack: the real server,
+"""Edit, regenerate and branches (docs/api.md §10) through the whole stack: the real server,
 real HTTP and SSE, the fake OpenAI-compatible server at the model boundary.
 
 Layers: log (`transcript.truncated` keeps the rows it hides, `branch.switched`), transcript

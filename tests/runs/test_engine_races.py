@@ -169,3 +169,62 @@ def test_reclaim_window_is_measured_from_the_cancel_not_the_start(tmp_path: Path
             assert h.registry.busy("s_y") is False
 
     asyncio.run(main())
+
+
+class UntilStoppedRuntime(Runtime):
+    """Answers a little, then waits until it is stopped."""
+
+    name = "until-stopped"
+    model = "until-stopped-1"
+    demo = False
+
+    def __init__(self) -> None:
+        pass
+
+    def accepts(self, mime: str) -> bool:
+        return True
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        yield TextDelta("working")
+        await asyncio.sleep(60)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_an_edit_racing_send_now_is_what_is_sent_or_is_refused(tmp_path: Path) -> None:
+    """Layers: log (queue.updated, turn.submitted, queue.removed), transcript (`queued`).
+    `queue/start` and an edit of the same queued message interleave on the event loop: the
+    edit either lands first and is the text the turn carries, or finds the item gone (404
+    `queue_item_not_found`). An edit that was accepted is never dropped (no typed word is
+    lost), and the item leaves the queue in the turn's own append, once."""
+    from tether.errors import QueueItemNotFound
+
+    async def main() -> None:
+        async with harness(tmp_path, UntilStoppedRuntime()) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            for attempt in range(3):
+                first = await h.engine.start(sid, f"turn {attempt}", [], None)
+                queued = await h.queue.add(sid, f"original {attempt}", [])
+                await h.engine.cancel(stream_id=first["stream_id"])
+                await h.wait_idle(sid)
+                started, edited = await asyncio.gather(
+                    h.queue.start(queued["queue_id"]),
+                    h.queue.update(queued["queue_id"], f"edited {attempt}"),
+                    return_exceptions=True,
+                )
+                assert isinstance(started, dict), started
+                await h.engine.cancel(stream_id=started["stream_id"])
+                await h.wait_idle(sid)
+                events = await h.store.read(sid)
+                sent = [e.data["text"] for e in events if e.type == "turn.submitted"][-1]
+                if isinstance(edited, QueueItemNotFound):
+                    assert sent == f"original {attempt}"
+                else:
+                    assert edited == {"ok": True, "queue_id": queued["queue_id"]}, edited
+                    assert sent == f"edited {attempt}"
+                taken = [e.seq for e in events if e.type == "queue.removed"]
+                submitted = [e.seq for e in events if e.type == "turn.submitted"]
+                assert len(taken) == attempt + 1 and taken[-1] == submitted[-1] + 1
+
+    asyncio.run(main())

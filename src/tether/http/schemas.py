@@ -238,6 +238,11 @@ class SessionView(SessionRow):
     last_seq: int = Field(description="The session log position this projection reflects")
     live: dict | None = Field(description="The active run's scene, or null")
     queued: list[dict] = Field(description="Messages queued behind the running turn")
+    branches: dict | None = Field(
+        default=None,
+        description="`{order, shown, hidden}`: the rows of the branches not shown and where "
+        "each fork stands (docs/api.md §10); null while no row is hidden",
+    )
 
 
 class SessionViewOut(Out):

@@ -1,4 +1,4 @@
-"""The transcript as a tree of branches (docs/api.md §11), folded from the log.
+"""The transcript as a tree of branches (docs/api.md §10), folded from the log.
 
 Every row has a parent: the row shown before it when it was appended (none for the first).
 A parent may have several children, its branches; `shown` names the one the transcript

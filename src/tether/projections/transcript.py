@@ -91,7 +91,7 @@ class TranscriptFold:
     def __init__(self) -> None:
         self.last_seq = 0
         self.messages: list[dict[str, Any]] = []  # the visible transcript: the branch shown
-        self.tree = BranchTree(self.messages)  # every branch (docs/api.md §11)
+        self.tree = BranchTree(self.messages)  # every branch (docs/api.md §10)
         self.active: dict[str, RunScene] = {}
         self.users: dict[str, dict[str, Any]] = {}
         self.queued: dict[str, dict[str, Any]] = {}

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tether import events as ev
-from tether.errors import InvalidRequest, ServerClosing, SessionBusy
+from tether.errors import InvalidRequest, QueueItemNotFound, ServerClosing, SessionBusy
 from tether.events import new_id
 from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
@@ -102,18 +102,32 @@ class RunEngine:
         text: str,
         uploads: Sequence[Upload] = (),
         model: str | None = None,
-        refs: Sequence[dict[str, Any]] = (),
+        queue_id: str | None = None,
         *,
         edit_of: str | None = None,
         keep_attachments: list[str] | None = None,
         max_attachments: int | None = None,
     ) -> dict[str, Any]:
-        """Admit and record a new turn. `uploads` are stored here, after every refusal;
-        `refs` are attachments stored earlier (a queued message). `edit_of` (a visible user
-        row) makes the turn a new branch in that message's place (docs/api.md §11), with
-        that message's attachments (those `keep_attachments` names, when given)."""
+        """Admit and record a new turn. `uploads` are stored here, after every refusal.
+        With `queue_id` the turn is that queued message, read under the session lock and
+        taken off the queue in the same append, so an edit or a removal racing the start
+        either lands before it (and is what gets sent) or finds the item gone (404).
+        `edit_of` (a visible user row) makes the turn a new branch in that message's place
+        (docs/api.md §10), with that message's attachments (those `keep_attachments` names,
+        when given)."""
         async with self.sessions.locks(session_id):
             await self._admissible(session_id)
+            refs: list[dict[str, Any]] = []
+            if queue_id is not None:
+                item = (await self.sessions.folds.get(session_id)).transcript.queued.get(queue_id)
+                if item is None:
+                    raise QueueItemNotFound(
+                        "That queued message is not queued any more (it was sent or removed).",
+                    )
+                text = item["text"]
+                refs = [
+                    {k: a[k] for k in ("id", "name", "mime", "size")} for a in item["attachments"]
+                ]
             before: list[Draft] = []
             extra: dict[str, Any] = {}
             if edit_of is not None:
@@ -129,7 +143,11 @@ class RunEngine:
                 extra = {"edit_of": edit_of}
             run = Run(session_id, new_id("r"), new_id("u"))
             submitted = {"text": text, "attachments": list(refs), **extra}
-            started = await self._record(run, before, submitted, uploads)
+            after: list[Draft] = []
+            if queue_id is not None:
+                taken = {"queue_id": queue_id, "reason": "started", "stream_id": run.stream_id}
+                after.append(Draft(ev.QUEUE_REMOVED, taken))
+            started = await self._record(run, before, submitted, uploads, after)
             run.worker = asyncio.create_task(self._work(run, model), name=run.stream_id)
         return started
 
@@ -137,7 +155,7 @@ class RunEngine:
         self, session_id: str, row_id: str | None = None, model: str | None = None
     ) -> dict[str, Any]:
         """A new run answering again the turn that the answer `row_id` (default: the last
-        one) answered, as a new branch beside it (docs/api.md §11). Retry after a Stop or an
+        one) answered, as a new branch beside it (docs/api.md §10). Retry after a Stop or an
         error is this. Refused exactly like a start, before any write."""
         async with self.sessions.locks(session_id):
             await self._admissible(session_id)
@@ -165,9 +183,11 @@ class RunEngine:
         before: list[Draft],
         fields: dict[str, Any],
         uploads: Sequence[Upload],
+        after: Sequence[Draft] = (),
     ) -> dict[str, Any]:
-        """Store `uploads`, register `run` and append `before` and its `turn.submitted` in
-        one append; on any failure the run is unregistered and new bytes are released."""
+        """Store `uploads`, register `run` and append `before`, its `turn.submitted` and
+        `after` in one append; on any failure the run is unregistered and new bytes are
+        released."""
         async with self.sessions.blob_guard(bool(uploads)):
             new_refs, blobs = await self.store_uploads(uploads)
             self.registry.add(run)
@@ -187,7 +207,7 @@ class RunEngine:
                 blobs=blobs,
             )
             try:
-                await self.store.append(run.session_id, [*before, draft])
+                await self.store.append(run.session_id, [*before, draft, *after])
             except BaseException:
                 self.registry.remove(run)
                 await self.sessions.release_blobs_held(blobs.values())

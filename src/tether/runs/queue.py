@@ -91,19 +91,6 @@ class QueueService:
         return started["stream_id"]
 
     async def _start_item(self, session_id: str, item: dict[str, Any]) -> dict[str, Any]:
-        refs = [{k: a[k] for k in ("id", "name", "mime", "size")} for a in item["attachments"]]
-        started = await self.engine.start(session_id, item["text"], refs=refs)
-        await self.store.append(
-            session_id,
-            [
-                Draft(
-                    ev.QUEUE_REMOVED,
-                    {
-                        "queue_id": item["queue_id"],
-                        "reason": "started",
-                        "stream_id": started["stream_id"],
-                    },
-                )
-            ],
-        )
-        return started
+        # The engine reads the item again under the session lock: what it sends is the
+        # latest edit, and the item leaves the queue in the turn's own append.
+        return await self.engine.start(session_id, item["text"], queue_id=item["queue_id"])

@@ -1,4 +1,4 @@
-"""Edit, regenerate and branch switching (docs/api.md §11): which events each one appends.
+"""Edit, regenerate and branch switching (docs/api.md §10): which events each one appends.
 
 A new branch is the log's ordinary truncate (`transcript.truncated`), which hides the rows
 from the fork on without removing them (projections/branches.py), followed in the same

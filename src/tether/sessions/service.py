@@ -258,7 +258,7 @@ class SessionService:
         return row
 
     async def switch_branch(self, session_id: str, row_id: str, index: int) -> dict[str, Any]:
-        """Show branch `index` of the fork at the visible row `row_id` (docs/api.md §11):
+        """Show branch `index` of the fork at the visible row `row_id` (docs/api.md §10):
         what the page shows and what the model gets next follow it (invariant 1). Not
         activity (invariant 4); refused like truncate on a rotated or busy session."""
         async with self.locks(session_id):

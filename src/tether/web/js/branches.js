@@ -33,6 +33,7 @@ export function updateRowActions(el, row, { running }) {
   const settled = !row.live && !row.session_id; // inherited rows carry their session's id
   actions.hidden = !settled;
   el.dataset.rowId = row.id;
+  el.attachmentList = row.attachments || []; // what an edit keeps unless removed
   const branch = row.branch;
   const switcher = actions.querySelector(".branch-switch");
   switcher.hidden = !branch;
@@ -95,10 +96,31 @@ export class BranchActions {
     if (row.querySelector(".edit-box")) return;
     const area = h("textarea", { rows: 3, "aria-label": "Edit message" });
     area.value = row.copySource || "";
+    // The message's attachments go with the edit, each removable (`keep_attachments`).
+    const kept = h("ul", { class: "attachments edit-attachments", "aria-label": "Attachments" });
+    for (const a of row.attachmentList || []) {
+      const chip = h(
+        "li",
+        { dataset: { id: a.id } },
+        h("span", { class: "chip-name", text: a.name }),
+        h("button", {
+          type: "button",
+          class: "chip-x",
+          "aria-label": `Remove ${a.name}`,
+          text: "×",
+          onclick: () => {
+            chip.remove();
+            area.focus();
+          },
+        }),
+      );
+      kept.append(chip);
+    }
     const box = h(
       "div",
       { class: "edit-box" },
       area,
+      kept.childElementCount ? kept : null,
       h(
         "div",
         { class: "edit-buttons" },
@@ -126,8 +148,14 @@ export class BranchActions {
       return;
     }
     for (const b of row.querySelectorAll(".edit-box button")) b.disabled = true;
+    const body = { session_id: sid, message: text, edit_of: rowId };
+    if ((row.attachmentList || []).length) {
+      body.keep_attachments = [...row.querySelectorAll(".edit-attachments li")].map(
+        (li) => li.dataset.id,
+      );
+    }
     try {
-      await post("/api/chat/start", { session_id: sid, message: text, edit_of: rowId });
+      await post("/api/chat/start", body);
       row.querySelector(".edit-box")?.remove();
       row.classList.remove("editing");
     } catch (err) {

@@ -229,7 +229,7 @@ class App {
   async refreshRow(sid) {
     try {
       const { session } = await get(`/api/session?${q({ session_id: sid })}`);
-      const { messages, live, queued, inherited_messages, ...row } = session;
+      const { messages, live, queued, inherited_messages, branches, ...row } = session;
       this.onRowChanged(row);
       this.sidebar.load();
     } catch {

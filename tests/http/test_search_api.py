@@ -65,7 +65,7 @@ def test_user_and_assistant_text_is_found_with_the_match_marked(
         reply(
             reasoning("thinking about quokkas"), text("Wombats dig "), text("burrows <b>deep</b>")
         ),
-        reply(tool_call("read_file", {"path": "notes.txt"})),
+        reply(tool_call("c1", "read_file", {"path": "notes.txt"})),
         reply(text("The notes mention an island.")),
     )
     with server.client() as client:

@@ -111,3 +111,75 @@ def test_the_search_button_works_by_keyboard_and_a_bad_query_says_why(
     expect(dialog).to_be_visible()
     dialog.get_by_role("searchbox", name="Search messages").fill('"*()')
     expect(dialog.get_by_role("status")).to_contain_text("no words")
+
+
+def test_a_row_of_a_hidden_branch_is_marked_and_choosing_it_shows_its_branch(
+    context: BrowserContext, server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """Nothing of any branch is lost from search, and what the user sees is what they get:
+    an answer hidden two forks deep (regenerated, then its message edited) is found, marked
+    "in another branch", and choosing it shows its branch (both forks switched)."""
+    fake.script(
+        reply(text("first armadillo answer")),
+        reply(text("second armadillo answer")),
+        reply(text("third armadillo answer")),
+    )
+    with server.client() as client:
+        sid = new_session(client, "Branched")
+        start_turn(client, sid, "the first armadillo")
+        wait_idle(client, sid)
+        first, answer = session_body(client, sid)["messages"]
+        client.post("/api/chat/regenerate", json={"session_id": sid}).raise_for_status()
+        wait_idle(client, sid)
+        start_turn(client, sid, "the edited armadillo", edit_of=first["id"])
+        wait_idle(client, sid)
+        other = new_session(client, "Elsewhere")
+
+    page = context.new_page()
+    open_app(page, server.base_url, f"/s/{other}")
+    page.keyboard.press("Control+k")
+    dialog = page.get_by_role("dialog", name="Search messages")
+    dialog.get_by_role("searchbox", name="Search messages").fill("armadillo")
+    results = dialog.get_by_role("list", name="Search results").get_by_role("button")
+    expect(results).to_have_count(5)
+    expect(results.filter(has_text="in another branch")).to_have_count(3)
+    expect(results.filter(has_text="the edited armadillo")).not_to_contain_text("another branch")
+    hidden = results.filter(has_text="first armadillo answer")
+    expect(hidden).to_contain_text("in another branch")
+    hidden.click()
+    expect(dialog).to_be_hidden()
+    page.wait_for_url(f"**/s/{sid}")
+    row = page.locator(f'#transcript .rows > [data-key="{answer["id"]}"]')
+    expect(row).to_have_class("row assistant search-hit")
+    expect(row).to_be_focused()
+    expect(page.locator("#transcript")).not_to_contain_text("the edited armadillo")
+    with server.client() as client:  # the server shows that branch too (branch.switched)
+        shown = [m["content"] for m in session_body(client, sid)["messages"]]
+    assert shown == ["the first armadillo", "first armadillo answer"]
+
+
+def test_a_row_no_switch_can_show_says_it_is_on_another_branch(
+    context: BrowserContext, server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """An undo to nothing leaves the first fork showing no row: no switch can name it, so
+    choosing the hidden message opens its session and says where it is."""
+    fake.script(reply(text("an answer about it")))
+    with server.client() as client:
+        sid = new_session(client, "Undone")
+        start_turn(client, sid, "the pangolin")
+        wait_idle(client, sid)
+        undo = {"session_id": sid, "keep_count": 0}
+        client.post("/api/session/truncate", json=undo).raise_for_status()
+        other = new_session(client, "Elsewhere")
+
+    page = context.new_page()
+    open_app(page, server.base_url, f"/s/{other}")
+    page.keyboard.press("Control+k")
+    dialog = page.get_by_role("dialog", name="Search messages")
+    dialog.get_by_role("searchbox", name="Search messages").fill("the pangolin")
+    results = dialog.get_by_role("list", name="Search results").get_by_role("button")
+    expect(results).to_have_count(1)
+    expect(results.first).to_contain_text("in another branch")
+    results.first.click()
+    page.wait_for_url(f"**/s/{sid}")
+    expect(page.locator("#notice-bar")).to_contain_text("on another branch of this session")

@@ -1,9 +1,10 @@
 """Search (issue 16.6, docs/api.md): `GET /api/search` over the settled text of user and
 assistant rows of every session, from the SQLite FTS5 index the log writer keeps in the
 transaction of the events (layer: log writer -> search index; invariant: the index is the
-fold of the committed log, never behind it). Deleted sessions and truncated rows are not
-found; a restart finds the same; bad queries are a 400, never a 500. Real server, real HTTP,
-the fake OpenAI server at the model boundary."""
+fold of the committed log, never behind it). Deleted sessions are not found; every row of
+every branch is (an edit, a regenerate, an undo or a switch loses nothing), with `shown`
+from the session's fold; a restart finds the same; bad queries are a 400, never a 500. Real
+server, real HTTP, the fake OpenAI server at the model boundary."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def test_user_and_assistant_text_is_found_with_the_match_marked(
         reply(
             reasoning("thinking about quokkas"), text("Wombats dig "), text("burrows <b>deep</b>")
         ),
-        reply(tool_call("read_file", {"path": "notes.txt"})),
+        reply(tool_call("c1", "read_file", {"path": "notes.txt"})),
         reply(text("The notes mention an island.")),
     )
     with server.client() as client:
@@ -145,7 +146,7 @@ def test_query_syntax_is_searched_as_words_never_an_error(
             assert response.status_code == 400, limit
 
 
-def test_deleted_sessions_and_truncated_rows_are_not_found(
+def test_deleted_sessions_are_not_found_and_truncated_rows_are(
     server: ServerProcess, fake: FakeOpenAI
 ) -> None:
     fake.script(*(reply(text(f"{n} answer kiwi")) for n in ("first", "second", "third")))
@@ -157,17 +158,139 @@ def test_deleted_sessions_and_truncated_rows_are_not_found(
         assert len(search(client, "kiwi")) == 4
         assert client.delete("/api/session", params={"session_id": gone}).status_code == 200
         assert {r["session_id"] for r in search(client, "kiwi")} == {kept}
+        assert all(r["shown"] for r in search(client, "kiwi"))
         response = client.post("/api/session/truncate", json={"session_id": kept, "keep_count": 1})
         assert response.status_code == 200, response.text
-        assert [r["role"] for r in search(client, "kiwi")] == ["user"]
-        # the transcript grows again from there: the new rows are found, the old one is not
+        # an undo hides the answer as a branch: still found, not shown
+        assert shown_of(search(client, "kiwi")) == {
+            "kiwi question one": True,
+            "second answer kiwi": False,
+        }
         turn(client, kept, "kiwi question two")
-        found = search(client, "kiwi")
-        assert sorted(r["snippet"] for r in found) == [
-            "kiwi question one",
-            "kiwi question two",
-            "third answer kiwi",
-        ]
+        assert shown_of(search(client, "kiwi")) == {
+            "kiwi question one": True,
+            "second answer kiwi": False,
+            "kiwi question two": True,
+            "third answer kiwi": True,
+        }
+
+
+def shown_of(results: list[dict]) -> dict[str, bool]:
+    return {r["snippet"]: r["shown"] for r in results}
+
+
+def switch(client: httpx.Client, sid: str, row_id: str, index: int) -> None:
+    body = {"session_id": sid, "row_id": row_id, "index": index}
+    response = client.post("/api/session/branch", json=body)
+    assert response.status_code == 200, response.text
+
+
+def test_every_branch_is_found_after_edit_regenerate_switch_and_restart(
+    tmp_path: Path, fake: FakeOpenAI
+) -> None:
+    """Layer: search index + session fold. Invariant: nothing of any branch is lost from
+    search (contract invariant 8: the index is the fold of the committed log), and `shown`
+    is the branch the user sees (invariant 1), also after a restart rebuilds the index."""
+    (tmp_path / "ws").mkdir()
+    fake.script(
+        reply(text("answer about the old okapi")),
+        reply(text("answer about the new okapi")),
+        reply(text("regenerated okapi answer")),
+    )
+    srv = serve(tmp_path / "data", fake, tmp_path / "ws").start()
+    try:
+        with srv.client() as client:
+            sid = new_session(client)
+            turn(client, sid, "tell me about the old okapi")
+            first = session_body(client, sid)["messages"][0]
+            # edit: the old message and its answer are a hidden branch, still found
+            start_turn(client, sid, "tell me about the new okapi", edit_of=first["id"])
+            wait_idle(client, sid)
+            assert shown_of(search(client, "okapi")) == {
+                "tell me about the old okapi": False,
+                "answer about the old okapi": False,
+                "tell me about the new okapi": True,
+                "answer about the new okapi": True,
+            }
+            assert [r["shown"] for r in search(client, "old okapi")] == [False, False]
+            # regenerate: both answers found, no second copy of the message
+            response = client.post("/api/chat/regenerate", json={"session_id": sid})
+            assert response.status_code == 200, response.text
+            body = wait_idle(client, sid)
+            after_regenerate = {
+                "tell me about the old okapi": False,
+                "answer about the old okapi": False,
+                "tell me about the new okapi": True,
+                "answer about the new okapi": False,
+                "regenerated okapi answer": True,
+            }
+            found = search(client, "okapi")
+            assert shown_of(found) == after_regenerate and len(found) == 5
+            shown_ids = {m["id"] for m in body["messages"]}
+            hidden_ids = {m["id"] for m in body["branches"]["hidden"]}
+            assert {r["row_id"] for r in found if r["shown"]} == shown_ids
+            assert {r["row_id"] for r in found if not r["shown"]} == hidden_ids
+            # switch back to the first message: its rows are shown, the edit's hidden
+            switch(client, sid, body["messages"][0]["id"], 1)
+            after_switch = {
+                "tell me about the old okapi": True,
+                "answer about the old okapi": True,
+                "tell me about the new okapi": False,
+                "answer about the new okapi": False,
+                "regenerated okapi answer": False,
+            }
+            assert shown_of(search(client, "okapi")) == after_switch
+            before = search(client, "okapi")
+    finally:
+        srv.stop()
+    # a restart finds the same; so does a rebuild of the index from the log
+    for rebuild in (False, True):
+        if rebuild:
+            db = sqlite3.connect(tmp_path / "data" / "tether.db")
+            db.execute("UPDATE meta SET value='search-1' WHERE key='search_version'")
+            db.commit()
+            db.close()
+        srv = serve(tmp_path / "data", fake, tmp_path / "ws").start()
+        try:
+            with srv.client() as client:
+                assert search(client, "okapi") == before
+        finally:
+            srv.stop()
+
+
+def test_an_index_built_before_branches_is_rebuilt_with_the_hidden_rows(
+    tmp_path: Path, fake: FakeOpenAI
+) -> None:
+    """An index of the previous fold version dropped truncated rows: its version differs,
+    so the start rebuilds it and the hidden branch is found again."""
+    (tmp_path / "ws").mkdir()
+    fake.script(reply(text("first tapir answer")), reply(text("second tapir answer")))
+    srv = serve(tmp_path / "data", fake, tmp_path / "ws").start()
+    try:
+        with srv.client() as client:
+            sid = new_session(client)
+            turn(client, sid, "tapir please")
+            assert client.post("/api/chat/regenerate", json={"session_id": sid}).status_code == 200
+            wait_idle(client, sid)
+            assert len(search(client, "tapir")) == 3
+    finally:
+        srv.stop()
+    # what the old fold left behind: the hidden answer dropped, version search-1
+    db = sqlite3.connect(tmp_path / "data" / "tether.db")
+    db.execute("DELETE FROM search_rows WHERE text='first tapir answer'")
+    db.execute("UPDATE meta SET value='search-1' WHERE key='search_version'")
+    db.commit()
+    db.close()
+    srv = serve(tmp_path / "data", fake, tmp_path / "ws").start()
+    try:
+        with srv.client() as client:
+            assert shown_of(search(client, "tapir")) == {
+                "tapir please": True,
+                "first tapir answer": False,
+                "second tapir answer": True,
+            }
+    finally:
+        srv.stop()
 
 
 def test_a_restart_finds_the_same_and_a_missing_index_is_rebuilt(

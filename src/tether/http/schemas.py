@@ -343,6 +343,10 @@ class SearchResult(Out):
     title: str
     row_id: str = Field(description="The transcript row (`messages[].id`) that matched")
     role: Literal["user", "assistant"]
+    shown: bool = Field(
+        description="Whether the row is on the branch the session shows now (false: a "
+        "hidden branch of an edit, regenerate or undo)"
+    )
     snippet: str = Field(description="Plain text around the match")
     snippet_parts: list[SnippetPart] = Field(
         description="`snippet` cut into parts, the matched words marked: render each part "

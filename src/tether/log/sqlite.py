@@ -504,7 +504,7 @@ class SQLiteEventStore:
                 owners.record(self._db, sid, draft.data, draft.blobs)
             if self._search_fold is not None:
                 change = self._search_fold(state, event, self._stream_events)
-                if change.add or change.keep is not None:
+                if change.add:
                     sqlite_search.apply_change(self._db, sid, change)
             state = self._fold(state, event)
             events.append(event)

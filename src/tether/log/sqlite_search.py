@@ -4,7 +4,7 @@ index is never behind (nor ahead of) the committed log, whatever crashes when.
 
 `search_rows` holds each row's text once; `search_fts` is an external-content FTS5 index over
 it, kept by the triggers of migration m004. A deleted session's rows go in the transaction
-that deletes its log; a truncation drops the rows from its `keep_count` on.
+that deletes its log; nothing else removes a row (a truncation hides rows as a branch).
 """
 
 from __future__ import annotations
@@ -46,11 +46,6 @@ def stream_reader(db: sqlite3.Connection) -> Callable[[str, frozenset[str]], lis
 
 
 def apply_change(db: sqlite3.Connection, session_id: str, change: SearchChange) -> None:
-    if change.keep is not None:
-        db.execute(
-            "DELETE FROM search_rows WHERE session_id=? AND position>=?",
-            (session_id, change.keep),
-        )
     for doc in change.add:
         db.execute(
             "INSERT INTO search_rows (session_id, row_id, role, position, at, text) "

@@ -53,17 +53,16 @@ class SearchDoc(NamedTuple):
 
     row_id: str
     role: str  # "user" | "assistant"
-    position: int  # the row's index in the visible transcript: a truncation drops >= keep
+    position: int  # the row's index in the transcript of the branch it was written on
     at: float
     text: str
 
 
 class SearchChange(NamedTuple):
-    """What one event does to a session's search rows: rows to add, and (a truncation)
-    the position from which every row goes."""
+    """What one event does to a session's search rows: the rows it adds. None is ever
+    removed but with the session (nothing of any branch is lost, docs/api.md §10)."""
 
     add: tuple[SearchDoc, ...] = ()
-    keep: int | None = None
 
 
 StreamEvents = Callable[[str, frozenset[str]], list[Event]]
@@ -73,7 +72,7 @@ sees them inside its transaction (what the batch wrote so far included)."""
 SearchFold = Callable[[dict[str, Any] | None, Event, StreamEvents], SearchChange]
 """A pure function the backend calls for every event it appends, in the transaction that
 appends it: given the session's `IndexFold` state before the event, the event, and a
-way to read the event's stream, it says which rows the search index gains or loses. The
+way to read the event's stream, it says which rows the search index gains. The
 backend is given it and a version naming its code; when the stored version differs it
 rebuilds the search index from the log when it opens (so a migration that adds the index
 fills it from existing sessions). A deleted session's rows go with its log."""

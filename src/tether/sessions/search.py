@@ -5,9 +5,14 @@ A user row is indexed when its turn is submitted; an assistant row when its run 
 with the text of its text items (interim progress and answer; never reasoning or tool
 output), read once from the stream's `text.delta` events rather than folded delta by delta.
 Rows another client of the agent wrote (`agent.imported`) are indexed as the transcript
-shows them. A truncation drops the rows from its `keep_count` on, so a search never finds
-what the transcript no longer shows. A row's position is the sidebar fold's
-`message_count` before the event: the transcript's length at that point.
+shows them. Nothing of any branch is lost from the index (docs/api.md §10, "Edit, regenerate
+and branches"): a truncation (the base of edit, regenerate, retry and undo) hides rows
+without removing them, and `branch.switched` shows rows already indexed, so neither changes
+the index; a regenerate's `turn.submitted` adds no user row (its new answer is indexed at its
+`run.finished`, like any answer). Whether a row is on the branch shown now is read from the
+session's fold when a search is answered (sessions/service.py), never stored here. A row's
+position is the sidebar fold's `message_count` before the event: its index in the transcript
+of the branch it was written on.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from tether.log.store import SearchChange, SearchDoc, StreamEvents
 from tether.projections.agent_rows import imported_rows
 
 # Bump when what is indexed changes: the store then rebuilds the index from the log.
-SEARCH_FOLD_VERSION = "search-1"
+SEARCH_FOLD_VERSION = "search-2"  # 2: truncations hide rows (branches), never drop them
 
 QUERY_MAX_CHARS = 500
 MAX_TERMS = 16
@@ -44,12 +49,13 @@ def _assistant_text(stream_id: str, stream_events: StreamEvents) -> str:
 def search_change(
     state: dict[str, Any] | None, event: Event, stream_events: StreamEvents
 ) -> SearchChange:
-    """The `SearchFold`: the rows `event` adds to (or removes from) the index."""
+    """The `SearchFold`: the rows `event` adds to the index (it never removes any; a deleted
+    session's rows go with its log)."""
     position = state["message_count"] if state else 0
     data = event.data
     if event.type == ev.TURN_SUBMITTED:
         text = data.get("text") or ""
-        if not text.strip():
+        if data.get("regenerate") or not text.strip():  # a regenerate writes no user row
             return _NO_CHANGE
         at = data.get("submitted_at", event.at)
         return SearchChange(add=(SearchDoc(data["turn_id"], "user", position, at, text),))
@@ -61,8 +67,6 @@ def search_change(
         if not text.strip():
             return _NO_CHANGE
         return SearchChange(add=(SearchDoc(stream_id, "assistant", position, event.at, text),))
-    if event.type == ev.TRANSCRIPT_TRUNCATED:
-        return SearchChange(keep=int(data["keep_count"]))
     if event.type == ev.AGENT_IMPORTED:
         docs = []
         for entry in data.get("entries") or []:

@@ -118,13 +118,21 @@ class SessionService:
 
     async def search(self, query: str, limit: int) -> list[dict[str, Any]]:
         """`GET /api/search` (docs/api.md §10): rows whose text holds every word typed, best
-        first, each with its session's title and its snippet as parts."""
+        first, each with its session's title, its snippet as parts, and whether the row is
+        on the branch shown now (read from the session's fold, never stored in the index)."""
         found = await self.store.search(search_terms(query), limit)
         results = []
+        shown_rows: dict[str, set[str]] = {}
         for hit in found:
             state = await self.store.index_state(hit.session_id)
             if state is None:  # deleted between the two reads
                 continue
+            if hit.session_id not in shown_rows:
+                try:
+                    fold = await self.folds.get(hit.session_id)
+                except SessionNotFound:  # deleted since
+                    continue
+                shown_rows[hit.session_id] = {row["id"] for row in fold.transcript.messages}
             results.append(
                 {
                     "session_id": hit.session_id,
@@ -134,6 +142,7 @@ class SessionService:
                     "at": hit.at,
                     "snippet": "".join(text for text, _ in hit.snippet),
                     "snippet_parts": [{"text": t, "match": m} for t, m in hit.snippet],
+                    "shown": hit.row_id in shown_rows[hit.session_id],
                 }
             )
         return results

@@ -1,8 +1,9 @@
 """Backend contract, layer: the full-text search index (docs/api.md §10) a backend keeps from
 the `SearchFold` in the transaction of its events. Invariant: what `search` finds is the
 fold over the committed logs, never behind and never ahead (a refused or failed batch
-indexes nothing, a deleted session and a truncated row are gone, a reopen or a new fold
-version rebuilds from the log). Every backend runs these with the real fold."""
+indexes nothing, a deleted session's rows are gone, a truncated row is kept as a branch, a
+reopen or a new fold version rebuilds from the log). Every backend runs these with the real
+fold."""
 
 from __future__ import annotations
 
@@ -116,7 +117,10 @@ def test_a_refused_append_indexes_nothing(backend: Backend) -> None:
     asyncio.run(main())
 
 
-def test_deletion_and_truncation_remove_rows(backend: Backend) -> None:
+def test_deletion_removes_rows_and_a_truncation_keeps_them(backend: Backend) -> None:
+    """A truncation hides rows as a branch (docs/api.md §10): nothing of it leaves the index;
+    only deleting the session does."""
+
     async def main() -> None:
         store = await open_store(backend)
         for sid in ("s1", "s2"):
@@ -127,13 +131,27 @@ def test_deletion_and_truncation_remove_rows(backend: Backend) -> None:
         assert {h.session_id for h in await store.search(["heron"], 10)} == {"s1"}
         data = {"keep_count": 2, "transcript_generation": 1}
         await store.append("s1", [Draft("transcript.truncated", data)])
-        assert found(await store.search(["heron"], 10)) == [
+        every_row = [
             ("s1", "s1_st1", "assistant"),
+            ("s1", "s1_st2", "assistant"),
             ("s1", "s1_t1", "user"),
+            ("s1", "s1_t2", "user"),
         ]
+        assert found(await store.search(["heron"], 10)) == every_row
+        # a regenerate writes no user row; its new answer is found at its run.finished
+        regenerate = {"turn_id": "s1_t1", "stream_id": "s1_st3", "text": "", "regenerate": True}
+        await store.append(
+            "s1", [Draft("transcript.truncated", {"keep_count": 1, "transcript_generation": 2})]
+        )
+        await store.append(
+            "s1", [Draft("turn.submitted", regenerate, stream_id="s1_st3", turn_id="s1_t1")]
+        )
+        await store.append("s1", [delta("s1_st3", "t1", "heron answer three"), finished("s1_st3")])
+        every_row.insert(2, ("s1", "s1_st3", "assistant"))
+        assert found(await store.search(["heron"], 10)) == every_row
         await store.aclose()
-        reopened = await open_store(backend)
-        assert len(await reopened.search(["heron"], 10)) == 2
+        reopened = await open_store(backend, version="search-rebuilt")
+        assert found(await reopened.search(["heron"], 10)) == every_row
         await reopened.aclose()
 
     asyncio.run(main())

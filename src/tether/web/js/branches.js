@@ -4,6 +4,9 @@
 // like every other change, so this tab, another tab and a reload agree.
 import { ApiError, post } from "./api.js";
 import { h } from "./dom.js";
+import { switchesToShow } from "./reducer_branches.js";
+
+const SHOWN_WAIT_MS = 5000; // how long a switched branch may take to arrive as events
 
 // Labels are drawn from `aria-label` by CSS, so a row's text stays the message alone.
 const button = (cls, label) =>
@@ -54,6 +57,28 @@ export class BranchActions {
     this.app = app;
     root.addEventListener("click", (event) => this.onClick(event));
     root.addEventListener("keydown", (event) => this.onKey(event));
+  }
+
+  /** A search result on a hidden branch (docs/api.md §10 Search): show the branch it is on,
+   *  one `POST /api/session/branch` per fork from the root down, then wait for the switches
+   *  to come back as events. True once the row is in `state.messages`; false when no switch
+   *  can show it (the caller says where it is); null when the server refused (said). */
+  async showRow(entry, rowId) {
+    const sid = entry.state.sessionId;
+    const switches = switchesToShow(entry.state.tree, rowId);
+    if (!switches?.length) return false;
+    for (const body of switches) {
+      const answer = await this.app.call(() =>
+        post("/api/session/branch", { session_id: sid, ...body }),
+      );
+      if (!answer) return null;
+    }
+    const until = Date.now() + SHOWN_WAIT_MS;
+    const shown = () => entry.state.messages.some((row) => row.id === rowId);
+    while (!shown() && Date.now() < until && this.app.openId === sid) {
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    return shown();
   }
 
   onClick(event) {

@@ -55,7 +55,9 @@ class App {
       removeQueued: (id) => this.call(() => del(`/api/chat/queue?${q({ queue_id: id })}`)),
       sendQueued: (id) => this.call(() => post("/api/chat/queue/start", { queue_id: id })),
     });
-    this.search = new MessageSearch({ onPick: (sid, rowId) => this.openAt(sid, rowId) });
+    this.search = new MessageSearch({
+      onPick: (sid, rowId, shown) => this.openAt(sid, rowId, shown),
+    });
     this.importer = new ImportControl({ onImported: () => this.sidebar.load() });
     this.settings = new SessionSettings({
       ensureSession: () => this.ensureSession(),
@@ -219,11 +221,21 @@ class App {
   }
 
   /** A search result: open its session and show the row that matched. */
-  async openAt(sid, rowId) {
+  async openAt(sid, rowId, shown = true) {
     if (this.openId !== sid) await this.open(sid, { push: true });
-    if (this.openId === sid && !this.transcript.reveal(rowId)) {
-      this.notify("That message is no longer in the session.");
+    if (this.openId !== sid || this.transcript.reveal(rowId)) return;
+    if (shown === false) {
+      // a hidden branch: show it (branch.switched), as its ‹ › would
+      const switched = await this.branches.showRow(this.entry(sid), rowId);
+      if (switched === null || this.openId !== sid) return; // refused: the notice says why
+      this.renderNow();
+      if (switched && this.transcript.reveal(rowId)) return;
     }
+    this.notify(
+      shown === false
+        ? "That message is on another branch of this session: use ‹ › where it forks to show it."
+        : "That message is no longer in the session.",
+    );
   }
 
   onEvent(entry, env) {

@@ -71,6 +71,27 @@ export function show(tree, rowId) {
   return [removed, tree.visible.slice(start)];
 }
 
+/** The `POST /api/session/branch` bodies (`{row_id, index}`) that show `rowId`, forks from
+ *  the root down: each names the row its fork shows now, which the switches before it leave
+ *  visible. [] when the row is shown; null when it is unknown or a fork on its way shows
+ *  nothing (an undo's end: no row there to name). */
+export function switchesToShow(tree, rowId) {
+  if (!tree.rows.has(rowId)) return null;
+  const path = [];
+  for (let node = rowId; node !== null && node !== undefined; node = tree.parentOf.get(node)) {
+    path.unshift(node);
+  }
+  const switches = [];
+  for (const node of path) {
+    const parent = tree.parentOf.get(node);
+    const showing = tree.shown.get(parent) ?? null;
+    if (showing === node) continue;
+    if (showing === null) return null;
+    switches.push({ row_id: showing, index: tree.children.get(parent).indexOf(node) + 1 });
+  }
+  return switches;
+}
+
 /** `GET /api/session`'s `branches` (null while no row is hidden), rows copied by `copy`. */
 export function snapshot(tree, copy) {
   if (tree.rows.size === tree.visible.length) return null;

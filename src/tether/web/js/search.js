@@ -1,7 +1,8 @@
 // Message search (docs/api.md §10, `GET /api/search`): a dialog opened by the sidebar's
 // "Search messages" button, Ctrl+K / Cmd+K anywhere, or "/" outside a text field. Results are
 // the best-matching user and assistant rows of every session; choosing one opens its session
-// at that row. Snippets arrive as {text, match} parts and are built as text nodes, the matched
+// at that row. A row of a hidden branch (an edit, a regenerate or an undo hid it; `shown: false`)
+// is marked "in another branch"; choosing it opens its session and shows that branch. Snippets arrive as {text, match} parts and are built as text nodes, the matched
 // words in <mark> elements made here: nothing from the server is ever parsed as HTML.
 import { get, q } from "./api.js";
 import { h } from "./dom.js";
@@ -22,7 +23,7 @@ export function snippetNode(parts) {
 }
 
 export class MessageSearch {
-  /** opts: onPick(session_id, row_id) */
+  /** opts: onPick(session_id, row_id, shown) */
   constructor({ onPick }) {
     this.onPick = onPick;
     this.dialog = $("search-dialog");
@@ -102,6 +103,7 @@ export class MessageSearch {
   item(result) {
     const who = result.role === "user" ? "You" : "Assistant";
     const when = new Date(result.at * 1000).toLocaleString();
+    const where = result.shown === false ? " · in another branch" : "";
     const button = h(
       "button",
       {
@@ -109,11 +111,11 @@ export class MessageSearch {
         class: "search-result",
         onclick: () => {
           this.dialog.close();
-          this.onPick(result.session_id, result.row_id);
+          this.onPick(result.session_id, result.row_id, result.shown);
         },
       },
       h("span", { class: "search-title", text: result.title }),
-      h("span", { class: "search-meta", text: `${who} · ${when}` }),
+      h("span", { class: "search-meta", text: `${who} · ${when}${where}` }),
       snippetNode(result.snippet_parts),
     );
     return h("li", {}, button);

@@ -141,11 +141,11 @@ CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
         "not a Tether event",
     ),
     (
-        "an event that does not fold",
+        "an event its type's definition does not describe",
         edited(lambda d: _first(d, "text.delta").update(type="tool.completed")),
         400,
         "import_invalid",
-        "does not fold",
+        "validation errors for ToolCompleted",
     ),
     (
         "a title with a control character",

@@ -89,8 +89,14 @@ def build_services(settings: Settings, runtime: Runtime | None = None) -> Servic
     hub.on_batch(sessions.folds.on_batch)
     hub.on_deleted(sessions.folds.forget)
     engine = RunEngine(
-        store=store, sessions=sessions, registry=registry, runtime=runtime, attachments=attachments
+        store=store,
+        sessions=sessions,
+        registry=registry,
+        runtime=runtime,
+        attachments=attachments,
+        shared_log=bool(settings.database_url),
     )
+    hub.on_batch(engine.on_events)  # a Stop recorded through another replica
     queue = QueueService(engine)
     history = runtime.agent_history()
     syncer = agent_sync.AgentSync(engine, history) if history is not None else None

@@ -166,8 +166,13 @@ class PostgresEventStore:
             raise StorageError(
                 f"Cannot open the Tether database at {_redact(url)}: {exc}".strip()
             ) from exc
-        self._pool = AsyncConnectionPool(
-            url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": True}
+        self._pool = AsyncConnectionPool(  # a request waits at most 10 s for the database
+            url,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            timeout=10,
+            kwargs={"autocommit": True},
         )
         self._fanout = Fanout(url, self._read_after, self._all_last_seqs, cursors, poll_seconds)
         self._notifier = Notifier(url, self.replica_id)

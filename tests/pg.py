@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -96,7 +97,13 @@ class PrivateServer:
 
     def _run(self, *args: str) -> None:
         prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        subprocess.run([*prefix, *args], check=True, capture_output=True, timeout=120)
+        done = subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            log = self.root / "log"
+            raise RuntimeError(
+                f"{args[0]} failed ({done.returncode}): {done.stdout}{done.stderr}\n"
+                + (log.read_text(errors="replace")[-2000:] if log.exists() else "")
+            )
 
     def start(self) -> None:
         self._run(
@@ -116,7 +123,14 @@ class PrivateServer:
 
     def restart(self) -> None:
         self.stop()
-        self.start()
+        for attempt in range(5):  # the old postmaster's port may take a moment to free
+            try:
+                self.start()
+                return
+            except RuntimeError:
+                if attempt == 4:
+                    raise
+                time.sleep(0.5)
 
 
 _BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
@@ -150,6 +164,6 @@ def private_server(tmp_path: Path) -> Iterator[PrivateServer]:
     try:
         yield server
     finally:
-        with contextlib.suppress(subprocess.CalledProcessError):
+        with contextlib.suppress(RuntimeError):
             server.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -133,7 +133,9 @@ def build_services(
         attachments=attachments,
         rotator=Rotator(sessions, runtime, settings),
         agent_sync=syncer,
+        shared_log=bool(settings.database_url),
     )
+    hub.on_batch(engine.on_events)  # a Stop recorded through another replica
     queue = QueueService(engine)
     return Services(
         settings=settings,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from helpers import (
     free_port,
     new_session,
     read_events,
+    run_events,
     running_server,
     seqs,
     start_turn,
@@ -81,6 +83,45 @@ def test_a_run_started_on_one_replica_is_followed_on_another_without_gap_or_dupl
         again = start_turn(on_b, sid, "and now from B")
         done = read_events(on_a, sid, after=str(whole[-1]), stop_on="run.finished", timeout=60)
         assert done[-1].json["stream_id"] == again["stream_id"]
+
+
+def test_stop_through_any_replica_reaches_the_run_and_counts_once(tmp_path: Path) -> None:
+    """Layer: runs Stop across replicas (contract: exactly one `cancelled: true`, one
+    `run.cancel_requested`, one `run.finished{cancelled}`): Stops sent at once through A (the
+    owner) and B; then a run stopped only through B, whose owner hears it through the log."""
+    with (
+        database() as url,
+        running_server(tmp_path / "a", "--database-url", url, env=DEMO) as a,
+        running_server(tmp_path / "b", "--database-url", url, env=DEMO) as b,
+        a.client() as on_a,
+        b.client() as on_b,
+    ):
+        sid = new_session(on_a)
+        cursor = 0
+        for stoppers in ([on_a, on_b, on_b, on_a], [on_b]):
+            started = start_turn(on_a, sid, "/slow a long answer to stop")
+            stream = started["stream_id"]
+            read_events(on_b, sid, after=str(cursor), stop_on="reasoning.delta", timeout=30)
+            body = {"stream_id": stream}
+            with ThreadPoolExecutor(len(stoppers)) as pool:
+                answers = list(
+                    pool.map(lambda c, b=body: c.post("/api/chat/cancel", json=b).json(), stoppers)
+                )
+            assert [x["cancelled"] for x in answers].count(True) == 1, answers
+            frames = run_events(on_b, sid, stream, timeout=30)
+            cursor = seqs(frames)[-1]
+            mine = [f for f in frames if f.json.get("stream_id") == stream]
+            assert mine[-1].event == "run.finished"
+            assert mine[-1].json["data"]["state"] == "cancelled"
+            assert [f.event for f in mine].count("run.cancel_requested") == 1
+            wait_until(
+                lambda: (
+                    on_a.get("/api/session/status", params={"session_id": sid}).json()["busy"]
+                    is False
+                ),
+                timeout=20,
+                what="A frees the session",
+            )
 
 
 def test_a_second_server_on_the_same_sqlite_data_directory_is_refused(tmp_path: Path) -> None:

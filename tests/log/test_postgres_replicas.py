@@ -17,7 +17,7 @@ from pg import database, private_server
 
 from tether.events import Event
 from tether.log import Draft, Hub, StorageError
-from tether.log.errors import SessionOccupied
+from tether.log.errors import CancelRequested, SessionOccupied
 from tether.log.pg_fanout import PAYLOAD_LIMIT, payloads
 from tether.log.postgres import PostgresEventStore
 
@@ -228,6 +228,31 @@ def test_admission_is_decided_by_the_database_one_unfinished_run_per_session(url
             stores[0].append("s1", [Draft("run.finished", {"state": "cancelled"}, "r99")]),
             stores[0].append("s1", [turn(101)]),
         )
+        for store in stores:
+            await store.aclose()
+
+    asyncio.run(main())
+
+
+def test_stop_is_recorded_once_per_run_whichever_replica_records_it(url: str) -> None:
+    """Layer: runs Stop (exactly one `cancelled: true`): of twelve run.cancel_requested of
+    one run appended at once through three replicas, the log keeps one."""
+
+    async def main() -> None:
+        stores = [open_store(url, f"r{n}") for n in range(3)]
+        await stores[0].create_session("s1", [Draft("session.created", {})])
+        await stores[0].append("s1", [turn(1)])
+        stop = Draft("run.cancel_requested", {"stream_id": "r1"}, "r1", "u1")
+        outcomes = await asyncio.gather(
+            *(stores[n % 3].append("s1", [stop]) for n in range(12)), return_exceptions=True
+        )
+        assert sum(isinstance(o, list) for o in outcomes) == 1
+        assert sum(isinstance(o, CancelRequested) for o in outcomes) == 11
+        logged = [e.type for e in await stores[1].read("s1")]
+        assert logged.count("run.cancel_requested") == 1
+        await stores[2].append("s1", [Draft("run.finished", {"state": "cancelled"}, "r1", "u1")])
+        await stores[2].append("s1", [turn(2)])  # the next run may be stopped in its turn
+        await stores[1].append("s1", [Draft("run.cancel_requested", {}, "r2", "u2")])
         for store in stores:
             await store.aclose()
 

@@ -33,6 +33,15 @@ class SessionOccupied(LogError, SessionBusy):
         self.session_id, self.stream_id = session_id, stream_id
 
 
+class CancelRequested(LogError):
+    """The run already has its `run.cancel_requested`: a backend shared by several processes
+    records Stop once per run, whichever replica it came through (log/postgres.py)."""
+
+    def __init__(self, stream_id: str):
+        super().__init__(f"stream {stream_id!r} already has its cancel request")
+        self.stream_id = stream_id
+
+
 class StreamClosed(LogError):
     """The stream already has its `run.finished`: a late or duplicate append is refused."""
 

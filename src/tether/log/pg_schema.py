@@ -109,6 +109,21 @@ def m002_open_stream(db: psycopg.Connection) -> None:
     )
 
 
+@migration
+def m003_cancel_stream(db: psycopg.Connection) -> None:
+    """Stop as durable state, once per run: the counter row names the run whose
+    `run.cancel_requested` is logged, so a second one (through another replica) is refused."""
+    db.execute("ALTER TABLE sessions ADD COLUMN cancel_stream TEXT")
+    db.execute(
+        """
+        UPDATE sessions s SET cancel_stream = s.open_stream WHERE EXISTS (
+            SELECT 1 FROM events e WHERE e.session_id = s.session_id
+              AND e.type = 'run.cancel_requested' AND e.stream_id = s.open_stream
+        )
+        """
+    )
+
+
 def apply_migrations(db: psycopg.Connection) -> list[str]:
     """Apply what is missing, each in its own transaction; return the names applied.
     `db` is in autocommit mode: transactions are explicit."""

@@ -15,7 +15,8 @@ flushed: an acknowledged append survives `kill -9` of the replica and of the dat
 Admission is the database's too: the counter row names the session's unfinished run
 (`open_stream`, set by its `turn.submitted`, cleared by its `run.finished`), so a second
 `turn.submitted` with a stream is refused with SessionOccupied (409 `session_busy`) whichever
-replica sends it, in the same locked transaction.
+replica sends it, in the same locked transaction. Stop is recorded once per run the same way
+(`cancel_stream`): a second `run.cancel_requested` of the run is refused with CancelRequested.
 
 Reads go to the database (a connection pool), never to process memory: another replica may
 have written since. The only cache is of streams known to be finished, which stays true.
@@ -35,9 +36,17 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from tether.events import QUEUE_ADDED, RUN_FINISHED, TURN_SUBMITTED, Event, new_id
+from tether.events import (
+    QUEUE_ADDED,
+    RUN_CANCEL_REQUESTED,
+    RUN_FINISHED,
+    TURN_SUBMITTED,
+    Event,
+    new_id,
+)
 from tether.log import owners
 from tether.log.errors import (
+    CancelRequested,
     InvalidEvent,
     LogError,
     SessionExists,
@@ -120,6 +129,7 @@ class _Batch:
         self.closing_written: list[tuple[str, str]] = []
         self.closed: set[str] = set()
         self.open: dict[str, str | None] = {}  # each session's unfinished run (admission)
+        self.cancel: dict[str, str | None] = {}  # the run its Stop was recorded for
         self.touched: set[str] = set()
         self.deleted: list[str] = []
 
@@ -156,8 +166,13 @@ class PostgresEventStore:
             raise StorageError(
                 f"Cannot open the Tether database at {_redact(url)}: {exc}".strip()
             ) from exc
-        self._pool = AsyncConnectionPool(
-            url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": True}
+        self._pool = AsyncConnectionPool(  # a request waits at most 10 s for the database
+            url,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            timeout=10,
+            kwargs={"autocommit": True},
         )
         self._fanout = Fanout(url, self._read_after, self._all_last_seqs, cursors, poll_seconds)
         self._notifier = Notifier(url, self.replica_id)
@@ -321,14 +336,15 @@ class PostgresEventStore:
         another replica's batch), then insert the rows of new sessions, in the same order."""
         sids = sorted({op.session_id for op in batch})
         cur = await conn.execute(
-            "SELECT session_id, last_seq, state, open_stream FROM sessions "
+            "SELECT session_id, last_seq, state, open_stream, cancel_stream FROM sessions "
             "WHERE session_id = ANY(%s) ORDER BY session_id FOR UPDATE",
             (sids,),
         )
-        for sid, last, state, open_stream in await cur.fetchall():
+        for sid, last, state, open_stream, cancel_stream in await cur.fetchall():
             work.last[sid] = last
             work.state[sid] = None if state is None else json.loads(state)
             work.open[sid] = open_stream
+            work.cancel[sid] = cancel_stream
         creating = sorted({op.session_id for op in batch if op.kind == "create"} - set(work.last))
         for sid in creating:
             cur = await conn.execute(
@@ -342,18 +358,20 @@ class PostgresEventStore:
                 work.state[sid] = None
             else:  # another replica created it meanwhile (and has committed by now)
                 cur = await conn.execute(
-                    "SELECT last_seq, state, open_stream FROM sessions WHERE session_id=%s "
-                    "FOR UPDATE",
+                    "SELECT last_seq, state, open_stream, cancel_stream FROM sessions "
+                    "WHERE session_id=%s FOR UPDATE",
                     (sid,),
                 )
                 row = await cur.fetchone()
                 work.last[sid] = None if row is None else row[0]
                 work.state[sid] = None if row is None or row[1] is None else json.loads(row[1])
                 work.open[sid] = None if row is None else row[2]
+                work.cancel[sid] = None if row is None else row[3]
         for sid in sids:
             work.last.setdefault(sid, None)
             work.state.setdefault(sid, None)
             work.open.setdefault(sid, None)
+            work.cancel.setdefault(sid, None)
 
     async def _load_closed(self, conn: psycopg.AsyncConnection, batch: list[_Op]) -> None:
         """Which of the batch's streams are finished, read after the sessions were locked (a
@@ -382,6 +400,7 @@ class PostgresEventStore:
             raise SessionNotFound(sid)
         finishing: set[str] = set()
         open_stream = work.open.get(sid)
+        cancel_stream = work.cancel.get(sid)
         for draft in op.drafts:
             if draft.stream_id is not None:
                 stream = draft.stream_id
@@ -395,6 +414,10 @@ class PostgresEventStore:
                     if draft.admits_run and open_stream is not None:  # one run per session
                         raise SessionOccupied(sid, open_stream)
                     open_stream = stream
+                elif draft.type == RUN_CANCEL_REQUESTED:
+                    if stream == cancel_stream:  # Stop, once per run, from any replica
+                        raise CancelRequested(stream)
+                    cancel_stream = stream
         payloads_ = [_encode(sid, draft) for draft in op.drafts]  # refuse before writing
         uploads = [await self._uploads(conn, sid, d, work) for d in op.drafts]
         now = self._clock()
@@ -428,6 +451,7 @@ class PostgresEventStore:
         work.last[sid] = last
         work.state[sid] = state
         work.open[sid] = open_stream
+        work.cancel[sid] = cancel_stream
         work.touched.add(sid)
         return events
 
@@ -490,6 +514,7 @@ class PostgresEventStore:
         work.last[sid] = None
         work.state[sid] = None
         work.open[sid] = None
+        work.cancel[sid] = None
         work.touched.add(sid)
         work.deleted.append(sid)
 
@@ -505,13 +530,14 @@ class PostgresEventStore:
             else:
                 state = work.state[sid]
                 encoded = None if state is None else _dumps(state)
-                updates.append((sid, last, encoded, work.open[sid]))
+                updates.append((sid, last, encoded, work.open[sid], work.cancel[sid]))
         async with conn.cursor() as cur:
             if updates:
                 await cur.execute(
                     "UPDATE sessions SET last_seq=u.last, state=u.state, state_seq=u.last, "
-                    "open_stream=u.open FROM unnest(%s::text[], %s::bigint[], %s::text[], "
-                    "%s::text[]) AS u(sid, last, state, open) WHERE sessions.session_id = u.sid",
+                    "open_stream=u.open, cancel_stream=u.cancel FROM unnest(%s::text[], "
+                    "%s::bigint[], %s::text[], %s::text[], %s::text[]) "
+                    "AS u(sid, last, state, open, cancel) WHERE sessions.session_id = u.sid",
                     [list(column) for column in zip(*updates, strict=True)],
                 )
             if gone:

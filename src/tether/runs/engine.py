@@ -28,6 +28,7 @@ from tether.events import new_id
 from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
 from tether.log.attachments import AttachmentStore
+from tether.log.errors import CancelRequested
 from tether.log.store import EventStore
 from tether.runs.handles import HandleCache, RuntimeHandle, open_handle
 from tether.runs.intake import Upload
@@ -69,6 +70,7 @@ class RunEngine:
         rotator: Rotation | None = None,
         agent_sync: BeforeStart | None = None,
         coalesce_seconds: float = 0.016,
+        shared_log: bool = False,
     ):
         self.store = store
         self.sessions = sessions
@@ -80,6 +82,9 @@ class RunEngine:
         self.rotator = rotator
         self.agent_sync = agent_sync  # for runtimes that keep their own history
         self.coalesce_seconds = coalesce_seconds
+        # The log is shared with other replicas (PostgreSQL): a Stop for a run this process
+        # does not run is recorded in the log for its owner (`_cancel_elsewhere`).
+        self.shared_log = shared_log
         self.handles = HandleCache()
         self.closing = False
 
@@ -276,31 +281,61 @@ class RunEngine:
             if stream_id
             else (self.registry.for_session(session_id) if session_id else None)
         )
+        if run is None and self.shared_log:
+            return await self._cancel_elsewhere(stream_id, session_id)
         if run is None or run.resolved or run.phase not in (STARTING, RUNNING):
             return {
                 "ok": True,
                 "cancelled": False,
                 "stream_id": run.stream_id if run else stream_id,
             }
+        self._stop_locally(run)
+        try:
+            with contextlib.suppress(StreamClosed):  # the worker may have finished meanwhile
+                await self.store.append(run.session_id, [_cancel_draft(run.stream_id, run.turn_id)])
+        except CancelRequested:  # a Stop through another replica was recorded first
+            return {"ok": True, "cancelled": False, "stream_id": run.stream_id}
+        return {"ok": True, "cancelled": True, "stream_id": run.stream_id}
+
+    def _stop_locally(self, run: Run) -> None:
         self.registry.move(run, CANCELLING)  # busy, never attachable from here on
         run.inbox.put_nowait(STOP)
         if run.producer is not None:  # only an invocation that started is interrupted
             if run.handle is not None:
                 run.handle.interrupt()
             run.producer.cancel()  # closes the model request now
-        with contextlib.suppress(StreamClosed):  # the worker may have finished meanwhile
+
+    async def _cancel_elsewhere(
+        self, stream_id: str | None, session_id: str | None
+    ) -> dict[str, Any]:
+        """Stop of a run another replica runs: the Stop is a durable state change, one
+        `run.cancel_requested` in the log (the backend records it once per run, so of
+        concurrent Stops through several replicas exactly one answers `cancelled: true`).
+        The owner hears it through the log's wake-up (`on_events`) and stops the run."""
+        open_runs = [
+            s
+            for s in await self.store.unfinished_streams()
+            if (s.stream_id == stream_id if stream_id else s.session_id == session_id)
+        ]
+        if not open_runs:
+            return {"ok": True, "cancelled": False, "stream_id": stream_id}
+        target = open_runs[-1]
+        try:
             await self.store.append(
-                run.session_id,
-                [
-                    Draft(
-                        ev.RUN_CANCEL_REQUESTED,
-                        {"stream_id": run.stream_id},
-                        stream_id=run.stream_id,
-                        turn_id=run.turn_id,
-                    )
-                ],
+                target.session_id, [_cancel_draft(target.stream_id, target.turn_id)]
             )
-        return {"ok": True, "cancelled": True, "stream_id": run.stream_id}
+        except (StreamClosed, CancelRequested, SessionNotFound):
+            return {"ok": True, "cancelled": False, "stream_id": target.stream_id}
+        return {"ok": True, "cancelled": True, "stream_id": target.stream_id}
+
+    def on_events(self, events: list[ev.Event]) -> None:
+        """Committed events, from the Hub: a Stop recorded through another replica reaches
+        the run this process runs (its own Stops find the run cancelling already)."""
+        for event in events:
+            if event.type == ev.RUN_CANCEL_REQUESTED and event.stream_id is not None:
+                run = self.registry.get(event.stream_id)
+                if run is not None and not run.resolved and run.phase in (STARTING, RUNNING):
+                    self._stop_locally(run)
 
     async def _visible(self, run: Run | None) -> Run | None:
         """The run, unless its session is not the requester's: another person's run is no
@@ -553,3 +588,9 @@ class RunEngine:
         # admitted by the reclaimer builds its own handle instead of sharing this one.
         self.handles.release(run.session_id, run.stream_id)
         self.registry.remove(run)
+
+
+def _cancel_draft(stream_id: str, turn_id: str | None) -> Draft:
+    return Draft(
+        ev.RUN_CANCEL_REQUESTED, {"stream_id": stream_id}, stream_id=stream_id, turn_id=turn_id
+    )

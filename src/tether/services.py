@@ -79,6 +79,8 @@ def open_store(
             index_fold=fold_row,
             index_version=SIDEBAR_FOLD_VERSION,
             replica_id=replica_id,
+            search_fold=search_change,
+            search_version=SEARCH_FOLD_VERSION,
         )
     else:
         backend = SQLiteEventStore(

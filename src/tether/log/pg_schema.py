@@ -124,6 +124,42 @@ def m003_cancel_stream(db: psycopg.Connection) -> None:
     )
 
 
+@migration
+def m004_owners_and_search(db: psycopg.Connection) -> None:
+    """Session owners (log/pg_owners.py) and the full-text search rows (log/pg_search.py).
+    The search configuration folds accents through `unaccent` when the server offers the
+    extension (tried in a savepoint: a server without it, or a role that may not create it,
+    gets `simple` alone, where accents count)."""
+    db.execute("CREATE TABLE session_owners (session_id TEXT PRIMARY KEY, owner TEXT NOT NULL)")
+    db.execute("CREATE TEXT SEARCH CONFIGURATION tether_search (COPY = simple)")
+    try:
+        with db.transaction():
+            db.execute("CREATE EXTENSION IF NOT EXISTS unaccent")
+            db.execute(
+                "ALTER TEXT SEARCH CONFIGURATION tether_search ALTER MAPPING FOR "
+                "hword, hword_part, word WITH unaccent, simple"
+            )
+    except psycopg.Error:
+        pass
+    db.execute(
+        """
+        CREATE TABLE search_rows (
+            id BIGSERIAL PRIMARY KEY,        -- grows with the log's append order
+            session_id TEXT NOT NULL,
+            row_id TEXT NOT NULL,
+            role TEXT NOT NULL,
+            position BIGINT NOT NULL,
+            at DOUBLE PRECISION NOT NULL,
+            text TEXT NOT NULL,
+            tsv TSVECTOR GENERATED ALWAYS AS (to_tsvector('tether_search'::regconfig, text))
+                STORED
+        )
+        """
+    )
+    db.execute("CREATE INDEX search_rows_tsv ON search_rows USING GIN (tsv)")
+    db.execute("CREATE INDEX search_rows_by_session ON search_rows (session_id)")
+
+
 def apply_migrations(db: psycopg.Connection) -> list[str]:
     """Apply what is missing, each in its own transaction; return the names applied.
     `db` is in autocommit mode: transactions are explicit."""

@@ -95,6 +95,10 @@ def open_store(
 
 def open_accounts(settings: Settings) -> AccountStore:
     """The users and tokens, in the database of the log (open the log first: it migrates)."""
+    if settings.database_url:
+        from tether.log.pg_accounts import PostgresAccountStore  # the driver: see open_store
+
+        return PostgresAccountStore(settings.database_url)
     return SQLiteAccountStore(settings.database_path)
 
 

@@ -160,6 +160,40 @@ def m004_owners_and_search(db: psycopg.Connection) -> None:
     db.execute("CREATE INDEX search_rows_by_session ON search_rows (session_id)")
 
 
+@migration
+def m005_accounts(db: psycopg.Connection) -> None:
+    """Accounts (docs/api.md §15, log/pg_accounts.py): users and their API tokens (hashed),
+    as the SQLite backend's m005; `n` keeps insertion order where SQLite has its rowid."""
+    db.execute(
+        """
+        CREATE TABLE users (
+            n BIGSERIAL UNIQUE,
+            user_id TEXT PRIMARY KEY,
+            username TEXT NOT NULL,
+            username_key TEXT NOT NULL UNIQUE, -- casefolded: names are unique ignoring case
+            admin BOOLEAN NOT NULL,
+            password_hash TEXT,                -- argon2id; NULL: signs in through a proxy/OIDC
+            epoch BIGINT NOT NULL DEFAULT 0,   -- grows at each logout-everywhere
+            created_at DOUBLE PRECISION NOT NULL,
+            external_id TEXT UNIQUE            -- who the OIDC provider says it is: issuer|sub
+        )
+        """
+    )
+    db.execute(
+        """
+        CREATE TABLE api_tokens (
+            n BIGSERIAL UNIQUE,
+            token_id TEXT PRIMARY KEY,
+            user_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            token_hash TEXT NOT NULL UNIQUE,   -- SHA-256 of the secret, never the secret
+            created_at DOUBLE PRECISION NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX api_tokens_by_user ON api_tokens (user_id)")
+
+
 def apply_migrations(db: psycopg.Connection) -> list[str]:
     """Apply what is missing, each in its own transaction; return the names applied.
     `db` is in autocommit mode: transactions are explicit."""

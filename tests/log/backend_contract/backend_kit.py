@@ -161,12 +161,9 @@ class PostgresBackend:
         )
 
     async def open_accounts(self) -> AccountStore:
-        import pytest
+        from tether.log.pg_accounts import PostgresAccountStore
 
-        pytest.skip(
-            "PostgreSQL AccountStore (users, API tokens) is not implemented yet: "
-            "there is no log/pg_accounts.py; session owners (EventStore) are real"
-        )
+        return PostgresAccountStore(self.url)
 
     def spec(self) -> dict[str, Any]:
         return {"backend": self.name, "url": self.url}

@@ -1,0 +1,120 @@
+"""The PostgreSQL event log's row helpers (log/postgres.py): what a draft becomes as a row,
+what a row becomes as an event, the refusals of what a text column cannot hold, and the
+batch bookkeeping of an all-or-none creation of several sessions."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+
+from tether.events import Event
+from tether.log import owners
+from tether.log.errors import InvalidEvent, StorageError
+from tether.log.pg_schema import SCHEMA_LOCK
+from tether.log.store import Draft, IndexFold
+
+_COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def _check_text(what: str, value: Any) -> None:
+    if isinstance(value, str) and "\x00" in value:
+        raise InvalidEvent(f"{what} contains a NUL character")
+
+
+def _encode(session_id: str, draft: Draft) -> str:
+    """The row's JSON, or InvalidEvent for what JSON, UTF-8 or a PostgreSQL text column cannot
+    carry (refused before anything of the batch is written, so it fails only its own append)."""
+    try:
+        payload = _dumps(draft.data)
+        payload.encode("utf-8")
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+        raise InvalidEvent(f"{draft.type}: {exc}") from exc
+    for what, value in (
+        ("the session id", session_id),
+        ("the event type", draft.type),
+        ("the stream id", draft.stream_id),
+        ("the turn id", draft.turn_id),
+    ):
+        _check_text(what, value)
+    refs = (draft.data.get("attachments") or []) if draft.type in owners.CARRIERS else []
+    for ref in refs:
+        for key in ("id", "name", "mime"):
+            _check_text(f"an attachment {key}", ref.get(key) if isinstance(ref, dict) else None)
+    _check_text("the queue id", draft.data.get("queue_id"))
+    return payload
+
+
+def _row_to_event(row: tuple) -> Event:
+    session_id, seq, type_, at, stream_id, turn_id, data = row
+    return Event(session_id, seq, type_, at, json.loads(data), stream_id, turn_id)
+
+
+def _storage_error(where: str, exc: Exception) -> StorageError:
+    return StorageError(f"could not use the PostgreSQL database ({where}): {exc}")
+
+
+def _flat(result: list) -> list[Event]:
+    """An outcome's events: a create_many's are one list per session."""
+    return [ev for item in result for ev in (item if isinstance(item, list) else [item])]
+
+
+def _snapshot(work: Any) -> dict[str, Any]:
+    return {k: (v.copy() if hasattr(v, "copy") else v) for k, v in vars(work).items()}
+
+
+def _restore(work: Any, saved: dict[str, Any]) -> None:
+    for key, value in saved.items():
+        setattr(work, key, value)
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error:
+        return "the configured database URL"
+    info.pop("password", None)
+    return " ".join(f"{k}={v}" for k, v in info.items())
+
+
+def load_index(db: psycopg.Connection, fold: IndexFold, version: str) -> dict[str, int]:
+    """Rebuild the index state of every session whose stored state is not at its last seq
+    or was folded by other code; return every session's last seq (the fan-out's start)."""
+    with db.transaction():
+        db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+        row = db.execute("SELECT value FROM meta WHERE key='index_version'").fetchone()
+        same = row is not None and row[0] == version
+        stale_sql = "SELECT session_id FROM sessions"
+        if same:
+            stale_sql += " WHERE state_seq <> last_seq"
+        stale = [sid for (sid,) in db.execute(stale_sql)]
+        for sid in stale:
+            locked = db.execute(
+                "SELECT last_seq FROM sessions WHERE session_id=%s FOR UPDATE", (sid,)
+            ).fetchone()
+            if locked is None:  # deleted by another replica meanwhile
+                continue
+            last = locked[0]
+            state = None
+            rows = db.execute(
+                f"SELECT {_COLUMNS} FROM events WHERE session_id=%s AND seq<=%s ORDER BY seq",
+                (sid, last),
+            )
+            for event_row in rows:
+                state = fold(state, _row_to_event(event_row))
+            db.execute(
+                "UPDATE sessions SET state=%s, state_seq=%s WHERE session_id=%s",
+                (None if state is None else _dumps(state), last, sid),
+            )
+        db.execute(
+            "INSERT INTO meta VALUES ('index_version', %s) "
+            "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+            (version,),
+        )
+        return dict(db.execute("SELECT session_id, last_seq FROM sessions").fetchall())

@@ -30,7 +30,6 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -47,7 +46,6 @@ from tether.events import (
 from tether.log import owners
 from tether.log.errors import (
     CancelRequested,
-    InvalidEvent,
     LogError,
     SessionExists,
     SessionNotFound,
@@ -56,6 +54,15 @@ from tether.log.errors import (
     StreamClosed,
 )
 from tether.log.pg_fanout import Fanout, Notifier
+from tether.log.pg_rows import (
+    Batch,
+    Op,
+    dumps,
+    encode,
+    redact,
+    row_to_event,
+    storage_error,
+)
 from tether.log.pg_schema import SCHEMA_LOCK, apply_migrations
 from tether.log.store import Draft, IndexFold, OpenStream
 from tether.log.subscriptions import Hub
@@ -65,73 +72,6 @@ log = logging.getLogger("tether.log")
 _MAX_BATCH = 1000
 _CLOSED_STREAM_CACHE = 50_000
 _COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"
-
-
-@dataclass(eq=False)
-class _Op:
-    kind: str  # "create" | "append" | "delete"
-    session_id: str
-    drafts: list[Draft]
-    future: asyncio.Future = field(repr=False)
-
-
-def _dumps(data: Any) -> str:
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-
-
-def _check_text(what: str, value: Any) -> None:
-    if isinstance(value, str) and "\x00" in value:
-        raise InvalidEvent(f"{what} contains a NUL character")
-
-
-def _encode(session_id: str, draft: Draft) -> str:
-    """The row's JSON, or InvalidEvent for what JSON, UTF-8 or a PostgreSQL text column cannot
-    carry (refused before anything of the batch is written, so it fails only its own append)."""
-    try:
-        payload = _dumps(draft.data)
-        payload.encode("utf-8")
-    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
-        raise InvalidEvent(f"{draft.type}: {exc}") from exc
-    for what, value in (
-        ("the session id", session_id),
-        ("the event type", draft.type),
-        ("the stream id", draft.stream_id),
-        ("the turn id", draft.turn_id),
-    ):
-        _check_text(what, value)
-    refs = (draft.data.get("attachments") or []) if draft.type in owners.CARRIERS else []
-    for ref in refs:
-        for key in ("id", "name", "mime"):
-            _check_text(f"an attachment {key}", ref.get(key) if isinstance(ref, dict) else None)
-    _check_text("the queue id", draft.data.get("queue_id"))
-    return payload
-
-
-def _row_to_event(row: tuple) -> Event:
-    session_id, seq, type_, at, stream_id, turn_id, data = row
-    return Event(session_id, seq, type_, at, json.loads(data), stream_id, turn_id)
-
-
-def _storage_error(where: str, exc: Exception) -> StorageError:
-    return StorageError(f"could not use the PostgreSQL database ({where}): {exc}")
-
-
-class _Batch:
-    """What one transaction has locked and is about to write."""
-
-    def __init__(self) -> None:
-        self.last: dict[str, int | None] = {}  # None: no such session (yet, or any more)
-        self.state: dict[str, dict[str, Any] | None] = {}
-        self.placeholders: set[str] = set()  # counter rows this batch inserted for creates
-        self.rows: list[tuple] = []
-        self.uploads: dict[tuple[str, str], tuple] = {}
-        self.closing: list[tuple[str, str]] = []  # (stream, session) not written yet
-        self.closing_written: list[tuple[str, str]] = []
-        self.closed: set[str] = set()
-        self.open: dict[str, str | None] = {}  # each session's unfinished run (admission)
-        self.cancel: dict[str, str | None] = {}  # the run its Stop was recorded for
-        self.touched: set[str] = set()
-        self.deleted: list[str] = []
 
 
 class PostgresEventStore:
@@ -164,7 +104,7 @@ class PostgresEventStore:
                 cursors = self._load_index(db, index_version)
         except psycopg.Error as exc:
             raise StorageError(
-                f"Cannot open the Tether database at {_redact(url)}: {exc}".strip()
+                f"Cannot open the Tether database at {redact(url)}: {exc}".strip()
             ) from exc
         self._pool = AsyncConnectionPool(  # a request waits at most 10 s for the database
             url,
@@ -176,7 +116,7 @@ class PostgresEventStore:
         )
         self._fanout = Fanout(url, self._read_after, self._all_last_seqs, cursors, poll_seconds)
         self._notifier = Notifier(url, self.replica_id)
-        self._queue: asyncio.Queue[_Op | None] | None = None
+        self._queue: asyncio.Queue[Op | None] | None = None
         self._writer: asyncio.Task | None = None
         self._start_lock: asyncio.Lock | None = None
         self._stopped = False
@@ -206,10 +146,10 @@ class PostgresEventStore:
                     (sid, last),
                 )
                 for event_row in rows:
-                    state = self._fold(state, _row_to_event(event_row))
+                    state = self._fold(state, row_to_event(event_row))
                 db.execute(
                     "UPDATE sessions SET state=%s, state_seq=%s WHERE session_id=%s",
-                    (None if state is None else _dumps(state), last, sid),
+                    (None if state is None else dumps(state), last, sid),
                 )
             db.execute(
                 "INSERT INTO meta VALUES ('index_version', %s) "
@@ -250,7 +190,7 @@ class PostgresEventStore:
         if self._stopped:
             raise StorageError("the log is closed")
         future = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Op(kind, session_id, list(drafts), future))
+        self._queue.put_nowait(Op(kind, session_id, list(drafts), future))
         return await future
 
     async def create_session(self, session_id: str, drafts: list[Draft]) -> list[Event]:
@@ -278,9 +218,9 @@ class PostgresEventStore:
                 batch.append(nxt)
             await self._write_batch(batch)
 
-    async def _write_batch(self, batch: list[_Op]) -> None:
-        outcomes: list[tuple[_Op, list[Event] | LogError]] = []
-        work = _Batch()
+    async def _write_batch(self, batch: list[Op]) -> None:
+        outcomes: list[tuple[Op, list[Event] | LogError]] = []
+        work = Batch()
         durable = False
         try:
             # One pipeline: BEGIN and the locking SELECT in one round trip, everything else
@@ -306,7 +246,7 @@ class PostgresEventStore:
             if not durable:  # anything: the batch is rolled back whole, the writer lives on
                 if not isinstance(exc, psycopg.Error):
                     log.exception("log writer: batch failed")
-                error = _storage_error("write", exc)
+                error = storage_error("write", exc)
                 for op in batch:
                     if not op.future.done():
                         op.future.set_exception(error)
@@ -330,7 +270,7 @@ class PostgresEventStore:
                 op.future.set_result(result)
 
     async def _lock_sessions(
-        self, conn: psycopg.AsyncConnection, batch: list[_Op], work: _Batch
+        self, conn: psycopg.AsyncConnection, batch: list[Op], work: Batch
     ) -> None:
         """Lock every counter row the batch touches, in session-id order (no deadlock with
         another replica's batch), then insert the rows of new sessions, in the same order."""
@@ -373,7 +313,7 @@ class PostgresEventStore:
             work.open.setdefault(sid, None)
             work.cancel.setdefault(sid, None)
 
-    async def _load_closed(self, conn: psycopg.AsyncConnection, batch: list[_Op]) -> None:
+    async def _load_closed(self, conn: psycopg.AsyncConnection, batch: list[Op]) -> None:
         """Which of the batch's streams are finished, read after the sessions were locked (a
         stream is finished in its session's transaction, so this cannot change under us)."""
         wanted = {
@@ -389,7 +329,7 @@ class PostgresEventStore:
             for (stream_id,) in await cur.fetchall():
                 self._closed_streams.add(stream_id)
 
-    async def _insert(self, conn: psycopg.AsyncConnection, op: _Op, work: _Batch) -> list[Event]:
+    async def _insert(self, conn: psycopg.AsyncConnection, op: Op, work: Batch) -> list[Event]:
         sid = op.session_id
         last = work.last[sid]
         if op.kind == "create":
@@ -418,7 +358,7 @@ class PostgresEventStore:
                     if stream == cancel_stream:  # Stop, once per run, from any replica
                         raise CancelRequested(stream)
                     cancel_stream = stream
-        payloads_ = [_encode(sid, draft) for draft in op.drafts]  # refuse before writing
+        payloads_ = [encode(sid, draft) for draft in op.drafts]  # refuse before writing
         uploads = [await self._uploads(conn, sid, d, work) for d in op.drafts]
         now = self._clock()
         state = work.state[sid]
@@ -456,7 +396,7 @@ class PostgresEventStore:
         return events
 
     async def _uploads(
-        self, conn: psycopg.AsyncConnection, sid: str, draft: Draft, work: _Batch
+        self, conn: psycopg.AsyncConnection, sid: str, draft: Draft, work: Batch
     ) -> dict[tuple[str, str], tuple]:
         """The attachment rows (log/owners.py) the draft brings: a new upload with its blob; a
         reference moved from elsewhere takes the blob of the upload it names."""
@@ -478,7 +418,7 @@ class PostgresEventStore:
                 out[key] = (sid, ref["id"], blob, ref["name"], ref["mime"], ref["size"])
         return out
 
-    async def _flush(self, conn: psycopg.AsyncConnection, work: _Batch) -> None:
+    async def _flush(self, conn: psycopg.AsyncConnection, work: Batch) -> None:
         """Write the rows gathered so far (before a delete, and at the end of the batch)."""
         async with conn.cursor() as cur:
             if work.rows:  # one statement for the batch: rows keep their order (and ids)
@@ -503,7 +443,7 @@ class PostgresEventStore:
         work.closing_written.extend(work.closing)
         work.closing = []
 
-    async def _delete(self, conn: psycopg.AsyncConnection, sid: str, work: _Batch) -> None:
+    async def _delete(self, conn: psycopg.AsyncConnection, sid: str, work: Batch) -> None:
         if work.last[sid] is None:
             raise SessionNotFound(sid)
         await self._flush(conn, work)
@@ -518,7 +458,7 @@ class PostgresEventStore:
         work.touched.add(sid)
         work.deleted.append(sid)
 
-    async def _finish(self, conn: psycopg.AsyncConnection, work: _Batch) -> dict[str, int]:
+    async def _finish(self, conn: psycopg.AsyncConnection, work: Batch) -> dict[str, int]:
         """Write each touched session's counter row and index state, free the rows of creates
         that failed; return the new last seqs to announce."""
         updates = []
@@ -529,7 +469,7 @@ class PostgresEventStore:
                 gone.append(sid)
             else:
                 state = work.state[sid]
-                encoded = None if state is None else _dumps(state)
+                encoded = None if state is None else dumps(state)
                 updates.append((sid, last, encoded, work.open[sid], work.cancel[sid]))
         async with conn.cursor() as cur:
             if updates:
@@ -552,14 +492,14 @@ class PostgresEventStore:
                 cur = await conn.execute(sql, params)
                 return await cur.fetchall()
         except psycopg.Error as exc:
-            raise _storage_error("read", exc) from exc
+            raise storage_error("read", exc) from exc
 
     async def read(self, session_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
         rows = await self._rows(
             f"SELECT {_COLUMNS} FROM events WHERE session_id=%s AND seq>%s ORDER BY seq LIMIT %s",
             (session_id, after, limit),
         )
-        return [_row_to_event(row) for row in rows]
+        return [row_to_event(row) for row in rows]
 
     async def _read_after(self, cursors: dict[str, int]) -> list[Event]:
         """What follows each session's cursor, in one query (the fan-out's catch-up)."""
@@ -569,7 +509,7 @@ class PostgresEventStore:
             "ON e.session_id = c.sid AND e.seq > c.after ORDER BY e.session_id, e.seq",
             (list(cursors), list(cursors.values())),
         )
-        return [_row_to_event(row) for row in rows]
+        return [row_to_event(row) for row in rows]
 
     async def _all_last_seqs(self) -> dict[str, int]:
         return dict(await self._rows("SELECT session_id, last_seq FROM sessions", ()))
@@ -644,13 +584,3 @@ class PostgresEventStore:
         await self._notifier.stop()
         await self._fanout.stop()
         await self._pool.close()
-
-
-def _redact(url: str) -> str:
-    """The URL without its password, for messages."""
-    try:
-        info = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.Error:
-        return "the configured database URL"
-    info.pop("password", None)
-    return " ".join(f"{k}={v}" for k, v in info.items())

@@ -360,7 +360,7 @@ class _Tree:
             return
         first = self.mapping[chain[0]]["message"]
         model = _metadata(first).get("model_slug")
-        started = {"stream_id": stream, "runtime": RUNTIME}
+        started = {"stream_id": stream, "turn_id": turn, "runtime": RUNTIME}
         if isinstance(model, str) and model:
             started["model"] = model[:200]
         self.drafts.append(Draft(ev.RUN_STARTED, started, stream, turn, at=self._at(chain[0])))

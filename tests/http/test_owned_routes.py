@@ -162,3 +162,25 @@ def test_only_an_admin_changes_the_servers_defaults(people: People) -> None:
     assert seen == changed.json() and seen != before
     restored = people.alice.patch("/api/settings", json={"default_system_prompt": None})
     assert restored.status_code == 200
+
+
+def test_behind_a_trusted_proxy_too_only_an_admin_changes_the_defaults(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    add_user(data, "alice", admin=True)
+    header = "X-Forwarded-User"
+    proxy = ("--auth", "trusted-header", "--trusted-proxy", "127.0.0.1")
+    with (
+        running_server(data, *proxy) as srv,
+        srv.client(headers={header: "alice"}) as alice,
+        srv.client(headers={header: "dora"}) as dora,  # made at her first request, no admin
+    ):
+        assert dora.get("/api/me").json() == {"username": "dora", "admin": False}
+        before = dora.get("/api/settings").json()
+        refused = dora.patch("/api/settings", json={"default_model": "dora-model"})
+        assert refused.status_code == 403 and refused.json()["code"] == "forbidden"
+        assert alice.get("/api/settings").json() == before
+        saved = alice.patch("/api/settings", json={"default_model": "alice-model"})
+        assert saved.status_code == 200 and saved.json()["default_model"] == "alice-model"
+    # saved for everyone: it survives a restart and dora reads it
+    with running_server(data, *proxy) as srv, srv.client(headers={header: "dora"}) as dora:
+        assert dora.get("/api/settings").json()["default_model"] == "alice-model"

@@ -88,7 +88,7 @@ def m003_attachment_owners(db: sqlite3.Connection) -> None:
 
 @migration
 def m004_search(db: sqlite3.Connection) -> None:
-    """The full-text search index (docs/api.md §10): one row per transcript row's text, and
+    """The full-text search index (docs/api.md §13): one row per transcript row's text, and
     an FTS5 index over it kept by triggers, written by the log writer in the transaction that
     appends the events. It starts empty; the store fills it from the existing log when it
     opens (log/sqlite_search.py: a search fold version it has not indexed with)."""

@@ -1,10 +1,11 @@
-"""The PostgreSQL event log's row helpers (log/postgres.py): what a draft becomes as a row,
-what a row becomes as an event, the refusals of what a text column cannot hold, and the
-batch bookkeeping of an all-or-none creation of several sessions."""
+"""What the PostgreSQL backend's writer works with (log/postgres.py): a queued write, what
+one batch has locked and is about to write, and the conversions between events and rows."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -18,20 +19,33 @@ from tether.log.store import Draft, IndexFold
 _COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"
 
 
-def _dumps(data: Any) -> str:
+@dataclass(eq=False)
+class Op:
+    kind: str  # "create" | "append" | "delete" | "create_many"
+    session_id: str
+    drafts: list[Draft]  # create_many: every session's, in order (what _load_closed reads)
+    future: asyncio.Future = field(repr=False)
+    owner: str | None = None  # create(_many): the new sessions' owner
+    many: list[tuple[str, list[Draft]]] = field(default_factory=list)
+
+    def sids(self) -> list[str]:
+        return [sid for sid, _ in self.many] if self.kind == "create_many" else [self.session_id]
+
+
+def dumps(data: Any) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
 
-def _check_text(what: str, value: Any) -> None:
+def check_text(what: str, value: Any) -> None:
     if isinstance(value, str) and "\x00" in value:
         raise InvalidEvent(f"{what} contains a NUL character")
 
 
-def _encode(session_id: str, draft: Draft) -> str:
+def encode(session_id: str, draft: Draft) -> str:
     """The row's JSON, or InvalidEvent for what JSON, UTF-8 or a PostgreSQL text column cannot
     carry (refused before anything of the batch is written, so it fails only its own append)."""
     try:
-        payload = _dumps(draft.data)
+        payload = dumps(draft.data)
         payload.encode("utf-8")
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         raise InvalidEvent(f"{draft.type}: {exc}") from exc
@@ -41,39 +55,43 @@ def _encode(session_id: str, draft: Draft) -> str:
         ("the stream id", draft.stream_id),
         ("the turn id", draft.turn_id),
     ):
-        _check_text(what, value)
+        check_text(what, value)
     refs = (draft.data.get("attachments") or []) if draft.type in owners.CARRIERS else []
     for ref in refs:
         for key in ("id", "name", "mime"):
-            _check_text(f"an attachment {key}", ref.get(key) if isinstance(ref, dict) else None)
-    _check_text("the queue id", draft.data.get("queue_id"))
+            check_text(f"an attachment {key}", ref.get(key) if isinstance(ref, dict) else None)
+    check_text("the queue id", draft.data.get("queue_id"))
     return payload
 
 
-def _row_to_event(row: tuple) -> Event:
+def row_to_event(row: tuple) -> Event:
     session_id, seq, type_, at, stream_id, turn_id, data = row
     return Event(session_id, seq, type_, at, json.loads(data), stream_id, turn_id)
 
 
-def _storage_error(where: str, exc: Exception) -> StorageError:
+def storage_error(where: str, exc: Exception) -> StorageError:
     return StorageError(f"could not use the PostgreSQL database ({where}): {exc}")
 
 
-def _flat(result: list) -> list[Event]:
-    """An outcome's events: a create_many's are one list per session."""
-    return [ev for item in result for ev in (item if isinstance(item, list) else [item])]
+class Batch:
+    """What one transaction has locked and is about to write."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, int | None] = {}  # None: no such session (yet, or any more)
+        self.state: dict[str, dict[str, Any] | None] = {}
+        self.placeholders: set[str] = set()  # counter rows this batch inserted for creates
+        self.rows: list[tuple] = []
+        self.uploads: dict[tuple[str, str], tuple] = {}
+        self.closing: list[tuple[str, str]] = []  # (stream, session) not written yet
+        self.closing_written: list[tuple[str, str]] = []
+        self.closed: set[str] = set()
+        self.open: dict[str, str | None] = {}  # each session's unfinished run (admission)
+        self.cancel: dict[str, str | None] = {}  # the run its Stop was recorded for
+        self.touched: set[str] = set()
+        self.deleted: list[str] = []
 
 
-def _snapshot(work: Any) -> dict[str, Any]:
-    return {k: (v.copy() if hasattr(v, "copy") else v) for k, v in vars(work).items()}
-
-
-def _restore(work: Any, saved: dict[str, Any]) -> None:
-    for key, value in saved.items():
-        setattr(work, key, value)
-
-
-def _redact(url: str) -> str:
+def redact(url: str) -> str:
     """The URL without its password, for messages."""
     try:
         info = psycopg.conninfo.conninfo_to_dict(url)
@@ -81,6 +99,21 @@ def _redact(url: str) -> str:
         return "the configured database URL"
     info.pop("password", None)
     return " ".join(f"{k}={v}" for k, v in info.items())
+
+
+def flat(result: list) -> list[Event]:
+    """An outcome's events: a create_many's are one list per session."""
+    return [ev for item in result for ev in (item if isinstance(item, list) else [item])]
+
+
+def snapshot(work: Batch) -> dict[str, Any]:
+    """What a batch holds, to be put back when an all-or-none creation is refused."""
+    return {k: (v.copy() if hasattr(v, "copy") else v) for k, v in vars(work).items()}
+
+
+def restore(work: Batch, saved: dict[str, Any]) -> None:
+    for key, value in saved.items():
+        setattr(work, key, value)
 
 
 def load_index(db: psycopg.Connection, fold: IndexFold, version: str) -> dict[str, int]:
@@ -107,10 +140,10 @@ def load_index(db: psycopg.Connection, fold: IndexFold, version: str) -> dict[st
                 (sid, last),
             )
             for event_row in rows:
-                state = fold(state, _row_to_event(event_row))
+                state = fold(state, row_to_event(event_row))
             db.execute(
                 "UPDATE sessions SET state=%s, state_seq=%s WHERE session_id=%s",
-                (None if state is None else _dumps(state), last, sid),
+                (None if state is None else dumps(state), last, sid),
             )
         db.execute(
             "INSERT INTO meta VALUES ('index_version', %s) "

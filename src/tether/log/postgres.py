@@ -30,7 +30,6 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -56,14 +55,16 @@ from tether.log.errors import (
 )
 from tether.log.pg_fanout import Fanout, Notifier
 from tether.log.pg_rows import (
-    _dumps,
-    _encode,
-    _flat,
-    _redact,
-    _restore,
-    _row_to_event,
-    _snapshot,
-    _storage_error,
+    Batch,
+    Op,
+    dumps,
+    encode,
+    flat,
+    redact,
+    restore,
+    row_to_event,
+    snapshot,
+    storage_error,
 )
 from tether.log.pg_schema import apply_migrations
 from tether.log.store import Draft, IndexFold, OpenStream, SearchFold, SearchHit
@@ -74,37 +75,6 @@ log = logging.getLogger("tether.log")
 _MAX_BATCH = 1000
 _CLOSED_STREAM_CACHE = 50_000
 _COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"
-
-
-@dataclass(eq=False)
-class _Op:
-    kind: str  # "create" | "append" | "delete" | "create_many"
-    session_id: str
-    drafts: list[Draft]  # create_many: every session's, in order (what _load_closed reads)
-    future: asyncio.Future = field(repr=False)
-    owner: str | None = None  # create(_many): the new sessions' owner
-    many: list[tuple[str, list[Draft]]] = field(default_factory=list)
-
-    def sids(self) -> list[str]:
-        return [sid for sid, _ in self.many] if self.kind == "create_many" else [self.session_id]
-
-
-class _Batch:
-    """What one transaction has locked and is about to write."""
-
-    def __init__(self) -> None:
-        self.last: dict[str, int | None] = {}  # None: no such session (yet, or any more)
-        self.state: dict[str, dict[str, Any] | None] = {}
-        self.placeholders: set[str] = set()  # counter rows this batch inserted for creates
-        self.rows: list[tuple] = []
-        self.uploads: dict[tuple[str, str], tuple] = {}
-        self.closing: list[tuple[str, str]] = []  # (stream, session) not written yet
-        self.closing_written: list[tuple[str, str]] = []
-        self.closed: set[str] = set()
-        self.open: dict[str, str | None] = {}  # each session's unfinished run (admission)
-        self.cancel: dict[str, str | None] = {}  # the run its Stop was recorded for
-        self.touched: set[str] = set()
-        self.deleted: list[str] = []
 
 
 class PostgresEventStore:
@@ -141,7 +111,7 @@ class PostgresEventStore:
                 pg_search.ensure_index(db, search_fold, search_version, index_fold)
         except psycopg.Error as exc:
             raise StorageError(
-                f"Cannot open the Tether database at {_redact(url)}: {exc}".strip()
+                f"Cannot open the Tether database at {redact(url)}: {exc}".strip()
             ) from exc
         self._pool = AsyncConnectionPool(  # a request waits at most 10 s for the database
             url,
@@ -153,7 +123,7 @@ class PostgresEventStore:
         )
         self._fanout = Fanout(url, self._read_after, self._all_last_seqs, cursors, poll_seconds)
         self._notifier = Notifier(url, self.replica_id)
-        self._queue: asyncio.Queue[_Op | None] | None = None
+        self._queue: asyncio.Queue[Op | None] | None = None
         self._writer: asyncio.Task | None = None
         self._start_lock: asyncio.Lock | None = None
         self._stopped = False
@@ -201,8 +171,7 @@ class PostgresEventStore:
         if self._stopped:
             raise StorageError("the log is closed")
         future = asyncio.get_running_loop().create_future()
-        op = _Op(kind, session_id, list(drafts), future, owner, list(many or []))
-        self._queue.put_nowait(op)
+        self._queue.put_nowait(Op(kind, session_id, list(drafts), future, owner, list(many or [])))
         return await future
 
     async def create_session(
@@ -242,9 +211,9 @@ class PostgresEventStore:
                 batch.append(nxt)
             await self._write_batch(batch)
 
-    async def _write_batch(self, batch: list[_Op]) -> None:
-        outcomes: list[tuple[_Op, list[Any] | LogError]] = []
-        work = _Batch()
+    async def _write_batch(self, batch: list[Op]) -> None:
+        outcomes: list[tuple[Op, list[Any] | LogError]] = []
+        work = Batch()
         durable = False
         try:
             # One pipeline: BEGIN and the locking SELECT in one round trip, everything else
@@ -272,7 +241,7 @@ class PostgresEventStore:
             if not durable:  # anything: the batch is rolled back whole, the writer lives on
                 if not isinstance(exc, psycopg.Error):
                     log.exception("log writer: batch failed")
-                error = _storage_error("write", exc)
+                error = storage_error("write", exc)
                 for op in batch:
                     if not op.future.done():
                         op.future.set_exception(error)
@@ -283,7 +252,7 @@ class PostgresEventStore:
                 self._closed_streams.clear()
             self._closed_streams.add(stream_id)
         committed = [
-            ev for _, result in outcomes if isinstance(result, list) for ev in _flat(result)
+            ev for _, result in outcomes if isinstance(result, list) for ev in flat(result)
         ]
         try:
             await self._fanout.committed(committed, work.deleted)
@@ -298,7 +267,7 @@ class PostgresEventStore:
                 op.future.set_result(result)
 
     async def _lock_sessions(
-        self, conn: psycopg.AsyncConnection, batch: list[_Op], work: _Batch
+        self, conn: psycopg.AsyncConnection, batch: list[Op], work: Batch
     ) -> None:
         """Lock every counter row the batch touches, in session-id order (no deadlock with
         another replica's batch), then insert the rows of new sessions, in the same order."""
@@ -344,7 +313,7 @@ class PostgresEventStore:
             work.open.setdefault(sid, None)
             work.cancel.setdefault(sid, None)
 
-    async def _load_closed(self, conn: psycopg.AsyncConnection, batch: list[_Op]) -> None:
+    async def _load_closed(self, conn: psycopg.AsyncConnection, batch: list[Op]) -> None:
         """Which of the batch's streams are finished, read after the sessions were locked (a
         stream is finished in its session's transaction, so this cannot change under us)."""
         wanted = {
@@ -360,7 +329,7 @@ class PostgresEventStore:
             for (stream_id,) in await cur.fetchall():
                 self._closed_streams.add(stream_id)
 
-    async def _insert(self, conn: psycopg.AsyncConnection, op: _Op, work: _Batch) -> list[Event]:
+    async def _insert(self, conn: psycopg.AsyncConnection, op: Op, work: Batch) -> list[Event]:
         sid = op.session_id
         last = work.last[sid]
         if op.kind == "create":
@@ -389,7 +358,7 @@ class PostgresEventStore:
                     if stream == cancel_stream:  # Stop, once per run, from any replica
                         raise CancelRequested(stream)
                     cancel_stream = stream
-        payloads_ = [_encode(sid, draft) for draft in op.drafts]  # refuse before writing
+        payloads_ = [encode(sid, draft) for draft in op.drafts]  # refuse before writing
         uploads = [await self._uploads(conn, sid, d, work) for d in op.drafts]
         now = self._clock()
         state = work.state[sid]
@@ -435,26 +404,26 @@ class PostgresEventStore:
         return events
 
     async def _insert_many(
-        self, conn: psycopg.AsyncConnection, op: _Op, work: _Batch
+        self, conn: psycopg.AsyncConnection, op: Op, work: Batch
     ) -> list[list[Event]]:
         """Every session of an import in a savepoint: a refusal of any rolls back what the
         others wrote (and the batch's memory of it), so it writes none of them."""
         if len(set(op.sids())) != len(op.many):
             raise SessionExists("the same session twice in one creation")
         await self._flush(conn, work)  # what came before stays out of the savepoint
-        saved = _snapshot(work)
+        saved = snapshot(work)
         try:
             async with conn.transaction():
                 return [
-                    await self._insert(conn, _Op("create", sid, drafts, op.future, op.owner), work)
+                    await self._insert(conn, Op("create", sid, drafts, op.future, op.owner), work)
                     for sid, drafts in op.many
                 ]
         except LogError:
-            _restore(work, saved)
+            restore(work, saved)
             raise
 
     async def _uploads(
-        self, conn: psycopg.AsyncConnection, sid: str, draft: Draft, work: _Batch
+        self, conn: psycopg.AsyncConnection, sid: str, draft: Draft, work: Batch
     ) -> dict[tuple[str, str], tuple]:
         """The attachment rows (log/owners.py) the draft brings: a new upload with its blob; a
         reference moved from elsewhere takes the blob of the upload it names."""
@@ -476,7 +445,7 @@ class PostgresEventStore:
                 out[key] = (sid, ref["id"], blob, ref["name"], ref["mime"], ref["size"])
         return out
 
-    async def _flush(self, conn: psycopg.AsyncConnection, work: _Batch) -> None:
+    async def _flush(self, conn: psycopg.AsyncConnection, work: Batch) -> None:
         """Write the rows gathered so far (before a delete, and at the end of the batch)."""
         async with conn.cursor() as cur:
             if work.rows:  # one statement for the batch: rows keep their order (and ids)
@@ -501,7 +470,7 @@ class PostgresEventStore:
         work.closing_written.extend(work.closing)
         work.closing = []
 
-    async def _delete(self, conn: psycopg.AsyncConnection, sid: str, work: _Batch) -> None:
+    async def _delete(self, conn: psycopg.AsyncConnection, sid: str, work: Batch) -> None:
         if work.last[sid] is None:
             raise SessionNotFound(sid)
         await self._flush(conn, work)
@@ -516,7 +485,7 @@ class PostgresEventStore:
         work.touched.add(sid)
         work.deleted.append(sid)
 
-    async def _finish(self, conn: psycopg.AsyncConnection, work: _Batch) -> dict[str, int]:
+    async def _finish(self, conn: psycopg.AsyncConnection, work: Batch) -> dict[str, int]:
         """Write each touched session's counter row and index state, free the rows of creates
         that failed; return the new last seqs to announce."""
         updates = []
@@ -527,7 +496,7 @@ class PostgresEventStore:
                 gone.append(sid)
             else:
                 state = work.state[sid]
-                encoded = None if state is None else _dumps(state)
+                encoded = None if state is None else dumps(state)
                 updates.append((sid, last, encoded, work.open[sid], work.cancel[sid]))
         async with conn.cursor() as cur:
             if updates:
@@ -559,7 +528,7 @@ class PostgresEventStore:
             async with self._pool.connection() as conn:
                 return await pg_owners.claim(conn, owner)
         except psycopg.Error as exc:
-            raise _storage_error("write", exc) from exc
+            raise storage_error("write", exc) from exc
 
     async def _rows(self, sql: str, params: tuple) -> list[tuple]:
         await self._start()
@@ -568,14 +537,14 @@ class PostgresEventStore:
                 cur = await conn.execute(sql, params)
                 return await cur.fetchall()
         except psycopg.Error as exc:
-            raise _storage_error("read", exc) from exc
+            raise storage_error("read", exc) from exc
 
     async def read(self, session_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
         rows = await self._rows(
             f"SELECT {_COLUMNS} FROM events WHERE session_id=%s AND seq>%s ORDER BY seq LIMIT %s",
             (session_id, after, limit),
         )
-        return [_row_to_event(row) for row in rows]
+        return [row_to_event(row) for row in rows]
 
     async def _read_after(self, cursors: dict[str, int]) -> list[Event]:
         """What follows each session's cursor, in one query (the fan-out's catch-up)."""
@@ -585,7 +554,7 @@ class PostgresEventStore:
             "ON e.session_id = c.sid AND e.seq > c.after ORDER BY e.session_id, e.seq",
             (list(cursors), list(cursors.values())),
         )
-        return [_row_to_event(row) for row in rows]
+        return [row_to_event(row) for row in rows]
 
     async def _all_last_seqs(self) -> dict[str, int]:
         return dict(await self._rows("SELECT session_id, last_seq FROM sessions", ()))

@@ -1,4 +1,4 @@
-"""The SQLite backend's full-text search (docs/api.md §10): FTS5 over the rows a `SearchFold`
+"""The SQLite backend's full-text search (docs/api.md §13): FTS5 over the rows a `SearchFold`
 names, written by the log writer on its own connection inside the batch's transaction, so the
 index is never behind (nor ahead of) the committed log, whatever crashes when.
 

@@ -49,7 +49,7 @@ class Draft:
 
 
 class SearchDoc(NamedTuple):
-    """One transcript row's text as the search index holds it (docs/api.md §10)."""
+    """One transcript row's text as the search index holds it (docs/api.md §13)."""
 
     row_id: str
     role: str  # "user" | "assistant"

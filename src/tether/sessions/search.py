@@ -1,4 +1,4 @@
-"""What the search index holds (docs/api.md §10): the settled text of each visible user and
+"""What the search index holds (docs/api.md §13): the settled text of each visible user and
 assistant row, as a `SearchFold` the log backend runs in the transaction of every append.
 
 A user row is indexed when its turn is submitted; an assistant row when its run finishes,

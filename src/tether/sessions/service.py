@@ -117,7 +117,7 @@ class SessionService:
         return [await self._public(s) for s in sorted(chosen, key=sort_key)]
 
     async def search(self, query: str, limit: int) -> list[dict[str, Any]]:
-        """`GET /api/search` (docs/api.md §10): rows whose text holds every word typed, best
+        """`GET /api/search` (docs/api.md §13): rows whose text holds every word typed, best
         first, each with its session's title, its snippet as parts, and whether the row is
         on the branch shown now (read from the session's fold, never stored in the index)."""
         found = await self.store.search(search_terms(query), limit)

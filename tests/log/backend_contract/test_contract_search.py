@@ -1,4 +1,4 @@
-"""Backend contract, layer: the full-text search index (docs/api.md §10) a backend keeps from
+"""Backend contract, layer: the full-text search index (docs/api.md §13) a backend keeps from
 the `SearchFold` in the transaction of its events. Invariant: what `search` finds is the
 fold over the committed logs, never behind and never ahead (a refused or failed batch
 indexes nothing, a deleted session's rows are gone, a truncated row is kept as a branch, a

@@ -1,4 +1,4 @@
-// Message search (docs/api.md §10, `GET /api/search`): a dialog opened by the sidebar's
+// Message search (docs/api.md §13, `GET /api/search`): a dialog opened by the sidebar's
 // "Search messages" button, Ctrl+K / Cmd+K anywhere, or "/" outside a text field. Results are
 // the best-matching user and assistant rows of every session; choosing one opens its session
 // at that row. A row of a hidden branch (an edit, a regenerate or an undo hid it; `shown: false`)

@@ -31,8 +31,10 @@ def tether_users(
     )
 
 
-def add_user(data_dir: Path, name: str, *, admin: bool = False) -> None:
+def add_user(data_dir: Path, name: str, *, admin: bool = False, database_url: str = "") -> None:
     args = ["add", name, *(["--admin"] if admin else [])]
+    if database_url:  # the users live in the PostgreSQL log's database
+        args += ["--database-url", database_url]
     done = tether_users(data_dir, *args, password=PASSWORDS[name])
     assert done.returncode == 0, done.stderr
 

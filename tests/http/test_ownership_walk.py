@@ -14,6 +14,7 @@ her tokens. Both event streams are followed as bob while alice works: he hears n
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import secrets
 import time
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from pg import database
 
 from accounts_kit import OpenStream, add_user, bearer, new_token, sign_in
 from helpers import ServerProcess, iter_sse, new_session, running_server, start_turn, wait_idle
@@ -239,12 +241,23 @@ def _unstamped(line: str) -> dict:
     return entry
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def world(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[World]:
+    """The walk runs on both backends: ownership is the store's, on each of them."""
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(database()) if request.param == "postgresql" else ""
+        yield stack.enter_context(_world(tmp_path_factory, url))
+
+
+@contextlib.contextmanager
+def _world(tmp_path_factory: pytest.TempPathFactory, url: str) -> Iterator[World]:
     data = tmp_path_factory.mktemp("walk") / "data"
-    add_user(data, "alice", admin=True)
-    add_user(data, "bob")
-    with running_server(data, "--auth", "accounts") as srv:
+    add_user(data, "alice", admin=True, database_url=url)
+    add_user(data, "bob", database_url=url)
+    backend = ("--database-url", url) if url else ()
+    with running_server(data, "--auth", "accounts", *backend) as srv:
         alice = sign_in(srv, "alice")
         sid = new_session(alice, "alice's plans")
         upload = {

@@ -58,9 +58,15 @@ class FoldCache:
                 self.forget(session_id)
                 raise SessionNotFound(session_id)
             fold = self._folds.get(session_id) or SessionFold()
-            while fold.last_seq < (await self._store.last_seq(session_id) or 0):
+            while True:
+                # The live tail (`on_batch`) may advance a cached fold while these reads
+                # wait on the database, so its position is read after each await, never
+                # before one: reading past it would find nothing and look like a deletion.
+                target = await self._store.last_seq(session_id) or 0
+                if fold.last_seq >= target:
+                    break
                 events = await self._store.read(session_id, after=fold.last_seq, limit=5000)
-                if not events:  # deleted while we read
+                if not events and fold.last_seq < target:  # deleted while we read
                     raise SessionNotFound(session_id)
                 for event in events:
                     fold.apply(event)

@@ -193,7 +193,11 @@ class PostgresEventStore:
         self._queue.put_nowait(Op(kind, session_id, list(drafts), future))
         return await future
 
-    async def create_session(self, session_id: str, drafts: list[Draft]) -> list[Event]:
+    async def create_session(
+        self, session_id: str, drafts: list[Draft], owner: str | None = None
+    ) -> list[Event]:
+        if owner is not None:  # session owners on PostgreSQL are not in this backend yet
+            raise StorageError("session owners are not stored by the PostgreSQL backend yet")
         return await self._submit("create", session_id, drafts)
 
     async def append(self, session_id: str, drafts: list[Draft]) -> list[Event]:

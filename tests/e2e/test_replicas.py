@@ -222,7 +222,9 @@ def test_a_killed_replicas_run_is_interrupted_on_a_survivor_and_a_restart_interr
         a.kill()
         killed = time.monotonic()
         finished = interrupted_on(on_b, sid, stream, cursor)
-        assert time.monotonic() - killed < 30
+        took = time.monotonic() - killed
+        print(f"kill -9 to interrupted on the survivor: {took:.1f} s")
+        assert took < 30
         assert finished.json["data"]["state"] == "interrupted"
         assert finished.json["data"]["maintenance"] is True
         again = start_turn(on_b, sid, "and now on B")
@@ -255,6 +257,7 @@ def test_a_paused_owner_past_its_lease_never_writes_after_the_takeover(tmp_path:
         end = int(finished["id"])
         time.sleep(4)  # A streams on for a few pieces, and hears its lease is lost
         assert on_a.get("/api/health").status_code == 200
+        wait_until(lambda: "lease expired" in a.log(), what="A stops its runs, lease lost")
         again = start_turn(on_a, sid, "A again")
         done = run_events(on_b, sid, again["stream_id"], timeout=120)
         assert done[-1].json["data"]["state"] == "completed"

@@ -19,6 +19,7 @@ from tether.events import Event
 from tether.log import Draft, Hub, StorageError
 from tether.log.errors import CancelRequested, RunTakenOver, SessionOccupied, StreamClosed
 from tether.log.pg_fanout import PAYLOAD_LIMIT, payloads
+from tether.log.pg_leases import LEASE_SECONDS, RENEW_SECONDS
 from tether.log.postgres import PostgresEventStore
 
 pytestmark = pytest.mark.slow
@@ -329,3 +330,10 @@ def test_a_dead_replicas_run_is_taken_over_once_and_its_late_appends_are_refused
             await store.aclose()
 
     asyncio.run(main())
+
+
+def test_the_lease_numbers_are_the_documented_ones() -> None:
+    """docs/operations.md names the lease's renewal and validity; they are the code's."""
+    text = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    assert f"renewed every **{RENEW_SECONDS:g} s** and valid for **{LEASE_SECONDS:g} s**" in text
+    assert LEASE_SECONDS + RENEW_SECONDS < 30  # a dead replica's runs settled within 30 s

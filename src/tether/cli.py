@@ -11,7 +11,7 @@ import signal
 import threading
 import webbrowser
 from collections.abc import Callable
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -394,8 +394,18 @@ _data_dir_option = click.option(
 )
 
 
-def _settings(data_dir: Path | None) -> Settings:
-    return Settings() if data_dir is None else Settings(data_dir=data_dir)
+_users_database_option = click.option(
+    "--database-url",
+    envvar="TETHER_DATABASE_URL",
+    show_envvar=True,
+    callback=lambda _ctx, _param, value: _database_url(value),
+    help="The PostgreSQL database of the server's --database-url (its users are kept there).",
+)
+
+
+def _settings(data_dir: Path | None, database_url: str | None = None) -> Settings:
+    settings = Settings() if data_dir is None else Settings(data_dir=data_dir)
+    return replace(settings, database_url=database_url) if database_url else settings
 
 
 @main.group()
@@ -412,7 +422,14 @@ def users() -> None:
 )
 @click.option("--password-env", help="Environment variable holding the password (else: a prompt).")
 @_data_dir_option
-def users_add(name: str, admin: bool, password_env: str | None, data_dir: Path | None) -> None:
+@_users_database_option
+def users_add(
+    name: str,
+    admin: bool,
+    password_env: str | None,
+    data_dir: Path | None,
+    database_url: str | None,
+) -> None:
     """Add a user; works without a running server (the first admin of a headless one)."""
     from tether import cli_users
 
@@ -423,7 +440,7 @@ def users_add(name: str, admin: bool, password_env: str | None, data_dir: Path |
     else:
         password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
     try:
-        claimed = cli_users.add_user(_settings(data_dir), name, password, admin)
+        claimed = cli_users.add_user(_settings(data_dir, database_url), name, password, admin)
     except (cli_users.Refused, StorageError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"Added {'admin ' if admin else ''}{name}.")
@@ -433,12 +450,13 @@ def users_add(name: str, admin: bool, password_env: str | None, data_dir: Path |
 
 @users.command("list")
 @_data_dir_option
-def users_list(data_dir: Path | None) -> None:
+@_users_database_option
+def users_list(data_dir: Path | None, database_url: str | None) -> None:
     """List the users, oldest first."""
     from tether import cli_users
 
     try:
-        found = cli_users.list_users(_settings(data_dir))
+        found = cli_users.list_users(_settings(data_dir, database_url))
     except StorageError as exc:
         raise click.ClickException(str(exc)) from None
     for user in found:
@@ -448,12 +466,13 @@ def users_list(data_dir: Path | None) -> None:
 @users.command("remove")
 @click.argument("name")
 @_data_dir_option
-def users_remove(name: str, data_dir: Path | None) -> None:
+@_users_database_option
+def users_remove(name: str, data_dir: Path | None, database_url: str | None) -> None:
     """Remove a user: their tokens and logins end; their sessions are kept, shown to no one."""
     from tether import cli_users
 
     try:
-        cli_users.remove_user(_settings(data_dir), name)
+        cli_users.remove_user(_settings(data_dir, database_url), name)
     except (cli_users.Refused, StorageError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"Removed {name}.")

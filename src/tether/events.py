@@ -204,7 +204,7 @@ class RunStarted(TypedDict):
     stream_id: str
     turn_id: str
     runtime: str
-    model: str
+    model: NotRequired[str]  # a ChatGPT import without `model_slug` does not know it
 
 
 class Delta(TypedDict):

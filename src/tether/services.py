@@ -80,6 +80,8 @@ def open_store(
             index_fold=fold_row,
             index_version=SIDEBAR_FOLD_VERSION,
             replica_id=replica_id,
+            search_fold=search_change,
+            search_version=SEARCH_FOLD_VERSION,
         )
     else:
         backend = SQLiteEventStore(
@@ -94,6 +96,10 @@ def open_store(
 
 def open_accounts(settings: Settings) -> AccountStore:
     """The users and tokens, in the database of the log (open the log first: it migrates)."""
+    if settings.database_url:
+        from tether.log.pg_accounts import PostgresAccountStore  # the driver: see open_store
+
+        return PostgresAccountStore(settings.database_url)
     return SQLiteAccountStore(settings.database_path)
 
 

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from pg import database
 
+from accounts_kit import PASSWORDS, sign_in, tether_users
 from helpers import (
     SSEFrame,
     free_port,
@@ -265,3 +266,38 @@ def test_a_paused_owner_past_its_lease_never_writes_after_the_takeover(tmp_path:
         assert late == [], [f.event for f in late]
         whole = seqs(done)
         assert whole == list(range(1, whole[-1] + 1))
+
+
+def test_accounts_owners_and_search_are_the_databases_on_every_replica(tmp_path: Path) -> None:
+    """Layer: the log's accounts, owners and search index on PostgreSQL (docs/operations.md);
+    invariant: each is written in the database, so a user added on the command line signs in
+    through any replica, a session is its owner's on every replica, and a question asked
+    through one replica is found through another and hidden from anyone else."""
+    with database() as url:
+        for name, admin in (("alice", True), ("bob", False)):
+            args = ["add", name, *(["--admin"] if admin else []), "--database-url", url]
+            done = tether_users(tmp_path / "a", *args, password=PASSWORDS[name])
+            assert done.returncode == 0, done.stderr
+        listed = tether_users(tmp_path / "b", "list", "--database-url", url)
+        assert listed.stdout.splitlines() == ["alice (admin)", "bob"]
+        accounts = ("--database-url", url, "--auth", "accounts")
+        with (
+            running_server(tmp_path / "a", *accounts, env=DEMO) as a,
+            running_server(tmp_path / "b", *accounts, env=DEMO) as b,
+            sign_in(a, "alice") as alice_a,
+            sign_in(b, "ALICE") as alice_b,
+            sign_in(b, "bob") as bob_b,
+        ):
+            sid = new_session(alice_a, "birds")
+            start_turn(alice_a, sid, "where do ptarmigans winter")
+            read_events(alice_a, sid, after="0", stop_on="run.finished", timeout=60)
+            found = alice_b.get("/api/search", params={"q": "ptarmigans"}).json()["results"]
+            # the question, and the demo's answer (which repeats it) once its run finished
+            assert sorted((r["session_id"], r["role"]) for r in found) == [
+                (sid, "assistant"),
+                (sid, "user"),
+            ]
+            assert bob_b.get("/api/search", params={"q": "ptarmigans"}).json()["results"] == []
+            hidden = bob_b.get("/api/session", params={"session_id": sid})
+            assert hidden.status_code == 404
+            assert alice_b.get("/api/session", params={"session_id": sid}).status_code == 200

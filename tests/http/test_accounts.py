@@ -236,10 +236,14 @@ def test_tokens_act_for_their_user_need_no_origin_and_stop_at_once(
             assert crossed.status_code == 403, header
 
 
-def test_login_failures_are_limited_per_address_and_per_user(data_dir: Path) -> None:
-    # Behind a trusted proxy, so each request can come from an address of its own.
+def test_login_failures_are_limited_per_address_and_per_user(tmp_path: Path) -> None:
+    # A data directory of its own: the module's server holds `data_dir` (one process per
+    # SQLite directory). Behind a trusted proxy, so each request can come from its own address.
+    data = tmp_path / "data"
+    add_user(data, "alice", admin=True)
+    add_user(data, "bob")
     with (
-        running_server(data_dir, *ACCOUNTS, "--trusted-proxy", "127.0.0.1") as srv,
+        running_server(data, *ACCOUNTS, "--trusted-proxy", "127.0.0.1") as srv,
         srv.client() as client,
     ):
 

@@ -14,6 +14,7 @@ her tokens. Both event streams are followed as bob while alice works: he hears n
 from __future__ import annotations
 
 import base64
+import json
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +41,9 @@ class Ids:
     attachment: str
     queue: str
     token: str
+    row: str  # her idle session's user row (edit_of)
+    answer: str  # its answer, regenerated once: it carries `branch`
+    import_: str  # the id she gave an import of hers
     approval: str = "ap1"
 
 
@@ -47,7 +51,18 @@ def _unknown(ids: Ids) -> Ids:
     def fresh(prefix: str) -> str:
         return f"{prefix}_{secrets.token_hex(12)}"
 
-    return Ids(fresh("s"), fresh("s"), fresh("r"), fresh("a"), fresh("q"), fresh("tok"), "ap9")
+    return Ids(
+        fresh("s"),
+        fresh("s"),
+        fresh("r"),
+        fresh("a"),
+        fresh("q"),
+        fresh("tok"),
+        fresh("row"),
+        fresh("row"),
+        fresh("imp"),
+        "ap9",
+    )
 
 
 # (method, path template) -> how bob calls it: (path, params, json) from a set of ids.
@@ -138,6 +153,37 @@ ROUTES: dict[tuple[str, str], Call] = {
     ("GET", "/api/tokens"): lambda i: ("/api/tokens", None, None),
     ("POST", "/api/tokens"): lambda i: ("/api/tokens", None, {"name": "bob's"}),
     ("DELETE", "/api/tokens/{token_id}"): lambda i: (f"/api/tokens/{i.token}", None, None),
+    ("GET", "/api/search"): lambda i: ("/api/search", {"q": "secret plan"}, None),
+    ("GET", "/api/settings"): lambda i: ("/api/settings", None, None),
+    # server-wide: an admin's (403 `forbidden` for bob either way)
+    ("PATCH", "/api/settings"): lambda i: (
+        "/api/settings",
+        None,
+        {"default_system_prompt": "bob rules the server"},
+    ),
+    ("GET", "/api/sessions/{session_id}/export"): lambda i: (
+        f"/api/sessions/{i.session}/export",
+        None,
+        None,
+    ),
+    ("GET", "/api/export"): lambda i: ("/api/export", None, None),
+    # under the id of alice's import, a file refused: her progress must stay hers
+    ("POST", "/api/sessions/import"): lambda i: (
+        "/api/sessions/import",
+        {"import_id": i.import_},
+        {"format": "not-tether"},
+    ),
+    ("GET", "/api/imports/{import_id}"): lambda i: (f"/api/imports/{i.import_}", None, None),
+    ("POST", "/api/chat/regenerate"): lambda i: (
+        "/api/chat/regenerate",
+        None,
+        {"session_id": i.idle_session, "row_id": i.answer},
+    ),
+    ("POST", "/api/session/branch"): lambda i: (
+        "/api/session/branch",
+        None,
+        {"session_id": i.idle_session, "row_id": i.answer, "index": 1},
+    ),
 }
 # Routes about the caller's own sign-in, not about anyone's data (tests/http/test_accounts.py).
 NOT_WALKED = {
@@ -147,7 +193,17 @@ NOT_WALKED = {
     ("GET", "/api/auth/status"),
 }
 # Also cancel by session, the other way to name a run.
-EXTRA: list[Call] = [lambda i: ("/api/chat/cancel", None, {"session_id": i.session})]
+# Also cancel by session, the other way to name a run; regenerate's default row (the last
+# answer); and an edit of her message (edit_of on chat/start).
+EXTRA: list[Call] = [
+    lambda i: ("/api/chat/cancel", None, {"session_id": i.session}),
+    lambda i: ("/api/chat/regenerate", None, {"session_id": i.idle_session}),
+    lambda i: (
+        "/api/chat/start",
+        None,
+        {"session_id": i.idle_session, "message": "bob's edit", "edit_of": i.row},
+    ),
+]
 
 
 @dataclass
@@ -171,7 +227,16 @@ def _snapshot(world: World) -> dict:
         "status": alice.get("/api/session/status", params={"session_id": ids.session}).json(),
         "tokens": alice.get("/api/tokens").json(),
         "users": alice.get("/api/users").json(),
+        "settings": alice.get("/api/settings").json(),
+        "import": alice.get(f"/api/imports/{ids.import_}").json(),
+        "export": [_unstamped(line) for line in alice.get("/api/export").text.splitlines()],
     }
+
+
+def _unstamped(line: str) -> dict:
+    entry = json.loads(line)
+    entry.pop("exported_at")  # when it was asked for, not what it holds
+    return entry
 
 
 @pytest.fixture(scope="module")
@@ -201,9 +266,18 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         assert queued.status_code == 200, queued.text
         idle = new_session(alice, "alice's idle")
         start_turn(alice, idle, "alice's idle words")
-        wait_idle(alice, idle)
+        row, answer = (m["id"] for m in wait_idle(alice, idle)["messages"])
+        again = alice.post("/api/chat/regenerate", json={"session_id": idle, "row_id": answer})
+        assert again.status_code == 200, again.text
+        shown = wait_idle(alice, idle)["messages"]
+        assert shown[1]["branch"] == {"index": 2, "count": 2}, shown
+        import_id = f"imp_{secrets.token_hex(8)}"
+        export = alice.get(f"/api/sessions/{idle}/export").content
+        mine = alice.post("/api/sessions/import", content=export, params={"import_id": import_id})
+        assert mine.status_code == 201, mine.text
         token = new_token(alice, "alice's laptop")
-        ids = Ids(sid, idle, stream, attachment, queued.json()["queue_id"], token["token_id"])
+        queue = queued.json()["queue_id"]
+        ids = Ids(sid, idle, stream, attachment, queue, token["token_id"], row, answer, import_id)
         bob_cookie = sign_in(srv, "bob")
         bob_token = bearer(srv, new_token(bob_cookie, "bob's script")["token"])
         hidden = [
@@ -213,6 +287,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             attachment,
             ids.queue,
             ids.token,
+            ids.row,
+            ids.answer,
+            ids.import_,
             token["token"],
             SECRET_TEXT,
             SECRET_FILE,
@@ -242,7 +319,8 @@ def _call(client: httpx.Client, method: str, call: Call, ids: Ids) -> httpx.Resp
 
 
 def _masked(text: str, ids: Ids) -> str:
-    for name in ("session", "idle_session", "stream", "attachment", "queue", "token", "approval"):
+    names = ("session", "idle_session", "stream", "attachment", "queue", "token", "row")
+    for name in (*names, "answer", "import_", "approval"):
         text = text.replace(getattr(ids, name), f"<{name}>")
     return text
 

@@ -13,15 +13,23 @@ import psycopg
 from tether.events import Event
 from tether.log import owners
 from tether.log.errors import InvalidEvent, StorageError
-from tether.log.store import Draft
+from tether.log.pg_schema import SCHEMA_LOCK
+from tether.log.store import Draft, IndexFold
+
+_COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"
 
 
 @dataclass(eq=False)
 class Op:
-    kind: str  # "create" | "append" | "delete"
+    kind: str  # "create" | "append" | "delete" | "create_many"
     session_id: str
-    drafts: list[Draft]
+    drafts: list[Draft]  # create_many: every session's, in order (what _load_closed reads)
     future: asyncio.Future = field(repr=False)
+    owner: str | None = None  # create(_many): the new sessions' owner
+    many: list[tuple[str, list[Draft]]] = field(default_factory=list)
+
+    def sids(self) -> list[str]:
+        return [sid for sid, _ in self.many] if self.kind == "create_many" else [self.session_id]
 
 
 def dumps(data: Any) -> str:
@@ -93,3 +101,55 @@ def redact(url: str) -> str:
         return "the configured database URL"
     info.pop("password", None)
     return " ".join(f"{k}={v}" for k, v in info.items())
+
+
+def flat(result: list) -> list[Event]:
+    """An outcome's events: a create_many's are one list per session."""
+    return [ev for item in result for ev in (item if isinstance(item, list) else [item])]
+
+
+def snapshot(work: Batch) -> dict[str, Any]:
+    """What a batch holds, to be put back when an all-or-none creation is refused."""
+    return {k: (v.copy() if hasattr(v, "copy") else v) for k, v in vars(work).items()}
+
+
+def restore(work: Batch, saved: dict[str, Any]) -> None:
+    for key, value in saved.items():
+        setattr(work, key, value)
+
+
+def load_index(db: psycopg.Connection, fold: IndexFold, version: str) -> dict[str, int]:
+    """Rebuild the index state of every session whose stored state is not at its last seq
+    or was folded by other code; return every session's last seq (the fan-out's start)."""
+    with db.transaction():
+        db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+        row = db.execute("SELECT value FROM meta WHERE key='index_version'").fetchone()
+        same = row is not None and row[0] == version
+        stale_sql = "SELECT session_id FROM sessions"
+        if same:
+            stale_sql += " WHERE state_seq <> last_seq"
+        stale = [sid for (sid,) in db.execute(stale_sql)]
+        for sid in stale:
+            locked = db.execute(
+                "SELECT last_seq FROM sessions WHERE session_id=%s FOR UPDATE", (sid,)
+            ).fetchone()
+            if locked is None:  # deleted by another replica meanwhile
+                continue
+            last = locked[0]
+            state = None
+            rows = db.execute(
+                f"SELECT {_COLUMNS} FROM events WHERE session_id=%s AND seq<=%s ORDER BY seq",
+                (sid, last),
+            )
+            for event_row in rows:
+                state = fold(state, row_to_event(event_row))
+            db.execute(
+                "UPDATE sessions SET state=%s, state_seq=%s WHERE session_id=%s",
+                (None if state is None else dumps(state), last, sid),
+            )
+        db.execute(
+            "INSERT INTO meta VALUES ('index_version', %s) "
+            "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+            (version,),
+        )
+        return dict(db.execute("SELECT session_id, last_seq FROM sessions").fetchall())

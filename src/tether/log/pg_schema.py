@@ -125,6 +125,76 @@ def m003_cancel_stream(db: psycopg.Connection) -> None:
 
 
 @migration
+def m004_owners_and_search(db: psycopg.Connection) -> None:
+    """Session owners (log/pg_owners.py) and the full-text search rows (log/pg_search.py).
+    The search configuration folds accents through `unaccent` when the server offers the
+    extension (tried in a savepoint: a server without it, or a role that may not create it,
+    gets `simple` alone, where accents count)."""
+    db.execute("CREATE TABLE session_owners (session_id TEXT PRIMARY KEY, owner TEXT NOT NULL)")
+    db.execute("CREATE TEXT SEARCH CONFIGURATION tether_search (COPY = simple)")
+    try:
+        with db.transaction():
+            db.execute("CREATE EXTENSION IF NOT EXISTS unaccent")
+            db.execute(
+                "ALTER TEXT SEARCH CONFIGURATION tether_search ALTER MAPPING FOR "
+                "hword, hword_part, word WITH unaccent, simple"
+            )
+    except psycopg.Error:
+        pass
+    db.execute(
+        """
+        CREATE TABLE search_rows (
+            id BIGSERIAL PRIMARY KEY,        -- grows with the log's append order
+            session_id TEXT NOT NULL,
+            row_id TEXT NOT NULL,
+            role TEXT NOT NULL,
+            position BIGINT NOT NULL,
+            at DOUBLE PRECISION NOT NULL,
+            text TEXT NOT NULL,
+            tsv TSVECTOR GENERATED ALWAYS AS (to_tsvector('tether_search'::regconfig, text))
+                STORED
+        )
+        """
+    )
+    db.execute("CREATE INDEX search_rows_tsv ON search_rows USING GIN (tsv)")
+    db.execute("CREATE INDEX search_rows_by_session ON search_rows (session_id)")
+
+
+@migration
+def m005_accounts(db: psycopg.Connection) -> None:
+    """Accounts (docs/api.md §15, log/pg_accounts.py): users and their API tokens (hashed),
+    as the SQLite backend's m005; `n` keeps insertion order where SQLite has its rowid."""
+    db.execute(
+        """
+        CREATE TABLE users (
+            n BIGSERIAL UNIQUE,
+            user_id TEXT PRIMARY KEY,
+            username TEXT NOT NULL,
+            username_key TEXT NOT NULL UNIQUE, -- casefolded: names are unique ignoring case
+            admin BOOLEAN NOT NULL,
+            password_hash TEXT,                -- argon2id; NULL: signs in through a proxy/OIDC
+            epoch BIGINT NOT NULL DEFAULT 0,   -- grows at each logout-everywhere
+            created_at DOUBLE PRECISION NOT NULL,
+            external_id TEXT UNIQUE            -- who the OIDC provider says it is: issuer|sub
+        )
+        """
+    )
+    db.execute(
+        """
+        CREATE TABLE api_tokens (
+            n BIGSERIAL UNIQUE,
+            token_id TEXT PRIMARY KEY,
+            user_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            token_hash TEXT NOT NULL UNIQUE,   -- SHA-256 of the secret, never the secret
+            created_at DOUBLE PRECISION NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX api_tokens_by_user ON api_tokens (user_id)")
+
+
+@migration
 def m006_leases(db: psycopg.Connection) -> None:
     """Runs have owners (log/pg_leases.py): each replica heartbeats its lease row; the counter
     row names the replica running the session's open run and an epoch bumped at each takeover.

@@ -43,7 +43,7 @@ from tether.events import (
     Event,
     new_id,
 )
-from tether.log import owners, pg_leases
+from tether.log import owners, pg_leases, pg_owners, pg_rows, pg_search
 from tether.log.errors import (
     CancelRequested,
     LogError,
@@ -60,12 +60,15 @@ from tether.log.pg_rows import (
     Op,
     dumps,
     encode,
+    flat,
     redact,
+    restore,
     row_to_event,
+    snapshot,
     storage_error,
 )
-from tether.log.pg_schema import SCHEMA_LOCK, apply_migrations
-from tether.log.store import Draft, IndexFold, OpenStream
+from tether.log.pg_schema import apply_migrations
+from tether.log.store import Draft, IndexFold, OpenStream, SearchFold, SearchHit
 from tether.log.subscriptions import Hub
 
 log = logging.getLogger("tether.log")
@@ -93,16 +96,20 @@ class PostgresEventStore:
         clock: Callable[[], float] = time.time,
         poll_seconds: float = 5.0,
         pool_size: int = 8,
+        search_fold: SearchFold | None = None,
+        search_version: str | None = None,
     ):
         self.url = url
         self.replica_id = replica_id or new_id("replica")
         self._fold = index_fold
         self._clock = clock
         self._closed_streams: set[str] = set()
+        self._search_fold = search_fold
         try:
             with psycopg.connect(url, autocommit=True, connect_timeout=10) as db:
                 apply_migrations(db)
                 cursors = self._load_index(db, index_version)
+                pg_search.ensure_index(db, search_fold, search_version, index_fold)
         except psycopg.Error as exc:
             raise StorageError(
                 f"Cannot open the Tether database at {redact(url)}: {exc}".strip()
@@ -124,40 +131,7 @@ class PostgresEventStore:
 
     # -- start-up ---------------------------------------------------------------------------
     def _load_index(self, db: psycopg.Connection, version: str) -> dict[str, int]:
-        """Rebuild the index state of every session whose stored state is not at its last seq
-        or was folded by other code; return every session's last seq (the fan-out's start)."""
-        with db.transaction():
-            db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
-            row = db.execute("SELECT value FROM meta WHERE key='index_version'").fetchone()
-            same = row is not None and row[0] == version
-            stale_sql = "SELECT session_id FROM sessions"
-            if same:
-                stale_sql += " WHERE state_seq <> last_seq"
-            stale = [sid for (sid,) in db.execute(stale_sql)]
-            for sid in stale:
-                locked = db.execute(
-                    "SELECT last_seq FROM sessions WHERE session_id=%s FOR UPDATE", (sid,)
-                ).fetchone()
-                if locked is None:  # deleted by another replica meanwhile
-                    continue
-                last = locked[0]
-                state = None
-                rows = db.execute(
-                    f"SELECT {_COLUMNS} FROM events WHERE session_id=%s AND seq<=%s ORDER BY seq",
-                    (sid, last),
-                )
-                for event_row in rows:
-                    state = self._fold(state, row_to_event(event_row))
-                db.execute(
-                    "UPDATE sessions SET state=%s, state_seq=%s WHERE session_id=%s",
-                    (None if state is None else dumps(state), last, sid),
-                )
-            db.execute(
-                "INSERT INTO meta VALUES ('index_version', %s) "
-                "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
-                (version,),
-            )
-            return dict(db.execute("SELECT session_id, last_seq FROM sessions").fetchall())
+        return pg_rows.load_index(db, self._fold, version)
 
     async def _start(self) -> None:
         if self._writer is not None:
@@ -185,21 +159,36 @@ class PostgresEventStore:
         await asyncio.wait_for(self._fanout.listening.wait(), timeout)
 
     # -- writes -----------------------------------------------------------------------------
-    async def _submit(self, kind: str, session_id: str, drafts: list[Draft]) -> Any:
+    async def _submit(
+        self,
+        kind: str,
+        session_id: str,
+        drafts: list[Draft],
+        owner: str | None = None,
+        many: list[tuple[str, list[Draft]]] | None = None,
+    ) -> Any:
         await self._start()
         assert self._queue is not None
         if self._stopped:
             raise StorageError("the log is closed")
         future = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(Op(kind, session_id, list(drafts), future))
+        self._queue.put_nowait(Op(kind, session_id, list(drafts), future, owner, list(many or [])))
         return await future
 
     async def create_session(
         self, session_id: str, drafts: list[Draft], owner: str | None = None
     ) -> list[Event]:
-        if owner is not None:  # session owners on PostgreSQL are not in this backend yet
-            raise StorageError("session owners are not stored by the PostgreSQL backend yet")
-        return await self._submit("create", session_id, drafts)
+        return await self._submit("create", session_id, drafts, owner)
+
+    async def create_sessions(
+        self, sessions: list[tuple[str, list[Draft]]], owner: str | None = None
+    ) -> list[list[Event]]:
+        """All in the writer's transaction, all or none (a savepoint: see `_insert_many`)."""
+        many = [(sid, list(drafts)) for sid, drafts in sessions]
+        if not many:
+            return []
+        every = [d for _, drafts in many for d in drafts]
+        return await self._submit("create_many", many[0][0], every, owner, many)
 
     async def append(self, session_id: str, drafts: list[Draft]) -> list[Event]:
         return await self._submit("append", session_id, drafts)
@@ -224,7 +213,7 @@ class PostgresEventStore:
             await self._write_batch(batch)
 
     async def _write_batch(self, batch: list[Op]) -> None:
-        outcomes: list[tuple[Op, list[Event] | LogError]] = []
+        outcomes: list[tuple[Op, list[Any] | LogError]] = []
         work = Batch()
         durable = False
         try:
@@ -239,6 +228,8 @@ class PostgresEventStore:
                             if op.kind == "delete":
                                 await self._delete(conn, op.session_id, work)
                                 outcomes.append((op, []))
+                            elif op.kind == "create_many":
+                                outcomes.append((op, await self._insert_many(conn, op, work)))
                             else:
                                 outcomes.append((op, await self._insert(conn, op, work)))
                         except LogError as exc:
@@ -261,7 +252,9 @@ class PostgresEventStore:
             if len(self._closed_streams) > _CLOSED_STREAM_CACHE:
                 self._closed_streams.clear()
             self._closed_streams.add(stream_id)
-        committed = [ev for _, result in outcomes if isinstance(result, list) for ev in result]
+        committed = [
+            ev for _, result in outcomes if isinstance(result, list) for ev in flat(result)
+        ]
         try:
             await self._fanout.committed(committed, work.deleted)
         except Exception as exc:  # committed all the same: the slow poll publishes it later
@@ -279,7 +272,7 @@ class PostgresEventStore:
     ) -> None:
         """Lock every counter row the batch touches, in session-id order (no deadlock with
         another replica's batch), then insert the rows of new sessions, in the same order."""
-        sids = sorted({op.session_id for op in batch})
+        sids = sorted({sid for op in batch for sid in op.sids()})
         cur = await conn.execute(
             "SELECT session_id, last_seq, state, open_stream, cancel_stream, open_owner, "
             "open_epoch FROM sessions WHERE session_id = ANY(%s) ORDER BY session_id FOR UPDATE",
@@ -291,7 +284,10 @@ class PostgresEventStore:
             work.open[sid] = open_stream
             work.cancel[sid] = cancel_stream
             work.owner[sid] = (owner, epoch)
-        creating = sorted({op.session_id for op in batch if op.kind == "create"} - set(work.last))
+        creating = sorted(
+            {sid for op in batch if op.kind.startswith("create") for sid in op.sids()}
+            - set(work.last)
+        )
         for sid in creating:
             cur = await conn.execute(
                 "INSERT INTO sessions (session_id, last_seq) VALUES (%s, 0) "
@@ -383,7 +379,8 @@ class PostgresEventStore:
         events = []
         for draft, payload in zip(op.drafts, payloads_, strict=True):
             last += 1
-            event = Event(sid, last, draft.type, now, draft.data, draft.stream_id, draft.turn_id)
+            at = now if draft.at is None else draft.at
+            event = Event(sid, last, draft.type, at, draft.data, draft.stream_id, draft.turn_id)
             queue_id = draft.data.get("queue_id") if draft.type == QUEUE_ADDED else None
             text = draft.data.get("text") if draft.type == TURN_SUBMITTED else None
             work.rows.append(
@@ -391,7 +388,7 @@ class PostgresEventStore:
                     sid,
                     last,
                     draft.type,
-                    now,
+                    at,
                     draft.stream_id,
                     draft.turn_id,
                     payload,
@@ -399,8 +396,15 @@ class PostgresEventStore:
                     text.replace("\x00", "") if isinstance(text, str) else None,
                 )
             )
+            if self._search_fold is not None:
+                change = await pg_search.fold_change(
+                    conn, self._search_fold, state, event, lambda: self._flush(conn, work)
+                )
+                await pg_search.apply_change(conn, sid, change)
             state = self._fold(state, event)
             events.append(event)
+        if op.kind == "create":
+            await pg_owners.record(conn, sid, op.owner)
         for rows in uploads:
             work.uploads.update(rows)
         for stream_id in finishing:
@@ -413,6 +417,25 @@ class PostgresEventStore:
         work.owner[sid] = (owner, epoch)
         work.touched.add(sid)
         return events
+
+    async def _insert_many(
+        self, conn: psycopg.AsyncConnection, op: Op, work: Batch
+    ) -> list[list[Event]]:
+        """Every session of an import in a savepoint: a refusal of any rolls back what the
+        others wrote (and the batch's memory of it), so it writes none of them."""
+        if len(set(op.sids())) != len(op.many):
+            raise SessionExists("the same session twice in one creation")
+        await self._flush(conn, work)  # what came before stays out of the savepoint
+        saved = snapshot(work)
+        try:
+            async with conn.transaction():
+                return [
+                    await self._insert(conn, Op("create", sid, drafts, op.future, op.owner), work)
+                    for sid, drafts in op.many
+                ]
+        except LogError:
+            restore(work, saved)
+            raise
 
     async def _uploads(
         self, conn: psycopg.AsyncConnection, sid: str, draft: Draft, work: Batch
@@ -466,7 +489,7 @@ class PostgresEventStore:
         if work.last[sid] is None:
             raise SessionNotFound(sid)
         await self._flush(conn, work)
-        for table in ("events", "attachments", "closed_streams"):
+        for table in ("events", "attachments", "closed_streams", "session_owners", "search_rows"):
             await conn.execute(f"DELETE FROM {table} WHERE session_id=%s", (sid,))
         work.closed -= {stream for stream, owner in work.closing_written if owner == sid}
         work.closing_written = [(s, owner) for s, owner in work.closing_written if owner != sid]
@@ -509,6 +532,24 @@ class PostgresEventStore:
         return {u[0]: u[1] for u in updates}
 
     # -- reads ------------------------------------------------------------------------------
+    async def search(self, terms: list[str], limit: int) -> list[SearchHit]:
+        if not terms or self._search_fold is None:
+            return []
+        rows = await self._rows(pg_search.SEARCH_SQL, pg_search.search_params(terms, limit))
+        return pg_search.hits(rows)
+
+    async def session_owner(self, session_id: str) -> str | None:
+        rows = await self._rows(pg_owners.OWNER_SQL, (session_id.replace("\x00", ""),))
+        return rows[0][0] if rows else None
+
+    async def claim_unowned(self, owner: str) -> int:
+        await self._start()
+        try:
+            async with self._pool.connection() as conn:
+                return await pg_owners.claim(conn, owner)
+        except psycopg.Error as exc:
+            raise storage_error("write", exc) from exc
+
     async def _rows(self, sql: str, params: tuple) -> list[tuple]:
         await self._start()
         try:

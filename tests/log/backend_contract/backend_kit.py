@@ -144,11 +144,26 @@ class PostgresBackend:
         return cls(url, dbname)
 
     async def open(
-        self, fold: IndexFold = probe_fold, version: str = PROBE_FOLD_VERSION
+        self,
+        fold: IndexFold = probe_fold,
+        version: str = PROBE_FOLD_VERSION,
+        search: tuple[SearchFold, str] | None = None,
     ) -> EventStore:
         from tether.log.postgres import PostgresEventStore
 
-        return PostgresEventStore(self.url, index_fold=fold, index_version=version)
+        search_fold, search_version = search or (None, None)
+        return PostgresEventStore(
+            self.url,
+            index_fold=fold,
+            index_version=version,
+            search_fold=search_fold,
+            search_version=search_version,
+        )
+
+    async def open_accounts(self) -> AccountStore:
+        from tether.log.pg_accounts import PostgresAccountStore
+
+        return PostgresAccountStore(self.url)
 
     def spec(self) -> dict[str, Any]:
         return {"backend": self.name, "url": self.url}

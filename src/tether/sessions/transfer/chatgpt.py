@@ -360,9 +360,9 @@ class _Tree:
             return
         first = self.mapping[chain[0]]["message"]
         model = _metadata(first).get("model_slug")
-        # The model that answered, when the export names it; else the source stands in.
-        named = model[:200] if isinstance(model, str) and model else RUNTIME
-        started = {"stream_id": stream, "turn_id": turn, "runtime": RUNTIME, "model": named}
+        started = {"stream_id": stream, "turn_id": turn, "runtime": RUNTIME}
+        if isinstance(model, str) and model:
+            started["model"] = model[:200]
         self.drafts.append(Draft(ev.RUN_STARTED, started, stream, turn, at=self._at(chain[0])))
         for n, node in enumerate(chain, start=1):
             text = self.texts[node] if n == 1 else "\n\n" + self.texts[node]

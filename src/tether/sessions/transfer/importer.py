@@ -12,6 +12,10 @@ planned in a child process (`transfer/worker.py`), then written in one step.
   complete (first sight is read: no unread dot).
 - Progress: a job the page may poll (`GET /api/imports/{id}`): checking n of total sessions,
   then writing. Jobs are memory only (the import itself is in the log or not at all).
+- Per person (accounts, docs/api.md §15): a job is kept under the viewer and the id they
+  chose, so another person's job of the same id is neither found nor replaced; "imported
+  before" looks only at the viewer's sessions (the store is `OwnedStore`), so the same file
+  imported by two people makes a copy for each.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 from tether.errors import ImportInvalid, ImportNotFound, InternalError
 from tether.log.errors import InvalidEvent
+from tether.log.ownership import VIEWER
 from tether.sessions.service import SessionService
 from tether.sessions.transfer import worker
 from tether.sessions.transfer.plan import Refusal, SessionPlan, refusal_error
@@ -62,10 +67,10 @@ class ImportJob:
 
 
 class ImportJobs:
-    """The progress of recent imports, by the id the client chose."""
+    """The progress of recent imports, by the viewer and the id they chose."""
 
     def __init__(self) -> None:
-        self._jobs: dict[str, ImportJob] = {}
+        self._jobs: dict[tuple[str | None, str], ImportJob] = {}
 
     def open(self, job_id: str | None) -> ImportJob:
         now = time.time()
@@ -76,11 +81,11 @@ class ImportJobs:
             del self._jobs[next(iter(self._jobs))]
         job = ImportJob(job_id or "")
         if job_id:
-            self._jobs[job_id] = job
+            self._jobs[(VIEWER.get(), job_id)] = job
         return job
 
     def get(self, job_id: str) -> ImportJob:
-        job = self._jobs.get(job_id)
+        job = self._jobs.get((VIEWER.get(), job_id))
         if job is None:
             raise ImportNotFound("There is no import with this id (or it ended long ago).")
         return job

@@ -1,0 +1,193 @@
+"""The PostgreSQL backend's full-text search (docs/api.md §10): PostgreSQL's own text search
+over the rows a `SearchFold` names, written in the transaction that appends their events, so
+the index is never behind (nor ahead of) the committed log, whatever crashes when.
+
+`search_rows` (migration m004, log/pg_schema.py) holds each row's text once and a generated
+`tsvector` under a GIN index, in the `tether_search` configuration: the `simple` parser and
+dictionary (no stemming, as SQLite's FTS5 `unicode61` tokenizer), behind `unaccent` when the
+server has that extension, so accents are ignored both ways. Without the extension accents
+count (documented in docs/operations.md). Ranking is `ts_rank` over the newest `RANKED_MAX`
+matches (SQLite ranks its newest 2,000 with BM25 for the same reason); snippets come from
+`ts_headline` with control-character markers split into `(text, matched)` parts, exactly as
+the SQLite backend returns them.
+
+The fold reads a stream's events synchronously (`StreamEvents`) while the writer's connection
+is asynchronous: `fold_change` calls the fold with a reader that answers from what was read
+already and otherwise asks for the read (`_NeedStream`); the writer flushes its pending rows,
+reads the stream in its transaction and calls the pure fold again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+
+from tether.events import Event
+from tether.log.pg_schema import SCHEMA_LOCK
+from tether.log.store import IndexFold, SearchChange, SearchFold, SearchHit
+
+# The snippet's match markers: control characters no row text keeps (blanked out of the
+# stored copy, with NUL, which a PostgreSQL text column cannot hold).
+_OPEN, _CLOSE = "\x02", "\x03"
+_BLANK = str.maketrans({_OPEN: " ", _CLOSE: " ", "\x00": " "})
+SNIPPET_WORDS = 16
+PREFIX_MIN = 3  # a last word shorter than this matches whole (as the SQLite backend)
+RANKED_MAX = 2000
+CONFIG = "tether_search"
+_COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"
+_STREAM_SQL = f"SELECT {_COLUMNS} FROM events WHERE stream_id=%s AND type = ANY(%s) ORDER BY id"
+
+
+class _NeedStream(Exception):
+    def __init__(self, stream_id: str, types: frozenset[str]):
+        self.key = (stream_id, types)
+
+
+def _row_to_event(row: tuple) -> Event:
+    session_id, seq, type_, at, stream_id, turn_id, data = row
+    return Event(session_id, seq, type_, at, json.loads(data), stream_id, turn_id)
+
+
+def _reader(known: dict[tuple[str, frozenset[str]], list[Event]]):
+    def stream_events(stream_id: str, types: frozenset[str]) -> list[Event]:
+        key = (stream_id, types)
+        if key not in known:
+            raise _NeedStream(stream_id, types)
+        return known[key]
+
+    return stream_events
+
+
+async def fold_change(
+    conn: psycopg.AsyncConnection,
+    fold: SearchFold,
+    state: dict[str, Any] | None,
+    event: Event,
+    flush: Callable[[], Awaitable[None]],
+) -> SearchChange:
+    """The fold's change for `event`, whose row is already among the writer's pending rows:
+    every stream read the fold asks for is answered in the writer's transaction, after the
+    pending rows are written (so it sees the batch so far, the event included)."""
+    known: dict[tuple[str, frozenset[str]], list[Event]] = {}
+    while True:
+        try:
+            return fold(state, event, _reader(known))
+        except _NeedStream as need:
+            await flush()
+            stream_id, types = need.key
+            cur = await conn.execute(_STREAM_SQL, (stream_id, sorted(types)))
+            known[need.key] = [_row_to_event(row) for row in await cur.fetchall()]
+
+
+def _rows(session_id: str, change: SearchChange) -> list[tuple]:
+    return [
+        (session_id, d.row_id, d.role, d.position, d.at, d.text.translate(_BLANK))
+        for d in change.add
+    ]
+
+
+_INSERT = (
+    "INSERT INTO search_rows (session_id, row_id, role, position, at, text) "
+    "VALUES (%s, %s, %s, %s, %s, %s)"
+)
+
+
+async def apply_change(
+    conn: psycopg.AsyncConnection, session_id: str, change: SearchChange
+) -> None:
+    if change.add:
+        async with conn.cursor() as cur:
+            await cur.executemany(_INSERT, _rows(session_id, change))
+
+
+def ensure_index(
+    db: psycopg.Connection, fold: SearchFold | None, version: str | None, index_fold: IndexFold
+) -> None:
+    """Rebuild the search rows from the log when another fold version (or none: the
+    migration that adds them) built them; without a fold the stored version is dropped, so
+    that the next store with one rebuilds. Runs under the schema lock, so replicas opening
+    at once rebuild once."""
+    with db.transaction():
+        db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+        row = db.execute("SELECT value FROM meta WHERE key='search_version'").fetchone()
+        if fold is None or version is None:
+            db.execute("DELETE FROM meta WHERE key='search_version'")
+            return
+        if row is not None and row[0] == version:
+            return
+        db.execute("DELETE FROM search_rows")
+
+        def stream_events(stream_id: str, types: frozenset[str]) -> list[Event]:
+            rows = db.execute(_STREAM_SQL, (stream_id, sorted(types))).fetchall()
+            return [_row_to_event(r) for r in rows]
+
+        states: dict[str, dict[str, Any]] = {}
+        with db.cursor(name="search_rebuild") as events:  # server-side: never all in memory
+            events.execute(f"SELECT {_COLUMNS} FROM events ORDER BY id")
+            for event_row in events:
+                event = _row_to_event(event_row)
+                state = states.get(event.session_id)
+                change = fold(state, event, stream_events)
+                if change.add:
+                    with db.cursor() as cur:
+                        cur.executemany(_INSERT, _rows(event.session_id, change))
+                states[event.session_id] = index_fold(state, event)
+        db.execute(
+            "INSERT INTO meta VALUES ('search_version', %s) "
+            "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+            (version,),
+        )
+
+
+def query_text(terms: list[str]) -> str:
+    """`to_tsquery` syntax for 'every term, the last (of PREFIX_MIN letters or more) as a
+    prefix too': each term a quoted lexeme, so nothing a user typed is read as syntax."""
+    quoted = [
+        "'" + t.replace("\\", "\\\\").replace("'", "''").replace("\x00", "") + "'" for t in terms
+    ]
+    if len(terms[-1]) >= PREFIX_MIN:
+        quoted[-1] += ":*"
+    return " & ".join(quoted)
+
+
+_OPTIONS = (
+    f'StartSel="{_OPEN}", StopSel="{_CLOSE}", MaxWords={SNIPPET_WORDS}, '
+    f"MinWords={SNIPPET_WORDS // 2}, ShortWord=0, HighlightAll=false"
+)
+SEARCH_SQL = (
+    f"WITH q AS (SELECT to_tsquery('{CONFIG}', %s) AS q), "
+    "m AS (SELECT r.id, r.session_id, r.row_id, r.role, r.at, r.text, "
+    "ts_rank(r.tsv, q.q) AS rank FROM search_rows r, q WHERE r.tsv @@ q.q "
+    "ORDER BY r.id DESC LIMIT %s), "
+    "top AS (SELECT * FROM m ORDER BY rank DESC, id DESC LIMIT %s) "
+    f"SELECT top.session_id, top.row_id, top.role, top.at, "
+    f"ts_headline('{CONFIG}', top.text, q.q, %s) FROM top, q ORDER BY rank DESC, id DESC"
+)
+
+
+def search_params(terms: list[str], limit: int) -> tuple:
+    return (query_text(terms), RANKED_MAX, limit, _OPTIONS)
+
+
+def snippet_parts(snippet: str) -> tuple[tuple[str, bool], ...]:
+    parts: list[tuple[str, bool]] = []
+    head, *marked = snippet.split(_OPEN)
+    if head:
+        parts.append((head, False))
+    for chunk in marked:
+        text, _, rest = chunk.partition(_CLOSE)
+        if text:
+            parts.append((text, True))
+        if rest:
+            parts.append((rest, False))
+    return tuple(parts)
+
+
+def hits(rows: list[tuple]) -> list[SearchHit]:
+    return [
+        SearchHit(session_id, row_id, role, at, snippet_parts(snippet))
+        for session_id, row_id, role, at, snippet in rows
+    ]

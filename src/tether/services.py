@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import cast
 
 from tether.events import VOCABULARY, Vocabulary, new_id
 from tether.log import Hub, StorageError
@@ -18,7 +19,7 @@ from tether.log.ownership import OwnedStore
 from tether.log.private import private_dir
 from tether.log.sqlite import SQLiteEventStore
 from tether.log.sqlite_accounts import SQLiteAccountStore
-from tether.log.store import AccountStore, EventStore
+from tether.log.store import AccountStore, EventStore, SharedLog
 from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
 from tether.runs import agent_sync
 from tether.runs.engine import RunEngine
@@ -60,7 +61,7 @@ class Services:
 
 def open_store(
     settings: Settings, replica_id: str | None = None, vocabulary: Vocabulary = VOCABULARY
-) -> EventStore:
+) -> CheckedStore:
     """The log: PostgreSQL with `--database-url` (several replicas may share it), else the
     embedded SQLite file in the data directory; behind the payload check every service
     write goes through."""
@@ -109,7 +110,8 @@ def build_services(
     `settings.runtime` names; tests pass their own, and may pass a larger `vocabulary`."""
     runtime = runtime if runtime is not None else load_runtime(settings)
     replica_id = new_id("replica")
-    store = OwnedStore(open_store(settings, replica_id, vocabulary))
+    checked = open_store(settings, replica_id, vocabulary)
+    store = OwnedStore(checked)
     accounts = open_accounts(settings)
     attachments = AttachmentStore(settings.data_dir / "attachments")
     hub = Hub(asyncio.get_running_loop())
@@ -141,6 +143,8 @@ def build_services(
         agent_sync=syncer,
         shared_log=bool(settings.database_url),
     )
+    if settings.database_url:  # the PostgreSQL backend: leases and takeover (runs/leases.py)
+        engine.shared = cast(SharedLog, checked.backend)
     hub.on_batch(engine.on_events)  # a Stop recorded through another replica
     queue = QueueService(engine)
     return Services(

@@ -8,16 +8,20 @@ unfinished (admission in the database), and a follower that reconnects with Last
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 from pg import database
 
 from accounts_kit import PASSWORDS, sign_in, tether_users
 from helpers import (
+    SSEFrame,
     free_port,
     new_session,
     read_events,
@@ -178,6 +182,90 @@ def test_a_database_url_that_is_not_postgresql_or_cannot_be_reached_is_refused_c
     assert away.returncode == 1
     assert "Cannot open the Tether database" in away.stderr
     assert "tether_no_such_database" in away.stderr
+
+
+SLOW = {"TETHER_DEMO_DELAY": "0.1"}  # a `/slow` run streams a piece a second, for minutes
+
+
+def interrupted_on(client: httpx.Client, sid: str, stream: str, after: int) -> SSEFrame:
+    """The run.finished of `stream`, read through `client` (waits up to 30 s)."""
+    frames = read_events(client, sid, after=str(after), stop_on="run.finished", timeout=30)
+    mine = [f for f in frames if f.event == "run.finished"]
+    assert mine, f"no run.finished within 30 s: {[f.event for f in frames][-5:]}"
+    assert mine[-1].json["stream_id"] == stream
+    return mine[-1]
+
+
+def test_a_killed_replicas_run_is_interrupted_on_a_survivor_and_a_restart_interrupts_no_other(
+    tmp_path: Path,
+) -> None:
+    """Layer: runs ownership across replicas (leases, docs/operations.md "Several replicas";
+    contract invariant 4, maintenance, and "one unfinished run per session"): B restarting
+    (its start-up recovery, its shutdown) leaves A's live run alone; `kill -9` of A, the
+    run's owner, and B records the run `interrupted` (maintenance) within 30 s, after which
+    the session admits a new turn that B runs to completion."""
+    with (
+        database() as url,
+        running_server(tmp_path / "a", "--database-url", url, env=SLOW) as a,
+        running_server(tmp_path / "b", "--database-url", url, env=SLOW) as b,
+        a.client() as on_a,
+        b.client() as on_b,
+    ):
+        sid = new_session(on_a)
+        stream = start_turn(on_a, sid, "/slow a long answer")["stream_id"]
+        before = seqs(read_events(on_b, sid, after="0", stop_on="reasoning.delta", timeout=30))
+        b.restart()  # shutdown and start-up recovery on B: A's run is A's
+        after_restart = read_events(on_b, sid, after=str(before[-1]), until_seq=before[-1] + 3)
+        assert [f.event for f in after_restart if f.event == "run.finished"] == []
+        busy = on_b.post("/api/chat/start", json={"session_id": sid, "message": "me too"})
+        assert busy.status_code == 409 and busy.json()["active_stream_id"] == stream
+        cursor = seqs(after_restart)[-1]
+        a.kill()
+        killed = time.monotonic()
+        finished = interrupted_on(on_b, sid, stream, cursor)
+        took = time.monotonic() - killed
+        print(f"kill -9 to interrupted on the survivor: {took:.1f} s")
+        assert took < 30
+        assert finished.json["data"]["state"] == "interrupted"
+        assert finished.json["data"]["maintenance"] is True
+        again = start_turn(on_b, sid, "and now on B")
+        done = run_events(on_b, sid, again["stream_id"], timeout=120)
+        assert done[-1].json["data"]["state"] == "completed"
+
+
+def test_a_paused_owner_past_its_lease_never_writes_after_the_takeover(tmp_path: Path) -> None:
+    """Layer: the log's fence (the run's epoch, bumped at takeover; contract: a late worker's
+    output never lands): A is paused (SIGSTOP) past its lease mid-run, B takes the run over
+    and records it interrupted; A resumed (SIGCONT) keeps streaming into a run that is no
+    longer its own, and none of it reaches the log; A then runs a new turn normally."""
+    with (
+        database() as url,
+        running_server(tmp_path / "a", "--database-url", url, env=SLOW) as a,
+        running_server(tmp_path / "b", "--database-url", url, env=SLOW) as b,
+        a.client() as on_a,
+        b.client() as on_b,
+    ):
+        sid = new_session(on_a)
+        stream = start_turn(on_a, sid, "/slow a long answer")["stream_id"]
+        first = read_events(on_b, sid, after="0", stop_on="reasoning.delta", timeout=30)
+        assert a.proc is not None
+        a.proc.send_signal(signal.SIGSTOP)
+        try:
+            finished = interrupted_on(on_b, sid, stream, seqs(first)[-1])
+            assert finished.json["data"]["state"] == "interrupted"
+        finally:
+            a.proc.send_signal(signal.SIGCONT)
+        end = int(finished["id"])
+        time.sleep(4)  # A streams on for a few pieces, and hears its lease is lost
+        assert on_a.get("/api/health").status_code == 200
+        wait_until(lambda: "lease expired" in a.log(), what="A stops its runs, lease lost")
+        again = start_turn(on_a, sid, "A again")
+        done = run_events(on_b, sid, again["stream_id"], timeout=120)
+        assert done[-1].json["data"]["state"] == "completed"
+        late = [f for f in done if int(f["id"] or 0) > end and f.json.get("stream_id") == stream]
+        assert late == [], [f.event for f in late]
+        whole = seqs(done)
+        assert whole == list(range(1, whole[-1] + 1))
 
 
 def test_accounts_owners_and_search_are_the_databases_on_every_replica(tmp_path: Path) -> None:

@@ -17,8 +17,9 @@ from pg import database, private_server
 
 from tether.events import Event
 from tether.log import Draft, Hub, StorageError
-from tether.log.errors import CancelRequested, SessionOccupied
+from tether.log.errors import CancelRequested, RunTakenOver, SessionOccupied, StreamClosed
 from tether.log.pg_fanout import PAYLOAD_LIMIT, payloads
+from tether.log.pg_leases import LEASE_SECONDS, RENEW_SECONDS
 from tether.log.postgres import PostgresEventStore
 
 pytestmark = pytest.mark.slow
@@ -273,3 +274,66 @@ def test_a_notification_names_sessions_and_seqs_within_notify_limit() -> None:
         merged.update(body["s"])
         gone.extend(body["d"])
     assert merged == seqs and gone == deleted
+
+
+def test_a_dead_replicas_run_is_taken_over_once_and_its_late_appends_are_refused(
+    url: str,
+) -> None:
+    """Layer: runs ownership across replicas (log/pg_leases.py; contract: exactly one
+    terminal event per stream, a late worker's output never lands). A run admitted by a
+    replica with a live lease is nobody else's to settle; once that lease has expired, of two
+    survivors claiming at once exactly one takes it over (SKIP LOCKED), the epoch is bumped,
+    and the old owner's appends to the run are refused while a Stop and the new owner's
+    run.finished are not."""
+
+    async def main() -> None:
+        owner, one, two = (open_store(url, f"r{n}") for n in range(3))
+        for store in (owner, one, two):
+            await store.renew_lease()
+        await owner.create_session("s1", [Draft("session.created", {})])
+        await owner.append("s1", [turn(1)])
+        # the owner's lease is live: nobody claims its run, not even start-up recovery
+        assert await one.claim_orphans(strays=True) == []
+        assert await two.claim_orphans() == []
+        # before a takeover any replica may append to the run (as before leases)
+        await one.append("s1", [Draft("text.delta", {"text": "a"}, "r1")])
+        async with owner._pool.connection() as conn:  # the owner's lease runs out
+            await conn.execute("UPDATE replica_leases SET expires_at = 0 WHERE replica_id='r0'")
+        claims = await asyncio.gather(one.claim_orphans(), two.claim_orphans())
+        assert sorted(len(c) for c in claims) == [0, 1]
+        winner = one if claims[0] else two
+        (taken,) = claims[0] or claims[1]
+        assert (taken.session_id, taken.stream_id, taken.turn_id) == ("s1", "r1", "u1")
+        async with owner._pool.connection() as conn:
+            row = await (
+                await conn.execute("SELECT open_owner, open_epoch FROM sessions")
+            ).fetchone()
+        assert row == (winner.replica_id, 1)
+        with pytest.raises(RunTakenOver):  # the zombie's late output never lands
+            await owner.append("s1", [Draft("text.delta", {"text": "late"}, "r1")])
+        with pytest.raises(StreamClosed):  # ... as a finished stream's, which it is a kind of
+            await owner.append("s1", [Draft("run.finished", {"state": "completed"}, "r1")])
+        await one.append("s1", [Draft("run.cancel_requested", {}, "r1")])  # Stop: anywhere
+        await winner.append("s1", [Draft("run.finished", {"state": "interrupted"}, "r1")])
+        types = [(e.type, e.data.get("text")) for e in await two.read("s1")]
+        assert ("text.delta", "late") not in types
+        assert types[-1] == ("run.finished", None)
+        # the session admits a new run on any replica, owned by its admitter, epoch 0 again
+        await owner.append("s1", [turn(2)])
+        await owner.append("s1", [Draft("text.delta", {"text": "b"}, "r2")])
+        async with owner._pool.connection() as conn:
+            row = await (
+                await conn.execute("SELECT open_owner, open_epoch FROM sessions")
+            ).fetchone()
+        assert row == ("r0", 0)
+        for store in (owner, one, two):
+            await store.aclose()
+
+    asyncio.run(main())
+
+
+def test_the_lease_numbers_are_the_documented_ones() -> None:
+    """docs/operations.md names the lease's renewal and validity; they are the code's."""
+    text = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    assert f"renewed every **{RENEW_SECONDS:g} s** and valid for **{LEASE_SECONDS:g} s**" in text
+    assert LEASE_SECONDS + RENEW_SECONDS < 30  # a dead replica's runs settled within 30 s

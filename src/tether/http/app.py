@@ -9,6 +9,7 @@ shutdown, so we do not hand-roll any of that.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -45,7 +46,8 @@ from tether.http.limits import BodyLimit
 from tether.http.render_pool import RenderPool
 from tether.http.slow_clients import BodyDeadline
 from tether.http.stream_slots import StreamSlots
-from tether.runs import maintenance
+from tether.log import StorageError
+from tether.runs import leases, maintenance
 from tether.runtimes.base import Runtime
 from tether.services import build_services
 from tether.settings import Settings
@@ -97,6 +99,10 @@ def create_app(
                 store.default_owner = admins[0].user_id
                 if await store.claim_unowned(admins[0].user_id):
                     log.info("sessions without an owner now belong to %s", admins[0].username)
+        lease = None
+        if engine.shared is not None:  # the lease first: a run admitted here must be seen alive
+            await engine.shared.renew_lease()
+            lease = asyncio.create_task(leases.lease_forever(engine))
         recovered = await maintenance.recover(engine)
         if recovered:
             log.warning(
@@ -129,6 +135,10 @@ def create_app(
             if syncer is not None:
                 syncer.cancel()
             await maintenance.shutdown(engine)
+            if lease is not None and engine.shared is not None:
+                lease.cancel()
+                with contextlib.suppress(StorageError):
+                    await engine.shared.release_lease()
             await services.runtime.aclose()
             app.state.renderer.close()
             store.attach_hub(None)

@@ -50,6 +50,15 @@ class StreamClosed(LogError):
         self.stream_id = stream_id
 
 
+class RunTakenOver(StreamClosed):
+    """The run was taken over by another replica after this one's lease expired (the fence,
+    log/pg_leases.py): this replica's late appends of it are refused, as a finished stream's."""
+
+    def __init__(self, stream_id: str):
+        LogError.__init__(self, f"stream {stream_id!r} was taken over by another replica")
+        self.stream_id = stream_id
+
+
 class StorageError(LogError, ApiError):
     """The database could not be opened or written (corrupt file, disk full, read-only)."""
 

@@ -194,6 +194,23 @@ def m005_accounts(db: psycopg.Connection) -> None:
     db.execute("CREATE INDEX api_tokens_by_user ON api_tokens (user_id)")
 
 
+@migration
+def m006_leases(db: psycopg.Connection) -> None:
+    """Runs have owners (log/pg_leases.py): each replica heartbeats its lease row; the counter
+    row names the replica running the session's open run and an epoch bumped at each takeover.
+    Runs open before this migration have no owner (recovery settles them)."""
+    db.execute(
+        """
+        CREATE TABLE replica_leases (
+            replica_id TEXT PRIMARY KEY,
+            expires_at DOUBLE PRECISION NOT NULL  -- the database's clock, epoch seconds
+        )
+        """
+    )
+    db.execute("ALTER TABLE sessions ADD COLUMN open_owner TEXT")
+    db.execute("ALTER TABLE sessions ADD COLUMN open_epoch BIGINT NOT NULL DEFAULT 0")
+
+
 def apply_migrations(db: psycopg.Connection) -> list[str]:
     """Apply what is missing, each in its own transaction; return the names applied.
     `db` is in autocommit mode: transactions are explicit."""

@@ -43,10 +43,11 @@ from tether.events import (
     Event,
     new_id,
 )
-from tether.log import owners, pg_owners, pg_rows, pg_search
+from tether.log import owners, pg_leases, pg_owners, pg_rows, pg_search
 from tether.log.errors import (
     CancelRequested,
     LogError,
+    RunTakenOver,
     SessionExists,
     SessionNotFound,
     SessionOccupied,
@@ -273,15 +274,16 @@ class PostgresEventStore:
         another replica's batch), then insert the rows of new sessions, in the same order."""
         sids = sorted({sid for op in batch for sid in op.sids()})
         cur = await conn.execute(
-            "SELECT session_id, last_seq, state, open_stream, cancel_stream FROM sessions "
-            "WHERE session_id = ANY(%s) ORDER BY session_id FOR UPDATE",
+            "SELECT session_id, last_seq, state, open_stream, cancel_stream, open_owner, "
+            "open_epoch FROM sessions WHERE session_id = ANY(%s) ORDER BY session_id FOR UPDATE",
             (sids,),
         )
-        for sid, last, state, open_stream, cancel_stream in await cur.fetchall():
+        for sid, last, state, open_stream, cancel_stream, owner, epoch in await cur.fetchall():
             work.last[sid] = last
             work.state[sid] = None if state is None else json.loads(state)
             work.open[sid] = open_stream
             work.cancel[sid] = cancel_stream
+            work.owner[sid] = (owner, epoch)
         creating = sorted(
             {sid for op in batch if op.kind.startswith("create") for sid in op.sids()}
             - set(work.last)
@@ -298,8 +300,8 @@ class PostgresEventStore:
                 work.state[sid] = None
             else:  # another replica created it meanwhile (and has committed by now)
                 cur = await conn.execute(
-                    "SELECT last_seq, state, open_stream, cancel_stream FROM sessions "
-                    "WHERE session_id=%s FOR UPDATE",
+                    "SELECT last_seq, state, open_stream, cancel_stream, open_owner, "
+                    "open_epoch FROM sessions WHERE session_id=%s FOR UPDATE",
                     (sid,),
                 )
                 row = await cur.fetchone()
@@ -307,11 +309,13 @@ class PostgresEventStore:
                 work.state[sid] = None if row is None or row[1] is None else json.loads(row[1])
                 work.open[sid] = None if row is None else row[2]
                 work.cancel[sid] = None if row is None else row[3]
+                work.owner[sid] = (None, 0) if row is None else (row[4], row[5])
         for sid in sids:
             work.last.setdefault(sid, None)
             work.state.setdefault(sid, None)
             work.open.setdefault(sid, None)
             work.cancel.setdefault(sid, None)
+            work.owner.setdefault(sid, (None, 0))
 
     async def _load_closed(self, conn: psycopg.AsyncConnection, batch: list[Op]) -> None:
         """Which of the batch's streams are finished, read after the sessions were locked (a
@@ -341,19 +345,29 @@ class PostgresEventStore:
         finishing: set[str] = set()
         open_stream = work.open.get(sid)
         cancel_stream = work.cancel.get(sid)
+        owner, epoch = work.owner.get(sid, (None, 0))
         for draft in op.drafts:
             if draft.stream_id is not None:
                 stream = draft.stream_id
                 if stream in finishing or stream in work.closed or stream in self._closed_streams:
                     raise StreamClosed(stream)
+                if (  # the fence: once taken over, only the new owner writes the run (a Stop
+                    # comes from anywhere): the old owner's late appends are refused
+                    stream == open_stream
+                    and epoch > 0
+                    and owner != self.replica_id
+                    and draft.type != RUN_CANCEL_REQUESTED
+                ):
+                    raise RunTakenOver(stream)
                 if draft.type == RUN_FINISHED:
                     finishing.add(stream)
                     if stream == open_stream:
-                        open_stream = None
+                        open_stream, owner, epoch = None, None, 0
                 elif draft.type == TURN_SUBMITTED and open_stream != stream:
                     if draft.admits_run and open_stream is not None:  # one run per session
                         raise SessionOccupied(sid, open_stream)
                     open_stream = stream
+                    owner, epoch = (self.replica_id if draft.admits_run else None), 0
                 elif draft.type == RUN_CANCEL_REQUESTED:
                     if stream == cancel_stream:  # Stop, once per run, from any replica
                         raise CancelRequested(stream)
@@ -400,6 +414,7 @@ class PostgresEventStore:
         work.state[sid] = state
         work.open[sid] = open_stream
         work.cancel[sid] = cancel_stream
+        work.owner[sid] = (owner, epoch)
         work.touched.add(sid)
         return events
 
@@ -482,6 +497,7 @@ class PostgresEventStore:
         work.state[sid] = None
         work.open[sid] = None
         work.cancel[sid] = None
+        work.owner[sid] = (None, 0)
         work.touched.add(sid)
         work.deleted.append(sid)
 
@@ -497,14 +513,18 @@ class PostgresEventStore:
             else:
                 state = work.state[sid]
                 encoded = None if state is None else dumps(state)
-                updates.append((sid, last, encoded, work.open[sid], work.cancel[sid]))
+                updates.append(
+                    (sid, last, encoded, work.open[sid], work.cancel[sid], *work.owner[sid])
+                )
         async with conn.cursor() as cur:
             if updates:
                 await cur.execute(
                     "UPDATE sessions SET last_seq=u.last, state=u.state, state_seq=u.last, "
-                    "open_stream=u.open, cancel_stream=u.cancel FROM unnest(%s::text[], "
-                    "%s::bigint[], %s::text[], %s::text[], %s::text[]) "
-                    "AS u(sid, last, state, open, cancel) WHERE sessions.session_id = u.sid",
+                    "open_stream=u.open, cancel_stream=u.cancel, open_owner=u.owner, "
+                    "open_epoch=u.epoch FROM unnest(%s::text[], %s::bigint[], %s::text[], "
+                    "%s::text[], %s::text[], %s::text[], %s::bigint[]) "
+                    "AS u(sid, last, state, open, cancel, owner, epoch) "
+                    "WHERE sessions.session_id = u.sid",
                     [list(column) for column in zip(*updates, strict=True)],
                 )
             if gone:
@@ -619,6 +639,18 @@ class PostgresEventStore:
             "SELECT DISTINCT blob FROM attachments WHERE session_id=%s", (session_id,)
         )
         return {row[0] for row in rows}
+
+    # -- leases and takeover (log/pg_leases.py) -------------------------------------------
+    async def renew_lease(self) -> None:
+        await self._start()
+        await pg_leases.renew(self._pool, self.replica_id)
+
+    async def release_lease(self) -> None:
+        await pg_leases.release(self._pool, self.replica_id)
+
+    async def claim_orphans(self, *, mine: bool = False, strays: bool = False) -> list[OpenStream]:
+        await self._start()
+        return await pg_leases.claim(self._pool, self.replica_id, mine=mine, strays=strays)
 
     async def aclose(self) -> None:
         self._stopped = True

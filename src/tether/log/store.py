@@ -261,3 +261,16 @@ class AccountStore(Protocol):
         """The live token with this hash and its user."""
 
     async def aclose(self) -> None: ...
+
+
+class SharedLog(Protocol):
+    """What a backend shared by several processes adds (log/pg_leases.py): a lease per
+    process, and the takeover of runs whose owner's lease expired."""
+
+    async def renew_lease(self) -> None: ...
+
+    async def release_lease(self) -> None: ...
+
+    async def claim_orphans(
+        self, *, mine: bool = False, strays: bool = False
+    ) -> list[OpenStream]: ...

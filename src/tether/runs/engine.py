@@ -29,7 +29,7 @@ from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
 from tether.log.attachments import AttachmentStore
 from tether.log.errors import CancelRequested
-from tether.log.store import EventStore
+from tether.log.store import EventStore, SharedLog
 from tether.runs.handles import HandleCache, RuntimeHandle, open_handle
 from tether.runs.intake import Upload
 from tether.runs.pump import END, STOP, Signal, outcome, pump
@@ -85,6 +85,7 @@ class RunEngine:
         # The log is shared with other replicas (PostgreSQL): a Stop for a run this process
         # does not run is recorded in the log for its owner (`_cancel_elsewhere`).
         self.shared_log = shared_log
+        self.shared: SharedLog | None = None  # its leases and takeover (runs/leases.py)
         self.handles = HandleCache()
         self.closing = False
 
@@ -289,7 +290,7 @@ class RunEngine:
                 "cancelled": False,
                 "stream_id": run.stream_id if run else stream_id,
             }
-        self._stop_locally(run)
+        self.stop_locally(run)
         try:
             with contextlib.suppress(StreamClosed):  # the worker may have finished meanwhile
                 await self.store.append(run.session_id, [_cancel_draft(run.stream_id, run.turn_id)])
@@ -297,7 +298,7 @@ class RunEngine:
             return {"ok": True, "cancelled": False, "stream_id": run.stream_id}
         return {"ok": True, "cancelled": True, "stream_id": run.stream_id}
 
-    def _stop_locally(self, run: Run) -> None:
+    def stop_locally(self, run: Run) -> None:
         self.registry.move(run, CANCELLING)  # busy, never attachable from here on
         run.inbox.put_nowait(STOP)
         if run.producer is not None:  # only an invocation that started is interrupted
@@ -335,7 +336,7 @@ class RunEngine:
             if event.type == ev.RUN_CANCEL_REQUESTED and event.stream_id is not None:
                 run = self.registry.get(event.stream_id)
                 if run is not None and not run.resolved and run.phase in (STARTING, RUNNING):
-                    self._stop_locally(run)
+                    self.stop_locally(run)
 
     async def _visible(self, run: Run | None) -> Run | None:
         """The run, unless its session is not the requester's: another person's run is no

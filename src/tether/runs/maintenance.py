@@ -11,6 +11,7 @@ import time
 
 from tether import events as ev
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
+from tether.log.store import OpenStream
 from tether.runs.engine import RunEngine
 from tether.runs.pump import SHUTDOWN
 from tether.runs.registry import CANCELLING, Run
@@ -46,10 +47,21 @@ async def reclaim_forever(engine: RunEngine, window: float) -> None:
             )
 
 
-async def recover(engine: RunEngine) -> int:
+async def recover(engine: RunEngine, *, mine: bool = False) -> int:
     """Settle every run the log shows open without a live worker, as interrupted. Its turn
-    and partial output stay visible and in the model context (invariant 1)."""
-    unfinished = await engine.store.unfinished_streams()
+    and partial output stay visible and in the model context (invariant 1). On a log shared
+    by several replicas only the runs nobody live owns (log/pg_leases.py): those of replicas
+    whose lease expired, those without an owner, and with `mine` (shutdown) this replica's;
+    never a live replica's run."""
+    if engine.shared is not None:
+        unfinished = await engine.shared.claim_orphans(mine=mine, strays=True)
+    else:
+        unfinished = await engine.store.unfinished_streams()
+    return await settle(engine, unfinished)
+
+
+async def settle(engine: RunEngine, unfinished: list[OpenStream]) -> int:
+    """Record each stream interrupted (maintenance), unless a live worker here runs it."""
     settled = 0
     for session_id, stream_id, turn_id in unfinished:
         if engine.registry.get(stream_id) is not None:
@@ -91,6 +103,6 @@ async def shutdown(engine: RunEngine, grace: float = 5.0) -> None:
     for run in engine.registry.runs():
         engine.registry.remove(run)  # wedged: the process is leaving anyway
     try:
-        await recover(engine)
+        await recover(engine, mine=True)
     except StorageError as exc:
         log.error("could not record interrupted runs at shutdown: %s", exc)

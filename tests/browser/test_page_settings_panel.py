@@ -51,8 +51,8 @@ def test_server_defaults_apply_to_the_next_run_and_survive_a_reload(
     open_app(page, server.base_url)
     dialog = open_settings(page)
     model = dialog.get_by_role("combobox", name="Default model")
-    expect(model.locator("option")).to_have_text(
-        ["Command line's (fake-model)", "fake-model", "big-model"]
+    expect(model.locator("option")).to_have_text(  # the endpoint's list: slow under load
+        ["Command line's (fake-model)", "fake-model", "big-model"], timeout=20_000
     )
     model.select_option("big-model")
     dialog.get_by_role("textbox", name="Default system prompt").fill("Answer <b>briefly</b>.")

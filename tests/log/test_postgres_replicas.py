@@ -11,6 +11,7 @@ import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pg import database, private_server
@@ -112,6 +113,21 @@ def test_batches_locking_many_sessions_in_any_order_never_deadlock(url: str) -> 
     asyncio.run(main())
 
 
+async def _kill_listener(admin: Any) -> bool:
+    """Terminate the follower's LISTEN connection once it is listening (after a first kill,
+    its reconnect may still be on its way: wait for it, up to 10 s)."""
+    for _ in range(200):
+        cur = await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE query LIKE 'LISTEN %%' AND datname = current_database()"
+        )
+        killed = [row[0] for row in await cur.fetchall()]
+        if killed:
+            return killed == [True]
+        await asyncio.sleep(0.05)
+    return False
+
+
 def test_a_follower_whose_listen_connection_is_killed_catches_up_from_its_cursor(
     url: str,
 ) -> None:
@@ -129,11 +145,7 @@ def test_a_follower_whose_listen_connection_is_killed_catches_up_from_its_cursor
             for i in range(200):
                 await writer.append("s1", [Draft("text.delta", {"i": i})])
                 if i in (50, 120):  # the follower's LISTEN connection dies mid-stream
-                    cur = await admin.execute(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE query LIKE 'LISTEN %%' AND datname = current_database()"
-                    )
-                    assert [row[0] for row in await cur.fetchall()] == [True]
+                    assert await _kill_listener(admin)
         assert await heard == list(range(1, 202))
         await writer.aclose()
         await follower.aclose()

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from tether.runs.handles import HandleCache
@@ -14,6 +15,14 @@ from tether.runs.maintenance import reclaim
 from tether.runtimes.base import Runtime, RuntimeEvent, TextDelta, TurnInput
 
 from engine_harness import Harness, harness
+
+
+async def until(condition: Callable[[], bool], timeout: float = 20) -> None:
+    """Wait for `condition`, failing clearly (not hanging) when it never holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.002)
 
 
 class BarrierHandle:
@@ -27,7 +36,8 @@ class BarrierHandle:
         self.calls += 1
         self.runtime.calls_started.set()
         if self.runtime.stubborn:
-            while not self.runtime.release_stubborn.is_set():
+            give_up = time.monotonic() + 60  # a failed test's clean-up never waits forever
+            while not self.runtime.release_stubborn.is_set() and time.monotonic() < give_up:
                 # a runtime that ignores the interrupt
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.sleep(0.01)
@@ -166,19 +176,19 @@ def test_an_old_worker_never_clears_a_successors_handle_or_ownership(tmp_path: P
             old = await h.engine.start(sid, "wedge")
             await runtime.calls_started.wait()
             await h.engine.cancel(stream_id=old["stream_id"])
-            while h.registry.for_session(sid).channel_open:
-                await asyncio.sleep(0.005)
+            await until(lambda: not h.registry.for_session(sid).channel_open)
             old_handle = runtime.built[0]
             assert h.engine.handles.owner(sid) == old["stream_id"]  # still busy inside
             run = h.registry.for_session(sid)
             assert reclaim(h.engine, 1.0, now=run.cancelled_at + 1.0) == [run]
             runtime.stubborn = False
-            runtime.call_gate.set()
             new = await h.engine.start(sid, "successor")
-            while h.engine.handles.owner(sid) != new["stream_id"]:
-                await asyncio.sleep(0.001)
+            # The successor waits at the call gate, so it still owns its handle when looked
+            # at (opened before, a fast successor could finish between two looks: a hang).
+            await until(lambda: h.engine.handles.owner(sid) == new["stream_id"])
             new_handle = h.engine.handles.borrow(sid)
             assert new_handle is not old_handle  # never shares the wedged handle
+            runtime.call_gate.set()
             runtime.release_stubborn.set()  # the old worker finally unwinds
             await h.wait_idle(sid)
             await asyncio.sleep(0.05)

@@ -27,11 +27,11 @@ import psycopg
 
 from tether.events import Event
 from tether.log.pg_schema import SCHEMA_LOCK
-from tether.log.store import IndexFold, SearchChange, SearchFold, SearchHit
+from tether.log.store import MATCH_CLOSE, MATCH_OPEN, IndexFold, SearchChange, SearchFold
 
 # The snippet's match markers: control characters no row text keeps (blanked out of the
 # stored copy, with NUL, which a PostgreSQL text column cannot hold).
-_OPEN, _CLOSE = "\x02", "\x03"
+_OPEN, _CLOSE = MATCH_OPEN, MATCH_CLOSE
 _BLANK = str.maketrans({_OPEN: " ", _CLOSE: " ", "\x00": " "})
 SNIPPET_WORDS = 16
 PREFIX_MIN = 3  # a last word shorter than this matches whole (as the SQLite backend)
@@ -170,24 +170,3 @@ SEARCH_SQL = (
 
 def search_params(terms: list[str], limit: int) -> tuple:
     return (query_text(terms), RANKED_MAX, limit, _OPTIONS)
-
-
-def snippet_parts(snippet: str) -> tuple[tuple[str, bool], ...]:
-    parts: list[tuple[str, bool]] = []
-    head, *marked = snippet.split(_OPEN)
-    if head:
-        parts.append((head, False))
-    for chunk in marked:
-        text, _, rest = chunk.partition(_CLOSE)
-        if text:
-            parts.append((text, True))
-        if rest:
-            parts.append((rest, False))
-    return tuple(parts)
-
-
-def hits(rows: list[tuple]) -> list[SearchHit]:
-    return [
-        SearchHit(session_id, row_id, role, at, snippet_parts(snippet))
-        for session_id, row_id, role, at, snippet in rows
-    ]

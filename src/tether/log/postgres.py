@@ -68,7 +68,7 @@ from tether.log.pg_rows import (
     storage_error,
 )
 from tether.log.pg_schema import apply_migrations
-from tether.log.store import Draft, IndexFold, OpenStream, SearchFold, SearchHit
+from tether.log.store import Draft, IndexFold, OpenStream, SearchFold, SearchHit, search_hits
 from tether.log.subscriptions import Hub
 
 log = logging.getLogger("tether.log")
@@ -536,7 +536,7 @@ class PostgresEventStore:
         if not terms or self._search_fold is None:
             return []
         rows = await self._rows(pg_search.SEARCH_SQL, pg_search.search_params(terms, limit))
-        return pg_search.hits(rows)
+        return search_hits(rows)
 
     async def session_owner(self, session_id: str) -> str | None:
         rows = await self._rows(pg_owners.OWNER_SQL, (session_id.replace("\x00", ""),))

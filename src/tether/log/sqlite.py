@@ -41,7 +41,7 @@ from tether.log.errors import (
 )
 from tether.log.migrations import apply_migrations
 from tether.log.private import FILE_MODE, private_file, tighten
-from tether.log.store import Draft, IndexFold, OpenStream, SearchFold, SearchHit
+from tether.log.store import Draft, IndexFold, OpenStream, SearchFold, SearchHit, search_hits
 from tether.log.subscriptions import Hub
 
 log = logging.getLogger("tether.log")
@@ -614,7 +614,7 @@ class SQLiteEventStore:
         if not terms or self._search_fold is None:
             return []
         rows = await asyncio.to_thread(sqlite_search.search, self._query, terms, limit)
-        return sqlite_search.hits(rows)
+        return search_hits(rows)
 
     async def unfinished_streams(self) -> list[OpenStream]:
         return await asyncio.to_thread(self._unfinished_sync)

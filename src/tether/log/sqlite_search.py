@@ -15,11 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 from tether.events import Event
-from tether.log.store import IndexFold, SearchChange, SearchFold, SearchHit
+from tether.log.store import MATCH_CLOSE, MATCH_OPEN, IndexFold, SearchChange, SearchFold
 
 # The snippet's match markers: control characters no row text keeps (they are blanked out of
 # the indexed copy), so the snippet splits into parts without any markup reaching a client.
-_OPEN, _CLOSE = "\x02", "\x03"
+_OPEN, _CLOSE = MATCH_OPEN, MATCH_CLOSE
 _BLANK = str.maketrans({_OPEN: " ", _CLOSE: " "})
 SNIPPET_TOKENS = 16
 
@@ -129,24 +129,3 @@ def search(query: Callable[[str, tuple], list[tuple]], terms: list[str], limit: 
     expression = match_expression(terms)
     cutoff = query(CUTOFF_SQL, (expression, RANKED_MAX - 1))
     return query(SEARCH_SQL, (expression, cutoff[0][0] if cutoff else 0, limit))
-
-
-def snippet_parts(snippet: str) -> tuple[tuple[str, bool], ...]:
-    parts: list[tuple[str, bool]] = []
-    head, *marked = snippet.split(_OPEN)
-    if head:
-        parts.append((head, False))
-    for chunk in marked:
-        text, _, rest = chunk.partition(_CLOSE)
-        if text:
-            parts.append((text, True))
-        if rest:
-            parts.append((rest, False))
-    return tuple(parts)
-
-
-def hits(rows: list[tuple]) -> list[SearchHit]:
-    return [
-        SearchHit(session_id, row_id, role, at, snippet_parts(snippet))
-        for session_id, row_id, role, at, snippet in rows
-    ]

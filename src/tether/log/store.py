@@ -89,6 +89,33 @@ class SearchHit(NamedTuple):
     snippet: tuple[tuple[str, bool], ...]
 
 
+# How a backend marks the match in a snippet its query returns (control characters, which no
+# indexed text holds); `search_hits` turns rows carrying them into `SearchHit`s.
+MATCH_OPEN, MATCH_CLOSE = "\x02", "\x03"
+
+
+def snippet_parts(snippet: str) -> tuple[tuple[str, bool], ...]:
+    parts: list[tuple[str, bool]] = []
+    head, *marked = snippet.split(MATCH_OPEN)
+    if head:
+        parts.append((head, False))
+    for chunk in marked:
+        text, _, rest = chunk.partition(MATCH_CLOSE)
+        if text:
+            parts.append((text, True))
+        if rest:
+            parts.append((rest, False))
+    return tuple(parts)
+
+
+def search_hits(rows: list[tuple]) -> list[SearchHit]:
+    """Rows of `(session_id, row_id, role, at, marked snippet)` as search results."""
+    return [
+        SearchHit(session_id, row_id, role, at, snippet_parts(snippet))
+        for session_id, row_id, role, at, snippet in rows
+    ]
+
+
 class OpenStream(NamedTuple):
     """A run the log shows started (`turn.submitted` with a stream) and not finished."""
 

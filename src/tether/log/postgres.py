@@ -55,6 +55,7 @@ from tether.log.errors import (
     StreamClosed,
 )
 from tether.log.pg_fanout import Fanout, Notifier
+from tether.log.pg_reads import COLUMNS, PostgresReads
 from tether.log.pg_rows import (
     Batch,
     Op,
@@ -63,22 +64,20 @@ from tether.log.pg_rows import (
     flat,
     redact,
     restore,
-    row_to_event,
     snapshot,
     storage_error,
 )
 from tether.log.pg_schema import apply_migrations
-from tether.log.store import Draft, IndexFold, OpenStream, SearchFold, SearchHit, search_hits
+from tether.log.store import Draft, IndexFold, OpenStream, SearchFold
 from tether.log.subscriptions import Hub
 
 log = logging.getLogger("tether.log")
 
 _MAX_BATCH = 1000
 _CLOSED_STREAM_CACHE = 50_000
-_COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"
 
 
-class PostgresEventStore:
+class PostgresEventStore(PostgresReads):
     """The `log.store.EventStore` backend on one PostgreSQL database; see the module docstring.
     Opening applies the migrations and rebuilds stale index states (synchronously, so a bad
     URL fails at start with a clear message); the pool, the writer and the listener start on
@@ -465,7 +464,7 @@ class PostgresEventStore:
         async with conn.cursor() as cur:
             if work.rows:  # one statement for the batch: rows keep their order (and ids)
                 await cur.execute(
-                    f"INSERT INTO events ({_COLUMNS}, queue_id, search_text) "
+                    f"INSERT INTO events ({COLUMNS}, queue_id, search_text) "
                     "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], "
                     "%s::float8[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])",
                     [list(column) for column in zip(*work.rows, strict=True)],
@@ -531,17 +530,6 @@ class PostgresEventStore:
                 await cur.execute("DELETE FROM sessions WHERE session_id = ANY(%s)", (gone,))
         return {u[0]: u[1] for u in updates}
 
-    # -- reads ------------------------------------------------------------------------------
-    async def search(self, terms: list[str], limit: int) -> list[SearchHit]:
-        if not terms or self._search_fold is None:
-            return []
-        rows = await self._rows(pg_search.SEARCH_SQL, pg_search.search_params(terms, limit))
-        return search_hits(rows)
-
-    async def session_owner(self, session_id: str) -> str | None:
-        rows = await self._rows(pg_owners.OWNER_SQL, (session_id.replace("\x00", ""),))
-        return rows[0][0] if rows else None
-
     async def claim_unowned(self, owner: str) -> int:
         await self._start()
         try:
@@ -549,96 +537,6 @@ class PostgresEventStore:
                 return await pg_owners.claim(conn, owner)
         except psycopg.Error as exc:
             raise storage_error("write", exc) from exc
-
-    async def _rows(self, sql: str, params: tuple) -> list[tuple]:
-        await self._start()
-        try:
-            async with self._pool.connection() as conn:
-                cur = await conn.execute(sql, params)
-                return await cur.fetchall()
-        except psycopg.Error as exc:
-            raise storage_error("read", exc) from exc
-
-    async def read(self, session_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
-        rows = await self._rows(
-            f"SELECT {_COLUMNS} FROM events WHERE session_id=%s AND seq>%s ORDER BY seq LIMIT %s",
-            (session_id, after, limit),
-        )
-        return [row_to_event(row) for row in rows]
-
-    async def _read_after(self, cursors: dict[str, int]) -> list[Event]:
-        """What follows each session's cursor, in one query (the fan-out's catch-up)."""
-        rows = await self._rows(
-            f"SELECT {', '.join('e.' + c for c in _COLUMNS.split(', '))} FROM events e "
-            "JOIN unnest(%s::text[], %s::bigint[]) AS c(sid, after) "
-            "ON e.session_id = c.sid AND e.seq > c.after ORDER BY e.session_id, e.seq",
-            (list(cursors), list(cursors.values())),
-        )
-        return [row_to_event(row) for row in rows]
-
-    async def _all_last_seqs(self) -> dict[str, int]:
-        return dict(await self._rows("SELECT session_id, last_seq FROM sessions", ()))
-
-    async def last_seq(self, session_id: str) -> int | None:
-        rows = await self._rows("SELECT last_seq FROM sessions WHERE session_id=%s", (session_id,))
-        return rows[0][0] if rows else None
-
-    async def index_state(self, session_id: str) -> dict[str, Any] | None:
-        rows = await self._rows("SELECT state FROM sessions WHERE session_id=%s", (session_id,))
-        return json.loads(rows[0][0]) if rows and rows[0][0] is not None else None
-
-    async def index_states(self) -> dict[str, dict[str, Any]]:
-        rows = await self._rows(
-            "SELECT session_id, state FROM sessions WHERE state IS NOT NULL", ()
-        )
-        return {sid: json.loads(state) for sid, state in rows}
-
-    async def search_text(self, needle: str) -> set[str]:
-        rows = await self._rows(
-            "SELECT DISTINCT session_id FROM events WHERE type=%s "
-            "AND strpos(lower(search_text), lower(%s)) > 0",
-            (TURN_SUBMITTED, needle.replace("\x00", "")),
-        )
-        return {row[0] for row in rows}
-
-    async def unfinished_streams(self) -> list[OpenStream]:
-        rows = await self._rows(
-            "SELECT t.session_id, t.stream_id, t.turn_id FROM events t WHERE t.type=%s "
-            "AND t.stream_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM closed_streams c "
-            "WHERE c.stream_id=t.stream_id) ORDER BY t.id",
-            (TURN_SUBMITTED,),
-        )
-        return [OpenStream(*row) for row in rows]
-
-    async def queue_session(self, queue_id: str) -> str | None:
-        rows = await self._rows(
-            "SELECT session_id FROM events WHERE queue_id=%s LIMIT 1",
-            (queue_id.replace("\x00", ""),),
-        )
-        return rows[0][0] if rows else None
-
-    async def attachment(self, attachment_id: str, session_id: str | None) -> dict[str, Any] | None:
-        columns = "SELECT session_id, id, blob, name, mime, size FROM attachments WHERE id=%s"
-        attachment_id = attachment_id.replace("\x00", "")
-        if session_id is None:
-            rows = await self._rows(columns + " LIMIT 2", (attachment_id,))
-        else:
-            rows = await self._rows(
-                columns + " AND session_id=%s", (attachment_id, session_id.replace("\x00", ""))
-            )
-        if len(rows) != 1:
-            return None
-        return dict(zip(("session_id", "id", "blob", "name", "mime", "size"), rows[0], strict=True))
-
-    async def blob_in_use(self, blob: str) -> bool:
-        rows = await self._rows("SELECT 1 FROM attachments WHERE blob=%s LIMIT 1", (blob,))
-        return bool(rows)
-
-    async def session_blobs(self, session_id: str) -> set[str]:
-        rows = await self._rows(
-            "SELECT DISTINCT blob FROM attachments WHERE session_id=%s", (session_id,)
-        )
-        return {row[0] for row in rows}
 
     # -- leases and takeover (log/pg_leases.py) -------------------------------------------
     async def renew_lease(self) -> None:

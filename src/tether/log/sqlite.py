@@ -18,7 +18,6 @@ import concurrent.futures
 import contextlib
 import json
 import logging
-import os
 import queue
 import sqlite3
 import threading
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tether.events import QUEUE_ADDED, RUN_FINISHED, TURN_SUBMITTED, Event
+from tether.events import RUN_FINISHED, Event
 from tether.log import owners, sqlite_search
 from tether.log.errors import (
     InvalidEvent,
@@ -36,12 +35,19 @@ from tether.log.errors import (
     SessionExists,
     SessionNotFound,
     StorageError,
-    StorageReadOnly,
     StreamClosed,
 )
 from tether.log.migrations import apply_migrations
 from tether.log.private import FILE_MODE, private_file, tighten
-from tether.log.store import Draft, IndexFold, OpenStream, SearchFold, SearchHit, search_hits
+from tether.log.sqlite_open import (
+    connect,
+    refuse_cut_short,
+    refuse_foreign,
+    refuse_read_only,
+    row_to_event,
+)
+from tether.log.sqlite_reads import SQLiteReads
+from tether.log.store import Draft, IndexFold, SearchFold
 from tether.log.subscriptions import Hub
 
 log = logging.getLogger("tether.log")
@@ -75,97 +81,7 @@ def _encode(draft: Draft) -> str:
     return payload
 
 
-def _row_to_event(row: tuple) -> Event:
-    session_id, seq, type_, at, stream_id, turn_id, data = row
-    return Event(session_id, seq, type_, at, json.loads(data), stream_id, turn_id)
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
-    conn.execute("PRAGMA busy_timeout=30000")
-    return conn
-
-
-# Every table a Tether database may hold (log/migrations.py); sqlite_* are SQLite's own.
-_TETHER_TABLES = frozenset(
-    {"migrations", "events", "session_index", "meta", "attachments", "search_rows"}
-    | {f"search_fts{part}" for part in ("", "_data", "_idx", "_docsize", "_config")}
-    | {"users", "api_tokens", "session_owners"}  # accounts
-)
-
-
-def _refuse_foreign(db: sqlite3.Connection, path: Path) -> None:
-    """Refuse a valid SQLite file that is not Tether's, before anything writes to it.
-
-    Fault found by tests/faults/test_corrupted_database.py: the store used to switch any
-    database to WAL and create its `migrations` table before the first migration failed on a
-    conflicting `events` table, so someone else's file was rewritten (WAL header, a new table)
-    and, without a conflict, silently adopted. A database is Tether's when it is empty, or
-    records Tether's first migration and holds no table Tether does not know. Only reads here.
-    """
-    tables = {
-        name
-        for (name,) in db.execute(
-            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
-        )
-    }
-    if tables <= {"migrations"} and not (
-        tables and db.execute("SELECT 1 FROM migrations LIMIT 1").fetchone()
-    ):
-        return  # a new database (or one whose first start stopped before m001)
-    ours = (
-        "migrations" in tables
-        and db.execute("SELECT 1 FROM migrations WHERE name='m001_events'").fetchone() is not None
-    )
-    unknown = sorted(tables - _TETHER_TABLES)
-    if not ours or unknown:
-        raise StorageError(
-            f"{path} is not a Tether database (it holds the tables "
-            f"{', '.join(sorted(tables))}). The file was left as it is; move it aside or "
-            "choose another --data-dir."
-        )
-
-
-def _refuse_read_only(path: Path) -> None:
-    """Refuse a database Tether could only read. Fault found by
-    tests/faults/test_storage_faults.py: a read-only data directory was reported as a broken
-    database ("attempt to write a readonly database ... restore it from a backup"). Reads are
-    not served instead: in WAL mode even a reader must write the `-shm` index beside the
-    file, and a server whose every message would be refused is worse than a clear refusal."""
-    directory = path.parent
-    for where in (directory, path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-        if where.exists() and not os.access(where, os.W_OK):
-            raise StorageReadOnly(
-                f"The data directory {directory} is read-only ({where} cannot be written): "
-                "Tether keeps its log there and must be able to write it. Nothing was "
-                "changed; make the directory writable or choose another --data-dir."
-            )
-
-
-def _refuse_cut_short(db: sqlite3.Connection, path: Path) -> None:
-    """Refuse a database file that ends inside a page.
-
-    Fault found by tests/faults/test_corrupted_database.py: SQLite notices a file shorter
-    than its header says only by whole pages (it rounds a partial last page up and reads it
-    zero-filled), so a database cut inside its last page could start and serve damaged
-    pages, or fail later on a read. SQLite writes whole pages, so with no write-ahead log
-    left to replay, a size that is not a multiple of the page size means the file was cut.
-    With a non-empty log, the last checkpoint may not have finished: SQLite replays the log.
-    """
-    wal = Path(f"{path}-wal")
-    if wal.exists() and wal.stat().st_size > 0:
-        return
-    size = path.stat().st_size
-    page = db.execute("PRAGMA page_size").fetchone()[0]  # read from the header by now
-    if size % page:
-        raise StorageError(
-            f"Cannot open the Tether database {path}: the file is cut short (database disk "
-            f"image is malformed: {size:,} bytes is not a whole number of {page:,}-byte "
-            "pages). The file was left as it is; restore it from a backup or move it aside."
-        )
-
-
-class SQLiteEventStore:
+class SQLiteEventStore(SQLiteReads):
     """The `log.store.EventStore` backend on one SQLite file; see the module docstring.
     `index_fold` is the per-session fold (the sidebar row) that is kept in the same
     transaction as the events; `index_version` names its code, so a new fold rebuilds the
@@ -194,14 +110,14 @@ class SQLiteEventStore:
         self._readers_lock = threading.Lock()
         self._closed_streams: dict[str, bool] = {}
         try:
-            _refuse_read_only(self.path)
+            refuse_read_only(self.path)
             private_file(self.path)  # before SQLite would create it 0644
             for leftover in (Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
                 if leftover.exists():
                     tighten(leftover, FILE_MODE)
-            self._db = _connect(self.path)
-            _refuse_foreign(self._db, self.path)  # before anything below writes to the file
-            _refuse_cut_short(self._db, self.path)
+            self._db = connect(self.path)
+            refuse_foreign(self._db, self.path)  # before anything below writes to the file
+            refuse_cut_short(self._db, self.path)
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
                 raise StorageError(f"{self.path}: could not switch to WAL (got {mode})")
@@ -257,7 +173,7 @@ class SQLiteEventStore:
                     (sid,),
                 )
                 for row in rows:
-                    state = self._fold(state, _row_to_event(row))
+                    state = self._fold(state, row_to_event(row))
                 assert state is not None
                 index[sid] = state
                 db.execute(
@@ -551,121 +467,6 @@ class SQLiteEventStore:
         self._owner_changes[sid] = None
         del self._last_seq[sid]
         self._index.pop(sid, None)
-
-    # -- reads ------------------------------------------------------------------------------
-    def _reader(self) -> sqlite3.Connection:
-        conn = getattr(self._reader_local, "conn", None)
-        if conn is None:
-            conn = _connect(self.path)
-            conn.execute("PRAGMA query_only=1")
-            self._reader_local.conn = conn
-            with self._readers_lock:
-                self._readers.append(conn)
-        return conn
-
-    def _query(self, sql: str, params: tuple) -> list[tuple]:
-        """Rows of a read, fetched here so that a damaged page surfaces as StorageError.
-
-        Fault found by tests/faults/test_corrupted_database.py: a database cut short inside
-        its last page opened fine and then failed in start-up recovery with a bare
-        `sqlite3.DatabaseError` ("database disk image is malformed") that did not name the
-        file; at run time the same read was an anonymous 500.
-        """
-        try:
-            return self._reader().execute(sql, params).fetchall()
-        except sqlite3.DatabaseError as exc:
-            raise StorageError(
-                f"Cannot read the Tether database {self.path}: {exc}. "
-                "The file was left as it is; restore it from a backup or move it aside."
-            ) from exc
-
-    def read_sync(self, session_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
-        rows = self._query(
-            "SELECT session_id, seq, type, at, stream_id, turn_id, data FROM events "
-            "WHERE session_id=? AND seq>? ORDER BY seq LIMIT ?",
-            (session_id, after, -1 if limit is None else limit),
-        )
-        return [_row_to_event(row) for row in rows]
-
-    async def read(self, session_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
-        return await asyncio.to_thread(self.read_sync, session_id, after, limit)
-
-    async def last_seq(self, session_id: str) -> int | None:
-        return self._visible_seq.get(session_id)
-
-    async def index_state(self, session_id: str) -> dict[str, Any] | None:
-        return self._visible_index.get(session_id)
-
-    async def index_states(self) -> dict[str, dict[str, Any]]:
-        return dict(self._visible_index)
-
-    def _search_sync(self, needle: str) -> set[str]:
-        rows = self._query(
-            "SELECT DISTINCT session_id FROM events WHERE type=? "
-            "AND instr(lower(json_extract(data, '$.text')), lower(?)) > 0",
-            (TURN_SUBMITTED, needle),
-        )
-        return {row[0] for row in rows}
-
-    async def search_text(self, needle: str) -> set[str]:
-        return await asyncio.to_thread(self._search_sync, needle)
-
-    async def search(self, terms: list[str], limit: int) -> list[SearchHit]:
-        if not terms or self._search_fold is None:
-            return []
-        rows = await asyncio.to_thread(sqlite_search.search, self._query, terms, limit)
-        return search_hits(rows)
-
-    async def unfinished_streams(self) -> list[OpenStream]:
-        return await asyncio.to_thread(self._unfinished_sync)
-
-    def _unfinished_sync(self) -> list[OpenStream]:
-        rows = self._query(
-            "SELECT t.session_id, t.stream_id, t.turn_id FROM events t WHERE t.type=? "
-            "AND t.stream_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM events f WHERE "
-            "f.stream_id=t.stream_id AND f.type=?) ORDER BY t.id",
-            (TURN_SUBMITTED, RUN_FINISHED),
-        )
-        return [OpenStream(*row) for row in rows]
-
-    async def queue_session(self, queue_id: str) -> str | None:
-        return await asyncio.to_thread(self._queue_session_sync, queue_id)
-
-    def _queue_session_sync(self, queue_id: str) -> str | None:
-        rows = self._query(
-            "SELECT session_id FROM events WHERE type=? AND json_extract(data, '$.queue_id')=? "
-            "LIMIT 1",
-            (QUEUE_ADDED, queue_id),
-        )
-        return rows[0][0] if rows else None
-
-    async def attachment(self, attachment_id: str, session_id: str | None) -> dict[str, Any] | None:
-        return await asyncio.to_thread(self._attachment_sync, attachment_id, session_id)
-
-    def _attachment_sync(self, attachment_id: str, session_id: str | None) -> dict[str, Any] | None:
-        columns = "SELECT session_id, id, blob, name, mime, size FROM attachments WHERE id=?"
-        if session_id is None:
-            rows = self._query(columns + " LIMIT 2", (attachment_id,))
-        else:
-            rows = self._query(columns + " AND session_id=?", (attachment_id, session_id))
-        if len(rows) != 1:
-            return None
-        return dict(zip(("session_id", "id", "blob", "name", "mime", "size"), rows[0], strict=True))
-
-    async def blob_in_use(self, blob: str) -> bool:
-        rows = await asyncio.to_thread(
-            self._query, "SELECT 1 FROM attachments WHERE blob=? LIMIT 1", (blob,)
-        )
-        return bool(rows)
-
-    async def session_blobs(self, session_id: str) -> set[str]:
-        return await asyncio.to_thread(self._session_blobs_sync, session_id)
-
-    def _session_blobs_sync(self, session_id: str) -> set[str]:
-        rows = self._query(
-            "SELECT DISTINCT blob FROM attachments WHERE session_id=?", (session_id,)
-        )
-        return {row[0] for row in rows}
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)

@@ -9,12 +9,12 @@ that deletes its log; nothing else removes a row (a truncation hides rows as a b
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Callable
 from typing import Any
 
 from tether.events import Event
+from tether.log.sqlite_open import row_to_event
 from tether.log.store import MATCH_CLOSE, MATCH_OPEN, IndexFold, SearchChange, SearchFold
 
 # The snippet's match markers: control characters no row text keeps (they are blanked out of
@@ -22,11 +22,6 @@ from tether.log.store import MATCH_CLOSE, MATCH_OPEN, IndexFold, SearchChange, S
 _OPEN, _CLOSE = MATCH_OPEN, MATCH_CLOSE
 _BLANK = str.maketrans({_OPEN: " ", _CLOSE: " "})
 SNIPPET_TOKENS = 16
-
-
-def _row_to_event(row: tuple) -> Event:
-    session_id, seq, type_, at, stream_id, turn_id, data = row
-    return Event(session_id, seq, type_, at, json.loads(data), stream_id, turn_id)
 
 
 def stream_reader(db: sqlite3.Connection) -> Callable[[str, frozenset[str]], list[Event]]:
@@ -40,7 +35,7 @@ def stream_reader(db: sqlite3.Connection) -> Callable[[str, frozenset[str]], lis
             f"WHERE stream_id=? AND type IN ({marks}) ORDER BY id",
             (stream_id, *sorted(types)),
         )
-        return [_row_to_event(row) for row in rows]
+        return [row_to_event(row) for row in rows]
 
     return stream_events
 
@@ -83,7 +78,7 @@ def ensure_index(
             "SELECT session_id, seq, type, at, stream_id, turn_id, data FROM events ORDER BY id"
         )
         for row in rows:
-            event = _row_to_event(row)
+            event = row_to_event(row)
             state = states.get(event.session_id)
             apply_change(db, event.session_id, fold(state, event, stream_events))
             states[event.session_id] = index_fold(state, event)

@@ -1,0 +1,128 @@
+"""The read side of the PostgreSQL event log (log/postgres.py): every read goes to the
+database through the pool, never to process memory, since another replica may have written
+since the last read."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from tether.events import TURN_SUBMITTED, Event
+from tether.log import pg_owners, pg_search
+from tether.log.pg_rows import row_to_event, storage_error
+from tether.log.store import OpenStream, SearchFold, SearchHit, search_hits
+
+COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"
+
+
+class PostgresReads:
+    """Mixed into PostgresEventStore, which owns the pool and starts it (`_start`)."""
+
+    _pool: AsyncConnectionPool
+    _search_fold: SearchFold | None
+
+    async def _start(self) -> None:
+        raise NotImplementedError  # PostgresEventStore._start opens the pool and the writer
+
+    async def search(self, terms: list[str], limit: int) -> list[SearchHit]:
+        if not terms or self._search_fold is None:
+            return []
+        rows = await self._rows(pg_search.SEARCH_SQL, pg_search.search_params(terms, limit))
+        return search_hits(rows)
+
+    async def session_owner(self, session_id: str) -> str | None:
+        rows = await self._rows(pg_owners.OWNER_SQL, (session_id.replace("\x00", ""),))
+        return rows[0][0] if rows else None
+
+    async def _rows(self, sql: str, params: tuple) -> list[tuple]:
+        await self._start()
+        try:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(sql, params)
+                return await cur.fetchall()
+        except psycopg.Error as exc:
+            raise storage_error("read", exc) from exc
+
+    async def read(self, session_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
+        rows = await self._rows(
+            f"SELECT {COLUMNS} FROM events WHERE session_id=%s AND seq>%s ORDER BY seq LIMIT %s",
+            (session_id, after, limit),
+        )
+        return [row_to_event(row) for row in rows]
+
+    async def _read_after(self, cursors: dict[str, int]) -> list[Event]:
+        """What follows each session's cursor, in one query (the fan-out's catch-up)."""
+        rows = await self._rows(
+            f"SELECT {', '.join('e.' + c for c in COLUMNS.split(', '))} FROM events e "
+            "JOIN unnest(%s::text[], %s::bigint[]) AS c(sid, after) "
+            "ON e.session_id = c.sid AND e.seq > c.after ORDER BY e.session_id, e.seq",
+            (list(cursors), list(cursors.values())),
+        )
+        return [row_to_event(row) for row in rows]
+
+    async def _all_last_seqs(self) -> dict[str, int]:
+        return dict(await self._rows("SELECT session_id, last_seq FROM sessions", ()))
+
+    async def last_seq(self, session_id: str) -> int | None:
+        rows = await self._rows("SELECT last_seq FROM sessions WHERE session_id=%s", (session_id,))
+        return rows[0][0] if rows else None
+
+    async def index_state(self, session_id: str) -> dict[str, Any] | None:
+        rows = await self._rows("SELECT state FROM sessions WHERE session_id=%s", (session_id,))
+        return json.loads(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    async def index_states(self) -> dict[str, dict[str, Any]]:
+        rows = await self._rows(
+            "SELECT session_id, state FROM sessions WHERE state IS NOT NULL", ()
+        )
+        return {sid: json.loads(state) for sid, state in rows}
+
+    async def search_text(self, needle: str) -> set[str]:
+        rows = await self._rows(
+            "SELECT DISTINCT session_id FROM events WHERE type=%s "
+            "AND strpos(lower(search_text), lower(%s)) > 0",
+            (TURN_SUBMITTED, needle.replace("\x00", "")),
+        )
+        return {row[0] for row in rows}
+
+    async def unfinished_streams(self) -> list[OpenStream]:
+        rows = await self._rows(
+            "SELECT t.session_id, t.stream_id, t.turn_id FROM events t WHERE t.type=%s "
+            "AND t.stream_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM closed_streams c "
+            "WHERE c.stream_id=t.stream_id) ORDER BY t.id",
+            (TURN_SUBMITTED,),
+        )
+        return [OpenStream(*row) for row in rows]
+
+    async def queue_session(self, queue_id: str) -> str | None:
+        rows = await self._rows(
+            "SELECT session_id FROM events WHERE queue_id=%s LIMIT 1",
+            (queue_id.replace("\x00", ""),),
+        )
+        return rows[0][0] if rows else None
+
+    async def attachment(self, attachment_id: str, session_id: str | None) -> dict[str, Any] | None:
+        columns = "SELECT session_id, id, blob, name, mime, size FROM attachments WHERE id=%s"
+        attachment_id = attachment_id.replace("\x00", "")
+        if session_id is None:
+            rows = await self._rows(columns + " LIMIT 2", (attachment_id,))
+        else:
+            rows = await self._rows(
+                columns + " AND session_id=%s", (attachment_id, session_id.replace("\x00", ""))
+            )
+        if len(rows) != 1:
+            return None
+        return dict(zip(("session_id", "id", "blob", "name", "mime", "size"), rows[0], strict=True))
+
+    async def blob_in_use(self, blob: str) -> bool:
+        rows = await self._rows("SELECT 1 FROM attachments WHERE blob=%s LIMIT 1", (blob,))
+        return bool(rows)
+
+    async def session_blobs(self, session_id: str) -> set[str]:
+        rows = await self._rows(
+            "SELECT DISTINCT blob FROM attachments WHERE session_id=%s", (session_id,)
+        )
+        return {row[0] for row in rows}

@@ -16,6 +16,7 @@ import { TranscriptView } from "./transcript.js";
 import { UnreadStore } from "./unread.js";
 
 const $ = (id) => document.getElementById(id);
+const LIVE_FRAME_MS = 100; // the live Markdown's own cadence (transcript.js)
 const DEFAULT_TITLE = "New chat"; // the server's name for a session its first message has not named
 // What Continue sends under an answer cut off at the token limit (a visible user turn).
 const CONTINUE_MESSAGE = "Continue from where your answer was cut off.";
@@ -36,6 +37,7 @@ class App {
     this.health = null;
     this.ownSteers = new Set();
     this.renderQueued = false;
+    this.renderedAt = 0;
     this.transcript = new TranscriptView($("transcript"));
     this.unread = new UnreadStore({ onChange: () => this.sidebar?.render() });
     this.sidebar = new Sidebar({
@@ -299,13 +301,21 @@ class App {
     });
   }
 
+  /** One render per animation frame; while a run streams, at most one per LIVE_FRAME_MS:
+   *  every frame costs the browser layout, paint and compositing, and a delta every 20 ms
+   *  rendered as it comes kept a core busy per tab (bench/README.md, "outside_latency"). */
   scheduleRender() {
     if (this.renderQueued) return;
     this.renderQueued = true;
-    requestAnimationFrame(() => {
-      this.renderQueued = false;
-      this.renderNow();
-    });
+    const frame = () =>
+      requestAnimationFrame(() => {
+        this.renderQueued = false;
+        this.renderedAt = performance.now();
+        this.renderNow();
+      });
+    const wait = this.running ? this.renderedAt + LIVE_FRAME_MS - performance.now() : 0;
+    if (wait > 0) setTimeout(frame, wait);
+    else frame();
   }
 
   renderNow() {

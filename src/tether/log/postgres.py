@@ -16,7 +16,9 @@ Admission is the database's too: the counter row names the session's unfinished 
 (`open_stream`, set by its `turn.submitted`, cleared by its `run.finished`), so a second
 `turn.submitted` with a stream is refused with SessionOccupied (409 `session_busy`) whichever
 replica sends it, in the same locked transaction. Stop is recorded once per run the same way
-(`cancel_stream`): a second `run.cancel_requested` of the run is refused with CancelRequested.
+(`cancel_stream`): a second `run.cancel_requested` of the run is refused with CancelRequested;
+and an answer once per prompt (`answered`): a second `approval.answered` / `clarify.answered`
+of the same prompt is refused with PromptAnswered.
 
 Reads go to the database (a connection pool), never to process memory: another replica may
 have written since. The only cache is of streams known to be finished, which stays true.
@@ -36,6 +38,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from tether.events import (
+    APPROVAL_ANSWERED,
+    CLARIFY_ANSWERED,
     QUEUE_ADDED,
     RUN_CANCEL_REQUESTED,
     RUN_FINISHED,
@@ -47,6 +51,7 @@ from tether.log import owners, pg_leases, pg_owners, pg_rows, pg_search
 from tether.log.errors import (
     CancelRequested,
     LogError,
+    PromptAnswered,
     RunTakenOver,
     SessionExists,
     SessionNotFound,
@@ -76,6 +81,7 @@ log = logging.getLogger("tether.log")
 _MAX_BATCH = 1000
 _CLOSED_STREAM_CACHE = 50_000
 _COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"
+_ANSWERS = {APPROVAL_ANSWERED: "approval_id", CLARIFY_ANSWERED: "question_id"}
 
 
 class PostgresEventStore:
@@ -275,15 +281,17 @@ class PostgresEventStore:
         sids = sorted({sid for op in batch for sid in op.sids()})
         cur = await conn.execute(
             "SELECT session_id, last_seq, state, open_stream, cancel_stream, open_owner, "
-            "open_epoch FROM sessions WHERE session_id = ANY(%s) ORDER BY session_id FOR UPDATE",
+            "open_epoch, answered FROM sessions WHERE session_id = ANY(%s) "
+            "ORDER BY session_id FOR UPDATE",
             (sids,),
         )
-        for sid, last, state, open_stream, cancel_stream, owner, epoch in await cur.fetchall():
+        for sid, last, state, open_stream, cancel, owner, epoch, answered in await cur.fetchall():
             work.last[sid] = last
             work.state[sid] = None if state is None else json.loads(state)
             work.open[sid] = open_stream
-            work.cancel[sid] = cancel_stream
+            work.cancel[sid] = cancel
             work.owner[sid] = (owner, epoch)
+            work.answered[sid] = json.loads(answered)
         creating = sorted(
             {sid for op in batch if op.kind.startswith("create") for sid in op.sids()}
             - set(work.last)
@@ -301,7 +309,7 @@ class PostgresEventStore:
             else:  # another replica created it meanwhile (and has committed by now)
                 cur = await conn.execute(
                     "SELECT last_seq, state, open_stream, cancel_stream, open_owner, "
-                    "open_epoch FROM sessions WHERE session_id=%s FOR UPDATE",
+                    "open_epoch, answered FROM sessions WHERE session_id=%s FOR UPDATE",
                     (sid,),
                 )
                 row = await cur.fetchone()
@@ -310,12 +318,14 @@ class PostgresEventStore:
                 work.open[sid] = None if row is None else row[2]
                 work.cancel[sid] = None if row is None else row[3]
                 work.owner[sid] = (None, 0) if row is None else (row[4], row[5])
+                work.answered[sid] = [] if row is None else json.loads(row[6])
         for sid in sids:
             work.last.setdefault(sid, None)
             work.state.setdefault(sid, None)
             work.open.setdefault(sid, None)
             work.cancel.setdefault(sid, None)
             work.owner.setdefault(sid, (None, 0))
+            work.answered.setdefault(sid, [])
 
     async def _load_closed(self, conn: psycopg.AsyncConnection, batch: list[Op]) -> None:
         """Which of the batch's streams are finished, read after the sessions were locked (a
@@ -346,6 +356,7 @@ class PostgresEventStore:
         open_stream = work.open.get(sid)
         cancel_stream = work.cancel.get(sid)
         owner, epoch = work.owner.get(sid, (None, 0))
+        answered = work.answered.get(sid, [])
         for draft in op.drafts:
             if draft.stream_id is not None:
                 stream = draft.stream_id
@@ -362,16 +373,21 @@ class PostgresEventStore:
                 if draft.type == RUN_FINISHED:
                     finishing.add(stream)
                     if stream == open_stream:
-                        open_stream, owner, epoch = None, None, 0
+                        open_stream, owner, epoch, answered = None, None, 0, []
                 elif draft.type == TURN_SUBMITTED and open_stream != stream:
                     if draft.admits_run and open_stream is not None:  # one run per session
                         raise SessionOccupied(sid, open_stream)
-                    open_stream = stream
+                    open_stream, answered = stream, []
                     owner, epoch = (self.replica_id if draft.admits_run else None), 0
                 elif draft.type == RUN_CANCEL_REQUESTED:
                     if stream == cancel_stream:  # Stop, once per run, from any replica
                         raise CancelRequested(stream)
                     cancel_stream = stream
+                elif draft.type in _ANSWERS:  # an answer, once per prompt, from any replica
+                    prompt = f"{stream}/{draft.type}/{draft.data[_ANSWERS[draft.type]]}"
+                    if prompt in answered:
+                        raise PromptAnswered(stream, prompt)
+                    answered = [*answered, prompt]
         payloads_ = [encode(sid, draft) for draft in op.drafts]  # refuse before writing
         uploads = [await self._uploads(conn, sid, d, work) for d in op.drafts]
         now = self._clock()
@@ -415,6 +431,7 @@ class PostgresEventStore:
         work.open[sid] = open_stream
         work.cancel[sid] = cancel_stream
         work.owner[sid] = (owner, epoch)
+        work.answered[sid] = answered
         work.touched.add(sid)
         return events
 
@@ -498,6 +515,7 @@ class PostgresEventStore:
         work.open[sid] = None
         work.cancel[sid] = None
         work.owner[sid] = (None, 0)
+        work.answered[sid] = []
         work.touched.add(sid)
         work.deleted.append(sid)
 
@@ -514,16 +532,25 @@ class PostgresEventStore:
                 state = work.state[sid]
                 encoded = None if state is None else dumps(state)
                 updates.append(
-                    (sid, last, encoded, work.open[sid], work.cancel[sid], *work.owner[sid])
+                    (
+                        sid,
+                        last,
+                        encoded,
+                        work.open[sid],
+                        work.cancel[sid],
+                        *work.owner[sid],
+                        dumps(work.answered[sid]),
+                    )
                 )
         async with conn.cursor() as cur:
             if updates:
                 await cur.execute(
                     "UPDATE sessions SET last_seq=u.last, state=u.state, state_seq=u.last, "
                     "open_stream=u.open, cancel_stream=u.cancel, open_owner=u.owner, "
-                    "open_epoch=u.epoch FROM unnest(%s::text[], %s::bigint[], %s::text[], "
-                    "%s::text[], %s::text[], %s::text[], %s::bigint[]) "
-                    "AS u(sid, last, state, open, cancel, owner, epoch) "
+                    "open_epoch=u.epoch, answered=u.answered FROM unnest(%s::text[], "
+                    "%s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[], "
+                    "%s::bigint[], %s::text[]) "
+                    "AS u(sid, last, state, open, cancel, owner, epoch, answered) "
                     "WHERE sessions.session_id = u.sid",
                     [list(column) for column in zip(*updates, strict=True)],
                 )

@@ -50,7 +50,7 @@ class Services:
     feed: SidebarFeed
     attachments: AttachmentStore
     engine: RunEngine
-    controls: RunControls  # Stop, steer and answers
+    controls: RunControls  # Stop, steer and answers, through any replica
     queue: QueueService
     agent_sync: agent_sync.AgentSync | None
     importer: Importer
@@ -146,9 +146,11 @@ def build_services(
     )
     if settings.database_url:  # the PostgreSQL backend: leases and takeover (runs/leases.py)
         engine.shared = cast(SharedLog, checked.backend)
-    # The log is shared with other replicas (PostgreSQL): a Stop for a run another replica
-    # runs is recorded in the log, and heard by that run's owner.
-    controls = RunControls(store=store, registry=registry, shared_log=bool(settings.database_url))
+    # The log is shared with other replicas (PostgreSQL): a control for a run another
+    # replica runs is recorded in the log, and heard by that run's owner.
+    controls = RunControls(
+        store=store, sessions=sessions, registry=registry, shared_log=bool(settings.database_url)
+    )
     hub.on_batch(controls.on_events)
     queue = QueueService(engine)
     return Services(

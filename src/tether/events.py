@@ -292,6 +292,14 @@ class ApprovalResolved(TypedDict):
     reason: str
 
 
+class ApprovalAnswered(TypedDict):
+    """The user's answer, recorded for the replica that runs the stream (several replicas)."""
+
+    stream_id: str
+    approval_id: str
+    choice: str
+
+
 class ClarifyRequested(TypedDict):
     stream_id: str
     question_id: str
@@ -304,6 +312,12 @@ class ClarifyResolved(TypedDict):
     question_id: str
     text: str
     reason: str
+
+
+class ClarifyAnswered(TypedDict):
+    stream_id: str
+    question_id: str
+    text: str
 
 
 class QueueAdded(TypedDict):
@@ -377,9 +391,13 @@ STEER_LEFTOVER = durable("steer.leftover", SteerLeftover)
 # extensions: the agent asked before running something flagged dangerous, and the answer
 APPROVAL_REQUESTED = durable("approval.requested", ApprovalRequested)
 APPROVAL_RESOLVED = durable("approval.resolved", ApprovalResolved)
+# extension, on a log shared by several replicas: the user's answer, recorded once per prompt
+# for the replica that runs the stream (runs/controls.py); `approval.resolved` stays the truth
+APPROVAL_ANSWERED = durable("approval.answered", ApprovalAnswered)
 # extensions: the agent asked the user a question (Hermes' clarify tool), and the answer
 CLARIFY_REQUESTED = durable("clarify.requested", ClarifyRequested)
 CLARIFY_RESOLVED = durable("clarify.resolved", ClarifyResolved)
+CLARIFY_ANSWERED = durable("clarify.answered", ClarifyAnswered)  # extension, as approval's
 QUEUE_ADDED = durable("queue.added", QueueAdded)
 QUEUE_UPDATED = durable("queue.updated", QueueUpdated)
 QUEUE_REMOVED = durable("queue.removed", QueueRemoved)

@@ -22,6 +22,7 @@ from tether.log.sqlite_accounts import SQLiteAccountStore
 from tether.log.store import AccountStore, EventStore, SharedLog
 from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
 from tether.runs import agent_sync
+from tether.runs.controls import RunControls
 from tether.runs.engine import RunEngine
 from tether.runs.queue import QueueService
 from tether.runs.registry import RunRegistry
@@ -49,6 +50,7 @@ class Services:
     feed: SidebarFeed
     attachments: AttachmentStore
     engine: RunEngine
+    controls: RunControls  # Stop, steer and answers, through any replica
     queue: QueueService
     agent_sync: agent_sync.AgentSync | None
     importer: Importer
@@ -141,11 +143,15 @@ def build_services(
         attachments=attachments,
         rotator=Rotator(sessions, runtime, settings),
         agent_sync=syncer,
-        shared_log=bool(settings.database_url),
     )
     if settings.database_url:  # the PostgreSQL backend: leases and takeover (runs/leases.py)
         engine.shared = cast(SharedLog, checked.backend)
-    hub.on_batch(engine.on_events)  # a Stop recorded through another replica
+    # The log is shared with other replicas (PostgreSQL): a control for a run another
+    # replica runs is recorded in the log, and heard by that run's owner.
+    controls = RunControls(
+        store=store, sessions=sessions, registry=registry, shared_log=bool(settings.database_url)
+    )
+    hub.on_batch(controls.on_events)
     queue = QueueService(engine)
     return Services(
         settings=settings,
@@ -159,6 +165,7 @@ def build_services(
         feed=feed,
         attachments=attachments,
         engine=engine,
+        controls=controls,
         queue=queue,
         agent_sync=syncer,
         replica_id=replica_id,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tether.log.store import EventStore
 from tether.runs import maintenance
+from tether.runs.controls import RunControls
 from tether.runs.engine import RunEngine
 from tether.runs.queue import QueueService
 from tether.runs.registry import RunRegistry
@@ -28,6 +29,7 @@ class Harness:
     sessions: SessionService
     engine: RunEngine
     queue: QueueService
+    controls: RunControls
 
     async def types(self, session_id: str) -> list[str]:
         return [e.type for e in await self.store.read(session_id)]
@@ -47,7 +49,12 @@ async def harness(
     services = build_services(settings or Settings(data_dir=tmp_path), runtime)
     try:
         yield Harness(
-            services.store, services.registry, services.sessions, services.engine, services.queue
+            services.store,
+            services.registry,
+            services.sessions,
+            services.engine,
+            services.queue,
+            services.controls,
         )
     finally:
         await maintenance.shutdown(services.engine, grace=1)

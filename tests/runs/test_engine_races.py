@@ -74,7 +74,7 @@ def test_stop_before_invocation_means_the_runtime_is_never_called(tmp_path: Path
             run = await h.engine.start(sid, "hi", [], None)
             # No await between start's return and Stop's phase change: Stop wins the race
             # against the worker's preparation, as a Stop arriving during construction would.
-            stop = await h.engine.cancel(stream_id=run["stream_id"])
+            stop = await h.controls.cancel(stream_id=run["stream_id"])
             assert stop["cancelled"] is True
             await h.wait_idle(sid)
             assert runtime.invocations == 0
@@ -99,7 +99,7 @@ def test_wedged_worker_is_busy_not_attachable_then_reclaimed_and_fenced(tmp_path
             first = await h.engine.start(sid, "go", [], None)
             while "text.delta" not in await h.types(sid):
                 await asyncio.sleep(0.01)
-            assert (await h.engine.cancel(stream_id=first["stream_id"]))["cancelled"]
+            assert (await h.controls.cancel(stream_id=first["stream_id"]))["cancelled"]
             for _ in range(100):  # the client reaches a terminal state promptly
                 if (await h.types(sid))[-1] == "run.finished":
                     break
@@ -206,7 +206,7 @@ def test_an_edit_racing_send_now_is_what_is_sent_or_is_refused(tmp_path: Path) -
             for attempt in range(3):
                 first = await h.engine.start(sid, f"turn {attempt}", [], None)
                 queued = await h.queue.add(sid, f"original {attempt}", [])
-                await h.engine.cancel(stream_id=first["stream_id"])
+                await h.controls.cancel(stream_id=first["stream_id"])
                 await h.wait_idle(sid)
                 started, edited = await asyncio.gather(
                     h.queue.start(queued["queue_id"]),
@@ -214,7 +214,7 @@ def test_an_edit_racing_send_now_is_what_is_sent_or_is_refused(tmp_path: Path) -
                     return_exceptions=True,
                 )
                 assert isinstance(started, dict), started
-                await h.engine.cancel(stream_id=started["stream_id"])
+                await h.controls.cancel(stream_id=started["stream_id"])
                 await h.wait_idle(sid)
                 events = await h.store.read(sid)
                 sent = [e.data["text"] for e in events if e.type == "turn.submitted"][-1]

@@ -166,7 +166,7 @@ def test_stop_before_the_first_model_request_makes_no_request(
         async with harness(tmp_path, runtime) as h:
             sid = (await h.sessions.create(None))["session_id"]
             run = await h.engine.start(sid, "hi", [], None)
-            assert (await h.engine.cancel(stream_id=run["stream_id"]))["cancelled"]
+            assert (await h.controls.cancel(stream_id=run["stream_id"]))["cancelled"]
             await h.wait_idle(sid)
             await asyncio.sleep(0.2)
         assert fake.requests_count == 0

@@ -96,7 +96,7 @@ def test_stop_during_construction_never_calls_never_caches_and_cleans_up(tmp_pat
             run = await h.engine.start(sid, "hi")
             while not runtime.built:
                 await asyncio.sleep(0.001)  # the worker is constructing its handle
-            assert (await h.engine.cancel(stream_id=run["stream_id"]))["cancelled"]
+            assert (await h.controls.cancel(stream_id=run["stream_id"]))["cancelled"]
             runtime.construct_gate.set()
             await h.wait_idle(sid)
             candidate = runtime.built[0]
@@ -117,7 +117,7 @@ def test_rejected_cache_hit_leaves_the_borrowed_handle_alone(tmp_path: Path) -> 
             cached = h.engine.handles.borrow(sid)
             assert cached is runtime.built[0] and h.engine.handles.owner(sid) is None
             run = await h.engine.start(sid, "again")
-            await h.engine.cancel(stream_id=run["stream_id"])  # before the worker registers
+            await h.controls.cancel(stream_id=run["stream_id"])  # before the worker registers
             await h.wait_idle(sid)
             assert cached.calls == 1 and cached.interrupts == 0 and not cached.closed
             assert h.engine.handles.borrow(sid) is cached
@@ -136,7 +136,7 @@ def test_stop_after_admission_before_invocation_retires_only_its_own_entry(tmp_p
             while h.registry.phase(sid) != "running":
                 await asyncio.sleep(0)  # admitted; now appending run.started
             assert h.engine.handles.owner(sid) == run["stream_id"]
-            assert (await h.engine.cancel(stream_id=run["stream_id"]))["cancelled"]
+            assert (await h.controls.cancel(stream_id=run["stream_id"]))["cancelled"]
             await h.wait_idle(sid)
             handle = runtime.built[0]
             assert handle.calls == 0  # invocation never started
@@ -154,7 +154,7 @@ def test_stop_during_the_first_call_interrupts_the_admitted_handle(tmp_path: Pat
             sid = (await h.sessions.create(None))["session_id"]
             run = await h.engine.start(sid, "hi")
             await runtime.calls_started.wait()  # blocked inside the first call
-            assert (await h.engine.cancel(stream_id=run["stream_id"]))["cancelled"]
+            assert (await h.controls.cancel(stream_id=run["stream_id"]))["cancelled"]
             await h.wait_idle(sid)
             handle = runtime.built[0]
             assert handle.calls == 1 and handle.interrupts == 1
@@ -175,7 +175,7 @@ def test_an_old_worker_never_clears_a_successors_handle_or_ownership(tmp_path: P
             sid = (await h.sessions.create(None))["session_id"]
             old = await h.engine.start(sid, "wedge")
             await runtime.calls_started.wait()
-            await h.engine.cancel(stream_id=old["stream_id"])
+            await h.controls.cancel(stream_id=old["stream_id"])
             await until(lambda: not h.registry.for_session(sid).channel_open)
             old_handle = runtime.built[0]
             assert h.engine.handles.owner(sid) == old["stream_id"]  # still busy inside
@@ -198,7 +198,7 @@ def test_an_old_worker_never_clears_a_successors_handle_or_ownership(tmp_path: P
             new_events = [e for e in events if e.stream_id == new["stream_id"]]
             assert new_events[-1].data["state"] == "completed"
             # a steer aimed at the old run can never reach the successor
-            late = await h.engine.steer(old["stream_id"], "for the old run")
+            late = await h.controls.steer(old["stream_id"], "for the old run")
             assert late["accepted"] is False
 
     asyncio.run(main())

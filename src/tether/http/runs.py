@@ -92,7 +92,7 @@ async def regenerate_turn(app: App, body: RegenerateTurn) -> dict:
 async def steer_run(app: App, body: SteerRun) -> dict:
     """Text for the running agent to see at its next step; `accepted` is false (with a
     `reason`) when the run is no longer running."""
-    return await app.engine.steer(body.stream_id, check_message(body.text, app.settings))
+    return await app.controls.steer(body.stream_id, check_message(body.text, app.settings))
 
 
 @router.post(
@@ -107,7 +107,7 @@ async def approve_run(app: App, body: ApproveRun) -> Any:
     false when that prompt was already answered, timed out, or its run ended; a choice it
     does not offer is 400. Nothing changes then."""
     try:
-        return await app.engine.approve(body.stream_id, body.approval_id, body.choice)
+        return await app.controls.approve(body.stream_id, body.approval_id, body.choice)
     except ChoiceNotOffered as exc:
         raise InvalidRequest(str(exc)) from None
 
@@ -123,7 +123,7 @@ async def answer_question(app: App, body: AnswerQuestion) -> dict:
     text or one of its choices. `accepted` is false when that question was already
     answered, timed out, or its run ended; nothing changes then."""
     text = check_message(body.text, app.settings)
-    return await app.engine.answer(body.stream_id, body.question_id, text)
+    return await app.controls.answer(body.stream_id, body.question_id, text)
 
 
 @router.post(
@@ -191,7 +191,7 @@ async def cancel_run(app: App, body: CancelRun) -> dict:
     `cancelled` is false for an unknown or already finished run; 400 without either id."""
     if body.stream_id is None and body.session_id is None:
         raise InvalidRequest("Send the stream_id (or session_id) to stop.")
-    return await app.engine.cancel(stream_id=body.stream_id, session_id=body.session_id)
+    return await app.controls.cancel(stream_id=body.stream_id, session_id=body.session_id)
 
 
 _BINARY = {"schema": {"type": "string", "format": "binary"}}

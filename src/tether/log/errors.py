@@ -42,6 +42,16 @@ class CancelRequested(LogError):
         self.stream_id = stream_id
 
 
+class PromptAnswered(LogError):
+    """The prompt already has its recorded answer (`approval.answered`, `clarify.answered`): a
+    backend shared by several processes records one per prompt, whichever replica it came
+    through (log/postgres.py)."""
+
+    def __init__(self, stream_id: str, prompt: str):
+        super().__init__(f"stream {stream_id!r}: {prompt} already has its answer")
+        self.stream_id = stream_id
+
+
 class StreamClosed(LogError):
     """The stream already has its `run.finished`: a late or duplicate append is refused."""
 

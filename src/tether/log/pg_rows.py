@@ -87,6 +87,7 @@ class Batch:
         self.closed: set[str] = set()
         self.open: dict[str, str | None] = {}  # each session's unfinished run (admission)
         self.cancel: dict[str, str | None] = {}  # the run its Stop was recorded for
+        self.answered: dict[str, list[str]] = {}  # the open run's prompts that have an answer
         # the replica running it and its epoch, bumped at each takeover (log/pg_leases.py)
         self.owner: dict[str, tuple[str | None, int]] = {}
         self.touched: set[str] = set()

@@ -211,6 +211,14 @@ def m006_leases(db: psycopg.Connection) -> None:
     db.execute("ALTER TABLE sessions ADD COLUMN open_epoch BIGINT NOT NULL DEFAULT 0")
 
 
+@migration
+def m007_answered(db: psycopg.Connection) -> None:
+    """Answers as durable state, once per prompt: the counter row lists the open run's prompts
+    whose `approval.answered` / `clarify.answered` is logged (JSON), so a second answer
+    (through another replica) is refused. The events are new: nothing to backfill."""
+    db.execute("ALTER TABLE sessions ADD COLUMN answered TEXT NOT NULL DEFAULT '[]'")
+
+
 def apply_migrations(db: psycopg.Connection) -> list[str]:
     """Apply what is missing, each in its own transaction; return the names applied.
     `db` is in autocommit mode: transactions are explicit."""

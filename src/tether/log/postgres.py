@@ -16,7 +16,9 @@ Admission is the database's too: the counter row names the session's unfinished 
 (`open_stream`, set by its `turn.submitted`, cleared by its `run.finished`), so a second
 `turn.submitted` with a stream is refused with SessionOccupied (409 `session_busy`) whichever
 replica sends it, in the same locked transaction. Stop is recorded once per run the same way
-(`cancel_stream`): a second `run.cancel_requested` of the run is refused with CancelRequested.
+(`cancel_stream`): a second `run.cancel_requested` of the run is refused with CancelRequested;
+and an answer once per prompt (`answered`): a second `approval.answered` / `clarify.answered`
+of the same prompt is refused with PromptAnswered.
 
 Reads go to the database (a connection pool), never to process memory: another replica may
 have written since. The only cache is of streams known to be finished, which stays true.
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -36,6 +37,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from tether.events import (
+    APPROVAL_ANSWERED,
+    CLARIFY_ANSWERED,
     QUEUE_ADDED,
     RUN_CANCEL_REQUESTED,
     RUN_FINISHED,
@@ -43,10 +46,11 @@ from tether.events import (
     Event,
     new_id,
 )
-from tether.log import owners, pg_leases, pg_owners, pg_rows, pg_search
+from tether.log import owners, pg_counters, pg_leases, pg_owners, pg_rows, pg_search
 from tether.log.errors import (
     CancelRequested,
     LogError,
+    PromptAnswered,
     RunTakenOver,
     SessionExists,
     SessionNotFound,
@@ -59,7 +63,6 @@ from tether.log.pg_reads import COLUMNS, PostgresReads
 from tether.log.pg_rows import (
     Batch,
     Op,
-    dumps,
     encode,
     flat,
     redact,
@@ -75,6 +78,7 @@ log = logging.getLogger("tether.log")
 
 _MAX_BATCH = 1000
 _CLOSED_STREAM_CACHE = 50_000
+_ANSWERS = {APPROVAL_ANSWERED: "approval_id", CLARIFY_ANSWERED: "question_id"}
 
 
 class PostgresEventStore(PostgresReads):
@@ -220,7 +224,7 @@ class PostgresEventStore(PostgresReads):
             # and COMMIT in a second.
             async with self._pool.connection() as conn, conn.pipeline() as pipe:
                 async with conn.transaction():
-                    await self._lock_sessions(conn, batch, work)
+                    await pg_counters.lock(conn, batch, work)
                     await self._load_closed(conn, batch)
                     for op in batch:
                         try:
@@ -234,7 +238,7 @@ class PostgresEventStore(PostgresReads):
                         except LogError as exc:
                             outcomes.append((op, exc))
                     await self._flush(conn, work)
-                    announced = await self._finish(conn, work)
+                    announced = await pg_counters.write(conn, work)
                 await pipe.sync()  # COMMIT returned: the batch is durable
                 durable = True
         except Exception as exc:
@@ -266,56 +270,6 @@ class PostgresEventStore(PostgresReads):
             else:
                 op.future.set_result(result)
 
-    async def _lock_sessions(
-        self, conn: psycopg.AsyncConnection, batch: list[Op], work: Batch
-    ) -> None:
-        """Lock every counter row the batch touches, in session-id order (no deadlock with
-        another replica's batch), then insert the rows of new sessions, in the same order."""
-        sids = sorted({sid for op in batch for sid in op.sids()})
-        cur = await conn.execute(
-            "SELECT session_id, last_seq, state, open_stream, cancel_stream, open_owner, "
-            "open_epoch FROM sessions WHERE session_id = ANY(%s) ORDER BY session_id FOR UPDATE",
-            (sids,),
-        )
-        for sid, last, state, open_stream, cancel_stream, owner, epoch in await cur.fetchall():
-            work.last[sid] = last
-            work.state[sid] = None if state is None else json.loads(state)
-            work.open[sid] = open_stream
-            work.cancel[sid] = cancel_stream
-            work.owner[sid] = (owner, epoch)
-        creating = sorted(
-            {sid for op in batch if op.kind.startswith("create") for sid in op.sids()}
-            - set(work.last)
-        )
-        for sid in creating:
-            cur = await conn.execute(
-                "INSERT INTO sessions (session_id, last_seq) VALUES (%s, 0) "
-                "ON CONFLICT DO NOTHING RETURNING session_id",
-                (sid,),
-            )
-            if await cur.fetchone() is not None:
-                work.placeholders.add(sid)  # the session exists once its create succeeds
-                work.last[sid] = None
-                work.state[sid] = None
-            else:  # another replica created it meanwhile (and has committed by now)
-                cur = await conn.execute(
-                    "SELECT last_seq, state, open_stream, cancel_stream, open_owner, "
-                    "open_epoch FROM sessions WHERE session_id=%s FOR UPDATE",
-                    (sid,),
-                )
-                row = await cur.fetchone()
-                work.last[sid] = None if row is None else row[0]
-                work.state[sid] = None if row is None or row[1] is None else json.loads(row[1])
-                work.open[sid] = None if row is None else row[2]
-                work.cancel[sid] = None if row is None else row[3]
-                work.owner[sid] = (None, 0) if row is None else (row[4], row[5])
-        for sid in sids:
-            work.last.setdefault(sid, None)
-            work.state.setdefault(sid, None)
-            work.open.setdefault(sid, None)
-            work.cancel.setdefault(sid, None)
-            work.owner.setdefault(sid, (None, 0))
-
     async def _load_closed(self, conn: psycopg.AsyncConnection, batch: list[Op]) -> None:
         """Which of the batch's streams are finished, read after the sessions were locked (a
         stream is finished in its session's transaction, so this cannot change under us)."""
@@ -345,6 +299,7 @@ class PostgresEventStore(PostgresReads):
         open_stream = work.open.get(sid)
         cancel_stream = work.cancel.get(sid)
         owner, epoch = work.owner.get(sid, (None, 0))
+        answered = work.answered.get(sid, [])
         for draft in op.drafts:
             if draft.stream_id is not None:
                 stream = draft.stream_id
@@ -361,16 +316,21 @@ class PostgresEventStore(PostgresReads):
                 if draft.type == RUN_FINISHED:
                     finishing.add(stream)
                     if stream == open_stream:
-                        open_stream, owner, epoch = None, None, 0
+                        open_stream, owner, epoch, answered = None, None, 0, []
                 elif draft.type == TURN_SUBMITTED and open_stream != stream:
                     if draft.admits_run and open_stream is not None:  # one run per session
                         raise SessionOccupied(sid, open_stream)
-                    open_stream = stream
+                    open_stream, answered = stream, []
                     owner, epoch = (self.replica_id if draft.admits_run else None), 0
                 elif draft.type == RUN_CANCEL_REQUESTED:
                     if stream == cancel_stream:  # Stop, once per run, from any replica
                         raise CancelRequested(stream)
                     cancel_stream = stream
+                elif draft.type in _ANSWERS:  # an answer, once per prompt, from any replica
+                    prompt = f"{stream}/{draft.type}/{draft.data[_ANSWERS[draft.type]]}"
+                    if prompt in answered:
+                        raise PromptAnswered(stream, prompt)
+                    answered = [*answered, prompt]
         payloads_ = [encode(sid, draft) for draft in op.drafts]  # refuse before writing
         uploads = [await self._uploads(conn, sid, d, work) for d in op.drafts]
         now = self._clock()
@@ -414,6 +374,7 @@ class PostgresEventStore(PostgresReads):
         work.open[sid] = open_stream
         work.cancel[sid] = cancel_stream
         work.owner[sid] = (owner, epoch)
+        work.answered[sid] = answered
         work.touched.add(sid)
         return events
 
@@ -497,38 +458,9 @@ class PostgresEventStore(PostgresReads):
         work.open[sid] = None
         work.cancel[sid] = None
         work.owner[sid] = (None, 0)
+        work.answered[sid] = []
         work.touched.add(sid)
         work.deleted.append(sid)
-
-    async def _finish(self, conn: psycopg.AsyncConnection, work: Batch) -> dict[str, int]:
-        """Write each touched session's counter row and index state, free the rows of creates
-        that failed; return the new last seqs to announce."""
-        updates = []
-        gone = []
-        for sid in sorted(work.touched | work.placeholders):
-            last = work.last[sid]
-            if last is None:
-                gone.append(sid)
-            else:
-                state = work.state[sid]
-                encoded = None if state is None else dumps(state)
-                updates.append(
-                    (sid, last, encoded, work.open[sid], work.cancel[sid], *work.owner[sid])
-                )
-        async with conn.cursor() as cur:
-            if updates:
-                await cur.execute(
-                    "UPDATE sessions SET last_seq=u.last, state=u.state, state_seq=u.last, "
-                    "open_stream=u.open, cancel_stream=u.cancel, open_owner=u.owner, "
-                    "open_epoch=u.epoch FROM unnest(%s::text[], %s::bigint[], %s::text[], "
-                    "%s::text[], %s::text[], %s::text[], %s::bigint[]) "
-                    "AS u(sid, last, state, open, cancel, owner, epoch) "
-                    "WHERE sessions.session_id = u.sid",
-                    [list(column) for column in zip(*updates, strict=True)],
-                )
-            if gone:
-                await cur.execute("DELETE FROM sessions WHERE session_id = ANY(%s)", (gone,))
-        return {u[0]: u[1] for u in updates}
 
     async def claim_unowned(self, owner: str) -> int:
         await self._start()

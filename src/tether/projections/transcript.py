@@ -30,6 +30,8 @@ class RunScene:
     items: list[dict[str, Any]] = field(default_factory=list)
     by_id: dict[str, dict[str, Any]] = field(default_factory=dict)
     pending_steers: dict[str, str] = field(default_factory=dict)
+    # The prompts (their item ids) whose answer is recorded: they take no other (never shown).
+    answered: set[str] = field(default_factory=set)
 
     def item(self, item_id: str, make: dict[str, Any]) -> dict[str, Any]:
         found = self.by_id.get(item_id)
@@ -272,6 +274,18 @@ class TranscriptFold:
         if event.type == ev.CLARIFY_RESOLVED:
             item.update(text=data.get("text"), reason=data.get("reason"))
 
+    def _answered(self, event: Event) -> None:
+        """An answer recorded for the replica that runs the stream (runs/controls.py): what
+        the agent got is its `approval.resolved` / `clarify.resolved`, shown above."""
+        scene = self._scene(event)
+        if scene is None:
+            return
+        data = event.data
+        if event.type == ev.APPROVAL_ANSWERED:
+            scene.answered.add(f"{scene.stream_id}.approval.{data['approval_id']}")
+        else:
+            scene.answered.add(f"{scene.stream_id}.clarify.{data['question_id']}")
+
     def _reasoning_trimmed(self, event: Event) -> None:
         scene = self._scene(event)
         if scene is None:
@@ -481,8 +495,10 @@ _HANDLERS = {
     ev.RUN_CANCEL_REQUESTED: TranscriptFold._cancel_requested,
     ev.APPROVAL_REQUESTED: TranscriptFold._approval,
     ev.APPROVAL_RESOLVED: TranscriptFold._approval,
+    ev.APPROVAL_ANSWERED: TranscriptFold._answered,
     ev.CLARIFY_REQUESTED: TranscriptFold._clarify,
     ev.CLARIFY_RESOLVED: TranscriptFold._clarify,
+    ev.CLARIFY_ANSWERED: TranscriptFold._answered,
     ev.RUN_FINISHED: TranscriptFold._run_finished,
     ev.TRANSCRIPT_TRUNCATED: TranscriptFold._truncated,
     ev.BRANCH_SWITCHED: TranscriptFold._branch_switched,

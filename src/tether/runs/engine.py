@@ -1,4 +1,4 @@
-"""The run engine: admission, the worker, Stop and steering.
+"""The run engine: admission and the worker (Stop, steer and answers: runs.controls).
 
 One worker task per run prepares the model context, admits a runtime handle, invokes it,
 pumps its events into the log (`runs.pump`) and appends the one `run.finished`.
@@ -28,12 +28,12 @@ from tether.events import new_id
 from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
 from tether.log.attachments import AttachmentStore
-from tether.log.errors import CancelRequested
 from tether.log.store import EventStore, SharedLog
+from tether.runs.controls import leftover_drafts
 from tether.runs.handles import HandleCache, RuntimeHandle, open_handle
 from tether.runs.intake import Upload
-from tether.runs.pump import END, STOP, Signal, outcome, pump
-from tether.runs.registry import CANCELLING, RUNNING, STARTING, Run, RunRegistry
+from tether.runs.pump import END, Signal, outcome, pump
+from tether.runs.registry import RUNNING, STARTING, Run, RunRegistry
 from tether.runtimes.base import AttachmentRef, ProviderError, Runtime, TurnInput
 from tether.sessions.branching import edit_fork, regenerate_fork
 from tether.sessions.service import SessionService
@@ -70,7 +70,6 @@ class RunEngine:
         rotator: Rotation | None = None,
         agent_sync: BeforeStart | None = None,
         coalesce_seconds: float = 0.016,
-        shared_log: bool = False,
     ):
         self.store = store
         self.sessions = sessions
@@ -82,9 +81,6 @@ class RunEngine:
         self.rotator = rotator
         self.agent_sync = agent_sync  # for runtimes that keep their own history
         self.coalesce_seconds = coalesce_seconds
-        # The log is shared with other replicas (PostgreSQL): a Stop for a run this process
-        # does not run is recorded in the log for its owner (`_cancel_elsewhere`).
-        self.shared_log = shared_log
         self.shared: SharedLog | None = None  # its leases and takeover (runs/leases.py)
         self.handles = HandleCache()
         self.closing = False
@@ -273,131 +269,6 @@ class RunEngine:
         append."""
         return await self.start(session_id, item["text"], queue_id=item["queue_id"])
 
-    # -- Stop and steer ---------------------------------------------------------------------
-    async def cancel(
-        self, *, stream_id: str | None = None, session_id: str | None = None
-    ) -> dict[str, Any]:
-        run = await self._visible(
-            self.registry.get(stream_id)
-            if stream_id
-            else (self.registry.for_session(session_id) if session_id else None)
-        )
-        if run is None and self.shared_log:
-            return await self._cancel_elsewhere(stream_id, session_id)
-        if run is None or run.resolved or run.phase not in (STARTING, RUNNING):
-            return {
-                "ok": True,
-                "cancelled": False,
-                "stream_id": run.stream_id if run else stream_id,
-            }
-        self.stop_locally(run)
-        try:
-            with contextlib.suppress(StreamClosed):  # the worker may have finished meanwhile
-                await self.store.append(run.session_id, [_cancel_draft(run.stream_id, run.turn_id)])
-        except CancelRequested:  # a Stop through another replica was recorded first
-            return {"ok": True, "cancelled": False, "stream_id": run.stream_id}
-        return {"ok": True, "cancelled": True, "stream_id": run.stream_id}
-
-    def stop_locally(self, run: Run) -> None:
-        self.registry.move(run, CANCELLING)  # busy, never attachable from here on
-        run.inbox.put_nowait(STOP)
-        if run.producer is not None:  # only an invocation that started is interrupted
-            if run.handle is not None:
-                run.handle.interrupt()
-            run.producer.cancel()  # closes the model request now
-
-    async def _cancel_elsewhere(
-        self, stream_id: str | None, session_id: str | None
-    ) -> dict[str, Any]:
-        """Stop of a run another replica runs: the Stop is a durable state change, one
-        `run.cancel_requested` in the log (the backend records it once per run, so of
-        concurrent Stops through several replicas exactly one answers `cancelled: true`).
-        The owner hears it through the log's wake-up (`on_events`) and stops the run."""
-        open_runs = [
-            s
-            for s in await self.store.unfinished_streams()
-            if (s.stream_id == stream_id if stream_id else s.session_id == session_id)
-        ]
-        if not open_runs:
-            return {"ok": True, "cancelled": False, "stream_id": stream_id}
-        target = open_runs[-1]
-        try:
-            await self.store.append(
-                target.session_id, [_cancel_draft(target.stream_id, target.turn_id)]
-            )
-        except (StreamClosed, CancelRequested, SessionNotFound):
-            return {"ok": True, "cancelled": False, "stream_id": target.stream_id}
-        return {"ok": True, "cancelled": True, "stream_id": target.stream_id}
-
-    def on_events(self, events: list[ev.Event]) -> None:
-        """Committed events, from the Hub: a Stop recorded through another replica reaches
-        the run this process runs (its own Stops find the run cancelling already)."""
-        for event in events:
-            if event.type == ev.RUN_CANCEL_REQUESTED and event.stream_id is not None:
-                run = self.registry.get(event.stream_id)
-                if run is not None and not run.resolved and run.phase in (STARTING, RUNNING):
-                    self.stop_locally(run)
-
-    async def _visible(self, run: Run | None) -> Run | None:
-        """The run, unless its session is not the requester's: another person's run is no
-        run at all, so Stop, steer and answers leave it alone (log/ownership.py)."""
-        if run is None or await self.store.last_seq(run.session_id) is None:
-            return None
-        return run
-
-    async def steer(self, stream_id: str, text: str) -> dict[str, Any]:
-        run = await self._visible(self.registry.get(stream_id))
-        if run is None or run.resolved or run.phase not in (STARTING, RUNNING):
-            return {"accepted": False, "reason": "The run is not running any more."}
-        steer_id = new_id("st")
-        try:
-            await self.store.append(
-                run.session_id,
-                [
-                    Draft(
-                        ev.STEER_ACCEPTED,
-                        {"stream_id": stream_id, "steer_id": steer_id, "text": text},
-                        stream_id=stream_id,
-                        turn_id=run.turn_id,
-                    )
-                ],
-            )
-        except StreamClosed:
-            return {"accepted": False, "reason": "The run has just finished."}
-        if not run.steer.put(steer_id, text):  # resolved while we appended: give it back
-            with contextlib.suppress(StreamClosed):
-                await self.store.append(
-                    run.session_id, self._leftover_drafts(run, [(steer_id, text)])
-                )
-            return {"accepted": False, "reason": "The run has just finished."}
-        return {"accepted": True, "steer_id": steer_id}
-
-    async def approve(self, stream_id: str, approval_id: str, choice: str) -> dict[str, Any]:
-        """The user's answer to an approval prompt of a running agent. Not accepted when the
-        run or the prompt is no longer open (answered, timed out, stopped); a choice the
-        open prompt does not offer raises `ChoiceNotOffered` (nothing changes)."""
-        run = await self._visible(self.registry.get(stream_id))
-        accepted = (
-            run is not None
-            and not run.resolved
-            and run.phase == RUNNING
-            and run.approvals.answer(approval_id, choice)
-        )
-        return {"accepted": accepted, "stream_id": stream_id, "approval_id": approval_id}
-
-    async def answer(self, stream_id: str, question_id: str, text: str) -> dict[str, Any]:
-        """The user's answer to a question of a running agent (`clarify.requested`). Not
-        accepted when the run or the question is no longer open (answered, timed out,
-        stopped)."""
-        run = await self._visible(self.registry.get(stream_id))
-        accepted = (
-            run is not None
-            and not run.resolved
-            and run.phase == RUNNING
-            and run.questions.answer(question_id, text)
-        )
-        return {"accepted": accepted, "stream_id": stream_id, "question_id": question_id}
-
     # -- the worker -------------------------------------------------------------------------
     async def _work(self, run: Run, model: str | None) -> None:
         normalizer = Normalizer(run.stream_id, run.turn_id)
@@ -449,7 +320,7 @@ class RunEngine:
                     [
                         *normalizer.end_item(),
                         *normalizer.open_questions_stopped(),
-                        *self._leftover_drafts(run, leftovers),
+                        *leftover_drafts(run, leftovers),
                         normalizer.finish(state, **extra),
                     ],
                 )
@@ -496,22 +367,6 @@ class RunEngine:
                     run.producer.cancel()
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
-
-    def _leftover_drafts(self, run: Run, leftovers: list[tuple[str, str]]) -> list[Draft]:
-        if not leftovers:
-            return []
-        return [
-            Draft(
-                ev.STEER_LEFTOVER,
-                {
-                    "stream_id": run.stream_id,
-                    "steer_ids": [sid for sid, _ in leftovers],
-                    "text": "\n\n".join(text for _, text in leftovers),
-                },
-                stream_id=run.stream_id,
-                turn_id=run.turn_id,
-            )
-        ]
 
     async def _admit_handle(self, run: Run) -> RuntimeHandle | None:
         """Borrow the session's cached handle or build one; None when Stop won first."""
@@ -589,9 +444,3 @@ class RunEngine:
         # admitted by the reclaimer builds its own handle instead of sharing this one.
         self.handles.release(run.session_id, run.stream_id)
         self.registry.remove(run)
-
-
-def _cancel_draft(stream_id: str, turn_id: str | None) -> Draft:
-    return Draft(
-        ev.RUN_CANCEL_REQUESTED, {"stream_id": stream_id}, stream_id=stream_id, turn_id=turn_id
-    )

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from tether.log import StorageError
 from tether.log.pg_leases import LEASE_SECONDS, RENEW_SECONDS
+from tether.runs.controls import stop_locally
 from tether.runs.engine import RunEngine
 from tether.runs.maintenance import settle
 from tether.runs.registry import RUNNING, STARTING
@@ -50,4 +51,4 @@ def stop_own_runs(engine: RunEngine) -> None:
     for run in engine.registry.runs():
         if not run.resolved and run.phase in (STARTING, RUNNING):
             log.warning("stopping run %s: this replica's lease expired", run.stream_id)
-            engine.stop_locally(run)
+            stop_locally(engine.registry, run)

@@ -258,15 +258,22 @@ class ApprovalDesk:
             self._open[approval_id] = (future, choices)
         return future
 
-    def answer(self, approval_id: str, choice: str) -> bool:
-        """True when this prompt was open and now has the answer. A choice the prompt does
-        not offer raises `ChoiceNotOffered` and leaves it open."""
+    def offers(self, approval_id: str, choice: str) -> bool:
+        """True when this prompt is open and would take `choice`. A choice the prompt does
+        not offer raises `ChoiceNotOffered`."""
         future, choices = self._open.get(approval_id, (None, ()))
         if future is None or future.done() or choice not in self.CHOICES:
             return False
         if choice not in choices:
             raise ChoiceNotOffered(choices)
-        del self._open[approval_id]
+        return True
+
+    def answer(self, approval_id: str, choice: str) -> bool:
+        """True when this prompt was open and now has the answer. A choice the prompt does
+        not offer raises `ChoiceNotOffered` and leaves it open."""
+        if not self.offers(approval_id, choice):
+            return False
+        future, _ = self._open.pop(approval_id)
         future.set_result(choice)
         return True
 
@@ -294,6 +301,11 @@ class QuestionDesk:
         else:
             self._open[question_id] = future
         return future
+
+    def asks(self, question_id: str) -> bool:
+        """True when this question is open."""
+        future = self._open.get(question_id)
+        return future is not None and not future.done()
 
     def answer(self, question_id: str, text: str) -> bool:
         """True when this question was open and now has the answer."""

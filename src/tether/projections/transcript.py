@@ -42,6 +42,17 @@ class RunScene:
         return found
 
 
+def _settle_steer(scene: RunScene, steer_id: str, *, leftover: bool) -> None:
+    """Delivered: a timeline row where the agent took it. Leftover: a row saying it was not
+    delivered (its text goes back to the composer); never in the model context."""
+    text = scene.pending_steers.pop(steer_id, None)
+    if text is not None:
+        scene.item(
+            f"{scene.stream_id}.steer.{steer_id}",
+            {"type": "steer", "text": text, "leftover": leftover},
+        )
+
+
 def download_url(session_id: str, attachment_id: str) -> str:
     """Where the page downloads an upload: through the session that holds it, so an id used
     through another session is not found."""
@@ -306,14 +317,8 @@ class TranscriptFold:
         scene = self._scene(event)
         if scene is None:
             return
-        leftover = event.type == ev.STEER_LEFTOVER
         for steer_id in event.data.get("steer_ids", []):
-            text = scene.pending_steers.pop(steer_id, None)
-            if text is not None:
-                scene.item(
-                    f"{scene.stream_id}.steer.{steer_id}",
-                    {"type": "steer", "text": text, "leftover": leftover},
-                )
+            _settle_steer(scene, steer_id, leftover=event.type == ev.STEER_LEFTOVER)
 
     def _queue(self, event: Event) -> None:
         data = event.data
@@ -342,6 +347,11 @@ class TranscriptFold:
         scene = self.active.pop(event.stream_id or event.data.get("stream_id", ""), None)
         if scene is None:
             return
+        # A steer still waiting when the run ends was never seen by the agent: one recorded
+        # through another replica as the run ended has no `steer.leftover` (the owner could
+        # not append it any more), and shows as left over all the same (docs/api.md §14).
+        for steer_id in list(scene.pending_steers):
+            _settle_steer(scene, steer_id, leftover=True)
         state = event.data.get("state", "completed")
         # Invariant 6: the compression divider is live-only unless it explains the ending.
         items = [

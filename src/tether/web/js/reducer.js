@@ -25,6 +25,7 @@ import {
   markInterim,
   pyStr,
   sceneOf,
+  settleSteer,
   touch,
   truthy,
 } from "./reducer_items.js";
@@ -217,6 +218,9 @@ on(["run.finished"], (state, env, data) => {
   const scene = state.active.get(key);
   if (scene === undefined) return;
   state.active.delete(key);
+  // A steer still waiting when the run ends was never seen by the agent (one recorded through
+  // another replica as the run ended has no steer.leftover): it shows as left over.
+  for (const steerId of [...scene.pendingSteers.keys()]) settleSteer(state, scene, steerId, true);
   const runState = get(data, "state", "completed");
   // Invariant 6: the compression divider is live-only unless it explains the ending.
   const items = scene.items.filter(

@@ -215,20 +215,23 @@ on(["steer.delivered", "steer.leftover"], (state, env, data) => {
   const scene = sceneOf(state, env);
   if (scene === undefined) return;
   const leftover = env.type === "steer.leftover";
-  for (const steerId of get(data, "steer_ids", []) ?? []) {
-    if (!scene.pendingSteers.has(steerId)) continue;
-    const text = scene.pendingSteers.get(steerId);
-    scene.pendingSteers.delete(steerId);
-    touch(state, scene);
-    if (text !== null && text !== undefined) {
-      ensureItem(state, scene, `${scene.stream_id}.steer.${steerId}`, {
-        type: "steer",
-        text,
-        leftover,
-      });
-    }
-  }
+  for (const steerId of get(data, "steer_ids", []) ?? [])
+    settleSteer(state, scene, steerId, leftover);
 });
+
+export function settleSteer(state, scene, steerId, leftover) {
+  if (!scene.pendingSteers.has(steerId)) return;
+  const text = scene.pendingSteers.get(steerId);
+  scene.pendingSteers.delete(steerId);
+  touch(state, scene);
+  if (text !== null && text !== undefined) {
+    ensureItem(state, scene, `${scene.stream_id}.steer.${steerId}`, {
+      type: "steer",
+      text,
+      leftover,
+    });
+  }
+}
 
 // Turns another client of the agent wrote (`agent.imported`): shown like settled runs; the
 // model-facing half and compactions are the server's business

@@ -122,7 +122,12 @@ def open_accounts(settings: Settings) -> AccountStore:
 
 
 def open_secret(settings: Settings) -> str:
-    """The cookie-signing secret: `<data_dir>/secret_key`."""
+    """The cookie-signing secret: in the database with `--database-url` (every replica signs
+    and checks with the same one), else `<data_dir>/secret_key`."""
+    if settings.database_url:
+        from tether.log.pg_shared import shared_secret  # the driver: see open_store
+
+        return shared_secret(settings.database_url)
     return file_secret(settings.data_dir)
 
 
@@ -135,9 +140,18 @@ class Shared:
 
 
 def open_shared(settings: Settings) -> Shared:
-    """The login failures, the settings panel's defaults and the attachment bytes: this
-    process's memory and its data directory."""
+    """The login failures, the settings panel's defaults and the attachment bytes: with
+    `--database-url` in the database (log/pg_shared.py, log/pg_blobs.py, one small pool), so
+    replicas with data directories of their own agree; else this process's memory and its
+    data directory."""
     root = settings.data_dir / "attachments"
+    if settings.database_url:
+        from tether.log.pg_blobs import PostgresBlobStore  # the driver: see open_store
+        from tether.log.pg_shared import LazyPool, PostgresLoginLimits, PostgresSettings
+
+        pool = LazyPool(settings.database_url)
+        blobs = PostgresBlobStore(pool, root)  # the data directory: a local cache
+        return Shared(PostgresLoginLimits(pool), PostgresSettings(pool), blobs, blobs.adopt_local)
     return Shared(
         MemoryLoginLimits(), FileSettings(settings.data_dir, KEYS), AttachmentStore(root), None
     )

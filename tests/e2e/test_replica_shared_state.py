@@ -66,7 +66,7 @@ def test_a_cookie_signed_by_one_replica_is_accepted_by_another(pair: Pair) -> No
 def test_an_upload_through_one_replica_is_read_and_sent_to_the_model_through_another(
     pair: Pair,
 ) -> None:
-    with sign_in(pair.a, "alice") as on_a, as_cookie_of(on_a, pair.b) as on_b:
+    with sign_in(pair.a, "alice") as on_a, sign_in(pair.b, "alice") as on_b:
         sid = new_session(on_a, "notes")
         upload = {"name": "notes.txt", "mime": "text/plain"}
         upload["data_base64"] = base64.b64encode(NOTES).decode()
@@ -88,7 +88,7 @@ def test_an_upload_through_one_replica_is_read_and_sent_to_the_model_through_ano
 
 
 def test_the_settings_saved_through_one_replica_are_what_another_answers(pair: Pair) -> None:
-    with sign_in(pair.a, "alice") as on_a, as_cookie_of(on_a, pair.b) as on_b:
+    with sign_in(pair.a, "alice") as on_a, sign_in(pair.b, "alice") as on_b:
         saved = on_a.patch("/api/settings", json={"default_model": "big-model"})
         assert saved.status_code == 200, saved.text
         seen = on_b.get("/api/settings").json()

@@ -1,9 +1,9 @@
 """Two `tether serve` replicas with data directories of their own on one PostgreSQL database,
-behind no sticky sessions (docs/operations.md "Several replicas"). Layer: the state that used
-to live in each process's memory or data directory (log/pg_shared.py, log/pg_blobs.py);
-invariant: what one replica wrote is what any other answers: the cookie secret, the login
-failures, the attachment bytes (a logged reference never dangles on any replica) and the
-settings panel's defaults."""
+behind no sticky sessions (docs/operations.md "Several replicas"). Layer (named as contract
+invariant 8 asks): the log, the state that used to live in each process's memory or data
+directory (log/pg_shared.py, log/pg_blobs.py). Invariant: what one replica wrote is what any
+other answers: the cookie secret, the login failures, the attachment bytes (a logged
+reference never dangles on any replica) and the settings panel's defaults."""
 
 from __future__ import annotations
 

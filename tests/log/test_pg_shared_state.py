@@ -1,10 +1,11 @@
 """The state replicas share besides the log, on a real PostgreSQL database (log/pg_shared.py,
-log/pg_blobs.py, migration m007), each store opened twice as two replicas would. Layer: the
-log's shared state; invariants: concurrent first starts agree on one cookie secret; login
-failures through any replica count against one limit, atomically (parallel guesses are never
-all admitted); settings saved through one are read through the other; attachment bytes put
-through one are read through the other and never removed while an upload row names them.
-The embedded mode's in-memory limiter is held to the same rules."""
+log/pg_blobs.py, migration m007), each store opened twice as two replicas would. Layer (named
+as contract invariant 8 asks): the log, its shared state. Invariants: concurrent first starts
+agree on one cookie secret; login failures through any replica count against one limit,
+atomically (parallel guesses are never all admitted); settings saved through one are read
+through the other; attachment bytes put through one are read through the other and never
+removed while an upload row names them. The embedded mode's in-memory limiter is held to the
+same rules."""
 
 from __future__ import annotations
 

@@ -8,15 +8,23 @@ above the runs and everything under them, below the HTTP layer, and nothing belo
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import cast
 
 from tether.events import VOCABULARY, Vocabulary, new_id
 from tether.log import Hub, StorageError
-from tether.log.attachments import AttachmentStore
+from tether.log.attachments import AttachmentStore, BlobStore
 from tether.log.checked import CheckedStore
 from tether.log.ownership import OwnedStore
 from tether.log.private import private_dir
+from tether.log.shared import (
+    FileSettings,
+    LoginLimits,
+    MemoryLoginLimits,
+    SavedSettings,
+    file_secret,
+)
 from tether.log.sqlite import SQLiteEventStore
 from tether.log.sqlite_accounts import SQLiteAccountStore
 from tether.log.store import AccountStore, EventStore, SharedLog
@@ -29,7 +37,7 @@ from tether.runs.registry import RunRegistry
 from tether.runs.rotation import Rotator
 from tether.runtimes import load_runtime
 from tether.runtimes.base import Runtime
-from tether.sessions.defaults import ServerDefaults
+from tether.sessions.defaults import KEYS, ServerDefaults
 from tether.sessions.feed import SidebarFeed
 from tether.sessions.search import SEARCH_FOLD_VERSION, search_change
 from tether.sessions.service import SessionService
@@ -48,17 +56,27 @@ class Services:
     registry: RunRegistry
     sessions: SessionService
     feed: SidebarFeed
-    attachments: AttachmentStore
+    attachments: BlobStore
+    login_limits: LoginLimits
     engine: RunEngine
     controls: RunControls  # Stop, steer and answers, through any replica
     queue: QueueService
     agent_sync: agent_sync.AgentSync | None
     importer: Importer
     replica_id: str  # this process, among the replicas sharing a database (GET /api/health)
+    # Attachment bytes left in the data directory by an earlier version, to copy into the
+    # database at start (PostgreSQL only; log/pg_blobs.py).
+    adopt_blobs: Callable[[], Awaitable[int]] | None
 
     @property
     def storage(self) -> str:
         return "postgresql" if self.settings.database_url else "sqlite"
+
+    async def aclose_shared(self) -> None:
+        """Close what `open_shared` opened (with PostgreSQL, one pool between them)."""
+        await self.login_limits.aclose()
+        await self.sessions.defaults.saved.aclose()
+        await self.attachments.aclose()
 
 
 def open_store(
@@ -105,6 +123,42 @@ def open_accounts(settings: Settings) -> AccountStore:
     return SQLiteAccountStore(settings.database_path)
 
 
+def open_secret(settings: Settings) -> str:
+    """The cookie-signing secret: in the database with `--database-url` (every replica signs
+    and checks with the same one), else `<data_dir>/secret_key`."""
+    if settings.database_url:
+        from tether.log.pg_shared import shared_secret  # the driver: see open_store
+
+        return shared_secret(settings.database_url)
+    return file_secret(settings.data_dir)
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    limits: LoginLimits
+    settings: SavedSettings
+    blobs: BlobStore
+    adopt_blobs: Callable[[], Awaitable[int]] | None
+
+
+def open_shared(settings: Settings) -> Shared:
+    """The login failures, the settings panel's defaults and the attachment bytes: with
+    `--database-url` in the database (log/pg_shared.py, log/pg_blobs.py, one small pool), so
+    replicas with data directories of their own agree; else this process's memory and its
+    data directory."""
+    root = settings.data_dir / "attachments"
+    if settings.database_url:
+        from tether.log.pg_blobs import PostgresBlobStore  # the driver: see open_store
+        from tether.log.pg_shared import LazyPool, PostgresLoginLimits, PostgresSettings
+
+        pool = LazyPool(settings.database_url)
+        blobs = PostgresBlobStore(pool, root)  # the data directory: a local cache
+        return Shared(PostgresLoginLimits(pool), PostgresSettings(pool), blobs, blobs.adopt_local)
+    return Shared(
+        MemoryLoginLimits(), FileSettings(settings.data_dir, KEYS), AttachmentStore(root), None
+    )
+
+
 def build_services(
     settings: Settings, runtime: Runtime | None = None, vocabulary: Vocabulary = VOCABULARY
 ) -> Services:
@@ -115,7 +169,8 @@ def build_services(
     checked = open_store(settings, replica_id, vocabulary)
     store = OwnedStore(checked)
     accounts = open_accounts(settings)
-    attachments = AttachmentStore(settings.data_dir / "attachments")
+    shared = open_shared(settings)
+    attachments = shared.blobs
     hub = Hub(asyncio.get_running_loop())
     store.attach_hub(hub)
     feed = SidebarFeed()
@@ -123,7 +178,7 @@ def build_services(
     hub.on_deleted(feed.on_deleted)
     registry = RunRegistry(on_change=lambda sid: feed.notify(sid, "run.state"))
     defaults = ServerDefaults(
-        settings.data_dir,
+        shared.settings,
         settings.system_prompt,
         system_prompt_max_chars=SYSTEM_PROMPT_MAX_CHARS,
     )
@@ -164,10 +219,12 @@ def build_services(
         sessions=sessions,
         feed=feed,
         attachments=attachments,
+        login_limits=shared.limits,
         engine=engine,
         controls=controls,
         queue=queue,
         agent_sync=syncer,
         replica_id=replica_id,
         importer=Importer(sessions),
+        adopt_blobs=shared.adopt_blobs,
     )

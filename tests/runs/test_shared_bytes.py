@@ -40,11 +40,11 @@ class HeldAttachments(AttachmentStore):
         self.stored = threading.Event()
         self.release = threading.Event()
 
-    def put(self, data: bytes, *, name: str, mime: str) -> StoredUpload:
-        upload = super().put(data, name=name, mime=mime)
+    async def put(self, data: bytes, *, name: str, mime: str) -> StoredUpload:
+        upload = await super().put(data, name=name, mime=mime)
         if self.hold:
             self.stored.set()
-            self.release.wait(10)
+            await asyncio.to_thread(self.release.wait, 10)
         return upload
 
 
@@ -78,7 +78,8 @@ def test_deleting_a_session_never_removes_bytes_another_session_is_recording(
             )
             upload = await h.store.attachment(ref["id"], b)
             assert upload is not None
-            return held.path(upload["blob"]) is not None, await h.store.blob_in_use(upload["blob"])
+            on_disk = await held.path(upload["blob"]) is not None
+            return on_disk, await h.store.blob_in_use(upload["blob"])
 
     on_disk, in_use = asyncio.run(main())
     assert in_use

@@ -3,9 +3,10 @@
 (a reverse proxy that authenticated the person names them in a header), and, in both, personal
 API tokens (`Authorization: Bearer`).
 
-- The cookie is itsdangerous-signed (the secret in `<data_dir>/secret_key`, as in the
-  single-password mode) and carries the user id and the user's logout epoch: a logout grows
-  the epoch in the account store, so every cookie of that person fails on every replica.
+- The cookie is itsdangerous-signed (the secret in `<data_dir>/secret_key`, or with
+  PostgreSQL in the database, so every replica accepts it: `services.open_secret`) and
+  carries the user id and the user's logout epoch: a logout grows the epoch in the account
+  store, so every cookie of that person fails on every replica.
 - A token is 256 random bits; only its SHA-256 is stored. It needs no Origin check: a page of
   another site cannot make a browser send an `Authorization` header here without CORS.
 - The trusted header is read only when the peer that sent the request (before any
@@ -20,14 +21,12 @@ import asyncio
 import hashlib
 import ipaddress
 import logging
-import os
 import re
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from pathlib import Path
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -37,7 +36,6 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tether.errors import UserExists
-from tether.log.private import FILE_MODE, private_dir, tighten
 from tether.log.store import AccountStore, User
 from tether.settings import Settings
 
@@ -91,27 +89,6 @@ def new_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
-def _secret(data_dir: Path) -> str:
-    """The cookie-signing secret in `<data_dir>/secret_key` (0600), made at first start."""
-    private_dir(data_dir)
-    path = data_dir / "secret_key"
-    try:
-        secret = path.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        secret = ""
-    if len(secret) < 32:
-        secret = secrets.token_urlsafe(48)
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-        with os.fdopen(fd, "w", encoding="ascii") as handle:
-            handle.write(secret + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    tighten(path, FILE_MODE)
-    return secret
-
-
 class RecordPeer:
     """The outermost middleware in trusted-header mode: remembers the address that really
     sent the request before ProxyHeadersMiddleware replaces it with X-Forwarded-For's."""
@@ -130,14 +107,13 @@ class AccountAuth:
     """Identifies the person behind a request in the user modes. The account store is given
     when the services start (`attach`)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, secret: str) -> None:
         self.mode = settings.auth
         self.header = settings.trusted_header.lower()
         self.proxies = [ipaddress.ip_network(p, strict=False) for p in settings.trusted_proxies]
         self.hasher = PasswordHasher()
         self.verify_slots = asyncio.Semaphore(2)  # argon2 takes 64 MiB per check
         self._dummy_hash = self.hasher.hash(secrets.token_urlsafe(16))
-        secret = _secret(settings.data_dir)
         self.flow_secret = hashlib.sha256(b"tether-oidc-flow:" + secret.encode()).hexdigest()
         self._serializer = URLSafeTimedSerializer(
             secret,

@@ -38,7 +38,7 @@ from tether.http import (
     transfer,
 )
 from tether.http.accounts import USER_MODES, AccountAuth, RecordPeer
-from tether.http.auth import Authenticator, AuthGate, LoginLimiter
+from tether.http.auth import Authenticator, AuthGate
 from tether.http.deps import Services
 from tether.http.head import HeadAsGet
 from tether.http.hosts import AllowedHosts, HostGuard
@@ -49,7 +49,7 @@ from tether.http.stream_slots import StreamSlots
 from tether.log import StorageError
 from tether.runs import leases, maintenance
 from tether.runtimes.base import Runtime
-from tether.services import build_services
+from tether.services import build_services, open_secret
 from tether.settings import Settings
 
 log = logging.getLogger("tether")
@@ -77,7 +77,7 @@ def create_app(
     the event types it speaks (a test may add its own)."""
     if auth is None:
         auth = Authenticator.from_settings(settings)
-    accounts = AccountAuth(settings) if settings.auth in USER_MODES else None
+    accounts = AccountAuth(settings, open_secret(settings)) if settings.auth in USER_MODES else None
     signin = None
     if settings.auth == "oidc":  # oidc.OIDCConfigError when incomplete
         signin = oidc.OIDCLogin(settings, oidc_secret or oidc.client_secret(settings))
@@ -89,6 +89,8 @@ def create_app(
             stream_slots=StreamSlots(settings.max_streams_per_client),
         )
         engine, store = services.engine, services.store
+        if services.adopt_blobs is not None:  # before anyone reads them through the database
+            await services.adopt_blobs()
         if accounts is not None:
             accounts.attach(services.accounts)
             people = await services.accounts.users()
@@ -145,6 +147,7 @@ def create_app(
             if accounts is not None:
                 accounts.attach(None)
             await services.accounts.aclose()
+            await services.aclose_shared()
             await store.aclose()
 
     app = FastAPI(
@@ -158,7 +161,6 @@ def create_app(
     app.state.auth = auth
     app.state.accounts = accounts
     app.state.oidc = signin
-    app.state.user_limiter = LoginLimiter(max_failures=10, window=300.0)  # per user name
     errors.install(app)
     for module in (
         health,

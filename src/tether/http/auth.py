@@ -9,7 +9,9 @@ other request.
 - The session cookie `tether_session` is an itsdangerous-signed, timestamped token carrying a
   random nonce. Logout revokes the nonce: revoked nonces are kept (with their expiry) in
   memory and in `auth.json`, so a logged-out cookie stays refused across restarts.
-- Login failures are limited per client address; the argon2 check runs in a thread.
+- Login failures are limited per client address (`log.shared.LoginLimits`: in memory, or
+  with PostgreSQL in the database, counted for every replica at once); the argon2 check runs
+  in a thread.
 """
 
 from __future__ import annotations
@@ -18,12 +20,10 @@ import asyncio
 import hashlib
 import json
 import logging
-import math
 import os
 import secrets
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
@@ -95,46 +95,6 @@ def load_password(settings: Settings) -> str | None:
     return value
 
 
-class LoginLimiter:
-    """At most `max_failures` failed logins per client address within `window` seconds."""
-
-    def __init__(
-        self, max_failures: int = 5, window: float = 60.0, max_clients: int = 10_000
-    ) -> None:
-        self.max_failures = max_failures
-        self.window = window
-        self.max_clients = max_clients
-        self._failures: dict[str, deque[float]] = {}
-
-    def _recent(self, client: str, now: float) -> deque[float]:
-        failures = self._failures.get(client, deque())
-        while failures and now - failures[0] >= self.window:
-            failures.popleft()
-        return failures
-
-    def retry_after(self, client: str) -> int:
-        """Whole seconds until this client may try again; 0 when it may try now."""
-        now = time.monotonic()
-        failures = self._recent(client, now)
-        if len(failures) < self.max_failures:
-            return 0
-        return max(1, math.ceil(self.window - (now - failures[0])))
-
-    def record_failure(self, client: str) -> None:
-        now = time.monotonic()
-        failures = self._recent(client, now)
-        failures.append(now)
-        self._failures[client] = failures
-        if len(self._failures) > self.max_clients:
-            for key in [k for k, v in self._failures.items() if not self._recent(k, now)]:
-                del self._failures[key]
-            while len(self._failures) > self.max_clients:
-                del self._failures[next(iter(self._failures))]
-
-    def reset(self, client: str) -> None:
-        self._failures.pop(client, None)
-
-
 def _write_private(path: Path, text: str) -> None:
     """Write a file readable by its owner only (0600), atomically."""
     tmp = path.with_name(path.name + ".tmp")
@@ -152,7 +112,6 @@ class Authenticator:
 
     def __init__(self, data_dir: Path, password: str | None) -> None:
         self.password_required = password is not None
-        self.limiter = LoginLimiter()
         self._verify_slots = asyncio.Semaphore(2)  # argon2 takes 64 MiB per check
         self._lock = threading.Lock()
         self._revoked: dict[str, float] = {}

@@ -14,10 +14,11 @@ from pydantic import BaseModel, Field, StrictStr
 
 from tether.errors import BadCredentials, InvalidRequest, RateLimited
 from tether.http.accounts import PRINCIPAL, AccountAuth
-from tether.http.auth import COOKIE_NAME, SESSION_MAX_AGE, Authenticator, LoginLimiter, safe_next
+from tether.http.auth import COOKIE_NAME, SESSION_MAX_AGE, Authenticator, safe_next
 from tether.http.errors import documented, error_response
 from tether.http.pages import PAGE_HEADERS, WEB_ROOT
 from tether.http.schemas import Body
+from tether.log.shared import PER_ADDRESS, PER_USER, LoginLimits, Rule
 
 log = logging.getLogger("tether.auth")
 router = APIRouter()
@@ -69,8 +70,13 @@ async def _signed_in(request: Request) -> bool:
     return _auth(request).is_authenticated(request.cookies.get(COOKIE_NAME))
 
 
-def _limited(limiter: LoginLimiter, key: str) -> Response | None:
-    wait = limiter.retry_after(key)
+def _limits(request: Request) -> LoginLimits:
+    return request.app.state.services.login_limits
+
+
+async def _limited(limits: LoginLimits, checks: list[tuple[str, Rule]]) -> Response | None:
+    """None: the attempt is counted, go on; else the 429 to answer (nothing counted)."""
+    wait = await limits.attempt(checks)
     if not wait:
         return None
     response = error_response(
@@ -106,19 +112,19 @@ async def login_page(request: Request, next: str | None = None) -> Response:
 async def login(request: Request, body: LoginRequest) -> Response:
     auth, accounts = _auth(request), _accounts(request)
     if accounts is not None:
-        return await _account_login(request, body, accounts, auth.limiter)
+        return await _account_login(request, body, accounts, _limits(request))
     if not auth.password_required:
         return JSONResponse({"ok": True, "password_required": False})
     client = request.client.host if request.client else "unknown"
-    refused = _limited(auth.limiter, client)
+    limits = _limits(request)
+    # Counted before the (slow) check, so guesses sent in parallel are limited too.
+    refused = await _limited(limits, [(client, PER_ADDRESS)])
     if refused is not None:
         return refused
-    # Counted before the (slow) check, so guesses sent in parallel are limited too.
-    auth.limiter.record_failure(client)
     if not await auth.verify_password(body.password):
         log.warning("failed login from %s", client)
         raise BadCredentials("That password is not right.")
-    auth.limiter.reset(client)
+    await limits.reset([client])
     log.info("login from %s", client)
     response = JSONResponse(
         {"ok": True, "password_required": True}, headers={"Cache-Control": "no-store"}
@@ -130,7 +136,7 @@ async def login(request: Request, body: LoginRequest) -> Response:
 
 
 async def _account_login(
-    request: Request, body: LoginRequest, accounts: AccountAuth, per_address: LoginLimiter
+    request: Request, body: LoginRequest, accounts: AccountAuth, limits: LoginLimits
 ) -> Response:
     """A user name and password (`--auth accounts`): failures are limited per address and,
     so that many addresses cannot share the guessing of one password, per user name."""
@@ -142,18 +148,14 @@ async def _account_login(
         raise InvalidRequest("Send your user name with the password.")
     client = request.client.host if request.client else "unknown"
     name_key = "user:" + body.username.strip().casefold()
-    per_user: LoginLimiter = request.app.state.user_limiter
-    refused = _limited(per_address, client) or _limited(per_user, name_key)
+    refused = await _limited(limits, [(client, PER_ADDRESS), (name_key, PER_USER)])
     if refused is not None:
         return refused
-    per_address.record_failure(client)
-    per_user.record_failure(name_key)
     user = await accounts.verify(body.username.strip(), body.password)
     if user is None:
         log.warning("failed login for %r from %s", body.username[:64], client)
         raise BadCredentials("That user name and password do not match.")
-    per_address.reset(client)
-    per_user.reset(name_key)
+    await limits.reset([client, name_key])
     log.info("login of %s from %s", user.username, client)
     response = JSONResponse(
         {"ok": True, "password_required": True, "username": user.username},

@@ -23,7 +23,7 @@ async def list_models(app: App) -> dict:
     briefly) and the server default. An endpoint that cannot say answers 200 with the default
     alone and `error: {code, message}`: the picker still works, never a 5xx."""
     runtime = app.engine.runtime
-    defaults = app.sessions.defaults
+    defaults = await app.sessions.defaults.current()
     body: dict = {
         "default": defaults.model or runtime.model,
         "default_system_prompt": defaults.system_prompt,

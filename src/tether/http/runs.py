@@ -221,7 +221,7 @@ async def get_attachment(
     Images a browser renders without running anything are served inline; everything else is
     a download (`application/octet-stream`). 404 when `session_id` does not hold the upload."""
     upload = await app.store.attachment(attachment_id, session_id or None)
-    path = None if upload is None else app.attachments.path(upload["blob"])
+    path = None if upload is None else await app.attachments.path(upload["blob"])
     if upload is None or path is None:
         raise AttachmentNotFound("There is no such attachment.")
     mime = upload["mime"] if upload["mime"] in _INLINE_TYPES else "application/octet-stream"

@@ -23,7 +23,7 @@ router = APIRouter(tags=["settings"])
 async def get_settings(app: App) -> dict:
     """The default model and system prompt in effect, what the settings panel saved, and
     what the command line says (`--model`, `--system-prompt`)."""
-    return app.sessions.defaults.view(app.engine.runtime.model)
+    return (await app.sessions.defaults.current()).view(app.engine.runtime.model)
 
 
 @router.patch(
@@ -44,4 +44,4 @@ async def patch_settings(app: App, request: Request, body: PatchSettings) -> dic
         if principal is None or not principal.user.admin:
             raise Forbidden("Only an admin changes the server's defaults.")
     await app.sessions.defaults.update(body.model_dump(exclude_unset=True))
-    return app.sessions.defaults.view(app.engine.runtime.model)
+    return (await app.sessions.defaults.current()).view(app.engine.runtime.model)

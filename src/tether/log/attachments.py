@@ -4,16 +4,22 @@ Everything else about an upload (its id, name, type and session) is per upload a
 the database (log/owners.py), so sharing the bytes stays invisible. The bytes are written (and
 fsynced) before the event that refers to them is appended, so a logged reference never
 dangles.
+
+`BlobStore` is the seam: `AttachmentStore` keeps the bytes under the data directory (the
+embedded mode, or replicas sharing one directory); log/pg_blobs.py keeps them in the
+PostgreSQL database, with this store as each replica's local cache of them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tether.events import new_id
 from tether.log.errors import StorageError
@@ -26,6 +32,26 @@ class StoredUpload:
 
     ref: dict[str, Any]
     blob: str
+
+
+def new_upload(data: bytes, *, name: str, mime: str) -> StoredUpload:
+    """A new upload of `data`: a fresh id, and its bytes' SHA-256 as the blob."""
+    ref = {"id": new_id("a"), "name": name, "mime": mime, "size": len(data)}
+    return StoredUpload(ref, hashlib.sha256(data).hexdigest())
+
+
+class BlobStore(Protocol):
+    async def put(self, data: bytes, *, name: str, mime: str) -> StoredUpload:
+        """Store `data` durably (once per content) and return a new upload of it."""
+
+    async def path(self, blob: str) -> Path | None:
+        """A local file holding the blob's bytes (what the runtimes and downloads read), or
+        None when no such bytes are stored."""
+
+    async def remove(self, blob: str) -> None:
+        """Drop the bytes (the caller checked that no upload holds them)."""
+
+    async def aclose(self) -> None: ...
 
 
 class AttachmentStore:
@@ -42,13 +68,23 @@ class AttachmentStore:
     def _path(self, blob: str) -> Path:
         return self.root / blob[:2] / blob
 
-    def path(self, blob: str) -> Path | None:
+    def local(self, blob: str) -> Path | None:
         path = self._path(blob)
         return path if path.is_file() else None
 
-    def put(self, data: bytes, *, name: str, mime: str) -> StoredUpload:
-        """Store `data` (once per content) and return a new upload of it."""
-        blob = hashlib.sha256(data).hexdigest()
+    async def path(self, blob: str) -> Path | None:
+        return self.local(blob)
+
+    async def put(self, data: bytes, *, name: str, mime: str) -> StoredUpload:
+        return await asyncio.to_thread(self._put, data, name, mime)  # hashing, fsync: off the loop
+
+    def _put(self, data: bytes, name: str, mime: str) -> StoredUpload:
+        new = new_upload(data, name=name, mime=mime)
+        self.write(new.blob, data, name)
+        return new
+
+    def write(self, blob: str, data: bytes, name: str) -> Path:
+        """The blob's file, written (and fsynced) unless it is there already."""
         path = self._path(blob)
         if not path.exists():
             try:
@@ -57,14 +93,19 @@ class AttachmentStore:
                 raise StorageError(
                     f"could not store the attachment {name!r} in {self.root}: {exc.strerror or exc}"
                 ) from exc
-        ref = {"id": new_id("a"), "name": name, "mime": mime, "size": len(data)}
-        return StoredUpload(ref, blob)
+        return path
 
-    def remove(self, blob: str) -> None:
+    async def remove(self, blob: str) -> None:
+        self.drop(blob)
+
+    def drop(self, blob: str) -> None:
         path = self._path(blob)
         path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # still holds other blobs
             path.parent.rmdir()
+
+    async def aclose(self) -> None:
+        return None
 
 
 def _write_durably(path: Path, data: bytes) -> None:
@@ -73,7 +114,8 @@ def _write_durably(path: Path, data: bytes) -> None:
     directory) stayed behind, empty, after the failure; now a failed write leaves nothing."""
     made_dir = not path.parent.exists()
     path.parent.mkdir(exist_ok=True, mode=DIR_MODE)
-    tmp = path.with_name(path.name + ".tmp")
+    # A name of its own: two replicas' caches (or two reads here) may write one blob at once.
+    tmp = path.with_name(f"{path.name}.{secrets.token_hex(4)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
         with os.fdopen(fd, "wb") as handle:

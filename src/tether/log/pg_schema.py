@@ -219,6 +219,26 @@ def m007_answered(db: psycopg.Connection) -> None:
     db.execute("ALTER TABLE sessions ADD COLUMN answered TEXT NOT NULL DEFAULT '[]'")
 
 
+@migration
+def m008_shared_state(db: psycopg.Connection) -> None:
+    """What every replica must agree on and no longer keeps in its data directory or memory
+    (log/pg_shared.py, log/pg_blobs.py): the cookie secret, the login failures, the settings
+    panel's defaults and the attachment bytes (by SHA-256)."""
+    db.execute("CREATE TABLE server_secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    db.execute(
+        """
+        CREATE TABLE login_failures (
+            key TEXT NOT NULL,                      -- a client address, or user:<name>
+            expires_at DOUBLE PRECISION NOT NULL    -- the database's clock, epoch seconds
+        )
+        """
+    )
+    db.execute("CREATE INDEX login_failures_by_key ON login_failures (key, expires_at)")
+    db.execute("CREATE INDEX login_failures_by_expiry ON login_failures (expires_at)")
+    db.execute("CREATE TABLE server_settings (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    db.execute("CREATE TABLE blobs (blob TEXT PRIMARY KEY, data BYTEA NOT NULL)")
+
+
 def apply_migrations(db: psycopg.Connection) -> list[str]:
     """Apply what is missing, each in its own transaction; return the names applied.
     `db` is in autocommit mode: transactions are explicit."""

@@ -27,7 +27,7 @@ from tether.errors import ApiError, InvalidRequest, QueueItemNotFound, ServerClo
 from tether.events import new_id
 from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
-from tether.log.attachments import AttachmentStore
+from tether.log.attachments import BlobStore
 from tether.log.store import EventStore, SharedLog
 from tether.runs.controls import leftover_drafts
 from tether.runs.handles import HandleCache, RuntimeHandle, open_handle
@@ -66,7 +66,7 @@ class RunEngine:
         sessions: SessionService,
         registry: RunRegistry,
         runtime: Runtime,
-        attachments: AttachmentStore,
+        attachments: BlobStore,
         rotator: Rotation | None = None,
         agent_sync: BeforeStart | None = None,
         coalesce_seconds: float = 0.016,
@@ -220,9 +220,7 @@ class RunEngine:
         blobs: dict[str, str] = {}
         try:
             for upload in uploads:
-                new = await asyncio.to_thread(
-                    self.attachments.put, upload.data, name=upload.name, mime=upload.mime
-                )
+                new = await self.attachments.put(upload.data, name=upload.name, mime=upload.mime)
                 refs.append(new.ref)
                 blobs[new.ref["id"]] = new.blob
         except BaseException:
@@ -387,15 +385,16 @@ class RunEngine:
 
     async def _upload_path(self, session_id: str, attachment_id: str) -> Path | None:
         upload = await self.store.attachment(attachment_id, session_id)
-        return None if upload is None else self.attachments.path(upload["blob"])
+        return None if upload is None else await self.attachments.path(upload["blob"])
 
     async def _turn_input(self, run: Run, model: str | None) -> TurnInput:
         """What the runtime gets: the context the session shows (invariant 1) and the model
         the turn asked for, else the session's own (`PATCH /api/session {model}`), else the
         settings panel's default (`PATCH /api/settings`), else None: the runtime's own."""
         fold = await self.sessions.folds.get(run.session_id)
-        model = model or (fold.row or {}).get("model") or self.sessions.defaults.model
-        system_prompt = fold.system_prompt(self.sessions.default_system_prompt)
+        defaults = await self.sessions.defaults.current()
+        model = model or (fold.row or {}).get("model") or defaults.model
+        system_prompt = fold.system_prompt(defaults.system_prompt)
         messages = fold.transcript.context(system_prompt)["context_messages"]
         refs: dict[str, AttachmentRef] = {}
         for row in fold.transcript.messages:

@@ -2,63 +2,33 @@
 (docs/api.md §11, `GET/PATCH /api/settings`): the command line's (`--model`,
 `--system-prompt`) unless the settings panel saved its own.
 
-What the panel saves lives in `settings.json` in the data directory (mode 0600 like the
-rest of it), written whole to a temporary file, fsynced and renamed over the old one, so a
-crash leaves the old settings or the new ones, never half of either; a restart reads it
-back. A saved value wins over the flag (it is the later, explicit choice); saving `null`
-removes it, and the flag applies again. The defaults are not in the event log: they are no
-session's history, and changing them changes no transcript (a session's own `model` /
+What the panel saves is kept by a `log.shared.SavedSettings`: `settings.json` in the data
+directory (mode 0600, written whole, fsynced and renamed, so a crash leaves the old settings
+or the new ones), or with PostgreSQL a table every replica reads, so a change through one is
+what all answer. A saved value wins over the flag (it is the later, explicit choice); saving
+`null` removes it, and the flag applies again. The defaults are not in the event log: they
+are no session's history, and changing them changes no transcript (a session's own `model` /
 `system_prompt`, which are, stay as they are).
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
-import os
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from tether.errors import InvalidRequest
-from tether.log.private import FILE_MODE
+from tether.log.shared import SavedSettings
 
-log = logging.getLogger("tether")
-
-FILE_NAME = "settings.json"
 MODEL_MAX_CHARS = 200
 KEYS = ("default_model", "default_system_prompt")
 
 
-class ServerDefaults:
-    def __init__(
-        self,
-        data_dir: Path,
-        flag_system_prompt: str | None,
-        *,
-        system_prompt_max_chars: int,
-    ):
-        self.path = data_dir / FILE_NAME
-        self.flag_system_prompt = flag_system_prompt
-        self.max_prompt = system_prompt_max_chars
-        self._lock = asyncio.Lock()
-        self.saved = self._read()
+@dataclass(frozen=True, slots=True)
+class Defaults:
+    """The defaults in effect now (read once per request or turn)."""
 
-    def _read(self) -> dict[str, Any]:
-        try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            log.warning("%s cannot be read (%s): the command line's defaults apply", self.path, exc)
-            return {}
-        saved = {}
-        if isinstance(raw, dict):
-            if isinstance(raw.get("default_model"), str):
-                saved["default_model"] = raw["default_model"]
-            if isinstance(raw.get("default_system_prompt"), str):
-                saved["default_system_prompt"] = raw["default_system_prompt"]
-        return saved
+    saved: dict[str, str]
+    flag_system_prompt: str | None
 
     @property
     def model(self) -> str | None:
@@ -78,6 +48,22 @@ class ServerDefaults:
             "saved": dict(self.saved),
             "command_line": {"model": runtime_model, "system_prompt": self.flag_system_prompt},
         }
+
+
+class ServerDefaults:
+    def __init__(
+        self,
+        saved: SavedSettings,
+        flag_system_prompt: str | None,
+        *,
+        system_prompt_max_chars: int,
+    ):
+        self.saved = saved
+        self.flag_system_prompt = flag_system_prompt
+        self.max_prompt = system_prompt_max_chars
+
+    async def current(self) -> Defaults:
+        return Defaults(await self.saved.load(), self.flag_system_prompt)
 
     def _clean(self, changes: dict[str, Any]) -> dict[str, str | None]:
         if not any(key in changes for key in KEYS):
@@ -104,28 +90,4 @@ class ServerDefaults:
 
     async def update(self, changes: dict[str, Any]) -> None:
         """Validate everything, then save; a refused change saves nothing."""
-        clean = self._clean(changes)
-        async with self._lock:
-            saved = dict(self.saved)
-            for key, value in clean.items():
-                if value is None:
-                    saved.pop(key, None)
-                else:
-                    saved[key] = value
-            if saved != self.saved:
-                await asyncio.to_thread(self._write, saved)
-                self.saved = saved
-
-    def _write(self, saved: dict[str, Any]) -> None:
-        temp = self.path.with_name(f".{FILE_NAME}.tmp")
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-        with os.fdopen(fd, "wb") as out:
-            out.write(json.dumps(saved, ensure_ascii=False, indent=1).encode("utf-8"))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, self.path)
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        await self.saved.save(self._clean(changes))

@@ -13,7 +13,7 @@ from tether import events as ev
 from tether.errors import InvalidRequest, SessionBusy, SessionRotated
 from tether.events import new_id
 from tether.log import Draft, SessionNotFound
-from tether.log.attachments import AttachmentStore
+from tether.log.attachments import BlobStore
 from tether.log.store import EventStore
 from tether.projections.sidebar import public_row, public_title, sort_key
 from tether.sessions.branching import switch_draft
@@ -64,7 +64,7 @@ class SessionService:
         self,
         store: EventStore,
         registry: RunOccupancy,
-        attachments: AttachmentStore,
+        attachments: BlobStore,
         defaults: ServerDefaults,
     ):
         self.store = store
@@ -78,10 +78,6 @@ class SessionService:
         # nothing holds those bytes and their removal (a blob would vanish under a logged
         # upload). Taken after a session lock, never before one.
         self._blob_lock = asyncio.Lock()
-
-    @property
-    def default_system_prompt(self) -> str | None:
-        return self.defaults.system_prompt
 
     # -- reads ------------------------------------------------------------------------------
     async def row(self, session_id: str) -> dict[str, Any] | None:
@@ -198,7 +194,7 @@ class SessionService:
 
     async def context(self, session_id: str) -> dict[str, Any]:
         fold = await self.folds.get(session_id)
-        return fold.context(self.default_system_prompt)
+        return fold.context((await self.defaults.current()).system_prompt)
 
     # -- commands ---------------------------------------------------------------------------
     async def create(self, title: str | None) -> dict[str, Any]:
@@ -259,7 +255,7 @@ class SessionService:
         caller holds `blob_guard`."""
         for blob in set(blobs):
             if not await self.store.blob_in_use(blob):
-                self.attachments.remove(blob)
+                await self.attachments.remove(blob)
 
     async def truncate(self, session_id: str, keep_count: int) -> dict[str, Any]:
         async with self.locks(session_id):

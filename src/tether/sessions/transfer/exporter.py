@@ -37,7 +37,7 @@ async def _attachments(sessions: SessionService, sid: str, events: list[Event]) 
     out = []
     for attachment_id in ids:
         upload = await sessions.store.attachment(attachment_id, sid)
-        path = None if upload is None else sessions.attachments.path(upload["blob"])
+        path = None if upload is None else await sessions.attachments.path(upload["blob"])
         if upload is None or path is None:
             continue
         data = await asyncio.to_thread(path.read_bytes)

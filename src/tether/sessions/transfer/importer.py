@@ -176,8 +176,8 @@ class Importer:
             blobs: dict[str, str] = {}
             try:
                 for upload in uploads:
-                    stored = await asyncio.to_thread(
-                        sessions.attachments.put, upload.data, name=upload.name, mime=upload.mime
+                    stored = await sessions.attachments.put(
+                        upload.data, name=upload.name, mime=upload.mime
                     )
                     blobs[upload.id] = stored.blob
                 batch = [(plan.session_id, _with_blobs(plan, blobs)) for plan in plans]

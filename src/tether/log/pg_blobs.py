@@ -1,0 +1,93 @@
+"""Attachment bytes in the PostgreSQL database of the log (table `blobs` of migration m008,
+keyed by SHA-256), so an upload made through one replica is read through any other with no
+shared directory. The row is committed before `put` returns, so before the event that refers
+to it is appended: a logged reference never dangles, whichever replica reads it.
+
+What needs a file (a download, the runtimes reading an image) gets one from this replica's
+local cache (an `AttachmentStore` under its data directory), filled from the database at the
+first read. Blobs are content-addressed, so a cached file is never stale."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from pathlib import Path
+
+from tether.log.attachments import AttachmentStore, StoredUpload, new_upload
+from tether.log.pg_shared import LazyPool
+
+log = logging.getLogger("tether")
+
+
+class PostgresBlobStore:
+    def __init__(self, pool: LazyPool, cache: Path) -> None:
+        self.pool = pool
+        self.cache = AttachmentStore(cache)
+        self._adopted = False
+
+    async def put(self, data: bytes, *, name: str, mime: str) -> StoredUpload:
+        new = await asyncio.to_thread(new_upload, data, name=name, mime=mime)
+        await self.pool.rows(
+            "INSERT INTO blobs (blob, data) VALUES (%s, %s) ON CONFLICT (blob) DO NOTHING",
+            (new.blob, data),
+            f"the attachment {name!r}",
+        )
+        return new
+
+    async def path(self, blob: str) -> Path | None:
+        cached = self.cache.local(blob)
+        if cached is not None:
+            return cached
+        rows = await self.pool.rows(
+            "SELECT data FROM blobs WHERE blob=%s", (blob,), "the attachment bytes"
+        )
+        if not rows:
+            return None
+        return await asyncio.to_thread(self.cache.write, blob, bytes(rows[0][0]), blob)
+
+    async def remove(self, blob: str) -> None:
+        """Only while no upload row names the blob: another replica may have just recorded
+        one for the same bytes."""
+        await self.pool.rows(
+            "DELETE FROM blobs WHERE blob=%s "
+            "AND NOT EXISTS (SELECT 1 FROM attachments WHERE blob=%s)",
+            (blob, blob),
+            "the attachment bytes",
+        )
+        self.cache.drop(blob)
+
+    async def adopt_local(self) -> int:
+        """Copy into the database the blobs the local directory holds and it lacks: bytes
+        stored in the data directory before the bytes moved into the database (a deployment
+        that shared one directory). Once per process; returns how many were copied."""
+        if self._adopted:
+            return 0
+        self._adopted = True
+        local = [p for p in self.cache.root.glob("??/*") if len(p.name) == 64 and p.is_file()]
+        if not local:
+            return 0
+        names = [p.name for p in local]
+        rows = await self.pool.rows(
+            "SELECT blob FROM blobs WHERE blob = ANY(%s)", (names,), "the attachment bytes"
+        )
+        known = {row[0] for row in rows}
+        copied = 0
+        for path in local:
+            if path.name in known:
+                continue
+            data = await asyncio.to_thread(path.read_bytes)
+            if hashlib.sha256(data).hexdigest() != path.name:  # not whole: leave it out
+                continue
+            await self.pool.rows(
+                "INSERT INTO blobs (blob, data) VALUES (%s, %s) ON CONFLICT (blob) DO NOTHING",
+                (path.name, data),
+                "the attachment bytes",
+            )
+            copied += 1
+        if copied:
+            log.info("copied %d attachment(s) from %s into the database", copied, self.cache.root)
+        return copied
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()

@@ -1,0 +1,164 @@
+"""The state replicas share besides the log, on a real PostgreSQL database (log/pg_shared.py,
+log/pg_blobs.py, migration m008), each store opened twice as two replicas would. Layer (named
+as contract invariant 8 asks): the log, its shared state. Invariants: concurrent first starts
+agree on one cookie secret; login failures through any replica count against one limit,
+atomically (parallel guesses are never all admitted); settings saved through one are read
+through the other; attachment bytes put through one are read through the other and never
+removed while an upload row names them. The embedded mode's in-memory limiter is held to the
+same rules."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from pg import database
+
+from tether.log.shared import LoginLimits, MemoryLoginLimits, Rule
+
+psycopg = pytest.importorskip("psycopg")
+
+from tether.log.pg_blobs import PostgresBlobStore  # noqa: E402
+from tether.log.pg_schema import apply_migrations  # noqa: E402
+from tether.log.pg_shared import (  # noqa: E402
+    LazyPool,
+    PostgresLoginLimits,
+    PostgresSettings,
+    shared_secret,
+)
+
+RULE = Rule(max_failures=3, window=1.0)
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    with database() as made:
+        with psycopg.connect(made, autocommit=True) as db:
+            apply_migrations(db)
+        yield made
+
+
+def test_replicas_starting_at_once_agree_on_one_cookie_secret() -> None:
+    with database() as url, ThreadPoolExecutor(6) as pool:
+        secrets = list(pool.map(lambda _: shared_secret(url), range(6)))
+    assert len(set(secrets)) == 1 and len(secrets[0]) >= 32
+
+
+async def _limits_agree(a: LoginLimits, b: LoginLimits) -> None:
+    checks = [("10.0.0.1", RULE)]
+    assert [await limits.attempt(checks) for limits in (a, b, a)] == [0, 0, 0]
+    wait = await b.attempt(checks)
+    assert wait == 1  # the oldest failure expires within the 1 s window
+    assert await a.attempt([("10.0.0.2", RULE)]) == 0  # another key is its own
+    # A key at its limit refuses the pair, and counts nothing against the other key.
+    assert await a.attempt([("10.0.0.3", RULE), ("10.0.0.1", RULE)]) > 0
+    assert await b.attempt([("10.0.0.3", RULE)]) == 0
+    await a.reset(["10.0.0.1"])
+    assert await b.attempt(checks) == 0
+    await asyncio.sleep(RULE.window + 0.1)
+    assert [await b.attempt([("10.0.0.3", RULE)]) for _ in range(3)] == [0, 0, 0]
+
+
+def test_login_failures_in_memory_follow_the_rules() -> None:
+    limits = MemoryLoginLimits()
+    asyncio.run(_limits_agree(limits, limits))
+
+
+def test_login_failures_through_two_replicas_count_against_one_limit(url: str) -> None:
+    async def main() -> None:
+        a, b = PostgresLoginLimits(LazyPool(url)), PostgresLoginLimits(LazyPool(url))
+        try:
+            await _limits_agree(a, b)
+            # Ten guesses at once through both: exactly the limit's three are let through.
+            guesses = [(a, b)[i % 2].attempt([("10.9.9.9", RULE)]) for i in range(10)]
+            waits = await asyncio.gather(*guesses)
+            assert waits.count(0) == RULE.max_failures
+            # A user name may hold a NUL, which a PostgreSQL text cannot: still counted.
+            assert await a.attempt([("user:a\x00b", RULE)]) == 0
+            await b.reset(["user:a\x00b"])
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_settings_saved_through_one_replica_are_read_through_another(url: str) -> None:
+    async def main() -> None:
+        a, b = PostgresSettings(LazyPool(url)), PostgresSettings(LazyPool(url))
+        try:
+            assert await b.load() == {}
+            await a.save({"default_model": "big-model", "default_system_prompt": "nul \x00 ok"})
+            await b.save({"default_model": None})  # a key at a time: the other one stays
+            assert await a.load() == {"default_system_prompt": "nul \x00 ok"}
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_bytes_put_through_one_replica_are_read_through_another(url: str, tmp_path: Path) -> None:
+    data = b"\x00\xffbytes of an upload"
+
+    async def main() -> None:
+        a = PostgresBlobStore(LazyPool(url), tmp_path / "a")
+        b = PostgresBlobStore(LazyPool(url), tmp_path / "b")
+        try:
+            new = await a.put(data, name="x.bin", mime="application/octet-stream")
+            assert new.blob == hashlib.sha256(data).hexdigest()
+            assert new.ref["size"] == len(data)
+            path = await b.path(new.blob)  # B had no copy: fetched into its cache
+            assert path is not None and path.is_relative_to(tmp_path / "b")
+            assert path.read_bytes() == data
+            assert await b.path("0" * 64) is None
+
+            with psycopg.connect(url, autocommit=True) as db:  # an upload row names it
+                db.execute(
+                    "INSERT INTO attachments VALUES ('s1', %s, %s, 'x.bin', 'x', 1)",
+                    (new.ref["id"], new.blob),
+                )
+                await a.remove(new.blob)  # ... so the bytes stay for every replica
+                assert (await b.path(new.blob)) is not None
+                db.execute("DELETE FROM attachments")
+            await a.remove(new.blob)
+            await b.cache.remove(new.blob)
+            assert await b.path(new.blob) is None
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_bytes_left_in_a_data_directory_are_copied_into_the_database(
+    url: str, tmp_path: Path
+) -> None:
+    """An upgrade from a shared directory: the files it holds reach the database at start."""
+    kept, torn = b"stored by an earlier version", b"cut short"
+    old = tmp_path / "old"
+    good = hashlib.sha256(kept).hexdigest()
+    (old / good[:2]).mkdir(parents=True)
+    (old / good[:2] / good).write_bytes(kept)
+    bad = hashlib.sha256(b"the whole of it").hexdigest()
+    (old / bad[:2]).mkdir(exist_ok=True)
+    (old / bad[:2] / bad).write_bytes(torn)
+
+    async def main() -> None:
+        a = PostgresBlobStore(LazyPool(url), old)
+        b = PostgresBlobStore(LazyPool(url), tmp_path / "new")
+        try:
+            assert await a.adopt_local() == 1
+            assert await a.adopt_local() == 0  # once per process
+            path = await b.path(good)
+            assert path is not None and path.read_bytes() == kept
+            assert await b.path(bad) is None  # a file that is not its hash stays out
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    asyncio.run(main())

@@ -8,6 +8,7 @@ model must still get only the branch the page shows (contract invariant 1), and
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,13 @@ def answered(client: httpx.Client, fake: FakeOpenAI, sid: str, message: str, ans
     return body
 
 
+def stored_texts(home: Path, sid: str) -> list[str]:
+    """What Hermes' own `state.db` holds for the session's agent session (every branch)."""
+    with sqlite3.connect(home / "state.db") as db:
+        rows = db.execute("SELECT content FROM messages WHERE session_id = ? ORDER BY id", (sid,))
+        return [str(content) for (content,) in rows]
+
+
 def children(body: dict[str, Any], parent_id: str) -> list[str]:
     """The rows that follow `parent_id` on every branch (GET /api/session's `branches`)."""
     assert body["branches"] is not None
@@ -87,7 +95,7 @@ def children(body: dict[str, Any], parent_id: str) -> list[str]:
 
 
 def test_a_regenerated_answer_is_a_new_branch_and_the_model_never_sees_the_old_one(
-    server: ServerProcess, fake: FakeOpenAI
+    server: ServerProcess, fake: FakeOpenAI, hermes_env: Path
 ) -> None:
     with server.client() as client:
         sid = new_session(client)
@@ -123,7 +131,8 @@ def test_a_regenerated_answer_is_a_new_branch_and_the_model_never_sees_the_old_o
         assert "old second answer" not in json.dumps(request)
         assert_context_follows(client, sid, request, "new second answer")
 
-        # The next turn gets exactly what the context said, Hermes' stored old answer not.
+        # Hermes' own store keeps the old answer; the next turn still gets exactly the context.
+        assert "old second answer" in stored_texts(hermes_env, sid)
         expected = context_of(client, sid)
         answered(client, fake, sid, "third question", "third answer")
         request = turn_request(fake, "third question")
@@ -133,7 +142,7 @@ def test_a_regenerated_answer_is_a_new_branch_and_the_model_never_sees_the_old_o
 
 
 def test_an_edit_and_a_switch_back_each_send_the_model_the_branch_shown(
-    server: ServerProcess, fake: FakeOpenAI
+    server: ServerProcess, fake: FakeOpenAI, hermes_env: Path
 ) -> None:
     with server.client() as client:
         sid = new_session(client)
@@ -149,11 +158,13 @@ def test_an_edit_and_a_switch_back_each_send_the_model_the_branch_shown(
         assert body["messages"][0]["branch"] == {"index": 2, "count": 2}
         request = turn_request(fake, "edited question")
         assert said(request["messages"]) == [("user", "edited question")]
+        assert "original answer" in stored_texts(hermes_env, sid)
         dumped = json.dumps(request)
         for old in ("original question", "original answer", "follow-up"):
             assert old not in dumped
         assert_context_follows(client, sid, request, "edited answer")
 
+        assert "edited answer" in stored_texts(hermes_env, sid)
         # Switch back to the first branch: shown whole, and it is what the model gets next.
         response = client.post(
             "/api/session/branch",

@@ -3,9 +3,11 @@
 `TurnInput.messages` ends with the current user turn (contract invariant 1). The history
 before it becomes `conversation_history`; the turn itself becomes `user_message`, with its
 attachments resolved (images as data URLs, text files inline), and `persist_user_message` is
-its plain text. A compression summary (a system message in Tether's context) goes to the
-agent as a user-role message that keeps its "reference material" wording: Hermes builds its
-own system prompt, and keeps its own summaries in user-role messages too.
+its plain text. The session's system prompt (the context's first message when set) is left
+out: it goes to the agent as `ephemeral_system_prompt`, which Hermes appends to its own system
+prompt at every request without storing it. A compression summary (a system message in
+Tether's context) goes to the agent as a user-role message that keeps its "reference
+material" wording: Hermes keeps its own summaries in user-role messages too.
 """
 
 from __future__ import annotations
@@ -47,8 +49,11 @@ def split_turn(turn: TurnInput) -> tuple[list[dict[str, Any]], Any, str]:
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
     if last_user < 0:
         raise ValueError("the model context has no user turn")
+    head = messages[:last_user]
+    if turn.system_prompt and head and head[0] == {"role": "system", "content": turn.system_prompt}:
+        head = head[1:]
     history: list[dict[str, Any]] = []
-    for message in messages[:last_user]:
+    for message in head:
         row = {k: message[k] for k in HISTORY_KEYS if k in message}
         if row.get("role") == "system":
             row = {"role": "user", "content": plain_text(row.get("content"))}

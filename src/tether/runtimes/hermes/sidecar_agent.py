@@ -354,6 +354,9 @@ class Session:
         try:
             if cmd.get("model") and cmd["model"] != self.agent.model:
                 self.agent.model = cmd["model"]
+            # Set every turn, so a prompt removed since the last one is gone: Hermes appends it
+            # to its own system prompt at each request and never stores it in state.db.
+            self.agent.ephemeral_system_prompt = cmd.get("system_prompt") or None
             self.emit(
                 "accepted",
                 id=cmd.get("id"),

@@ -219,6 +219,7 @@ async def _drive(handle: TurnHandle, channel: AgentChannel, turn: TurnInput) -> 
             "persist_user_message": persist_text,
             "persist_user_timestamp": timestamp,
             "model": turn.model,
+            "system_prompt": turn.system_prompt or None,
             "task_id": turn.stream_id,
         }
     )

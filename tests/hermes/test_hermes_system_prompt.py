@@ -1,0 +1,164 @@
+"""A session's system prompt under `tether serve --runtime hermes`: the model gets it inside
+the system message (Hermes' own prompt, then Tether's, through
+`AIAgent.ephemeral_system_prompt`), never as a user-role message, and Hermes does not store
+it in `state.db`; clearing it takes effect at the next turn."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hermes_venv import write_home
+
+from tether.runtimes.base import CompressionCompleted, RuntimeEvent, TextDelta, TurnInput
+from tether.runtimes.hermes import HermesRuntime
+from tether.settings import Settings
+
+from fake_openai import FakeOpenAI, reply, text, tool_call
+from helpers import ServerProcess, new_session, running_server, start_turn, wait_idle
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+PROMPT = "You are the tether-sp-7 assistant: always answer in haiku."
+
+
+@pytest.fixture
+def hermes_server(
+    tmp_path: Path, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path
+) -> Iterator[ServerProcess]:
+    env = {
+        "TETHER_HERMES_HOME": str(hermes_env),
+        "TETHER_HERMES_MAX_TOKENS": "256",
+        "TETHER_HERMES_TOOLSETS": "terminal",
+        "TETHER_HERMES_TOOL_DELAY": "0",
+    }
+    with running_server(
+        tmp_path / "data",
+        "--runtime",
+        "hermes",
+        "--hermes-python",
+        str(hermes_python),
+        "--base-url",
+        fake.base_url,
+        "--model",
+        fake.model,
+        "--api-key-env",
+        "TETHER_TEST_HERMES_KEY",
+        env=env,
+    ) as server:
+        yield server
+
+
+def turn_request(fake: FakeOpenAI, message: str) -> dict[str, Any]:
+    """The (last) model request of the turn whose user text is `message` (Hermes merges
+    consecutive user-role messages into one)."""
+    return next(
+        r
+        for r in reversed(fake.requests)
+        if r.get("stream") and str(r["messages"][-1].get("content")).endswith(message)
+    )
+
+
+def user_texts(request: dict[str, Any]) -> list[str]:
+    return [str(m.get("content")) for m in request["messages"] if m.get("role") == "user"]
+
+
+def test_the_system_prompt_goes_into_the_system_message_and_clearing_it_removes_it(
+    hermes_server: ServerProcess, fake: FakeOpenAI, hermes_env: Path
+) -> None:
+    fake.script(reply(text("First answer.")), reply(text("Second answer.")))
+    with hermes_server.client() as client:
+        sid = new_session(client)
+        patched = client.patch("/api/session", json={"session_id": sid, "system_prompt": PROMPT})
+        assert patched.status_code == 200, patched.text
+        start_turn(client, sid, "hello")
+        wait_idle(client, sid, timeout=90)
+        first = turn_request(fake, "hello")
+        system = first["messages"][0]
+        assert system["role"] == "system" and system["content"].endswith(PROMPT)
+        assert len(system["content"]) > len(PROMPT)  # Hermes' own prompt comes first
+        assert not any(PROMPT in t for t in user_texts(first))
+
+        cleared = client.patch("/api/session", json={"session_id": sid, "system_prompt": None})
+        assert cleared.status_code == 200, cleared.text
+        start_turn(client, sid, "again")
+        body = wait_idle(client, sid, timeout=60)
+        assert body["messages"][-1]["content"] == "Second answer."
+        second = turn_request(fake, "again")
+        assert second["messages"][0]["role"] == "system"
+        assert PROMPT not in str(second["messages"])
+        assert "hello" in user_texts(second)  # the history still reaches the agent
+    with sqlite3.connect(hermes_env / "state.db") as db:
+        stored = db.execute("SELECT system_prompt FROM sessions").fetchall()
+        contents = db.execute("SELECT content FROM messages").fetchall()
+    assert stored and not any(PROMPT in (row[0] or "") for row in stored)
+    assert not any(PROMPT in (row[0] or "") for row in contents)
+
+
+def _long_history(n: int = 12) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i in range(n // 2):
+        out += [
+            {"role": "user", "content": f"question {i}: " + "words " * 200},
+            {"role": "assistant", "content": f"answer {i}: " + "more words " * 200},
+        ]
+    return out
+
+
+def test_hermes_compression_keeps_the_system_prompt_out_of_the_summary(
+    hermes_env: Path, fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    """Hermes' own compression (a summary request of its own mid-turn) still works with a
+    system prompt: the prompt is not among what it summarizes, and the request after the
+    compression still carries it in the system message."""
+    write_home(hermes_env, fake, in_place=True, compression=True)
+    fake.script(
+        reply(
+            text("Looking."),
+            tool_call("call_1", "terminal", {"command": "echo x"}),
+            usage={"prompt_tokens": 100_000, "completion_tokens": 10},
+        ),
+        reply(text("SUMMARY: the user asked six questions about words.")),
+        reply(text("Answer after compression.")),
+    )
+    messages = [{"role": "system", "content": PROMPT}, *_long_history()]
+    messages.append({"role": "user", "content": "next"})
+
+    async def main() -> list[RuntimeEvent]:
+        runtime = HermesRuntime(
+            Settings(
+                runtime="hermes",
+                base_url=fake.base_url,
+                model=fake.model,
+                api_key_env="TETHER_TEST_HERMES_KEY",
+                data_dir=tmp_path / "data",
+            )
+        )
+        try:
+            handle = await runtime.open_handle("s_sp_cmp")
+            turn = TurnInput("s_sp_cmp", "r_sp", "u_sp", messages, system_prompt=PROMPT)
+            out: list[RuntimeEvent] = []
+            async with contextlib.aclosing(handle.stream(turn)) as events:
+                async for event in events:
+                    out.append(event)
+            return out
+        finally:
+            await runtime.aclose()
+
+    events = asyncio.run(main())
+    completed = [e for e in events if isinstance(e, CompressionCompleted)]
+    assert len(completed) == 1 and "six questions" in completed[0].summary
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)).endswith(
+        "Answer after compression."
+    )
+    summary_request = next(r for r in fake.requests if not r.get("stream"))
+    assert PROMPT not in str(summary_request["messages"])
+    after = fake.requests[-1]
+    assert after["messages"][0]["role"] == "system"
+    assert after["messages"][0]["content"].endswith(PROMPT)
+    assert not any(PROMPT in t for t in user_texts(after))

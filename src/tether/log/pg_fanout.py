@@ -262,8 +262,9 @@ class Fanout:
         loop = asyncio.get_running_loop()
         last_full = loop.time()
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), self._poll_seconds)
+            with contextlib.suppress(TimeoutError):  # not wait_for: on 3.11 it can swallow
+                async with asyncio.timeout(self._poll_seconds):  # a cancel (aclose hangs)
+                    await self._woken.wait()
             self._woken.clear()
             full = self._full or loop.time() - last_full >= self._poll_seconds
             pending, deleted = self._pending, self._deleted

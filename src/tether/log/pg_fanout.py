@@ -105,18 +105,17 @@ class Notifier:
                 async with await psycopg.AsyncConnection.connect(
                     self._conninfo, autocommit=True
                 ) as conn:
+                    await conn.execute("SET synchronous_commit = off")  # this connection's
                     while True:
                         await self._woken.wait()
                         self._woken.clear()
                         seqs, deleted = self._seqs, self._deleted
                         self._seqs, self._deleted = {}, []
-                        try:
-                            async with conn.pipeline(), conn.transaction():
-                                await conn.execute("SET LOCAL synchronous_commit = off")
-                                for payload in payloads(self._replica, seqs, deleted):
-                                    await conn.execute(
-                                        "SELECT pg_notify(%s, %s)", (CHANNEL, payload)
-                                    )
+                        try:  # one statement, its own transaction: one round trip
+                            await conn.execute(
+                                "SELECT pg_notify(%s, p) FROM unnest(%b::text[]) AS p",
+                                (CHANNEL, payloads(self._replica, seqs, deleted)),
+                            )
                         except BaseException:
                             self.announce(seqs, deleted)  # sent with the next one
                             raise

@@ -29,7 +29,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import psycopg
@@ -216,12 +216,11 @@ class PostgresEventStore(PostgresReads):
         work = Batch()
         durable = False
         try:
-            # One pipeline: BEGIN and the locking SELECT in one round trip, everything else
-            # and COMMIT in a second.
+            # One pipeline: BEGIN, the locking SELECT and the read of finished streams in one
+            # round trip, everything else and COMMIT in a second.
             async with self._pool.connection() as conn, conn.pipeline() as pipe:
                 async with conn.transaction():
-                    await self._lock_sessions(conn, batch, work)
-                    await self._load_closed(conn, batch)
+                    await self._lock_sessions(conn, batch, work, self._load_closed(conn, batch))
                     for op in batch:
                         try:
                             if op.kind == "delete":
@@ -267,16 +266,22 @@ class PostgresEventStore(PostgresReads):
                 op.future.set_result(result)
 
     async def _lock_sessions(
-        self, conn: psycopg.AsyncConnection, batch: list[Op], work: Batch
+        self,
+        conn: psycopg.AsyncConnection,
+        batch: list[Op],
+        work: Batch,
+        then: Coroutine[Any, Any, None],
     ) -> None:
         """Lock every counter row the batch touches, in session-id order (no deadlock with
-        another replica's batch), then insert the rows of new sessions, in the same order."""
+        another replica's batch), run `then` (queued behind the lock in the same round trip),
+        then insert the rows of new sessions, in the same order."""
         sids = sorted({sid for op in batch for sid in op.sids()})
         cur = await conn.execute(
             "SELECT session_id, last_seq, state, open_stream, cancel_stream, open_owner, "
-            "open_epoch FROM sessions WHERE session_id = ANY(%s) ORDER BY session_id FOR UPDATE",
+            "open_epoch FROM sessions WHERE session_id = ANY(%b) ORDER BY session_id FOR UPDATE",
             (sids,),
         )
+        await then
         for sid, last, state, open_stream, cancel_stream, owner, epoch in await cur.fetchall():
             work.last[sid] = last
             work.state[sid] = None if state is None else json.loads(state)
@@ -318,7 +323,9 @@ class PostgresEventStore(PostgresReads):
 
     async def _load_closed(self, conn: psycopg.AsyncConnection, batch: list[Op]) -> None:
         """Which of the batch's streams are finished, read after the sessions were locked (a
-        stream is finished in its session's transaction, so this cannot change under us)."""
+        stream is finished in its session's transaction, so this cannot change under us):
+        sent behind the locking SELECT in the pipeline, so PostgreSQL runs it once the locks
+        are held, and both come back in one round trip."""
         wanted = {
             d.stream_id
             for op in batch
@@ -327,7 +334,7 @@ class PostgresEventStore(PostgresReads):
         }
         if wanted:
             cur = await conn.execute(
-                "SELECT stream_id FROM closed_streams WHERE stream_id = ANY(%s)", (list(wanted),)
+                "SELECT stream_id FROM closed_streams WHERE stream_id = ANY(%b)", (list(wanted),)
             )
             for (stream_id,) in await cur.fetchall():
                 self._closed_streams.add(stream_id)
@@ -387,7 +394,7 @@ class PostgresEventStore(PostgresReads):
                     sid,
                     last,
                     draft.type,
-                    at,
+                    float(at),
                     draft.stream_id,
                     draft.turn_id,
                     payload,
@@ -465,8 +472,8 @@ class PostgresEventStore(PostgresReads):
             if work.rows:  # one statement for the batch: rows keep their order (and ids)
                 await cur.execute(
                     f"INSERT INTO events ({COLUMNS}, queue_id, search_text) "
-                    "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], "
-                    "%s::float8[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])",
+                    "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::text[], "
+                    "%b::float8[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[])",
                     [list(column) for column in zip(*work.rows, strict=True)],
                 )
             if work.uploads:
@@ -520,8 +527,8 @@ class PostgresEventStore(PostgresReads):
                 await cur.execute(
                     "UPDATE sessions SET last_seq=u.last, state=u.state, state_seq=u.last, "
                     "open_stream=u.open, cancel_stream=u.cancel, open_owner=u.owner, "
-                    "open_epoch=u.epoch FROM unnest(%s::text[], %s::bigint[], %s::text[], "
-                    "%s::text[], %s::text[], %s::text[], %s::bigint[]) "
+                    "open_epoch=u.epoch FROM unnest(%b::text[], %b::bigint[], %b::text[], "
+                    "%b::text[], %b::text[], %b::text[], %b::bigint[]) "
                     "AS u(sid, last, state, open, cancel, owner, epoch) "
                     "WHERE sessions.session_id = u.sid",
                     [list(column) for column in zip(*updates, strict=True)],

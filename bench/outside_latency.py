@@ -45,15 +45,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from benchkit import machine_busy_ticks, percentile, write_results  # noqa: E402 - tests/ on path
+from benchkit import (  # noqa: E402 - tests/ on path
+    MODEL,
+    machine_busy_ticks,
+    model_server,
+    percentile,
+    write_results,
+)
 from stream_latency import MARKER, MARKERS_ONLY, StampingFake, scripted_reply
-
-from helpers import ServerProcess  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "outside_latency.json"
 TARGET_P99_ADDED_MS = 25.0
 SETTLE_SECONDS = 0.5
-MODEL = "fake-model"
 
 
 class SanityError(Exception):
@@ -382,19 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     fake = FakeProcess(args.deltas, args.interval_ms)
     with tempfile.TemporaryDirectory(prefix="tether-bench-", dir=args.dir) as tmp:
-        data_dir = Path(tmp) / "data"
-        data_dir.mkdir()
-        server = ServerProcess(
-            data_dir,
-            "--runtime",
-            "openai",
-            "--base-url",
-            fake.base_url,
-            "--model",
-            MODEL,
-            "--heartbeat-seconds",
-            "5",
-        )
+        server = model_server(Path(tmp) / "data", fake.base_url)
         try:
             server.start(timeout=120)  # a loaded machine starts slowly
             for client in clients:

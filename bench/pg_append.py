@@ -8,8 +8,9 @@ The fair baseline does the same with none of Tether's work: three connections (t
 "replicas"), each draining its queue of rows into one `executemany` and one COMMIT, with seqs
 handed out in memory, so no counter row is locked, no index folded, no NOTIFY sent and no
 other replica's events read back. Tether does all of that: it locks the session's counter
-row (the three replicas take turns on it when they share one session), folds the sidebar row,
-notifies, and every replica's fan-out reads what the others wrote. The target (issue 17): at
+row (the three replicas take turns on it when they share one session), folds the sidebar row
+and the search rows (as `tether serve` opens the log), notifies, and every replica's fan-out
+reads what the others wrote. The target (issue 17): at
 50 appenders across 3 replicas, Tether reaches at least 0.5x the raw group-commit loop, with
 one session per appender (50 runs each write their own session). With all 50 on one session
 the three replicas take turns on its counter row, which each holds until its commit's WAL
@@ -51,6 +52,7 @@ from tether.log import Draft, Hub
 from tether.log.pg_schema import apply_migrations
 from tether.log.postgres import PostgresEventStore
 from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row
+from tether.sessions.search import SEARCH_FOLD_VERSION, search_change
 
 DEFAULT_EVENTS = 5000
 DEFAULT_REPEAT = 3
@@ -121,8 +123,13 @@ def _replica(kind: str, url: str, replica: int, counts: list[int], sessions: int
 async def _replica_main(kind, url, replica, counts, sessions, ready, go, out) -> None:  # noqa: ANN001
     loop = asyncio.get_running_loop()
     if kind == "tether":
-        store = PostgresEventStore(
-            url, index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION, replica_id=f"r{replica}"
+        store = PostgresEventStore(  # folds as served: the sidebar row and the search rows
+            url,
+            index_fold=fold_row,
+            index_version=SIDEBAR_FOLD_VERSION,
+            replica_id=f"r{replica}",
+            search_fold=search_change,
+            search_version=SEARCH_FOLD_VERSION,
         )
         store.attach_hub(Hub(loop))  # the fan-out reads the other replicas' events, as served
         await store.wait_listening()
@@ -178,7 +185,13 @@ def scenario(kind: str, url: str, events: int, sessions: int) -> float:
     if kind == "tether":
 
         async def create() -> None:
-            store = PostgresEventStore(url, index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION)
+            store = PostgresEventStore(
+                url,
+                index_fold=fold_row,
+                index_version=SIDEBAR_FOLD_VERSION,
+                search_fold=search_change,
+                search_version=SEARCH_FOLD_VERSION,
+            )
             for n in range(sessions):
                 await store.create_session(f"s{n}", [Draft(SESSION_CREATED, {"title": "bench"})])
             await store.aclose()
@@ -198,16 +211,22 @@ def scenario(kind: str, url: str, events: int, sessions: int) -> float:
         child.start()
         children.append(child)
         readies.append(ready)
-    for ready in readies:
-        if not ready.wait(60):
-            raise SanityError("a replica did not start")
-    start = time.perf_counter()
-    go.set()
-    ends = [out.get(timeout=600) for _ in children]
-    for child in children:
-        child.join(30)
-        if child.exitcode != 0:
-            raise SanityError(f"a replica exited with {child.exitcode}")
+    try:
+        for ready in readies:
+            if not ready.wait(60):
+                raise SanityError("a replica did not start")
+        start = time.perf_counter()
+        go.set()
+        ends = [out.get(timeout=600) for _ in children]
+        for child in children:
+            child.join(30)
+            if child.exitcode != 0:
+                raise SanityError(f"a replica exited with {child.exitcode}")
+    finally:  # a replica that failed or hangs must not keep the script (and the database)
+        for child in children:
+            if child.is_alive():
+                child.kill()
+                child.join(5)
     elapsed = max(ends) - start
     if kind == "tether":
         expected = {f"s{n}": 1 for n in range(sessions)}

@@ -52,10 +52,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from benchkit import machine_busy_ticks, percentile, write_results  # noqa: E402 - puts tests/ on sys.path
+from benchkit import (  # noqa: E402 - puts tests/ on sys.path
+    MODEL,
+    machine_busy_ticks,
+    model_server,
+    percentile,
+    write_results,
+)
 
 from fake_openai import FakeOpenAI, Reply, delay, reply, text  # noqa: E402
-from helpers import ServerProcess  # noqa: E402
 
 DEFAULT_DELTAS = 60
 QUICK_DELTAS = 15
@@ -69,7 +74,6 @@ TARGET_P99_ADDED_MS = 25.0
 FOREIGN_WARN = 0.05  # share of the machine's CPU used by other processes worth a warning
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "stream_latency.json"
 
-MODEL = "fake-model"
 MARKER = re.compile(r"<(\d+):(\d+)>")
 MARKERS_ONLY = re.compile(r"(?:<\d+:\d+>)+")
 TIMEOUT = httpx.Timeout(60.0, connect=10.0)
@@ -227,9 +231,19 @@ async def tether_run(
 
 
 class Bench:
-    def __init__(self, fake: StampingFake, server_url: str, args: argparse.Namespace) -> None:
+    """Rounds of runs started on `server_url`, each followed over SSE on `follow_url` (the
+    same server unless another replica is named: bench/pg_replicas.py)."""
+
+    def __init__(
+        self,
+        fake: StampingFake,
+        server_url: str,
+        args: argparse.Namespace,
+        follow_url: str | None = None,
+    ) -> None:
         self.fake = fake
         self.server_url = server_url
+        self.follow_url = follow_url or server_url
         self.deltas = args.deltas
         self.interval = args.interval_ms / 1000.0
         self.ids = itertools.count()
@@ -255,8 +269,11 @@ class Bench:
         self.check_round(results, expected, requests)
         return results
 
-    async def tether_round(self, client: httpx.AsyncClient, runs: int) -> list[RunResult]:
+    async def tether_round(
+        self, client: httpx.AsyncClient, runs: int, follow: httpx.AsyncClient | None = None
+    ) -> list[RunResult]:
         expected, requests = self.script(runs), self.fake.requests_count
+        follow = follow or client
         sessions = []
         for _ in range(runs):
             response = await client.post("/api/sessions", json={"title": "bench"})
@@ -265,7 +282,7 @@ class Bench:
             sessions.append(response.json()["session"]["session_id"])
         ready = [asyncio.Event() for _ in sessions]
         readers = [
-            asyncio.create_task(tether_run(client, sid, ev, self.deltas))
+            asyncio.create_task(tether_run(follow, sid, ev, self.deltas))
             for sid, ev in zip(sessions, ready, strict=True)
         ]
         try:
@@ -303,12 +320,13 @@ class Bench:
         async with (
             httpx.AsyncClient(timeout=TIMEOUT, limits=limits) as direct,
             httpx.AsyncClient(base_url=self.server_url, timeout=TIMEOUT, limits=limits) as tether,
+            httpx.AsyncClient(base_url=self.follow_url, timeout=TIMEOUT, limits=limits) as follow,
         ):
             await self.direct_round(direct, runs)
-            await self.tether_round(tether, runs)
+            await self.tether_round(tether, runs, follow)
             for _ in range(rounds):
                 out["direct"] += await self.direct_round(direct, runs)
-                out["tether"] += await self.tether_round(tether, runs)
+                out["tether"] += await self.tether_round(tether, runs, follow)
         return out
 
 
@@ -473,19 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="tether-bench-", dir=args.dir) as tmp,
         StampingFake() as fake,
     ):
-        data_dir = Path(tmp) / "data"
-        data_dir.mkdir()
-        server = ServerProcess(
-            data_dir,
-            "--runtime",
-            "openai",
-            "--base-url",
-            fake.base_url,
-            "--model",
-            MODEL,
-            "--heartbeat-seconds",
-            "5",  # the default; the test helper's 0.3 s is for tests
-        )
+        server = model_server(Path(tmp) / "data", fake.base_url)
         try:
             server.start()
             assert server.proc is not None

@@ -19,7 +19,7 @@ from pg import database, private_server
 from tether.events import Event
 from tether.log import Draft, Hub, StorageError
 from tether.log.errors import CancelRequested, RunTakenOver, SessionOccupied, StreamClosed
-from tether.log.pg_fanout import PAYLOAD_LIMIT, payloads
+from tether.log.pg_fanout import PAYLOAD_LIMIT, Fanout, payloads
 from tether.log.pg_leases import LEASE_SECONDS, RENEW_SECONDS
 from tether.log.postgres import PostgresEventStore
 
@@ -349,3 +349,28 @@ def test_the_lease_numbers_are_the_documented_ones() -> None:
     text = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
     assert f"renewed every **{RENEW_SECONDS:g} s** and valid for **{LEASE_SECONDS:g} s**" in text
     assert LEASE_SECONDS + RENEW_SECONDS < 30  # a dead replica's runs settled within 30 s
+
+
+def test_a_fanout_worker_cancelled_as_it_is_woken_stops() -> None:
+    """Layer: the log's fan-out (a replica that closes stops publishing). A wake-up that lands
+    as the worker is cancelled must not swallow the cancellation (asyncio.wait_for on Python
+    3.11 returns the finished wait instead of raising), else `aclose` waits forever for a
+    worker that went back to sleep."""
+
+    async def no_events(_: dict[str, int]) -> list[Event]:
+        return []
+
+    async def no_sessions() -> dict[str, int]:
+        return {}
+
+    async def main() -> None:
+        fanout = Fanout("", no_events, no_sessions, {}, poll_seconds=5.0)
+        for _ in range(3):
+            worker = asyncio.get_running_loop().create_task(fanout._work_forever())
+            await asyncio.sleep(0.05)  # asleep, waiting for a wake-up
+            fanout._wake({"s": 1}, [])
+            worker.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(worker, 2)
+
+    asyncio.run(main())

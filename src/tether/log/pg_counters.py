@@ -7,22 +7,31 @@ run, its Stop, its owner and epoch, its answered prompts)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Coroutine
+from typing import Any
 
 import psycopg
 
 from tether.log.pg_rows import Batch, Op, dumps
 
 
-async def lock(conn: psycopg.AsyncConnection, batch: list[Op], work: Batch) -> None:
+async def lock(
+    conn: psycopg.AsyncConnection,
+    batch: list[Op],
+    work: Batch,
+    then: Coroutine[Any, Any, None],
+) -> None:
     """Lock every counter row the batch touches, in session-id order (no deadlock with
-    another replica's batch), then insert the rows of new sessions, in the same order."""
+    another replica's batch), run `then` (queued behind the lock in the same round trip),
+    then insert the rows of new sessions, in the same order."""
     sids = sorted({sid for op in batch for sid in op.sids()})
     cur = await conn.execute(
         "SELECT session_id, last_seq, state, open_stream, cancel_stream, open_owner, "
-        "open_epoch, answered FROM sessions WHERE session_id = ANY(%s) "
+        "open_epoch, answered FROM sessions WHERE session_id = ANY(%b) "
         "ORDER BY session_id FOR UPDATE",
         (sids,),
     )
+    await then
     for sid, last, state, open_stream, cancel, owner, epoch, answered in await cur.fetchall():
         work.last[sid] = last
         work.state[sid] = None if state is None else json.loads(state)
@@ -93,9 +102,9 @@ async def write(conn: psycopg.AsyncConnection, work: Batch) -> dict[str, int]:
             await cur.execute(
                 "UPDATE sessions SET last_seq=u.last, state=u.state, state_seq=u.last, "
                 "open_stream=u.open, cancel_stream=u.cancel, open_owner=u.owner, "
-                "open_epoch=u.epoch, answered=u.answered FROM unnest(%s::text[], "
-                "%s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[], "
-                "%s::bigint[], %s::text[]) "
+                "open_epoch=u.epoch, answered=u.answered FROM unnest(%b::text[], "
+                "%b::bigint[], %b::text[], %b::text[], %b::text[], %b::text[], "
+                "%b::bigint[], %b::text[]) "
                 "AS u(sid, last, state, open, cancel, owner, epoch, answered) "
                 "WHERE sessions.session_id = u.sid",
                 [list(column) for column in zip(*updates, strict=True)],

@@ -105,18 +105,17 @@ class Notifier:
                 async with await psycopg.AsyncConnection.connect(
                     self._conninfo, autocommit=True
                 ) as conn:
+                    await conn.execute("SET synchronous_commit = off")  # this connection's
                     while True:
                         await self._woken.wait()
                         self._woken.clear()
                         seqs, deleted = self._seqs, self._deleted
                         self._seqs, self._deleted = {}, []
-                        try:
-                            async with conn.pipeline(), conn.transaction():
-                                await conn.execute("SET LOCAL synchronous_commit = off")
-                                for payload in payloads(self._replica, seqs, deleted):
-                                    await conn.execute(
-                                        "SELECT pg_notify(%s, %s)", (CHANNEL, payload)
-                                    )
+                        try:  # one statement, its own transaction: one round trip
+                            await conn.execute(
+                                "SELECT pg_notify(%s, p) FROM unnest(%b::text[]) AS p",
+                                (CHANNEL, payloads(self._replica, seqs, deleted)),
+                            )
                         except BaseException:
                             self.announce(seqs, deleted)  # sent with the next one
                             raise
@@ -262,8 +261,9 @@ class Fanout:
         loop = asyncio.get_running_loop()
         last_full = loop.time()
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), self._poll_seconds)
+            with contextlib.suppress(TimeoutError):  # not wait_for: on 3.11 it can swallow
+                async with asyncio.timeout(self._poll_seconds):  # a cancel (aclose hangs)
+                    await self._woken.wait()
             self._woken.clear()
             full = self._full or loop.time() - last_full >= self._poll_seconds
             pending, deleted = self._pending, self._deleted

@@ -57,7 +57,7 @@ class PostgresReads:
         """What follows each session's cursor, in one query (the fan-out's catch-up)."""
         rows = await self._rows(
             f"SELECT {', '.join('e.' + c for c in COLUMNS.split(', '))} FROM events e "
-            "JOIN unnest(%s::text[], %s::bigint[]) AS c(sid, after) "
+            "JOIN unnest(%b::text[], %b::bigint[]) AS c(sid, after) "
             "ON e.session_id = c.sid AND e.seq > c.after ORDER BY e.session_id, e.seq",
             (list(cursors), list(cursors.values())),
         )

@@ -220,12 +220,11 @@ class PostgresEventStore(PostgresReads):
         work = Batch()
         durable = False
         try:
-            # One pipeline: BEGIN and the locking SELECT in one round trip, everything else
-            # and COMMIT in a second.
+            # One pipeline: BEGIN, the locking SELECT and the read of finished streams in one
+            # round trip, everything else and COMMIT in a second.
             async with self._pool.connection() as conn, conn.pipeline() as pipe:
                 async with conn.transaction():
-                    await pg_counters.lock(conn, batch, work)
-                    await self._load_closed(conn, batch)
+                    await pg_counters.lock(conn, batch, work, self._load_closed(conn, batch))
                     for op in batch:
                         try:
                             if op.kind == "delete":
@@ -272,7 +271,9 @@ class PostgresEventStore(PostgresReads):
 
     async def _load_closed(self, conn: psycopg.AsyncConnection, batch: list[Op]) -> None:
         """Which of the batch's streams are finished, read after the sessions were locked (a
-        stream is finished in its session's transaction, so this cannot change under us)."""
+        stream is finished in its session's transaction, so this cannot change under us):
+        sent behind the locking SELECT in the pipeline, so PostgreSQL runs it once the locks
+        are held, and both come back in one round trip."""
         wanted = {
             d.stream_id
             for op in batch
@@ -281,7 +282,7 @@ class PostgresEventStore(PostgresReads):
         }
         if wanted:
             cur = await conn.execute(
-                "SELECT stream_id FROM closed_streams WHERE stream_id = ANY(%s)", (list(wanted),)
+                "SELECT stream_id FROM closed_streams WHERE stream_id = ANY(%b)", (list(wanted),)
             )
             for (stream_id,) in await cur.fetchall():
                 self._closed_streams.add(stream_id)
@@ -347,7 +348,7 @@ class PostgresEventStore(PostgresReads):
                     sid,
                     last,
                     draft.type,
-                    at,
+                    float(at),
                     draft.stream_id,
                     draft.turn_id,
                     payload,
@@ -426,8 +427,8 @@ class PostgresEventStore(PostgresReads):
             if work.rows:  # one statement for the batch: rows keep their order (and ids)
                 await cur.execute(
                     f"INSERT INTO events ({COLUMNS}, queue_id, search_text) "
-                    "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], "
-                    "%s::float8[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])",
+                    "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::text[], "
+                    "%b::float8[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[])",
                     [list(column) for column in zip(*work.rows, strict=True)],
                 )
             if work.uploads:

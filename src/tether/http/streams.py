@@ -171,8 +171,9 @@ async def _follow(
     while True:
         if not sub.has_pending() and not (feed and feed.has_pending()):
             sub.wakeup.clear()  # nothing pending, checked with no await since: no lost wakeup
-            try:
-                await asyncio.wait_for(sub.wakeup.wait(), max(0.0, quiet_until - loop.time()))
+            try:  # not wait_for: on Python 3.11 a wake-up as it is cancelled swallows the cancel
+                async with asyncio.timeout_at(quiet_until):
+                    await sub.wakeup.wait()
             except TimeoutError:
                 if guard and not await guard.holds(heartbeat=True):
                     return  # logged out, token revoked or user removed: the stream ends

@@ -72,8 +72,9 @@ class Subscription:
         """Events published since the last call; [] after `timeout` seconds of silence."""
         if not self.has_pending():
             self.wakeup.clear()
-            try:
-                await asyncio.wait_for(self.wakeup.wait(), timeout)
+            try:  # not wait_for: on Python 3.11 a wake-up as it is cancelled swallows the cancel
+                async with asyncio.timeout(timeout):
+                    await self.wakeup.wait()
             except TimeoutError:
                 return []
         return self.take()

@@ -46,8 +46,9 @@ async def pump(
             items.append(inbox.get_nowait())
         wait = last_flush + coalesce_seconds - time.monotonic()
         if wait > 0 and all(isinstance(i, ReasoningDelta | TextDelta) for i in items):
-            try:  # gather deltas for at most one coalescing window
-                items.append(await asyncio.wait_for(inbox.get(), wait))
+            try:  # gather deltas for at most one coalescing window (not wait_for: on Python
+                async with asyncio.timeout(wait):  # 3.11 it can swallow a cancel)
+                    items.append(await inbox.get())
                 while not inbox.empty():
                     items.append(inbox.get_nowait())
             except TimeoutError:

@@ -46,8 +46,9 @@ class FeedClient:
         """Changed pairs, [] on timeout, None when a resync is due."""
         if not self.has_pending():
             self.wakeup.clear()
-            try:
-                await asyncio.wait_for(self.wakeup.wait(), timeout)
+            try:  # not wait_for: on Python 3.11 a wake-up as it is cancelled swallows the cancel
+                async with asyncio.timeout(timeout):
+                    await self.wakeup.wait()
             except TimeoutError:
                 return []
         return self.take()

@@ -378,8 +378,9 @@ class HermesHandle:
                 )
                 self.give_up()
                 return
-            try:
-                event = await asyncio.wait_for(channel.events.get(), remaining)
+            try:  # not wait_for: on Python 3.11 it can swallow a cancel
+                async with asyncio.timeout(remaining):
+                    event = await channel.events.get()
             except TimeoutError:
                 continue
             if event.get("ev") in ("done", "eof"):

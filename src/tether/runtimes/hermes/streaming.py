@@ -248,8 +248,9 @@ async def _drive(handle: TurnHandle, channel: AgentChannel, turn: TurnInput) -> 
             try:  # what is queued already needs no timer (a stream of deltas)
                 event = channel.events.get_nowait()
             except asyncio.QueueEmpty:
-                try:
-                    event = await asyncio.wait_for(channel.events.get(), STEER_POLL_SECONDS)
+                try:  # not wait_for: on Python 3.11 it can swallow a Stop's cancel
+                    async with asyncio.timeout(STEER_POLL_SECONDS):
+                        event = await channel.events.get()
                 except TimeoutError:
                     continue
             kind = event.get("ev")

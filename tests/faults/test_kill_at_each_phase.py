@@ -11,6 +11,10 @@
 - the user turn that started the run is visible before its output (invariant 2) and in
   `GET /api/session/context` (invariant 1), and it reaches the model with the next turn,
   which the session accepts at once.
+
+Each test runs on SQLite and on PostgreSQL. On PostgreSQL the restarted server is a new
+replica: the killed one's run ends when its lease expires (up to ~12 s after the restart)
+rather than at start-up, and the checks wait for that ending.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ from tether.projections.context import UNFINISHED_TOOL_RESULT
 
 from fake_openai import FakeOpenAI, barrier, reasoning, reply, text, tool_call
 from faultkit import (
+    Backend,
     assert_each_run_ends_once,
     assert_log_intact,
     assert_visible_turns_in_context,
     live_text,
     live_timeline,
     openai_flags,
+    wait_run_ended,
     whole_log,
 )
 from helpers import (
@@ -50,7 +56,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def server(tmp_path: Path, fake: FakeOpenAI, workspace: Path) -> Iterator[ServerProcess]:
+def server(
+    tmp_path: Path, fake: FakeOpenAI, workspace: Path, store_flags: list[str]
+) -> Iterator[ServerProcess]:
     # A search that stays in flight for seconds: 1,500 names (hard links) of one 2 MB file
     # without a match; the search reads them all until its 10 s budget runs out. (A FIFO
     # used to hold a tool open forever; the tools now refuse one at once.)
@@ -59,14 +67,16 @@ def server(tmp_path: Path, fake: FakeOpenAI, workspace: Path) -> Iterator[Server
     (slow / "0.txt").write_text(("nothing to find on this line " * 3 + "\n") * 23_000)
     for n in range(1, 1500):
         os.link(slow / "0.txt", slow / f"{n}.txt")
-    with running_server(tmp_path / "data", *openai_flags(fake, workspace)) as srv:
+    with running_server(tmp_path / "data", *openai_flags(fake, workspace), *store_flags) as srv:
         yield srv
 
 
 @pytest.fixture
-def bare_server(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
+def bare_server(
+    tmp_path: Path, fake: FakeOpenAI, store_flags: list[str]
+) -> Iterator[ServerProcess]:
     """No workspace, so no tool schemas count against a tiny context window."""
-    with running_server(tmp_path / "data", *openai_flags(fake)) as srv:
+    with running_server(tmp_path / "data", *openai_flags(fake), *store_flags) as srv:
         yield srv
 
 
@@ -94,9 +104,12 @@ def observe(client: httpx.Client, session_id: str, run: dict, message: str) -> S
     return Seen(session_id, run["stream_id"], message, log, body["live"]["timeline"])
 
 
-def kill_and_restart(server: ServerProcess) -> None:
+def kill_and_restart(server: ServerProcess, backend: Backend, seen: Seen) -> None:
+    """`kill -9`, a start, and the wait for recovery to end the killed run."""
     server.kill()
     server.start()
+    with server.client() as client:
+        wait_run_ended(client, seen.session_id, seen.stream_id, backend)
 
 
 def assert_recovered(client: httpx.Client, seen: Seen) -> tuple[dict, dict, list]:
@@ -142,7 +155,7 @@ def assert_accepts_a_new_turn(client: httpx.Client, fake: FakeOpenAI, seen: Seen
 
 
 def test_kill_right_after_the_start_returns_keeps_the_turn(
-    server: ServerProcess, fake: FakeOpenAI
+    server: ServerProcess, fake: FakeOpenAI, backend: Backend
 ) -> None:
     fake.script(reply(barrier("never"), text("never shown")))  # the run cannot end by itself
     message = "Kill me before I get going"
@@ -152,7 +165,7 @@ def test_kill_right_after_the_start_returns_keeps_the_turn(
     server.kill()  # no await in between: the model call may not even have started
     server.start()
     with server.client() as client:
-        log = whole_log(client, sid)
+        log = wait_run_ended(client, sid, run["stream_id"], backend)
         submitted = [e["envelope"] for e in log if e["type"] == "turn.submitted"]
         assert len(submitted) == 1  # what the start answered is exactly what was kept
         assert submitted[0]["data"]["stream_id"] == run["stream_id"]
@@ -168,7 +181,7 @@ def test_kill_right_after_the_start_returns_keeps_the_turn(
 
 
 def test_kill_after_the_model_got_the_request_but_sent_nothing(
-    server: ServerProcess, fake: FakeOpenAI
+    server: ServerProcess, fake: FakeOpenAI, backend: Backend
 ) -> None:
     fake.script(reply(barrier("first"), text("never shown")))
     message = "Think quietly"
@@ -179,7 +192,7 @@ def test_kill_after_the_model_got_the_request_but_sent_nothing(
         seen = observe(client, sid, run, message)
         assert [e["type"] for e in seen.log] == ["session.created", "turn.submitted", "run.started"]
         assert seen.live == []
-    kill_and_restart(server)
+    kill_and_restart(server, backend, seen)
     with server.client() as client:
         assistant, context, _ = assert_recovered(client, seen)
         assert [i["type"] for i in assistant["timeline"]] == ["notice"]
@@ -189,7 +202,7 @@ def test_kill_after_the_model_got_the_request_but_sent_nothing(
 
 
 def test_kill_mid_stream_keeps_the_streamed_reasoning_and_text(
-    server: ServerProcess, fake: FakeOpenAI
+    server: ServerProcess, fake: FakeOpenAI, backend: Backend
 ) -> None:
     fake.script(
         reply(
@@ -208,7 +221,7 @@ def test_kill_mid_stream_keeps_the_streamed_reasoning_and_text(
         wait_until(lambda: live_text(client, sid) == "Partial answer, ", what="the text")
         seen = observe(client, sid, run, message)
         assert [i["type"] for i in seen.live] == ["reasoning", "text"]
-    kill_and_restart(server)
+    kill_and_restart(server, backend, seen)
     with server.client() as client:
         assistant, context, _ = assert_recovered(client, seen)
         assert assistant["content"] == "Partial answer, "
@@ -221,7 +234,7 @@ def test_kill_mid_stream_keeps_the_streamed_reasoning_and_text(
 
 
 def test_kill_mid_tool_call_leaves_the_tool_unfinished_and_answered_with_no_result(
-    server: ServerProcess, fake: FakeOpenAI
+    server: ServerProcess, fake: FakeOpenAI, backend: Backend
 ) -> None:
     fake.script(
         reply(
@@ -244,7 +257,7 @@ def test_kill_mid_tool_call_leaves_the_tool_unfinished_and_answered_with_no_resu
         assert fake.requests_count == 1  # the tool is still in flight: no second request
         tool = seen.live[-1]
         assert tool["name"] == "search_files" and tool["done"] is False
-    kill_and_restart(server)
+    kill_and_restart(server, backend, seen)
     with server.client() as client:
         assistant, context, log = assert_recovered(client, seen)
         assert "tool.completed" not in [e["type"] for e in log]
@@ -260,7 +273,7 @@ def test_kill_mid_tool_call_leaves_the_tool_unfinished_and_answered_with_no_resu
 
 
 def test_kill_during_compression_drops_the_divider_and_keeps_the_history(
-    bare_server: ServerProcess, fake: FakeOpenAI
+    bare_server: ServerProcess, fake: FakeOpenAI, backend: Backend
 ) -> None:
     fake.context_length = 400  # compress above 320 tokens
     with bare_server.client() as client:
@@ -281,7 +294,7 @@ def test_kill_during_compression_drops_the_divider_and_keeps_the_history(
         assert "compression.started" in [e["type"] for e in seen.log]
         assert [(i["type"], i["done"]) for i in seen.live] == [("compression", False)]
         assert "stream" not in fake.requests[-1]  # it is the non-streaming summary request
-    kill_and_restart(bare_server)
+    kill_and_restart(bare_server, backend, seen)
     with bare_server.client() as client:
         assistant, context, log = assert_recovered(client, seen)
         assert "compression.completed" not in [e["type"] for e in log]
@@ -293,7 +306,7 @@ def test_kill_during_compression_drops_the_divider_and_keeps_the_history(
 
 
 def test_kill_while_finishing_keeps_the_whole_answer_and_ends_the_run_once(
-    server: ServerProcess, fake: FakeOpenAI
+    server: ServerProcess, fake: FakeOpenAI, backend: Backend
 ) -> None:
     answer = "The whole answer, every word."
     fake.script(
@@ -311,7 +324,7 @@ def test_kill_while_finishing_keeps_the_whole_answer_and_ends_the_run_once(
         assert fake.wait_reached("end", 10)
         wait_until(lambda: live_text(client, sid) == answer, what="the whole answer")
         seen = observe(client, sid, run, message)
-    kill_and_restart(server)
+    kill_and_restart(server, backend, seen)
     with server.client() as client:
         assistant, _, _ = assert_recovered(client, seen)
         assert assistant["content"] == answer

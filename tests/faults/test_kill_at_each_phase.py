@@ -8,6 +8,8 @@
   with the same content, and the settled assistant row's timeline starts with the live
   timeline seen before the kill (contract invariant 3; invariant 6 for the compression
   divider, which is live-only);
+- the recovery is maintenance (invariant 4): the session's `updated_at`, `last_message_at`
+  and `activity_count` are those of before the kill, in the session and in the list;
 - the user turn that started the run is visible before its output (invariant 2) and in
   `GET /api/session/context` (invariant 1), and it reaches the model with the next turn,
   which the session accepts at once.
@@ -89,6 +91,12 @@ class Seen:
     message: str
     log: list[dict[str, Any]]  # every event it had received, from seq 1
     live: list[dict[str, Any]]  # the live timeline `GET /api/session` showed
+    activity: tuple[float, float, int]  # (updated_at, last_message_at, activity_count)
+
+
+def activity_of(row: dict[str, Any]) -> tuple[float, float, int]:
+    """What only activity moves (contract invariant 4), of a session body or sidebar row."""
+    return row["updated_at"], row["last_message_at"], row["activity_count"]
 
 
 def observe(client: httpx.Client, session_id: str, run: dict, message: str) -> Seen:
@@ -101,7 +109,9 @@ def observe(client: httpx.Client, session_id: str, run: dict, message: str) -> S
         for e in log
         if e["type"] == "run.finished" and e["envelope"]["stream_id"] == run["stream_id"]
     ]
-    return Seen(session_id, run["stream_id"], message, log, body["live"]["timeline"])
+    return Seen(
+        session_id, run["stream_id"], message, log, body["live"]["timeline"], activity_of(body)
+    )
 
 
 def kill_and_restart(server: ServerProcess, backend: Backend, seen: Seen) -> None:
@@ -124,6 +134,9 @@ def assert_recovered(client: httpx.Client, seen: Seen) -> tuple[dict, dict, list
     body = session_body(client, seen.session_id)
     assert body["busy"] is False and body["live"] is None
     assert body["pending_user_message"] is None
+    # The recovery (or takeover) is maintenance: nothing unread, no move in the list.
+    listed = {r["session_id"]: r for r in client.get("/api/sessions").json()["sessions"]}
+    assert activity_of(body) == activity_of(listed[seen.session_id]) == seen.activity
     user, assistant = body["messages"][-2:]
     assert user["role"] == "user" and user["content"] == seen.message  # the owner comes first
     assert assistant["role"] == "assistant" and assistant["stream_id"] == seen.stream_id
@@ -172,7 +185,8 @@ def test_kill_right_after_the_start_returns_keeps_the_turn(
         assert submitted[0]["data"]["turn_id"] == run["turn_id"]
         assert submitted[0]["data"]["submitted_at"] == run["pending_started_at"]
         assert not [e for e in log if e["type"].endswith(".delta")]
-        seen = Seen(sid, run["stream_id"], message, log[:2], [])
+        at = submitted[0]["at"]  # the one activity: the turn
+        seen = Seen(sid, run["stream_id"], message, log[:2], [], (at, at, 1))
         assistant, _, _ = assert_recovered(client, seen)
         assert assistant["content"] == ""
         user = session_body(client, sid)["messages"][0]

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from fake_openai import FakeOpenAI
+from faultkit import BACKENDS, Backend
 
 
 @pytest.fixture
@@ -22,3 +23,17 @@ def workspace(tmp_path: Path) -> Path:
     folder.mkdir()
     (folder / "notes.txt").write_text("The launch is on Tuesday.\n")
     return folder
+
+
+@pytest.fixture(scope="module", params=BACKENDS, ids=[b.name for b in BACKENDS])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    """The log a fault test's servers run on: each test that asks for it runs once per
+    backend (the SQLite-file faults do not ask)."""
+    return request.param
+
+
+@pytest.fixture
+def store_flags(backend: Backend) -> Iterator[list[str]]:
+    """`tether serve` flags for this test's own log (on PostgreSQL a throwaway database)."""
+    with backend.flags() as flags:
+        yield flags

@@ -4,13 +4,41 @@ after a fault, whichever fault it was."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from pg import database
 
 from fake_openai import FakeOpenAI
-from helpers import SSEFrame, live_timeline, read_events, session_body
+from helpers import SSEFrame, live_timeline, read_events, session_body, wait_until
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A log the fault tests run a server on. `takeover_seconds`: how long after a restart
+    the killed server's runs may stay open. SQLite's start-up recovery settles them before
+    the server answers; on PostgreSQL the restarted server is a new replica, which takes
+    them over once the dead one's lease expires (about 12 s, never more than 30 s,
+    docs/operations.md "Several replicas")."""
+
+    name: str
+    takeover_seconds: float
+
+    @contextmanager
+    def flags(self) -> Iterator[list[str]]:
+        """`tether serve` flags for a log of its own (PostgreSQL: a throwaway database)."""
+        if self.name == "sqlite":
+            yield []
+            return
+        with database() as url:
+            yield ["--database-url", url]
+
+
+BACKENDS = [Backend("sqlite", 0.0), Backend("postgresql", 30.0)]
 
 
 def openai_flags(fake: FakeOpenAI, workspace: Path | None = None) -> list[str]:
@@ -33,6 +61,24 @@ def durable(frames: list[SSEFrame]) -> list[dict[str, Any]]:
 def whole_log(client: httpx.Client, session_id: str) -> list[dict[str, Any]]:
     """Every event of the session, replayed from `?after=0` until the stream goes idle."""
     return durable(read_events(client, session_id, after="0", stop_on="heartbeat"))
+
+
+def wait_run_ended(
+    client: httpx.Client, session_id: str, stream_id: str, backend: Backend
+) -> list[dict[str, Any]]:
+    """The session's whole log once `stream_id` has its `run.finished` (polled up to the
+    backend's takeover time; on SQLite it must be there at once). Returns the log."""
+    log: list[dict[str, Any]] = []
+
+    def ended() -> bool:
+        log[:] = whole_log(client, session_id)
+        return any(
+            e["type"] == "run.finished" and e["envelope"]["data"]["stream_id"] == stream_id
+            for e in log
+        )
+
+    wait_until(ended, timeout=backend.takeover_seconds, what=f"the ending of {stream_id}")
+    return log
 
 
 def assert_log_intact(log: list[dict[str, Any]]) -> None:

@@ -6,6 +6,8 @@ was (no write, and no write-ahead log left that would change it at the next open
 tests/e2e/test_cli.py covers a file of repeated ASCII garbage; these cover garbage behind a
 valid SQLite header, real Tether databases cut short at several places, and valid SQLite
 files that belong to someone else.
+
+SQLite only: the faults are in the database file itself, which PostgreSQL does not have.
 """
 
 from __future__ import annotations

@@ -8,9 +8,15 @@
   with the same content, and the settled assistant row's timeline starts with the live
   timeline seen before the kill (contract invariant 3; invariant 6 for the compression
   divider, which is live-only);
+- the recovery is maintenance (invariant 4): the session's `updated_at`, `last_message_at`
+  and `activity_count` are those of before the kill, in the session and in the list;
 - the user turn that started the run is visible before its output (invariant 2) and in
   `GET /api/session/context` (invariant 1), and it reaches the model with the next turn,
   which the session accepts at once.
+
+Each test runs on SQLite and on PostgreSQL. On PostgreSQL the restarted server is a new
+replica: the killed one's run ends when its lease expires (up to ~12 s after the restart)
+rather than at start-up, and the checks wait for that ending.
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ from tether.projections.context import UNFINISHED_TOOL_RESULT
 
 from fake_openai import FakeOpenAI, barrier, reasoning, reply, text, tool_call
 from faultkit import (
+    Backend,
     assert_each_run_ends_once,
     assert_log_intact,
     assert_visible_turns_in_context,
     live_text,
     live_timeline,
     openai_flags,
+    wait_run_ended,
     whole_log,
 )
 from helpers import (
@@ -50,7 +58,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def server(tmp_path: Path, fake: FakeOpenAI, workspace: Path) -> Iterator[ServerProcess]:
+def server(
+    tmp_path: Path, fake: FakeOpenAI, workspace: Path, store_flags: list[str]
+) -> Iterator[ServerProcess]:
     # A search that stays in flight for seconds: 1,500 names (hard links) of one 2 MB file
     # without a match; the search reads them all until its 10 s budget runs out. (A FIFO
     # used to hold a tool open forever; the tools now refuse one at once.)
@@ -59,14 +69,16 @@ def server(tmp_path: Path, fake: FakeOpenAI, workspace: Path) -> Iterator[Server
     (slow / "0.txt").write_text(("nothing to find on this line " * 3 + "\n") * 23_000)
     for n in range(1, 1500):
         os.link(slow / "0.txt", slow / f"{n}.txt")
-    with running_server(tmp_path / "data", *openai_flags(fake, workspace)) as srv:
+    with running_server(tmp_path / "data", *openai_flags(fake, workspace), *store_flags) as srv:
         yield srv
 
 
 @pytest.fixture
-def bare_server(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
+def bare_server(
+    tmp_path: Path, fake: FakeOpenAI, store_flags: list[str]
+) -> Iterator[ServerProcess]:
     """No workspace, so no tool schemas count against a tiny context window."""
-    with running_server(tmp_path / "data", *openai_flags(fake)) as srv:
+    with running_server(tmp_path / "data", *openai_flags(fake), *store_flags) as srv:
         yield srv
 
 
@@ -79,6 +91,12 @@ class Seen:
     message: str
     log: list[dict[str, Any]]  # every event it had received, from seq 1
     live: list[dict[str, Any]]  # the live timeline `GET /api/session` showed
+    activity: tuple[float, float, int]  # (updated_at, last_message_at, activity_count)
+
+
+def activity_of(row: dict[str, Any]) -> tuple[float, float, int]:
+    """What only activity moves (contract invariant 4), of a session body or sidebar row."""
+    return row["updated_at"], row["last_message_at"], row["activity_count"]
 
 
 def observe(client: httpx.Client, session_id: str, run: dict, message: str) -> Seen:
@@ -91,12 +109,17 @@ def observe(client: httpx.Client, session_id: str, run: dict, message: str) -> S
         for e in log
         if e["type"] == "run.finished" and e["envelope"]["stream_id"] == run["stream_id"]
     ]
-    return Seen(session_id, run["stream_id"], message, log, body["live"]["timeline"])
+    return Seen(
+        session_id, run["stream_id"], message, log, body["live"]["timeline"], activity_of(body)
+    )
 
 
-def kill_and_restart(server: ServerProcess) -> None:
+def kill_and_restart(server: ServerProcess, backend: Backend, seen: Seen) -> None:
+    """`kill -9`, a start, and the wait for recovery to end the killed run."""
     server.kill()
     server.start()
+    with server.client() as client:
+        wait_run_ended(client, seen.session_id, seen.stream_id, backend)
 
 
 def assert_recovered(client: httpx.Client, seen: Seen) -> tuple[dict, dict, list]:
@@ -111,6 +134,9 @@ def assert_recovered(client: httpx.Client, seen: Seen) -> tuple[dict, dict, list
     body = session_body(client, seen.session_id)
     assert body["busy"] is False and body["live"] is None
     assert body["pending_user_message"] is None
+    # The recovery (or takeover) is maintenance: nothing unread, no move in the list.
+    listed = {r["session_id"]: r for r in client.get("/api/sessions").json()["sessions"]}
+    assert activity_of(body) == activity_of(listed[seen.session_id]) == seen.activity
     user, assistant = body["messages"][-2:]
     assert user["role"] == "user" and user["content"] == seen.message  # the owner comes first
     assert assistant["role"] == "assistant" and assistant["stream_id"] == seen.stream_id
@@ -142,7 +168,7 @@ def assert_accepts_a_new_turn(client: httpx.Client, fake: FakeOpenAI, seen: Seen
 
 
 def test_kill_right_after_the_start_returns_keeps_the_turn(
-    server: ServerProcess, fake: FakeOpenAI
+    server: ServerProcess, fake: FakeOpenAI, backend: Backend
 ) -> None:
     fake.script(reply(barrier("never"), text("never shown")))  # the run cannot end by itself
     message = "Kill me before I get going"
@@ -152,14 +178,15 @@ def test_kill_right_after_the_start_returns_keeps_the_turn(
     server.kill()  # no await in between: the model call may not even have started
     server.start()
     with server.client() as client:
-        log = whole_log(client, sid)
+        log = wait_run_ended(client, sid, run["stream_id"], backend)
         submitted = [e["envelope"] for e in log if e["type"] == "turn.submitted"]
         assert len(submitted) == 1  # what the start answered is exactly what was kept
         assert submitted[0]["data"]["stream_id"] == run["stream_id"]
         assert submitted[0]["data"]["turn_id"] == run["turn_id"]
         assert submitted[0]["data"]["submitted_at"] == run["pending_started_at"]
         assert not [e for e in log if e["type"].endswith(".delta")]
-        seen = Seen(sid, run["stream_id"], message, log[:2], [])
+        at = submitted[0]["at"]  # the one activity: the turn
+        seen = Seen(sid, run["stream_id"], message, log[:2], [], (at, at, 1))
         assistant, _, _ = assert_recovered(client, seen)
         assert assistant["content"] == ""
         user = session_body(client, sid)["messages"][0]
@@ -168,7 +195,7 @@ def test_kill_right_after_the_start_returns_keeps_the_turn(
 
 
 def test_kill_after_the_model_got_the_request_but_sent_nothing(
-    server: ServerProcess, fake: FakeOpenAI
+    server: ServerProcess, fake: FakeOpenAI, backend: Backend
 ) -> None:
     fake.script(reply(barrier("first"), text("never shown")))
     message = "Think quietly"
@@ -179,7 +206,7 @@ def test_kill_after_the_model_got_the_request_but_sent_nothing(
         seen = observe(client, sid, run, message)
         assert [e["type"] for e in seen.log] == ["session.created", "turn.submitted", "run.started"]
         assert seen.live == []
-    kill_and_restart(server)
+    kill_and_restart(server, backend, seen)
     with server.client() as client:
         assistant, context, _ = assert_recovered(client, seen)
         assert [i["type"] for i in assistant["timeline"]] == ["notice"]
@@ -189,7 +216,7 @@ def test_kill_after_the_model_got_the_request_but_sent_nothing(
 
 
 def test_kill_mid_stream_keeps_the_streamed_reasoning_and_text(
-    server: ServerProcess, fake: FakeOpenAI
+    server: ServerProcess, fake: FakeOpenAI, backend: Backend
 ) -> None:
     fake.script(
         reply(
@@ -208,7 +235,7 @@ def test_kill_mid_stream_keeps_the_streamed_reasoning_and_text(
         wait_until(lambda: live_text(client, sid) == "Partial answer, ", what="the text")
         seen = observe(client, sid, run, message)
         assert [i["type"] for i in seen.live] == ["reasoning", "text"]
-    kill_and_restart(server)
+    kill_and_restart(server, backend, seen)
     with server.client() as client:
         assistant, context, _ = assert_recovered(client, seen)
         assert assistant["content"] == "Partial answer, "
@@ -221,7 +248,7 @@ def test_kill_mid_stream_keeps_the_streamed_reasoning_and_text(
 
 
 def test_kill_mid_tool_call_leaves_the_tool_unfinished_and_answered_with_no_result(
-    server: ServerProcess, fake: FakeOpenAI
+    server: ServerProcess, fake: FakeOpenAI, backend: Backend
 ) -> None:
     fake.script(
         reply(
@@ -244,7 +271,7 @@ def test_kill_mid_tool_call_leaves_the_tool_unfinished_and_answered_with_no_resu
         assert fake.requests_count == 1  # the tool is still in flight: no second request
         tool = seen.live[-1]
         assert tool["name"] == "search_files" and tool["done"] is False
-    kill_and_restart(server)
+    kill_and_restart(server, backend, seen)
     with server.client() as client:
         assistant, context, log = assert_recovered(client, seen)
         assert "tool.completed" not in [e["type"] for e in log]
@@ -260,7 +287,7 @@ def test_kill_mid_tool_call_leaves_the_tool_unfinished_and_answered_with_no_resu
 
 
 def test_kill_during_compression_drops_the_divider_and_keeps_the_history(
-    bare_server: ServerProcess, fake: FakeOpenAI
+    bare_server: ServerProcess, fake: FakeOpenAI, backend: Backend
 ) -> None:
     fake.context_length = 400  # compress above 320 tokens
     with bare_server.client() as client:
@@ -281,7 +308,7 @@ def test_kill_during_compression_drops_the_divider_and_keeps_the_history(
         assert "compression.started" in [e["type"] for e in seen.log]
         assert [(i["type"], i["done"]) for i in seen.live] == [("compression", False)]
         assert "stream" not in fake.requests[-1]  # it is the non-streaming summary request
-    kill_and_restart(bare_server)
+    kill_and_restart(bare_server, backend, seen)
     with bare_server.client() as client:
         assistant, context, log = assert_recovered(client, seen)
         assert "compression.completed" not in [e["type"] for e in log]
@@ -293,7 +320,7 @@ def test_kill_during_compression_drops_the_divider_and_keeps_the_history(
 
 
 def test_kill_while_finishing_keeps_the_whole_answer_and_ends_the_run_once(
-    server: ServerProcess, fake: FakeOpenAI
+    server: ServerProcess, fake: FakeOpenAI, backend: Backend
 ) -> None:
     answer = "The whole answer, every word."
     fake.script(
@@ -311,7 +338,7 @@ def test_kill_while_finishing_keeps_the_whole_answer_and_ends_the_run_once(
         assert fake.wait_reached("end", 10)
         wait_until(lambda: live_text(client, sid) == answer, what="the whole answer")
         seen = observe(client, sid, run, message)
-    kill_and_restart(server)
+    kill_and_restart(server, backend, seen)
     with server.client() as client:
         assistant, _, _ = assert_recovered(client, seen)
         assert assistant["content"] == answer

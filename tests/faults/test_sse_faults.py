@@ -6,7 +6,9 @@ A client whose connection is cut at random bytes (mid-frame included) and who re
 once, and folds the same projection as a client that was never cut, during a live run with
 reasoning, interim progress, tools and a streamed answer. A cursor kept across a `kill -9`
 and restart of the server mid-run resumes with exactly the suffix, recovery's ending
-included.
+included. Each test runs on SQLite and on PostgreSQL (where the restarted server is a new
+replica, and the ending comes when the dead one's lease expires: the resumed stream waits
+for it, live).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import httpx
 import pytest
 
 from fake_openai import FakeOpenAI, barrier, delay, reasoning, reply, text, tool_call
-from faultkit import live_text, openai_flags
+from faultkit import Backend, live_text, openai_flags
 from helpers import (
     ServerProcess,
     SSEFrame,
@@ -52,14 +54,17 @@ def fake_model() -> Iterator[FakeOpenAI]:
 
 @pytest.fixture(scope="module")
 def shared(
-    tmp_path_factory: pytest.TempPathFactory, fake_model: FakeOpenAI
+    tmp_path_factory: pytest.TempPathFactory, fake_model: FakeOpenAI, backend: Backend
 ) -> Iterator[ServerProcess]:
-    """One server for the seeds: each test uses its own session and run."""
+    """One server per backend for the seeds: each test uses its own session and run."""
     root = tmp_path_factory.mktemp("sse")
     workspace = root / "workspace"
     workspace.mkdir()
     (workspace / "notes.txt").write_text("The launch is on Tuesday.\n")
-    with running_server(root / "data", *openai_flags(fake_model, workspace)) as srv:
+    with (
+        backend.flags() as store_flags,
+        running_server(root / "data", *openai_flags(fake_model, workspace), *store_flags) as srv,
+    ):
         yield srv
 
 
@@ -225,7 +230,7 @@ def test_clients_cut_at_random_bytes_fold_what_an_uncut_client_folds(
 
 
 def test_a_cursor_kept_across_a_restart_mid_run_resumes_with_the_suffix(
-    tmp_path: Path, fake: FakeOpenAI, workspace: Path
+    tmp_path: Path, fake: FakeOpenAI, workspace: Path, backend: Backend, store_flags: list[str]
 ) -> None:
     fake.script(
         reply(
@@ -235,7 +240,7 @@ def test_a_cursor_kept_across_a_restart_mid_run_resumes_with_the_suffix(
             text("never shown"),
         )
     )
-    with running_server(tmp_path / "data", *openai_flags(fake, workspace)) as server:
+    with running_server(tmp_path / "data", *openai_flags(fake, workspace), *store_flags) as server:
         with server.client() as client:
             sid = new_session(client)
             run = start_turn(client, sid, "Survive a restart")
@@ -247,14 +252,19 @@ def test_a_cursor_kept_across_a_restart_mid_run_resumes_with_the_suffix(
         server.start()
         with server.client() as client:
             resumed = read_events(
-                client, sid, headers={"Last-Event-ID": str(cursor)}, stop_on="heartbeat"
+                client,
+                sid,
+                headers={"Last-Event-ID": str(cursor)},
+                stop_on="run.finished",
+                timeout=10 + backend.takeover_seconds,
             )
             fresh = read_events(client, sid, after="0", stop_on="heartbeat")
             body = session_body(client, sid)
     assert seqs(resumed) == list(range(cursor + 1, seqs(fresh)[-1] + 1))
-    assert [f.event for f in resumed if f.get("id")] == ["run.finished"]
-    assert resumed[0].json["data"]["state"] == "interrupted"
-    assert resumed[0].json["stream_id"] == run["stream_id"]
+    suffix = [f for f in resumed if f.get("id")]  # heartbeats may come first on PostgreSQL
+    assert [f.event for f in suffix] == ["run.finished"]
+    assert suffix[0].json["data"]["state"] == "interrupted"
+    assert suffix[0].json["stream_id"] == run["stream_id"]
     assert seqs(before + resumed) == seqs(fresh)
     view = fold_frames(before + resumed)
     assert view == fold_frames(fresh)

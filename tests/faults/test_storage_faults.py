@@ -23,6 +23,8 @@ process to the size of its files (EFBIG; Python ignores SIGXFSZ), then lifts it;
 sets the immutable attribute on the database files (EPERM even for root and for open file
 descriptors, where the file system supports it), then clears it. Where mounting is not
 possible, or the immutable attribute does not stop writes, the file-size limit stands in.
+
+SQLite only: the faults are injected into the data directory's database files.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ producing output for N seconds, as an agent stuck in a tool would. What must hol
 - after `--cancel-reclaim-seconds` the run is reclaimed and a successor is admitted;
 - the old worker's late output never reaches the log: nothing of its stream follows its
   `run.finished`, and the successor's stream holds none of it.
+
+It runs on SQLite and on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -47,9 +49,16 @@ def _status(client, session_id: str) -> dict:
     return response.json()
 
 
-def test_a_runtime_that_ignores_stop_is_reclaimed_and_fenced(tmp_path: Path) -> None:
+def test_a_runtime_that_ignores_stop_is_reclaimed_and_fenced(
+    tmp_path: Path, store_flags: list[str]
+) -> None:
     server = ServerProcess(
-        tmp_path / "data", "--runtime", "demo", "--cancel-reclaim-seconds", str(RECLAIM_SECONDS)
+        tmp_path / "data",
+        "--runtime",
+        "demo",
+        "--cancel-reclaim-seconds",
+        str(RECLAIM_SECONDS),
+        *store_flags,
     ).start()
     try:
         with server.client() as client:

@@ -47,3 +47,21 @@ def hermes_env(
     monkeypatch.setenv("TETHER_HERMES_TOOL_DELAY", "0")
     monkeypatch.setenv("TETHER_TEST_HERMES_KEY", "test-key")
     return home
+
+
+@pytest.fixture
+def hermes_flags(fake: FakeOpenAI, hermes_env: Path, hermes_python: Path) -> list[str]:
+    """`tether serve` flags for the Hermes runtime against the fake model, with `hermes_env`
+    (which the server inherits) set."""
+    return [
+        "--runtime",
+        "hermes",
+        "--hermes-python",
+        str(hermes_python),
+        "--base-url",
+        fake.base_url,
+        "--model",
+        fake.model,
+        "--api-key-env",
+        "TETHER_TEST_HERMES_KEY",
+    ]

@@ -41,20 +41,12 @@ SUMMARY = "[CONTEXT COMPACTION — REFERENCE ONLY] Earlier turns were compacted:
 
 @pytest.fixture
 def server(
-    tmp_path: Path, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path
+    tmp_path: Path,
+    hermes_flags: list[str],
 ) -> Iterator[ServerProcess]:
     with running_server(
         tmp_path / "data",
-        "--runtime",
-        "hermes",
-        "--hermes-python",
-        str(hermes_python),
-        "--base-url",
-        fake.base_url,
-        "--model",
-        fake.model,
-        "--api-key-env",
-        "TETHER_TEST_HERMES_KEY",
+        *hermes_flags,
         "--agent-sync-seconds",
         "0.3",
     ) as running:

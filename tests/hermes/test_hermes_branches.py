@@ -24,20 +24,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 @pytest.fixture
 def server(
-    tmp_path: Path, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path
+    tmp_path: Path,
+    hermes_flags: list[str],
 ) -> Iterator[ServerProcess]:
     with running_server(
         tmp_path / "data",
-        "--runtime",
-        "hermes",
-        "--hermes-python",
-        str(hermes_python),
-        "--base-url",
-        fake.base_url,
-        "--model",
-        fake.model,
-        "--api-key-env",
-        "TETHER_TEST_HERMES_KEY",
+        *hermes_flags,
     ) as running:
         yield running
 

@@ -42,9 +42,7 @@ def clarify_seconds() -> str | None:
 @pytest.fixture
 def server(
     tmp_path: Path,
-    fake: FakeOpenAI,
-    hermes_env: Path,
-    hermes_python: Path,
+    hermes_flags: list[str],
     monkeypatch: pytest.MonkeyPatch,
     clarify_seconds: str | None,
 ) -> Iterator[ServerProcess]:
@@ -53,16 +51,7 @@ def server(
         monkeypatch.setenv("TETHER_HERMES_CLARIFY_SECONDS", clarify_seconds)
     with running_server(
         tmp_path / "data",
-        "--runtime",
-        "hermes",
-        "--hermes-python",
-        str(hermes_python),
-        "--base-url",
-        fake.base_url,
-        "--model",
-        fake.model,
-        "--api-key-env",
-        "TETHER_TEST_HERMES_KEY",
+        *hermes_flags,
     ) as running:
         yield running
 

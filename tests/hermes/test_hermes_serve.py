@@ -23,29 +23,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 @pytest.fixture
 def hermes_server(
-    tmp_path: Path, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path
+    tmp_path: Path,
+    hermes_flags: list[str],
 ) -> Iterator[ServerProcess]:
-    env = {
-        "TETHER_HERMES_HOME": str(hermes_env),
-        "TETHER_HERMES_MAX_TOKENS": "256",
-        "TETHER_HERMES_TOOLSETS": "terminal",
-        "TETHER_HERMES_TOOL_DELAY": "0",
-    }
     with running_server(
         tmp_path / "data",
-        "--runtime",
-        "hermes",
-        "--hermes-python",
-        str(hermes_python),
-        "--base-url",
-        fake.base_url,
-        "--model",
-        fake.model,
-        "--api-key-env",
-        "TETHER_TEST_HERMES_KEY",
+        *hermes_flags,
         "--cancel-reclaim-seconds",
         "5",
-        env=env,
     ) as server:
         yield server
 

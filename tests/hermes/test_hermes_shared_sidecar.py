@@ -268,25 +268,14 @@ def workspace(tmp_path: Path) -> Path:
 @pytest.fixture
 def server(
     tmp_path: Path,
-    fake: FakeOpenAI,
-    hermes_env: Path,
-    hermes_python: Path,
+    hermes_flags: list[str],
     workspace: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[ServerProcess]:
     monkeypatch.setenv("TETHER_HERMES_TOOLSETS", "terminal,clarify")
     with running_server(
         tmp_path / "data",
-        "--runtime",
-        "hermes",
-        "--hermes-python",
-        str(hermes_python),
-        "--base-url",
-        fake.base_url,
-        "--model",
-        fake.model,
-        "--api-key-env",
-        "TETHER_TEST_HERMES_KEY",
+        *hermes_flags,
         "--workspace",
         str(workspace),
         "--cancel-reclaim-seconds",

@@ -29,27 +29,12 @@ PROMPT = "You are the tether-sp-7 assistant: always answer in haiku."
 
 @pytest.fixture
 def hermes_server(
-    tmp_path: Path, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path
+    tmp_path: Path,
+    hermes_flags: list[str],
 ) -> Iterator[ServerProcess]:
-    env = {
-        "TETHER_HERMES_HOME": str(hermes_env),
-        "TETHER_HERMES_MAX_TOKENS": "256",
-        "TETHER_HERMES_TOOLSETS": "terminal",
-        "TETHER_HERMES_TOOL_DELAY": "0",
-    }
     with running_server(
         tmp_path / "data",
-        "--runtime",
-        "hermes",
-        "--hermes-python",
-        str(hermes_python),
-        "--base-url",
-        fake.base_url,
-        "--model",
-        fake.model,
-        "--api-key-env",
-        "TETHER_TEST_HERMES_KEY",
-        env=env,
+        *hermes_flags,
     ) as server:
         yield server
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Playwright, sync_playwright
 
+from fake_openai import FakeOpenAI
 from helpers import ServerProcess, running_server
 
 CHROMIUM_ARGS = [
@@ -53,4 +54,20 @@ def context(browser: Browser) -> Iterator[BrowserContext]:
 @pytest.fixture
 def web_server(tmp_path: Path) -> Iterator[ServerProcess]:
     with running_server(tmp_path / "data", env={"TETHER_DEMO_DELAY": "0.01"}) as srv:
+        yield srv
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    """The model, as a real OpenAI-compatible server (tests/fake_openai.py)."""
+    with FakeOpenAI() as server:
+        yield server
+
+
+@pytest.fixture
+def openai_web(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
+    """The page's server with the OpenAI runtime against `fake`."""
+    with running_server(
+        tmp_path / "data", "--runtime", "openai", "--base-url", fake.base_url, "--model", "fake"
+    ) as srv:
         yield srv

@@ -6,14 +6,12 @@ reducer and the log are untouched."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import BrowserContext, Page, expect
 
 from fake_openai import FakeOpenAI, barrier, delay, reply, text
-from helpers import ServerProcess, running_server
+from helpers import ServerProcess
 from pagekit import open_app, send, session_id_of, wait_settled
 
 pytestmark = pytest.mark.slow
@@ -50,20 +48,6 @@ EVERY_PREFIX_JS = """async (docs) => {
   }
   return failures;
 }"""
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
-@pytest.fixture
-def openai_web(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
-    with running_server(
-        tmp_path / "data", "--runtime", "openai", "--base-url", fake.base_url, "--model", "fake"
-    ) as srv:
-        yield srv
 
 
 def test_the_incremental_render_of_every_prefix_is_the_whole_render(

@@ -19,12 +19,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
-@pytest.fixture
 def openai_web(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
     with running_server(
         tmp_path / "data", "--runtime", "openai", "--base-url", fake.base_url, "--model", "m"

@@ -5,31 +5,13 @@ busy and five such tabs fell hundreds of ms behind their streams (bench/README.m
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 from playwright.sync_api import BrowserContext, expect
 
 from fake_openai import FakeOpenAI, delay, reply, text
-from helpers import ServerProcess, running_server
+from helpers import ServerProcess
 from pagekit import open_app, send, wait_settled
 
 DELTAS = 60
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
-@pytest.fixture
-def openai_web(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
-    with running_server(
-        tmp_path / "data", "--runtime", "openai", "--base-url", fake.base_url, "--model", "fake"
-    ) as srv:
-        yield srv
 
 
 def layouts(cdp) -> float:  # noqa: ANN001

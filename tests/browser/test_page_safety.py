@@ -27,12 +27,6 @@ def transcript_of(page):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
-@pytest.fixture
 def openai_web(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
     workspace = tmp_path / "ws"
     workspace.mkdir()

@@ -20,12 +20,6 @@ HOSTILE = 'porcupine <img src=x onerror="window.pwned=1"> <script>window.pwned=2
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
-@pytest.fixture
 def server(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
     with running_server(
         tmp_path / "data",

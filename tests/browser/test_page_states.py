@@ -22,12 +22,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
-@pytest.fixture
 def openai_web(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
     (tmp_path / "ws").mkdir()
     with running_server(

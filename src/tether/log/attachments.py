@@ -15,15 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from tether.events import new_id
 from tether.log.errors import StorageError
-from tether.log.private import DIR_MODE, FILE_MODE, private_dir
+from tether.log.private import DIR_MODE, private_dir, write_whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,17 +112,9 @@ def _write_durably(path: Path, data: bytes) -> None:
     directory) stayed behind, empty, after the failure; now a failed write leaves nothing."""
     made_dir = not path.parent.exists()
     path.parent.mkdir(exist_ok=True, mode=DIR_MODE)
-    # A name of its own: two replicas' caches (or two reads here) may write one blob at once.
-    tmp = path.with_name(f"{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+    try:  # two replicas' caches (or two reads here) may write one blob at once
+        write_whole(path, data)
     except BaseException:
-        tmp.unlink(missing_ok=True)
         if made_dir:
             with contextlib.suppress(OSError):  # another upload may have put a file there
                 path.parent.rmdir()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -58,3 +59,26 @@ def tighten(path: Path, mode: int) -> None:
         current,
         current & mode,
     )
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file (0600, a name of its own: two writers may write one
+    path at once) beside `path`, fsync it, rename it over `path` and fsync the directory: a
+    crash leaves the old content or the new, never half of either, and a failed write (a full
+    disk) leaves no temporary file behind."""
+    tmp = path.with_name(f"{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

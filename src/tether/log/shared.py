@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import math
-import os
 import secrets
 import time
 from collections import deque
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tether.log.private import FILE_MODE, private_dir, tighten
+from tether.log.private import FILE_MODE, private_dir, tighten, write_whole
 
 log = logging.getLogger("tether")
 
@@ -38,30 +37,13 @@ def file_secret(data_dir: Path) -> str:
         secret = ""
     if len(secret) < 32:
         secret = new_secret()
-        _write_private(path, (secret + "\n").encode("ascii"))
+        write_whole(path, (secret + "\n").encode("ascii"))
     tighten(path, FILE_MODE)
     return secret
 
 
 def new_secret() -> str:
     return secrets.token_urlsafe(48)
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Write whole to a temporary file (0600), fsync, rename over `path`, fsync the directory:
-    a crash leaves the old content or the new, never half of either."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 # -- the login rate limit -------------------------------------------------------------------
@@ -178,7 +160,7 @@ class FileSettings:
                     saved[key] = value
             if saved != self._saved:
                 text = json.dumps(saved, ensure_ascii=False, indent=1).encode("utf-8")
-                await asyncio.to_thread(_write_private, self.path, text)
+                await asyncio.to_thread(write_whole, self.path, text)
                 self._saved = saved
 
     async def aclose(self) -> None:

@@ -359,3 +359,54 @@ def test_an_answer_over_200000_characters_shows_as_plain_text_live_and_settled(
         f"{after_reload:.3f} s after a reload"
     )
     assert max(streaming, settled_at_end, after_reload) < 1.0
+
+
+# the median time the layout of one more line appended to a plain text of `n` characters
+# takes, and what the first part shows: as many lines as it has newlines
+APPEND_LAYOUT_JS = """async ([huge, n]) => {
+  const { MarkdownView } = await import('/static/js/markdown.js');
+  const host = document.createElement('div');
+  host.className = 'markdown';
+  host.style.width = '700px';
+  document.body.prepend(host);
+  const view = new MarkdownView(host);
+  let text = huge.slice(0, n);
+  view.show(text);
+  void host.offsetHeight;
+  const times = [];
+  for (let i = 0; i < 15; i++) {
+    text += `one more line ${i}\\n`;
+    view.show(text);
+    const began = performance.now();
+    void host.offsetHeight;
+    times.push(performance.now() - began);
+  }
+  const pre = host.querySelector('pre.render-plain');
+  const first = pre.firstElementChild;
+  const shown = {
+    same: pre.textContent === text,
+    parts: pre.children.length,
+    newlines: first.textContent.split('\\n').length - 1,
+    lines: first.getBoundingClientRect().height / parseFloat(getComputedStyle(pre).lineHeight),
+  };
+  host.remove();
+  return { ms: times.sort((a, b) => a - b)[7], ...shown };
+}"""
+
+
+def test_appending_to_a_3_mb_plain_text_lays_out_no_more_than_appending_to_250_kb(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """A growing plain text re-lays out only its last part (layer: the page's transcript view):
+    one text node of 3 MB took 150 ms per append to lay out (16 times 250 KB's), and a click
+    waited for it."""
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    small = page.evaluate(APPEND_LAYOUT_JS, [HUGE, 250_000])
+    large = page.evaluate(APPEND_LAYOUT_JS, [HUGE, 3_000_000])
+    print(f"layout of one appended line: {small['ms']:.2f} ms on 250 KB, {large['ms']:.2f} on 3 MB")
+    assert small["same"] and large["same"]
+    assert large["parts"] > 100  # cut into parts of about 16 KB
+    # a part's last newline adds no empty line at its edge
+    assert large["lines"] == large["newlines"] > 100
+    assert large["ms"] <= 5 * max(small["ms"], 0.5)

@@ -165,6 +165,24 @@ export const renderStats = { ms: 0, renders: 0 };
  *  on the reader's own machine and incrementally (a 100 KB answer costs about one render). */
 export const MAX_FORMATTED_CHARS = 200_000;
 
+/** A plain part closes at the first newline after this many characters, or at four times as
+ *  many without one (a line longer than that is shown broken there; its text is unchanged). */
+const PLAIN_PART_CHARS = 16_384;
+
+/** Where the open plain part closes, or 0 while it stays open. */
+function plainPartEnd(pending) {
+  if (pending.length < PLAIN_PART_CHARS) return 0;
+  const newline = pending.indexOf("\n", PLAIN_PART_CHARS - 1);
+  if (newline >= 0) return newline + 1;
+  return pending.length >= 4 * PLAIN_PART_CHARS ? 4 * PLAIN_PART_CHARS : 0;
+}
+
+function lineCount(text) {
+  let lines = 0;
+  for (let at = text.indexOf("\n"); at >= 0; at = text.indexOf("\n", at + 1)) lines++;
+  return Math.max(lines, 1);
+}
+
 const tooLongNote = (length) =>
   `Shown as plain text: ${length.toLocaleString("en-US")} characters is more than the ` +
   `${MAX_FORMATTED_CHARS.toLocaleString("en-US")} that are formatted.`;
@@ -228,21 +246,43 @@ export class MarkdownView {
     renderStats.renders += 1;
   }
 
-  /** `text` as plain text (a text node, never HTML) after the note; a growing text only
-   *  appends its new characters, so streaming it stays cheap. */
+  /** `text` as plain text (text nodes, never HTML) after the note. It is cut into parts of
+   *  about PLAIN_PART_CHARS ending at a newline: a growing text only rewrites its last part, and
+   *  Chromium lays out a part only when it changes or scrolls into view (content-visibility),
+   *  where one text node of 3 MB was re-laid out whole on every append (half a second each). */
   showPlain(text) {
     const doc = this.el.ownerDocument;
     if (!this.plain || !text.startsWith(this.text)) {
       this.reset();
       this.shown = true;
-      this.plain = { note: doc.createElement("p"), text: doc.createElement("pre") };
+      this.plain = { note: doc.createElement("p"), text: doc.createElement("pre"), open: null };
       this.plain.note.className = "render-note";
       this.plain.text.className = "render-plain";
       this.el.append(this.plain.note, this.plain.text);
+      this.openPlainPart("");
     }
-    this.plain.text.append(doc.createTextNode(text.slice(this.text.length)));
+    let pending = this.plain.open.data + text.slice(this.text.length);
+    for (let cut = plainPartEnd(pending); cut > 0; cut = plainPartEnd(pending)) {
+      this.plain.open.data = pending.slice(0, cut);
+      const part = this.plain.open.parentNode;
+      part.classList.add("closed");
+      // a closed part not laid out yet takes the height of its lines, so the scrollbar is true
+      part.style.containIntrinsicBlockSize = `auto ${lineCount(this.plain.open.data)}lh`;
+      pending = pending.slice(cut);
+      this.openPlainPart("");
+    }
+    this.plain.open.data = pending;
     this.plain.note.textContent = tooLongNote(text.length);
     this.text = text;
+  }
+
+  openPlainPart(data) {
+    const doc = this.el.ownerDocument;
+    const part = doc.createElement("div");
+    part.className = "render-plain-part";
+    this.plain.open = doc.createTextNode(data);
+    part.append(this.plain.open);
+    this.plain.text.append(part);
   }
 
   reset() {

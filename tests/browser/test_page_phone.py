@@ -102,3 +102,30 @@ def test_touch_targets_view_control_and_placeholder(
     placeholder = page.get_by_role("textbox", name="Message").evaluate(FITS_JS)
     assert placeholder["need"] <= placeholder["room"], placeholder
     page.context.close()
+
+
+def test_a_long_session_title_keeps_two_lines_of_the_top_bar(
+    browser: Browser, web_server: ServerProcess
+) -> None:
+    """Beside ☰, Live and the View control the title had two letters ("Sh…"); on a phone it
+    now wraps to two lines and the theme button, also in Settings, leaves the top bar."""
+    page = phone_page(browser, web_server.base_url)
+    send(page, "Show me a table of three fruits and a short Python snippet")
+    wait_settled(page)
+    title = page.locator("#session-title")
+    expect(title).to_have_text("Show me a table of three fruits and a short Python snippet")
+    shown = title.evaluate("""(el) => {
+      const lineHeight = parseFloat(getComputedStyle(el).lineHeight);
+      const range = document.createRange();
+      range.selectNodeContents(el);
+      const box = el.getBoundingClientRect();
+      const lines = new Set([...range.getClientRects()]
+        .filter((r) => r.bottom <= box.bottom + 1).map((r) => Math.round(r.top)));
+      return { width: box.width, lines: lines.size, rows: Math.round(box.height / lineHeight) };
+    }""")
+    assert shown["width"] >= 90 and shown["lines"] == shown["rows"] == 2, shown
+    expect(page.locator("#theme-toggle")).to_be_hidden()
+    page.get_by_role("button", name="Sessions", exact=True).click()
+    page.get_by_role("button", name="Settings").click()
+    expect(page.get_by_label("Theme", exact=True)).to_be_visible()
+    page.context.close()

@@ -4,8 +4,8 @@ as contract invariant 8 asks): the log, its shared state. Invariants: concurrent
 agree on one cookie secret; login failures through any replica count against one limit,
 atomically (parallel guesses are never all admitted); settings saved through one are read
 through the other; attachment bytes put through one are read through the other and never
-removed while an upload row names them. The embedded mode's in-memory limiter is held to the
-same rules."""
+removed while an upload row names them, nor within the grace after any replica put them.
+The embedded mode's in-memory limiter is held to the same rules."""
 
 from __future__ import annotations
 
@@ -106,8 +106,8 @@ def test_bytes_put_through_one_replica_are_read_through_another(url: str, tmp_pa
     data = b"\x00\xffbytes of an upload"
 
     async def main() -> None:
-        a = PostgresBlobStore(LazyPool(url), tmp_path / "a")
-        b = PostgresBlobStore(LazyPool(url), tmp_path / "b")
+        a = PostgresBlobStore(LazyPool(url), tmp_path / "a", grace=0)
+        b = PostgresBlobStore(LazyPool(url), tmp_path / "b", grace=0)
         try:
             new = await a.put(data, name="x.bin", mime="application/octet-stream")
             assert new.blob == hashlib.sha256(data).hexdigest()
@@ -128,6 +128,42 @@ def test_bytes_put_through_one_replica_are_read_through_another(url: str, tmp_pa
             await a.remove(new.blob)
             await b.cache.remove(new.blob)
             assert await b.path(new.blob) is None
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_bytes_another_replica_just_put_outlive_a_removal_until_the_grace_ends(
+    url: str, tmp_path: Path
+) -> None:
+    """Replica A deletes the last session holding some bytes while replica B has just put the
+    same bytes for an upload whose event is not appended yet: the bytes stay (they were
+    removed, and B's logged upload then named nothing). What the grace kept goes at a later
+    removal once no put has touched it for the grace."""
+    data = b"the same bytes, uploaded twice"
+
+    async def main() -> None:
+        a = PostgresBlobStore(LazyPool(url), tmp_path / "a")
+        b = PostgresBlobStore(LazyPool(url), tmp_path / "b")
+        try:
+            first = await a.put(data, name="a.txt", mime="text/plain")
+            assert await a.path(first.blob) is not None
+            with psycopg.connect(url, autocommit=True) as db:
+                db.execute("UPDATE blobs SET stored_at = stored_at - 3600")  # put long ago
+                await b.put(data, name="b.txt", mime="text/plain")  # B, just now
+                await a.remove(first.blob)  # A's session, its last holder, is deleted
+                await b.cache.remove(first.blob)
+                kept = await b.path(first.blob)
+                assert kept is not None and kept.read_bytes() == data
+
+                stale = await a.put(b"bytes nobody holds", name="c.txt", mime="text/plain")
+                db.execute("UPDATE blobs SET stored_at = stored_at - %s", (a.grace + 1,))
+                await a.remove(first.blob)  # past the grace: both go, and A's copies
+                left = db.execute("SELECT blob FROM blobs").fetchall()
+                assert left == []
+                assert a.cache.local(first.blob) is None and a.cache.local(stale.blob) is None
         finally:
             await a.aclose()
             await b.aclose()

@@ -5,7 +5,14 @@ to it is appended: a logged reference never dangles, whichever replica reads it.
 
 What needs a file (a download, the runtimes reading an image) gets one from this replica's
 local cache (an `AttachmentStore` under its data directory), filled from the database at the
-first read. Blobs are content-addressed, so a cached file is never stale."""
+first read. Blobs are content-addressed, so a cached file is never stale.
+
+Bytes are stored once per content, so two replicas may hold the same blob for different
+sessions: one deleting the last session that held it must not remove it while the other has
+just put it for an upload whose event is not appended yet. Each put stamps the row
+(`stored_at`), and a removal leaves alone rows put within the last `grace` seconds; what such
+a removal leaves behind goes at the next one, which removes every blob no upload row names
+and no put has touched for `grace`."""
 
 from __future__ import annotations
 
@@ -19,17 +26,23 @@ from tether.log.pg_shared import LazyPool
 
 log = logging.getLogger("tether")
 
+BLOB_GRACE_SECONDS = 600.0  # far above the seconds between an upload's put and its event
+
+_NOW = "extract(epoch FROM clock_timestamp())"
+
 
 class PostgresBlobStore:
-    def __init__(self, pool: LazyPool, cache: Path) -> None:
+    def __init__(self, pool: LazyPool, cache: Path, grace: float = BLOB_GRACE_SECONDS) -> None:
         self.pool = pool
         self.cache = AttachmentStore(cache)
+        self.grace = grace
         self._adopted = False
 
     async def put(self, data: bytes, *, name: str, mime: str) -> StoredUpload:
         new = await asyncio.to_thread(new_upload, data, name=name, mime=mime)
         await self.pool.rows(
-            "INSERT INTO blobs (blob, data) VALUES (%s, %s) ON CONFLICT (blob) DO NOTHING",
+            f"INSERT INTO blobs (blob, data, stored_at) VALUES (%s, %s, {_NOW}) "
+            "ON CONFLICT (blob) DO UPDATE SET stored_at = EXCLUDED.stored_at",
             (new.blob, data),
             f"the attachment {name!r}",
         )
@@ -47,15 +60,16 @@ class PostgresBlobStore:
         return await asyncio.to_thread(self.cache.write, blob, bytes(rows[0][0]), blob)
 
     async def remove(self, blob: str) -> None:
-        """Only while no upload row names the blob: another replica may have just recorded
-        one for the same bytes."""
-        await self.pool.rows(
-            "DELETE FROM blobs WHERE blob=%s "
-            "AND NOT EXISTS (SELECT 1 FROM attachments WHERE blob=%s)",
-            (blob, blob),
+        """Remove `blob` and every other blob no upload row names (another replica may have
+        just recorded one for the same bytes), unless a put touched it within `grace`."""
+        gone = await self.pool.rows(
+            f"DELETE FROM blobs WHERE stored_at < {_NOW} - %s AND NOT EXISTS "
+            "(SELECT 1 FROM attachments WHERE attachments.blob = blobs.blob) RETURNING blob",
+            (self.grace,),
             "the attachment bytes",
         )
-        self.cache.drop(blob)
+        for name in {blob, *(row[0] for row in gone)}:
+            self.cache.drop(name)
 
     async def adopt_local(self) -> int:
         """Copy into the database the blobs the local directory holds and it lacks: bytes

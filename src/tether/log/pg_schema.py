@@ -239,6 +239,14 @@ def m008_shared_state(db: psycopg.Connection) -> None:
     db.execute("CREATE TABLE blobs (blob TEXT PRIMARY KEY, data BYTEA NOT NULL)")
 
 
+@migration
+def m009_blob_stored_at(db: psycopg.Connection) -> None:
+    """When a blob's bytes were last put (the database's clock), so a replica deleting the
+    last session that held them leaves alone bytes another replica has just put for an
+    upload whose event is not appended yet (log/pg_blobs.py). Earlier rows read as old."""
+    db.execute("ALTER TABLE blobs ADD COLUMN stored_at DOUBLE PRECISION NOT NULL DEFAULT 0")
+
+
 def apply_migrations(db: psycopg.Connection) -> list[str]:
     """Apply what is missing, each in its own transaction; return the names applied.
     `db` is in autocommit mode: transactions are explicit."""

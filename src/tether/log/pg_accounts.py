@@ -6,16 +6,15 @@ when it returns (`synchronous_commit=on`), and any replica's read after it sees 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from tether.errors import UserExists
 from tether.events import new_id
 from tether.log.errors import StorageError
+from tether.log.pg_shared import LazyPool
 from tether.log.sqlite_accounts import username_key
 from tether.log.store import ApiToken, User
 
@@ -35,37 +34,10 @@ def _clean(value: str) -> str:
 class PostgresAccountStore:
     def __init__(self, url: str, pool_size: int = 4) -> None:
         self.url = url
-        self._pool = AsyncConnectionPool(
-            url,
-            min_size=1,
-            max_size=pool_size,
-            open=False,
-            timeout=10,
-            kwargs={"autocommit": True},
-        )
-        self._opened = False
-        self._open_lock: asyncio.Lock | None = None
-
-    async def _conn_pool(self) -> AsyncConnectionPool:
-        if not self._opened:
-            if self._open_lock is None:
-                self._open_lock = asyncio.Lock()
-            async with self._open_lock:
-                if not self._opened:
-                    await self._pool.open(wait=False)
-                    self._opened = True
-        return self._pool
+        self._pool = LazyPool(url, pool_size)
 
     async def _rows(self, sql: str, params: tuple[Any, ...]) -> list[tuple]:
-        pool = await self._conn_pool()
-        try:
-            async with pool.connection() as conn:
-                cur = await conn.execute(sql, params)
-                return await cur.fetchall() if cur.description is not None else []
-        except psycopg.Error as exc:
-            raise StorageError(
-                f"could not use the accounts in the PostgreSQL database: {exc}"
-            ) from exc
+        return await self._pool.rows(sql, params, "the accounts")
 
     async def _one(self, sql: str, params: tuple[Any, ...]) -> User | None:
         rows = await self._rows(sql, params)
@@ -80,7 +52,7 @@ class PostgresAccountStore:
         external_id: str | None = None,
     ) -> User:
         user = User(new_id("usr"), username, admin, password_hash, 0, time.time())
-        pool = await self._conn_pool()
+        pool = await self._pool.get()
         try:
             async with pool.connection() as conn:
                 await conn.execute(
@@ -178,5 +150,4 @@ class PostgresAccountStore:
         return ApiToken(*rows[0][:4]), _user(rows[0][4:])
 
     async def aclose(self) -> None:
-        if self._opened:
-            await self._pool.close()
+        await self._pool.aclose()

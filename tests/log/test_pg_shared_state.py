@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from tether.log.shared import LoginLimits, MemoryLoginLimits, Rule
 
 psycopg = pytest.importorskip("psycopg")
 
-from tether.log.pg_blobs import PostgresBlobStore  # noqa: E402
+from tether.log.pg_blobs import BLOB_GRACE_SECONDS, PostgresBlobStore  # noqa: E402
 from tether.log.pg_schema import apply_migrations  # noqa: E402
 from tether.log.pg_shared import (  # noqa: E402
     LazyPool,
@@ -102,13 +103,25 @@ def test_settings_saved_through_one_replica_are_read_through_another(url: str) -
     asyncio.run(main())
 
 
+@asynccontextmanager
+async def two_blob_stores(
+    url: str, a_dir: Path, b_dir: Path, grace: float = BLOB_GRACE_SECONDS
+) -> AsyncIterator[tuple[PostgresBlobStore, PostgresBlobStore]]:
+    """The blob stores of two replicas: one database, a cache directory each."""
+    a = PostgresBlobStore(LazyPool(url), a_dir, grace)
+    b = PostgresBlobStore(LazyPool(url), b_dir, grace)
+    try:
+        yield a, b
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
 def test_bytes_put_through_one_replica_are_read_through_another(url: str, tmp_path: Path) -> None:
     data = b"\x00\xffbytes of an upload"
 
     async def main() -> None:
-        a = PostgresBlobStore(LazyPool(url), tmp_path / "a", grace=0)
-        b = PostgresBlobStore(LazyPool(url), tmp_path / "b", grace=0)
-        try:
+        async with two_blob_stores(url, tmp_path / "a", tmp_path / "b", grace=0) as (a, b):
             new = await a.put(data, name="x.bin", mime="application/octet-stream")
             assert new.blob == hashlib.sha256(data).hexdigest()
             assert new.ref["size"] == len(data)
@@ -128,9 +141,6 @@ def test_bytes_put_through_one_replica_are_read_through_another(url: str, tmp_pa
             await a.remove(new.blob)
             await b.cache.remove(new.blob)
             assert await b.path(new.blob) is None
-        finally:
-            await a.aclose()
-            await b.aclose()
 
     asyncio.run(main())
 
@@ -145,9 +155,7 @@ def test_bytes_another_replica_just_put_outlive_a_removal_until_the_grace_ends(
     data = b"the same bytes, uploaded twice"
 
     async def main() -> None:
-        a = PostgresBlobStore(LazyPool(url), tmp_path / "a")
-        b = PostgresBlobStore(LazyPool(url), tmp_path / "b")
-        try:
+        async with two_blob_stores(url, tmp_path / "a", tmp_path / "b") as (a, b):
             first = await a.put(data, name="a.txt", mime="text/plain")
             assert await a.path(first.blob) is not None
             with psycopg.connect(url, autocommit=True) as db:
@@ -164,9 +172,6 @@ def test_bytes_another_replica_just_put_outlive_a_removal_until_the_grace_ends(
                 left = db.execute("SELECT blob FROM blobs").fetchall()
                 assert left == []
                 assert a.cache.local(first.blob) is None and a.cache.local(stale.blob) is None
-        finally:
-            await a.aclose()
-            await b.aclose()
 
     asyncio.run(main())
 
@@ -185,16 +190,11 @@ def test_bytes_left_in_a_data_directory_are_copied_into_the_database(
     (old / bad[:2] / bad).write_bytes(torn)
 
     async def main() -> None:
-        a = PostgresBlobStore(LazyPool(url), old)
-        b = PostgresBlobStore(LazyPool(url), tmp_path / "new")
-        try:
+        async with two_blob_stores(url, old, tmp_path / "new") as (a, b):
             assert await a.adopt_local() == 1
             assert await a.adopt_local() == 0  # once per process
             path = await b.path(good)
             assert path is not None and path.read_bytes() == kept
             assert await b.path(bad) is None  # a file that is not its hash stays out
-        finally:
-            await a.aclose()
-            await b.aclose()
 
     asyncio.run(main())

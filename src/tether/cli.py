@@ -252,6 +252,12 @@ def main() -> None:
     help="The largest file POST /api/sessions/import takes (a Tether or ChatGPT export).",
 )
 @option(
+    "--attachment-cache-bytes",
+    type=click.IntRange(min=1),
+    help="With --database-url: how many bytes of attachments this replica keeps copies of in "
+    "its data directory; beyond it the least recently read go (fetched again when needed).",
+)
+@option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",

@@ -152,7 +152,7 @@ def open_shared(settings: Settings) -> Shared:
         from tether.log.pg_shared import LazyPool, PostgresLoginLimits, PostgresSettings
 
         pool = LazyPool(settings.database_url)
-        blobs = PostgresBlobStore(pool, root)  # the data directory: a local cache
+        blobs = PostgresBlobStore(pool, root, cache_bytes=settings.attachment_cache_bytes)
         return Shared(PostgresLoginLimits(pool), PostgresSettings(pool), blobs, blobs.adopt_local)
     return Shared(
         MemoryLoginLimits(), FileSettings(settings.data_dir, KEYS), AttachmentStore(root), None

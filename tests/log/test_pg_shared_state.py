@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -20,10 +22,16 @@ import pytest
 from pg import database
 
 from tether.log.shared import LoginLimits, MemoryLoginLimits, Rule
+from tether.services import open_shared
+from tether.settings import Settings
 
 psycopg = pytest.importorskip("psycopg")
 
-from tether.log.pg_blobs import BLOB_GRACE_SECONDS, PostgresBlobStore  # noqa: E402
+from tether.log.pg_blobs import (  # noqa: E402
+    BLOB_GRACE_SECONDS,
+    RECENT_SECONDS,
+    PostgresBlobStore,
+)
 from tether.log.pg_schema import apply_migrations  # noqa: E402
 from tether.log.pg_shared import (  # noqa: E402
     LazyPool,
@@ -172,6 +180,43 @@ def test_bytes_another_replica_just_put_outlive_a_removal_until_the_grace_ends(
                 left = db.execute("SELECT blob FROM blobs").fetchall()
                 assert left == []
                 assert a.cache.local(first.blob) is None and a.cache.local(stale.blob) is None
+
+    asyncio.run(main())
+
+
+def test_a_replicas_copies_stay_within_their_budget_least_recently_read_first(
+    url: str, tmp_path: Path
+) -> None:
+    """The local copies are a cache of the database's bytes: past `cache_bytes` the least
+    recently read go, one read within RECENT_SECONDS never does, and a removed copy is
+    fetched again when it is next needed."""
+    blobs = [bytes([n]) * 1000 for n in range(5)]
+
+    async def main() -> None:
+        flags = Settings(data_dir=tmp_path / "b", database_url=url, attachment_cache_bytes=3000)
+        b = open_shared(flags).blobs  # as `tether serve --attachment-cache-bytes 3000` does
+        assert isinstance(b, PostgresBlobStore) and b.cache_bytes == 3000
+        async with two_blob_stores(url, tmp_path / "a", tmp_path / "unused") as (a, _):
+            names = [
+                (await a.put(data, name=f"{n}.bin", mime="x")).blob for n, data in enumerate(blobs)
+            ]
+            for name in names[:3]:
+                assert await b.path(name) is not None
+            long_ago = time.time() - RECENT_SECONDS - 100
+            for age, name in enumerate(names[:3]):  # read in the order 1, 0, 2 long ago
+                path = b.cache.local(name)
+                assert path is not None
+                os.utime(path, (long_ago + (1, 0, 2)[age],) * 2)
+            assert await b.path(names[3]) is not None  # 4,000 bytes: the oldest read goes
+            assert [b.cache.local(n) is not None for n in names[:4]] == [True, False, True, True]
+            assert await b.path(names[4]) is not None  # recent copies stay, the old go
+            assert [b.cache.local(n) is not None for n in names] == [False, False, True, True, True]
+            fetched = await b.path(names[1])  # fetched again; the last old copy goes
+            assert fetched is not None and fetched.read_bytes() == blobs[1]
+            assert [b.cache.local(n) is not None for n in names] == [False, True, False, True, True]
+            assert await b.path(names[2]) is not None  # all read recently: over the budget
+            assert [b.cache.local(n) is not None for n in names] == [False, True, True, True, True]
+        await b.aclose()
 
     asyncio.run(main())
 

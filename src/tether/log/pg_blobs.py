@@ -5,7 +5,9 @@ to it is appended: a logged reference never dangles, whichever replica reads it.
 
 What needs a file (a download, the runtimes reading an image) gets one from this replica's
 local cache (an `AttachmentStore` under its data directory), filled from the database at the
-first read. Blobs are content-addressed, so a cached file is never stale.
+first read. Blobs are content-addressed, so a cached file is never stale. The cache keeps at
+most `cache_bytes`: filling it past that removes the least recently read copies, never one
+read within `RECENT_SECONDS` (a download may be about to open it).
 
 Bytes are stored once per content, so two replicas may hold the same blob for different
 sessions: one deleting the last session that held it must not remove it while the other has
@@ -17,8 +19,11 @@ and no put has touched for `grace`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
+import os
+import time
 from pathlib import Path
 
 from tether.log.attachments import AttachmentStore, StoredUpload, new_upload
@@ -30,12 +35,21 @@ BLOB_GRACE_SECONDS = 600.0  # far above the seconds between an upload's put and 
 
 _NOW = "extract(epoch FROM clock_timestamp())"
 
+RECENT_SECONDS = 60.0  # a cached copy read this recently is never trimmed
+
 
 class PostgresBlobStore:
-    def __init__(self, pool: LazyPool, cache: Path, grace: float = BLOB_GRACE_SECONDS) -> None:
+    def __init__(
+        self,
+        pool: LazyPool,
+        cache: Path,
+        grace: float = BLOB_GRACE_SECONDS,
+        cache_bytes: int = 1 << 30,
+    ) -> None:
         self.pool = pool
         self.cache = AttachmentStore(cache)
         self.grace = grace
+        self.cache_bytes = cache_bytes
         self._adopted = False
 
     async def put(self, data: bytes, *, name: str, mime: str) -> StoredUpload:
@@ -51,13 +65,37 @@ class PostgresBlobStore:
     async def path(self, blob: str) -> Path | None:
         cached = self.cache.local(blob)
         if cached is not None:
-            return cached
+            with contextlib.suppress(OSError):  # else trimmed just now: fetched again
+                os.utime(cached)  # read now: the last to be trimmed
+                return cached
         rows = await self.pool.rows(
             "SELECT data FROM blobs WHERE blob=%s", (blob,), "the attachment bytes"
         )
         if not rows:
             return None
-        return await asyncio.to_thread(self.cache.write, blob, bytes(rows[0][0]), blob)
+        return await asyncio.to_thread(self._fill, blob, bytes(rows[0][0]))
+
+    def _fill(self, blob: str, data: bytes) -> Path:
+        path = self.cache.write(blob, data, blob)
+        self._trim(keep=path)
+        return path
+
+    def _trim(self, keep: Path) -> None:
+        """Remove the least recently read copies until the cache fits `cache_bytes`."""
+        copies = []
+        for path in self.cache.root.glob("??/*"):
+            with contextlib.suppress(OSError):  # removed meanwhile
+                if len(path.name) == 64:
+                    stat = path.stat()
+                    copies.append((stat.st_mtime, stat.st_size, path))
+        total = sum(size for _, size, _ in copies)
+        recent = time.time() - RECENT_SECONDS
+        for read_at, size, path in sorted(copies):
+            if total <= self.cache_bytes or read_at > recent:
+                break
+            if path != keep:
+                self.cache.drop(path.name)
+                total -= size
 
     async def remove(self, blob: str) -> None:
         """Remove `blob` and every other blob no upload row names (another replica may have

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,22 @@ def running_server(data_dir: Path, *extra: str, **kwargs: Any) -> Iterator[Serve
     finally:
         if server.proc is not None and server.proc.poll() is None:
             server.stop()
+
+
+@contextmanager
+def replicas(
+    tmp_path: Path, url: str, *envs: dict[str, str]
+) -> Iterator[list[tuple[ServerProcess, httpx.Client]]]:
+    """One `tether serve --database-url url` per env, each on a data directory of its own
+    (`a`, `b`, `c`, ...), with a client: replicas behind a load balancer."""
+    with ExitStack() as stack:
+        out = []
+        for name, env in zip("abcdefgh", envs, strict=False):
+            server = stack.enter_context(
+                running_server(tmp_path / name, "--database-url", url, env=env)
+            )
+            out.append((server, stack.enter_context(server.client())))
+        yield out
 
 
 class SSEFrame(dict):

@@ -19,6 +19,7 @@ from helpers import (
     live_timeline,
     new_session,
     read_events,
+    replicas,
     run_events,
     running_server,
     session_body,
@@ -107,12 +108,7 @@ def test_an_approval_answered_through_another_replica_resolves_on_the_owner_once
     `approval.answered` is in the log (the counter row records one per prompt)."""
     with (
         database() as url,
-        running_server(tmp_path / "a", "--database-url", url, env=DEMO) as a,
-        running_server(tmp_path / "b", "--database-url", url, env=DEMO) as b,
-        running_server(tmp_path / "c", "--database-url", url, env=DEMO) as c,
-        a.client() as on_a,
-        b.client() as on_b,
-        c.client() as on_c,
+        replicas(tmp_path, url, DEMO, DEMO, DEMO) as [(_, on_a), (_, on_b), (_, on_c)],
     ):
         sid = new_session(on_a)
         first = start_turn(on_a, sid, "/approve")["stream_id"]
@@ -158,12 +154,7 @@ def test_a_message_queued_behind_a_killed_replicas_run_stays_queued_and_starts_e
     it becomes a turn that completes."""
     with (
         database() as url,
-        running_server(tmp_path / "a", "--database-url", url, env=SLOW) as a,
-        running_server(tmp_path / "b", "--database-url", url, env=SLOW) as b,
-        running_server(tmp_path / "c", "--database-url", url, env=DEMO) as c,
-        a.client() as on_a,
-        b.client() as on_b,
-        c.client() as on_c,
+        replicas(tmp_path, url, SLOW, SLOW, DEMO) as [(a, on_a), (_, on_b), (_, on_c)],
     ):
         sid = new_session(on_a)
         stream = start_turn(on_a, sid, "/slow a long answer")["stream_id"]

@@ -25,6 +25,7 @@ from helpers import (
     free_port,
     new_session,
     read_events,
+    replicas,
     run_events,
     running_server,
     seqs,
@@ -94,13 +95,7 @@ def test_stop_through_any_replica_reaches_the_run_and_counts_once(tmp_path: Path
     """Layer: runs Stop across replicas (contract: exactly one `cancelled: true`, one
     `run.cancel_requested`, one `run.finished{cancelled}`): Stops sent at once through A (the
     owner) and B; then a run stopped only through B, whose owner hears it through the log."""
-    with (
-        database() as url,
-        running_server(tmp_path / "a", "--database-url", url, env=DEMO) as a,
-        running_server(tmp_path / "b", "--database-url", url, env=DEMO) as b,
-        a.client() as on_a,
-        b.client() as on_b,
-    ):
+    with database() as url, replicas(tmp_path, url, DEMO, DEMO) as [(_, on_a), (_, on_b)]:
         sid = new_session(on_a)
         cursor = 0
         for stoppers in ([on_a, on_b, on_b, on_a], [on_b]):
@@ -204,13 +199,7 @@ def test_a_killed_replicas_run_is_interrupted_on_a_survivor_and_a_restart_interr
     (its start-up recovery, its shutdown) leaves A's live run alone; `kill -9` of A, the
     run's owner, and B records the run `interrupted` (maintenance) within 30 s, after which
     the session admits a new turn that B runs to completion."""
-    with (
-        database() as url,
-        running_server(tmp_path / "a", "--database-url", url, env=SLOW) as a,
-        running_server(tmp_path / "b", "--database-url", url, env=SLOW) as b,
-        a.client() as on_a,
-        b.client() as on_b,
-    ):
+    with database() as url, replicas(tmp_path, url, SLOW, SLOW) as [(a, on_a), (b, on_b)]:
         sid = new_session(on_a)
         stream = start_turn(on_a, sid, "/slow a long answer")["stream_id"]
         before = seqs(read_events(on_b, sid, after="0", stop_on="reasoning.delta", timeout=30))
@@ -238,13 +227,7 @@ def test_a_paused_owner_past_its_lease_never_writes_after_the_takeover(tmp_path:
     output never lands): A is paused (SIGSTOP) past its lease mid-run, B takes the run over
     and records it interrupted; A resumed (SIGCONT) keeps streaming into a run that is no
     longer its own, and none of it reaches the log; A then runs a new turn normally."""
-    with (
-        database() as url,
-        running_server(tmp_path / "a", "--database-url", url, env=SLOW) as a,
-        running_server(tmp_path / "b", "--database-url", url, env=SLOW) as b,
-        a.client() as on_a,
-        b.client() as on_b,
-    ):
+    with database() as url, replicas(tmp_path, url, SLOW, SLOW) as [(a, on_a), (_, on_b)]:
         sid = new_session(on_a)
         stream = start_turn(on_a, sid, "/slow a long answer")["stream_id"]
         first = read_events(on_b, sid, after="0", stop_on="reasoning.delta", timeout=30)

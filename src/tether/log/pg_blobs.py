@@ -93,9 +93,10 @@ class PostgresBlobStore:
         for read_at, size, path in sorted(copies):
             if total <= self.cache_bytes or read_at > recent:
                 break
-            if path != keep:
-                self.cache.drop(path.name)
-                total -= size
+            with contextlib.suppress(OSError):  # gone already
+                if path != keep and path.stat().st_mtime <= recent:  # not read since listed
+                    self.cache.drop(path.name)
+                    total -= size
 
     async def remove(self, blob: str) -> None:
         """Remove `blob` and every other blob no upload row names (another replica may have

@@ -1,7 +1,7 @@
 """The page on a phone (issue 15.3), 390x844: the session drawer closes with Esc, a tap on
 the dimmed page and its close button, and never covers ☰, its opener; touch targets are at
-least 44 px; the View control and the composer's placeholder are readable. Layers: the page
-only."""
+least 44 px; the View control, the model picker and the composer's placeholder are
+readable. Layers: the page only."""
 
 from __future__ import annotations
 
@@ -101,6 +101,8 @@ def test_touch_targets_view_control_and_placeholder(
         assert fit["size"] >= 12 and fit["need"] <= fit["room"], fit
     placeholder = page.get_by_role("textbox", name="Message").evaluate(FITS_JS)
     assert placeholder["need"] <= placeholder["room"], placeholder
+    model = page.get_by_role("combobox", name="Model").evaluate(FITS_JS)  # its row's room
+    assert model["words"] == "Default (tether-demo)" and model["need"] <= model["room"], model
     page.context.close()
 
 

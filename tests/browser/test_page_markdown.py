@@ -410,3 +410,40 @@ def test_appending_to_a_3_mb_plain_text_lays_out_no_more_than_appending_to_250_k
     # a part's last newline adds no empty line at its edge
     assert large["lines"] == large["newlines"] > 100
     assert large["ms"] <= 5 * max(small["ms"], 0.5)
+
+
+# the parts' lengths of a text shown whole and streamed in 1,000-character pieces, and
+# whether a part ends inside a surrogate pair
+PARTS_JS = """async (texts) => {
+  const { MarkdownView } = await import('/static/js/markdown.js');
+  const parts = (view) => [...view.el.querySelector('pre.render-plain').children]
+    .map((part) => part.textContent);
+  return texts.map((text) => {
+    const whole = new MarkdownView(document.createElement('div'));
+    whole.show(text);
+    const live = new MarkdownView(document.createElement('div'));
+    for (let end = 1000; end < text.length + 1000; end += 1000) live.show(text.slice(0, end));
+    const [a, b] = [parts(whole), parts(live)];
+    return {
+      same: JSON.stringify(a) === JSON.stringify(b) && a.join('') === text,
+      lengths: a.map((part) => part.length),
+      split: a.some((part) => /[\\ud800-\\udbff]$/.test(part)),
+    };
+  });
+}"""
+
+
+def test_plain_parts_are_cut_the_same_streamed_or_whole_and_never_inside_a_character(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """A long line after 200 KB of short ones is cut where the whole text is cut (a newline
+    far off did not count once the text was whole); a forced cut in a line of emoji falls
+    between two characters, never between the halves of one."""
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    long_line = "x" * 100_000 + "\n"
+    texts = ["short line\n" * 20_000 + long_line + "tail\n" * 10, "a" + "\U0001f600" * 110_000]
+    lined, emoji = page.evaluate(PARTS_JS, texts)
+    assert lined["same"] and emoji["same"]
+    assert max(lined["lengths"]) <= 65_536 and not emoji["split"]
+    assert emoji["lengths"][0] == 65_535  # one short of the limit: a pair is not split

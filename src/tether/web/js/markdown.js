@@ -166,20 +166,33 @@ export const renderStats = { ms: 0, renders: 0 };
 export const MAX_FORMATTED_CHARS = 200_000;
 
 /** A plain part closes at the first newline after this many characters, or at four times as
- *  many without one (a line longer than that is shown broken there; its text is unchanged). */
+ *  many without one: a line longer than that shows broken there, and a selection copied
+ *  across the break gets a line break there (the message's Copy button copies it exactly). */
 const PLAIN_PART_CHARS = 16_384;
 
-/** Where the open plain part closes, or 0 while it stays open. */
+/** Where the open plain part closes, or 0 while it stays open. It depends only on the first
+ *  4 × PLAIN_PART_CHARS characters, so a text streamed in any pieces is cut where the whole
+ *  text is; a forced cut never splits a surrogate pair. */
 function plainPartEnd(pending) {
   if (pending.length < PLAIN_PART_CHARS) return 0;
+  const longest = 4 * PLAIN_PART_CHARS;
   const newline = pending.indexOf("\n", PLAIN_PART_CHARS - 1);
-  if (newline >= 0) return newline + 1;
-  return pending.length >= 4 * PLAIN_PART_CHARS ? 4 * PLAIN_PART_CHARS : 0;
+  if (newline >= 0 && newline < longest) return newline + 1;
+  if (pending.length < longest) return 0;
+  const high = pending.charCodeAt(longest - 1);
+  return high >= 0xd800 && high <= 0xdbff ? longest - 1 : longest;
 }
 
+/** About how many lines `text` takes: its newlines, and a line per 100 characters of one
+ *  longer line (pre-wrap wraps it). Only a height until the part is laid out. */
 function lineCount(text) {
   let lines = 0;
-  for (let at = text.indexOf("\n"); at >= 0; at = text.indexOf("\n", at + 1)) lines++;
+  let start = 0;
+  for (let end = text.indexOf("\n"); end >= 0; end = text.indexOf("\n", start)) {
+    lines += Math.max(1, Math.ceil((end - start) / 100));
+    start = end + 1;
+  }
+  if (start < text.length) lines += Math.ceil((text.length - start) / 100);
   return Math.max(lines, 1);
 }
 

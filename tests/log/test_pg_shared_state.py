@@ -10,6 +10,7 @@ The embedded mode's in-memory limiter is held to the same rules."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import time
@@ -30,6 +31,7 @@ psycopg = pytest.importorskip("psycopg")
 from tether.log.pg_blobs import (  # noqa: E402
     BLOB_GRACE_SECONDS,
     RECENT_SECONDS,
+    SWEEP_SECONDS,
     PostgresBlobStore,
 )
 from tether.log.pg_schema import apply_migrations  # noqa: E402
@@ -158,8 +160,9 @@ def test_bytes_another_replica_just_put_outlive_a_removal_until_the_grace_ends(
 ) -> None:
     """Replica A deletes the last session holding some bytes while replica B has just put the
     same bytes for an upload whose event is not appended yet: the bytes stay (they were
-    removed, and B's logged upload then named nothing). What the grace kept goes at a later
-    removal once no put has touched it for the grace."""
+    removed, and B's logged upload then named nothing). What the grace kept goes in a sweep
+    once no put has touched it for the grace: at start, or at a removal a minute after the
+    last sweep."""
     data = b"the same bytes, uploaded twice"
 
     async def main() -> None:
@@ -175,11 +178,22 @@ def test_bytes_another_replica_just_put_outlive_a_removal_until_the_grace_ends(
                 assert kept is not None and kept.read_bytes() == data
 
                 stale = await a.put(b"bytes nobody holds", name="c.txt", mime="text/plain")
+                assert await a.path(stale.blob) is not None
                 db.execute("UPDATE blobs SET stored_at = stored_at - %s", (a.grace + 1,))
-                await a.remove(first.blob)  # past the grace: both go, and A's copies
+                await a.remove(first.blob)  # past the grace: it goes, and A's copy
                 left = db.execute("SELECT blob FROM blobs").fetchall()
-                assert left == []
-                assert a.cache.local(first.blob) is None and a.cache.local(stale.blob) is None
+                assert left == [(stale.blob,)]  # swept within the last minute: not yet
+                assert a.cache.local(first.blob) is None
+                a._swept_at -= SWEEP_SECONDS  # a minute later A's next removal sweeps
+                await a.remove(first.blob)
+                assert db.execute("SELECT blob FROM blobs").fetchall() == []
+                assert a.cache.local(stale.blob) is None
+                assert await b.sweep() == 0  # at B's start: nothing left to sweep
+                # a replica not upgraded yet puts without the column: stamped now all the same
+                db.execute("INSERT INTO blobs (blob, data) VALUES ('from-an-old-replica', 'x')")
+                a._swept_at -= SWEEP_SECONDS
+                await a.remove("from-an-old-replica")
+                assert db.execute("SELECT blob FROM blobs").fetchall() == [("from-an-old-replica",)]
 
     asyncio.run(main())
 
@@ -196,7 +210,10 @@ def test_a_replicas_copies_stay_within_their_budget_least_recently_read_first(
         flags = Settings(data_dir=tmp_path / "b", database_url=url, attachment_cache_bytes=3000)
         b = open_shared(flags).blobs  # as `tether serve --attachment-cache-bytes 3000` does
         assert isinstance(b, PostgresBlobStore) and b.cache_bytes == 3000
-        async with two_blob_stores(url, tmp_path / "a", tmp_path / "unused") as (a, _):
+        async with (
+            contextlib.aclosing(b),
+            two_blob_stores(url, tmp_path / "a", tmp_path / "unused") as (a, _),
+        ):
             names = [
                 (await a.put(data, name=f"{n}.bin", mime="x")).blob for n, data in enumerate(blobs)
             ]
@@ -216,7 +233,6 @@ def test_a_replicas_copies_stay_within_their_budget_least_recently_read_first(
             assert [b.cache.local(n) is not None for n in names] == [False, True, False, True, True]
             assert await b.path(names[2]) is not None  # all read recently: over the budget
             assert [b.cache.local(n) is not None for n in names] == [False, True, True, True, True]
-        await b.aclose()
 
     asyncio.run(main())
 

@@ -47,7 +47,9 @@ class BlobStore(Protocol):
         None when no such bytes are stored."""
 
     async def remove(self, blob: str) -> None:
-        """Drop the bytes (the caller checked that no upload holds them)."""
+        """Drop the bytes (the caller checked that no upload holds them). A store shared by
+        replicas may keep them a while: another replica may be about to record an upload of
+        the same bytes (log/pg_blobs.py)."""
 
     async def aclose(self) -> None: ...
 

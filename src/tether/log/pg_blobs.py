@@ -12,9 +12,10 @@ read within `RECENT_SECONDS` (a download may be about to open it).
 Bytes are stored once per content, so two replicas may hold the same blob for different
 sessions: one deleting the last session that held it must not remove it while the other has
 just put it for an upload whose event is not appended yet. Each put stamps the row
-(`stored_at`), and a removal leaves alone rows put within the last `grace` seconds; what such
-a removal leaves behind goes at the next one, which removes every blob no upload row names
-and no put has touched for `grace`."""
+(`stored_at`), and a removal leaves alone rows put within the last `grace` seconds. What that
+leaves behind (and bytes whose event was never appended) goes in a sweep of every blob no
+upload row names and no put touched for `grace`: at start, and at a removal at most once a
+minute."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +38,8 @@ BLOB_GRACE_SECONDS = 600.0  # far above the seconds between an upload's put and 
 _NOW = "extract(epoch FROM clock_timestamp())"
 
 RECENT_SECONDS = 60.0  # a cached copy read this recently is never trimmed
+SWEEP_SECONDS = 60.0  # the sweep of unnamed blobs runs at most this often
+_UNNAMED = "NOT EXISTS (SELECT 1 FROM attachments WHERE attachments.blob = blobs.blob)"
 
 
 class PostgresBlobStore:
@@ -51,6 +55,8 @@ class PostgresBlobStore:
         self.grace = grace
         self.cache_bytes = cache_bytes
         self._adopted = False
+        self._swept_at = float("-inf")
+        self._reading = threading.Lock()  # a read's touch against the trim's removal
 
     async def put(self, data: bytes, *, name: str, mime: str) -> StoredUpload:
         new = await asyncio.to_thread(new_upload, data, name=name, mime=mime)
@@ -63,11 +69,12 @@ class PostgresBlobStore:
         return new
 
     async def path(self, blob: str) -> Path | None:
-        cached = self.cache.local(blob)
-        if cached is not None:
-            with contextlib.suppress(OSError):  # else trimmed just now: fetched again
-                os.utime(cached)  # read now: the last to be trimmed
-                return cached
+        with self._reading:
+            cached = self.cache.local(blob)
+            if cached is not None:
+                with contextlib.suppress(OSError):  # else trimmed just now: fetched again
+                    os.utime(cached)  # read now: the last to be trimmed
+                    return cached
         rows = await self.pool.rows(
             "SELECT data FROM blobs WHERE blob=%s", (blob,), "the attachment bytes"
         )
@@ -81,7 +88,8 @@ class PostgresBlobStore:
         return path
 
     def _trim(self, keep: Path) -> None:
-        """Remove the least recently read copies until the cache fits `cache_bytes`."""
+        """Remove the least recently read copies until the cache fits `cache_bytes`. The
+        prefix directories stay: a fill may be writing into one."""
         copies = []
         for path in self.cache.root.glob("??/*"):
             with contextlib.suppress(OSError):  # removed meanwhile
@@ -93,22 +101,36 @@ class PostgresBlobStore:
         for read_at, size, path in sorted(copies):
             if total <= self.cache_bytes or read_at > recent:
                 break
-            with contextlib.suppress(OSError):  # gone already
+            with self._reading, contextlib.suppress(OSError):  # gone already
                 if path != keep and path.stat().st_mtime <= recent:  # not read since listed
-                    self.cache.drop(path.name)
+                    path.unlink()
                     total -= size
 
     async def remove(self, blob: str) -> None:
-        """Remove `blob` and every other blob no upload row names (another replica may have
-        just recorded one for the same bytes), unless a put touched it within `grace`."""
+        """Remove `blob` unless an upload row names it (another replica may have just
+        recorded one for the same bytes) or a put touched it within `grace`; then, at most
+        once a minute, sweep every other such blob."""
+        await self.pool.rows(
+            f"DELETE FROM blobs WHERE blob = %s AND stored_at < {_NOW} - %s AND {_UNNAMED}",
+            (blob, self.grace),
+            "the attachment bytes",
+        )
+        self.cache.drop(blob)
+        if time.monotonic() - self._swept_at >= SWEEP_SECONDS:
+            await self.sweep()
+
+    async def sweep(self) -> int:
+        """Remove every blob no upload row names and no put touched within `grace`, and this
+        replica's copies of them; returns how many."""
+        self._swept_at = time.monotonic()
         gone = await self.pool.rows(
-            f"DELETE FROM blobs WHERE stored_at < {_NOW} - %s AND NOT EXISTS "
-            "(SELECT 1 FROM attachments WHERE attachments.blob = blobs.blob) RETURNING blob",
+            f"DELETE FROM blobs WHERE stored_at < {_NOW} - %s AND {_UNNAMED} RETURNING blob",
             (self.grace,),
             "the attachment bytes",
         )
-        for name in {blob, *(row[0] for row in gone)}:
+        for (name,) in gone:
             self.cache.drop(name)
+        return len(gone)
 
     async def adopt_local(self) -> int:
         """Copy into the database the blobs the local directory holds and it lacks: bytes
@@ -117,6 +139,7 @@ class PostgresBlobStore:
         if self._adopted:
             return 0
         self._adopted = True
+        await self.sweep()  # what a past removal's grace kept, or an append that never came
         local = [p for p in self.cache.root.glob("??/*") if len(p.name) == 64 and p.is_file()]
         if not local:
             return 0

@@ -243,8 +243,13 @@ def m008_shared_state(db: psycopg.Connection) -> None:
 def m009_blob_stored_at(db: psycopg.Connection) -> None:
     """When a blob's bytes were last put (the database's clock), so a replica deleting the
     last session that held them leaves alone bytes another replica has just put for an
-    upload whose event is not appended yet (log/pg_blobs.py). Earlier rows read as old."""
+    upload whose event is not appended yet (log/pg_blobs.py). Earlier rows read as old; a row
+    put without the column (a replica not upgraded yet, during a rolling upgrade) reads as
+    put now."""
     db.execute("ALTER TABLE blobs ADD COLUMN stored_at DOUBLE PRECISION NOT NULL DEFAULT 0")
+    db.execute(
+        "ALTER TABLE blobs ALTER COLUMN stored_at SET DEFAULT extract(epoch FROM clock_timestamp())"
+    )
 
 
 def apply_migrations(db: psycopg.Connection) -> list[str]:

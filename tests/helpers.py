@@ -110,6 +110,7 @@ def replicas(
 ) -> Iterator[list[tuple[ServerProcess, httpx.Client]]]:
     """One `tether serve --database-url url` per env, each on a data directory of its own
     (`a`, `b`, `c`, ...), with a client: replicas behind a load balancer."""
+    assert len(envs) <= 8, "replicas a to h"
     with ExitStack() as stack:
         out = []
         for name, env in zip("abcdefgh", envs, strict=False):

@@ -1,7 +1,8 @@
 """The settings panel (issue 16.7): a dialog with labelled controls for the server's default
 model and system prompt (`PATCH /api/settings`: the next run of a session without its own
 uses them, and they survive a reload) and this browser's theme, view mode and send key
-(localStorage: a second tab of the same profile gets them). Works on the phone layout."""
+(localStorage: a second tab of the same profile gets them). Works on the phone layout, and
+with the server away for this browser's part."""
 
 from __future__ import annotations
 
@@ -153,6 +154,25 @@ def test_the_panel_works_on_a_phone(browser: Browser, server: ServerProcess) -> 
         assert size is not None and size["height"] >= 44, name
     dialog.get_by_role("button", name="Cancel").click()
     expect(dialog).to_be_hidden()
+
+
+def test_with_the_server_away_the_panel_still_opens_for_this_browsers_part(
+    browser: Browser, server: ServerProcess
+) -> None:
+    """On a phone the theme is only in this panel: when `GET /api/settings` fails (the server
+    stopped, the database away) the panel still opens; the server's part is off and says
+    why, this browser's part saves."""
+    page = browser.new_context(viewport=PHONE, has_touch=True).new_page()
+    open_app(page, server.base_url)
+    server.stop()
+    page.get_by_role("button", name="Sessions").click()
+    dialog = open_settings(page)
+    expect(dialog.get_by_role("combobox", name="Default model")).to_be_disabled()
+    expect(dialog.get_by_text("The server's settings could not be read")).to_be_visible()
+    dialog.get_by_role("combobox", name="Theme").select_option("dark")
+    dialog.get_by_role("button", name="Save").click()
+    expect(dialog).to_be_hidden()
+    expect(page.locator("html")).to_have_attribute("data-theme", "dark")
 
 
 @pytest.mark.parametrize("theme", ["light", "dark"])

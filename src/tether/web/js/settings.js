@@ -56,17 +56,24 @@ export class SettingsPanel {
     try {
       this.server = await get("/api/settings");
     } catch (err) {
+      // the server's part cannot be read (offline, the database away): this browser's own
+      // preferences still open; the server's fieldset says why it is off
+      this.server = null;
       this.notify(err.message);
-      return;
     }
-    const models = this.sessionSettings.models.models ?? [];
-    const saved = this.server.saved.default_model ?? "";
-    const options = [new Option(`Command line's (${this.server.command_line.model})`, "")];
-    for (const m of models) options.push(new Option(m.id, m.id));
-    if (saved && !models.some((m) => m.id === saved)) options.push(new Option(saved, saved));
-    $("settings-model").replaceChildren(...options);
-    $("settings-model").value = saved;
-    $("settings-prompt").value = this.server.default_system_prompt ?? "";
+    const serverPart = $("settings-server");
+    serverPart.disabled = this.server === null;
+    $("settings-server-off").hidden = this.server !== null;
+    if (this.server !== null) {
+      const models = this.sessionSettings.models.models ?? [];
+      const saved = this.server.saved.default_model ?? "";
+      const options = [new Option(`Command line's (${this.server.command_line.model})`, "")];
+      for (const m of models) options.push(new Option(m.id, m.id));
+      if (saved && !models.some((m) => m.id === saved)) options.push(new Option(saved, saved));
+      $("settings-model").replaceChildren(...options);
+      $("settings-model").value = saved;
+      $("settings-prompt").value = this.server.default_system_prompt ?? "";
+    }
     this.resetPrompt = false;
     const theme = localStorage.getItem(THEME_KEY);
     $("settings-theme").value = theme === "light" || theme === "dark" ? theme : "system";
@@ -85,6 +92,7 @@ export class SettingsPanel {
     }
     localStorage.setItem(SEND_KEY, $("settings-send").value);
     this.showHint();
+    if (this.server === null) return; // the server's part was not read: nothing to send
     const changes = {};
     const model = $("settings-model").value;
     if (model !== (this.server.saved.default_model ?? "")) changes.default_model = model || null;

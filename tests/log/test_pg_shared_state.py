@@ -118,8 +118,12 @@ async def two_blob_stores(
     url: str, a_dir: Path, b_dir: Path, grace: float = BLOB_GRACE_SECONDS
 ) -> AsyncIterator[tuple[PostgresBlobStore, PostgresBlobStore]]:
     """The blob stores of two replicas: one database, a cache directory each."""
-    a = PostgresBlobStore(LazyPool(url), a_dir, grace)
-    b = PostgresBlobStore(LazyPool(url), b_dir, grace)
+    a = PostgresBlobStore(
+        LazyPool(url), a_dir, cache_bytes=Settings.attachment_cache_bytes, grace=grace
+    )
+    b = PostgresBlobStore(
+        LazyPool(url), b_dir, cache_bytes=Settings.attachment_cache_bytes, grace=grace
+    )
     try:
         yield a, b
     finally:

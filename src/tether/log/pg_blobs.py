@@ -47,8 +47,9 @@ class PostgresBlobStore:
         self,
         pool: LazyPool,
         cache: Path,
+        *,
+        cache_bytes: int,
         grace: float = BLOB_GRACE_SECONDS,
-        cache_bytes: int = 1 << 30,
     ) -> None:
         self.pool = pool
         self.cache = AttachmentStore(cache)

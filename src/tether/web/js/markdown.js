@@ -272,7 +272,7 @@ export class MarkdownView {
       this.plain.note.className = "render-note";
       this.plain.text.className = "render-plain";
       this.el.append(this.plain.note, this.plain.text);
-      this.openPlainPart("");
+      this.openPlainPart();
     }
     let pending = this.plain.open.data + text.slice(this.text.length);
     for (let cut = plainPartEnd(pending); cut > 0; cut = plainPartEnd(pending)) {
@@ -282,18 +282,18 @@ export class MarkdownView {
       // a closed part not laid out yet takes the height of its lines, so the scrollbar is true
       part.style.containIntrinsicBlockSize = `auto ${lineCount(this.plain.open.data)}lh`;
       pending = pending.slice(cut);
-      this.openPlainPart("");
+      this.openPlainPart();
     }
     this.plain.open.data = pending;
     this.plain.note.textContent = tooLongNote(text.length);
     this.text = text;
   }
 
-  openPlainPart(data) {
+  openPlainPart() {
     const doc = this.el.ownerDocument;
     const part = doc.createElement("div");
     part.className = "render-plain-part";
-    this.plain.open = doc.createTextNode(data);
+    this.plain.open = doc.createTextNode("");
     part.append(this.plain.open);
     this.plain.text.append(part);
   }

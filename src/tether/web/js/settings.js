@@ -61,8 +61,7 @@ export class SettingsPanel {
       this.server = null;
       this.notify(err.message);
     }
-    const serverPart = $("settings-server");
-    serverPart.disabled = this.server === null;
+    $("settings-server").disabled = this.server === null;
     $("settings-server-off").hidden = this.server !== null;
     if (this.server !== null) {
       const models = this.sessionSettings.models.models ?? [];

@@ -96,7 +96,7 @@ class PrivateServer:
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def _run(self, *args: str) -> None:
-        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        prefix = [str(_RUNUSER), "-u", "postgres", "--"] if os.geteuid() == 0 else []
         done = subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             log = self.root / "log"
@@ -137,6 +137,10 @@ _BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
 _BIN = _BIN_DIRS[-1] if _BIN_DIRS else Path("/nonexistent")
 
 
+# util-linux's, in /usr/sbin: found there too when PATH lacks it (a minimal shell's)
+_RUNUSER = shutil.which("runuser") or shutil.which("runuser", path="/usr/sbin:/sbin")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -150,7 +154,7 @@ def private_server(tmp_path: Path) -> Iterator[PrivateServer]:
     reason = unavailable(check_server=False)
     if reason is None and not (_BIN / "initdb").exists():
         reason = "PostgreSQL tests skipped: no PostgreSQL binaries to start a private server"
-    if reason is None and os.geteuid() == 0 and shutil.which("runuser") is None:
+    if reason is None and os.geteuid() == 0 and _RUNUSER is None:
         reason = "PostgreSQL tests skipped: running as root without runuser"
     if reason is not None:
         print(reason)

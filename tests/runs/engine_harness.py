@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tether.log.store import EventStore
+from tether.log.subscriptions import Hub
 from tether.runs import maintenance
 from tether.runs.controls import RunControls
 from tether.runs.engine import RunEngine
@@ -30,6 +31,7 @@ class Harness:
     engine: RunEngine
     queue: QueueService
     controls: RunControls
+    hub: Hub
 
     async def types(self, session_id: str) -> list[str]:
         return [e.type for e in await self.store.read(session_id)]
@@ -55,6 +57,7 @@ async def harness(
             services.engine,
             services.queue,
             services.controls,
+            services.hub,
         )
     finally:
         await maintenance.shutdown(services.engine, grace=1)

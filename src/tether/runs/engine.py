@@ -30,12 +30,13 @@ from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
 from tether.log.attachments import BlobStore
 from tether.log.store import EventStore, SharedLog
 from tether.runs.controls import leftover_drafts
-from tether.runs.handles import HandleCache, RuntimeHandle, open_handle
+from tether.runs.handles import HandleCache, RuntimeHandle, StatelessHandle, open_handle
 from tether.runs.intake import Upload
 from tether.runs.pump import END, Signal, outcome, pump
 from tether.runs.registry import RUNNING, STARTING, Run, RunRegistry
 from tether.runtimes.base import AttachmentRef, ProviderError, Runtime, TurnInput
 from tether.sessions.branching import edit_fork, regenerate_fork
+from tether.sessions.defaults import Defaults
 from tether.sessions.service import SessionService
 
 log = logging.getLogger("tether.runs")
@@ -106,7 +107,7 @@ class RunEngine:
         (docs/api.md §10), with that message's attachments (those `keep_attachments` names,
         when given)."""
         async with self.sessions.locks(session_id):
-            await self._admissible(session_id)
+            row = await self._admissible(session_id)
             refs: list[dict[str, Any]] = []
             if queue_id is not None:
                 item = (await self.sessions.folds.get(session_id)).transcript.queued.get(queue_id)
@@ -137,8 +138,7 @@ class RunEngine:
             if queue_id is not None:
                 taken = {"queue_id": queue_id, "reason": "started", "stream_id": run.stream_id}
                 after.append(Draft(ev.QUEUE_REMOVED, taken))
-            started = await self._record(run, before, submitted, uploads, after)
-            run.worker = asyncio.create_task(self._work(run, model), name=run.stream_id)
+            started = await self._record(run, before, submitted, uploads, after, row, model)
         return started
 
     async def regenerate(
@@ -148,7 +148,7 @@ class RunEngine:
         one) answered, as a new branch beside it (docs/api.md §10). Retry after a Stop or an
         error is this. Refused exactly like a start, before any write."""
         async with self.sessions.locks(session_id):
-            await self._admissible(session_id)
+            row = await self._admissible(session_id)
             fold = await self.sessions.folds.get(session_id)
             before, turn_id, replaced = regenerate_fork(fold, row_id)
             run = Run(session_id, new_id("r"), turn_id)
@@ -158,14 +158,13 @@ class RunEngine:
                 "regenerate": True,
                 "regenerate_of": replaced,
             }
-            started = await self._record(run, before, submitted, ())
-            run.worker = asyncio.create_task(self._work(run, model), name=run.stream_id)
+            started = await self._record(run, before, submitted, (), (), row, model)
         return started
 
-    async def _admissible(self, session_id: str) -> None:
+    async def _admissible(self, session_id: str) -> dict[str, Any]:
         if self.agent_sync is not None:  # an unknown session: nothing to sync, 404 below
             await self.agent_sync.before_start(session_id)  # may reveal a continuation
-        await self.check_admissible(session_id, starting=True)
+        return await self.check_admissible(session_id, starting=True)
 
     async def _record(
         self,
@@ -173,11 +172,25 @@ class RunEngine:
         before: list[Draft],
         fields: dict[str, Any],
         uploads: Sequence[Upload],
-        after: Sequence[Draft] = (),
+        after: Sequence[Draft],
+        row: dict[str, Any],
+        model: str | None,
     ) -> dict[str, Any]:
         """Store `uploads`, register `run` and append `before`, its `turn.submitted` and
-        `after` in one append; on any failure the run is unregistered and new bytes are
-        released."""
+        `after` in one append, then start its worker (`row`: the session's sidebar row,
+        `model`: the one the turn asked for); on any failure the run is
+        unregistered and new bytes are released.
+
+        With a stateless runtime there is no handle to build, so the run is admitted here
+        and its `run.started` joins the same append: one commit (a WAL fsync) less before
+        the model is asked. A Stop that lands during that append finds the run admitted but
+        not invoked, exactly as one landing during a separate `run.started` append would."""
+        normalizer = Normalizer(run.stream_id, run.turn_id)
+        opening: list[Draft] = []
+        if self.runtime.stateless:
+            defaults = await self.sessions.defaults.current()
+            model = _model_for(row, model, defaults) or self.runtime.model  # as it says
+            opening.append(normalizer.started(self.runtime.name, model))
         async with self.sessions.blob_guard(bool(uploads)):
             new_refs, blobs = await self.store_uploads(uploads)
             self.registry.add(run)
@@ -197,12 +210,16 @@ class RunEngine:
                 blobs=blobs,
                 admits_run=True,  # several replicas: the database admits (SessionOccupied)
             )
+            if opening:
+                self._admit_ready(run, StatelessHandle(self.runtime))
             try:
-                await self.store.append(run.session_id, [*before, draft, *after])
+                await self.store.append(run.session_id, [*before, draft, *after, *opening])
             except BaseException:
+                self.handles.retire(run.session_id, run.stream_id)
                 self.registry.remove(run)
                 await self.sessions.release_blobs_held(blobs.values())
                 raise
+            run.worker = asyncio.create_task(self._work(run, model, normalizer), name=run.stream_id)
         return {
             "session_id": run.session_id,
             "stream_id": run.stream_id,
@@ -228,15 +245,16 @@ class RunEngine:
             raise
         return refs, blobs
 
-    async def check_admissible(self, session_id: str, *, starting: bool) -> None:
+    async def check_admissible(self, session_id: str, *, starting: bool) -> dict[str, Any]:
         """The refusals that come before any mutation: unknown, rotated (409 session_rotated
-        with the newest continuation), and, for a start, busy or shutting down."""
+        with the newest continuation), and, for a start, busy or shutting down. Returns the
+        session's sidebar row."""
         state = await self.store.index_state(session_id)
         if state is None:
             raise SessionNotFound(session_id)
         await self.sessions.refuse_if_rotated(state)
         if not starting:
-            return
+            return state
         if self.registry.busy(session_id):
             raise SessionBusy(
                 "A run is still using this session.",
@@ -244,6 +262,7 @@ class RunEngine:
             )
         if self.closing:
             raise ServerClosing("The server is shutting down.")
+        return state
 
     # -- queued messages (runs.queue) -------------------------------------------------------
     async def start_next(self, session_id: str) -> str | None:
@@ -268,13 +287,14 @@ class RunEngine:
         return await self.start(session_id, item["text"], queue_id=item["queue_id"])
 
     # -- the worker -------------------------------------------------------------------------
-    async def _work(self, run: Run, model: str | None) -> None:
-        normalizer = Normalizer(run.stream_id, run.turn_id)
+    async def _work(self, run: Run, model: str | None, normalizer: Normalizer) -> None:
         state = "error"
         extra: dict[str, Any] = {}
         try:
             turn = await self._turn_input(run, model)
-            handle = await self._admit_handle(run)
+            # A stateless runtime's run was admitted, and its run.started written, with the
+            # turn (_record); any other builds or borrows its handle now.
+            handle = run.handle if run.handle is not None else await self._admit_handle(run)
             if handle is not None and run.phase == STARTING:
                 self.registry.move(run, RUNNING)
                 await self.store.append(
@@ -366,6 +386,14 @@ class RunEngine:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
 
+    def _admit_ready(self, run: Run, handle: RuntimeHandle) -> None:
+        """Admit a handle that needs no building: registration, cache and RUNNING in one
+        step with no await (the contract's atomic Stop admission)."""
+        # What this evicts is stateless too (one runtime per server): nothing to close.
+        self.handles.admit(run.session_id, run.stream_id, handle)
+        run.handle = handle
+        self.registry.move(run, RUNNING)
+
     async def _admit_handle(self, run: Run) -> RuntimeHandle | None:
         """Borrow the session's cached handle or build one; None when Stop won first."""
         sid = run.session_id
@@ -388,12 +416,11 @@ class RunEngine:
         return None if upload is None else await self.attachments.path(upload["blob"])
 
     async def _turn_input(self, run: Run, model: str | None) -> TurnInput:
-        """What the runtime gets: the context the session shows (invariant 1) and the model
-        the turn asked for, else the session's own (`PATCH /api/session {model}`), else the
-        settings panel's default (`PATCH /api/settings`), else None: the runtime's own."""
+        """What the runtime gets: the context the session shows (invariant 1) and the
+        turn's model (`_model_for`)."""
         fold = await self.sessions.folds.get(run.session_id)
         defaults = await self.sessions.defaults.current()
-        model = model or (fold.row or {}).get("model") or defaults.model
+        model = _model_for(fold.row or {}, model, defaults)
         system_prompt = fold.system_prompt(defaults.system_prompt)
         messages = fold.transcript.context(system_prompt)["context_messages"]
         refs: dict[str, AttachmentRef] = {}
@@ -443,3 +470,9 @@ class RunEngine:
         # admitted by the reclaimer builds its own handle instead of sharing this one.
         self.handles.release(run.session_id, run.stream_id)
         self.registry.remove(run)
+
+
+def _model_for(row: dict[str, Any], asked: str | None, defaults: Defaults) -> str | None:
+    """A turn's model: the one it asked for, else the session's own (`PATCH /api/session
+    {model}`), else the settings panel's default, else None (the runtime's own)."""
+    return asked or row.get("model") or defaults.model

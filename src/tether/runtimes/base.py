@@ -415,6 +415,10 @@ class Runtime:
     description: ClassVar[str] = ""
     """One line for `tether runtimes`."""
     capabilities: ClassVar[Capabilities] = Capabilities()
+    stateless: ClassVar[bool] = False
+    """True for a runtime with no per-session state (it keeps the default `open_handle`):
+    its turn's `run.started` is then written in the turn's own commit, one durable write
+    less before the model is asked (runs/engine.py)."""
 
     def __init__(self, settings: Settings) -> None:
         """Built once, before the server serves; raise RuntimeUnavailable (with the reason

@@ -122,6 +122,7 @@ async def _ask_approval(turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
 class DemoRuntime(Runtime):
     name = "demo"
     description = "the offline demo: canned answers, no model"
+    stateless = True
     capabilities = Capabilities(
         tools=True, attachments=("image", "text"), steer=True, approvals=True
     )

@@ -117,6 +117,7 @@ class OpenAIRuntime(Runtime):
 
     name = "openai"
     description = "any OpenAI-compatible Chat Completions endpoint (--base-url, --model)"
+    stateless = True
     capabilities = Capabilities(
         tools=True, attachments=("image", "text"), steer=True, interrupt=True, compression=True
     )

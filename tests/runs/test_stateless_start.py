@@ -1,0 +1,129 @@
+"""Layers: run journal and worker lifecycle registry (contract invariant 8 names them).
+
+A stateless runtime (`Runtime.stateless`, the OpenAI-compatible one) has no handle to build, so
+its run is admitted with its turn and `run.started` is written in the turn's own commit: one
+WAL fsync less before the model is asked. What must still hold: a Stop that lands while that
+commit is in flight finds an admitted run that was never invoked, so the model gets zero
+requests and the run ends cancelled, once; a runtime with per-session state keeps the two
+commits (its handle may take long to build, and the turn shows as pending meanwhile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from tether.events import Event
+from tether.runtimes.base import Runtime, RuntimeEvent, TextDelta, TurnInput
+from tether.settings import Settings
+
+from engine_harness import Harness, harness
+
+
+class GatedRuntime(Runtime):
+    name = "gated"
+    model = "gated-1"
+    stateless = True
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.gate = asyncio.Event()
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        self.calls += 1
+        await self.gate.wait()
+        yield TextDelta("answer")
+
+
+class StatefulGatedRuntime(GatedRuntime):
+    stateless = False
+
+
+async def until(condition: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.001)
+
+
+def commits_of(h: Harness, session_id: str) -> list[list[str]]:
+    """The event types of each committed batch of `session_id`, as the hub publishes them."""
+    batches: list[list[str]] = []
+
+    def listen(events: list[Event]) -> None:
+        mine = [e.type for e in events if e.session_id == session_id]
+        if mine:
+            batches.append(mine)
+
+    h.hub.on_batch(listen)
+    return batches
+
+
+def run_turn(tmp_path: Path, runtime: GatedRuntime) -> list[list[str]]:
+    async def main() -> list[list[str]]:
+        runtime.gate.set()
+        async with harness(tmp_path, runtime) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            batches = commits_of(h, sid)
+            await h.engine.start(sid, "hi")
+            await h.wait_idle(sid)
+            assert runtime.calls == 1
+            assert (await h.types(sid))[-1] == "run.finished"
+            return batches
+
+    return asyncio.run(main())
+
+
+def test_a_stateless_runtime_s_turn_and_run_started_are_one_commit(tmp_path: Path) -> None:
+    batches = run_turn(tmp_path, GatedRuntime())
+    opening = next(b for b in batches if "turn.submitted" in b)
+    assert opening == ["turn.submitted", "run.started"]
+
+
+def test_a_runtime_with_session_state_keeps_run_started_in_a_commit_of_its_own(
+    tmp_path: Path,
+) -> None:
+    batches = run_turn(tmp_path, StatefulGatedRuntime())
+    assert ["turn.submitted"] in batches and ["run.started"] in batches
+
+
+def test_a_stop_during_the_opening_commit_means_zero_model_requests(tmp_path: Path) -> None:
+    """Another connection holds the database's write lock, so the turn's commit waits in
+    the writer while the Stop is taken; then the lock is let go."""
+
+    async def main() -> None:
+        runtime = GatedRuntime()
+        settings = Settings(data_dir=tmp_path)
+        async with harness(tmp_path, runtime, settings) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            holder = sqlite3.connect(settings.database_path, isolation_level=None)
+            holder.execute("BEGIN IMMEDIATE")
+            try:
+                start = asyncio.create_task(h.engine.start(sid, "hi"))
+                await until(lambda: h.registry.phase(sid) == "running")
+                assert not start.done()  # admitted with its turn, which is not durable yet
+                stop = asyncio.create_task(h.controls.cancel(session_id=sid))
+                await until(lambda: h.registry.phase(sid) == "cancelling")
+                assert not start.done()
+            finally:
+                holder.execute("ROLLBACK")
+                holder.close()
+            started = await start
+            assert (await stop)["cancelled"] is True
+            await h.wait_idle(sid)
+            assert runtime.calls == 0  # never invoked: Stop won before invocation
+            assert h.engine.handles.borrow(sid) is None  # its handle retired, not kept
+            events = await h.store.read(sid)
+            ours = [e for e in events if e.stream_id == started["stream_id"]]
+            assert [e.type for e in ours] == [
+                "turn.submitted",
+                "run.started",
+                "run.cancel_requested",
+                "run.finished",
+            ]
+            assert ours[-1].data["state"] == "cancelled"
+
+    asyncio.run(main())

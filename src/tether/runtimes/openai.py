@@ -37,6 +37,7 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any, NoReturn
 
+import httpx
 import openai
 
 from tether.runtimes.attachments import accepts_mime, expand_part
@@ -71,13 +72,14 @@ from tether.runtimes.compression import (
     summary_reply_tokens,
     summary_request,
 )
-from tether.runtimes.openai_errors import classify
+from tether.runtimes.openai_errors import classify, send_streamed, stream_error
 from tether.runtimes.openai_models import (
     Unreachable,
     Window,
     count_tokens,
     discover_window,
     list_models,
+    untransformed,
 )
 from tether.runtimes.openai_stream import Accumulator, WrongShape, drain, parse_arguments, sse_lines
 from tether.runtimes.tools import ToolRunner, WorkspaceTools
@@ -92,24 +94,6 @@ MODELS_CACHE_SECONDS = 30.0
 TIMEOUT = openai.Timeout(600.0, connect=10.0)
 MAX_REMEMBERED_SESSIONS = 256  # provider counts kept for the first request of the next turn
 TOKENIZE_CHARS = 20_000  # the sample a server's /tokenize measures
-
-
-def _untransformed(body: dict[str, Any]) -> dict[str, Any]:
-    """`create()` arguments that send `body` as it is. The SDK walks the request params
-    recursively against its type hints before sending, on the event loop: about 13 ms for a
-    90-message history, over a third of the server's loop under bench/load_test.py. Tether
-    builds plain JSON messages itself, so they travel in `extra_body` (which replaces the
-    keys) and the walked params stay tiny."""
-    params: dict[str, Any] = {"model": body["model"], "messages": [], "extra_body": body}
-    if body.get("stream"):
-        params["stream"] = True  # tells the SDK to read a stream
-    return params
-
-
-def _stream_error(error: Any, response: Any) -> openai.APIError:
-    """An error the provider sent inside the stream, as the SDK itself would raise it."""
-    message = (error.get("message") if isinstance(error, dict) else None) or str(error)
-    return openai.APIError(message, response.http_request, body=error)
 
 
 class OpenAIRuntime(Runtime):
@@ -152,6 +136,13 @@ class OpenAIRuntime(Runtime):
             max_retries=0,
             timeout=TIMEOUT,
         )
+        # The streamed turn goes without the SDK (`_request`): the same key and endpoint, and
+        # the SDK's pool limits (every concurrent run holds a connection while it streams).
+        self._http = httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {self._client.api_key}"},
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
+        )
+        self._completions_url = f"{self._where()}/chat/completions"
 
     def accepts(self, mime: str) -> bool:
         return accepts_mime(mime)
@@ -172,6 +163,7 @@ class OpenAIRuntime(Runtime):
         return cards
 
     async def aclose(self) -> None:
+        await self._http.aclose()
         await self._client.close()
 
     # ---- the turn ----------------------------------------------------------------------------
@@ -318,15 +310,19 @@ class OpenAIRuntime(Runtime):
         while True:
             if max_tokens is not None:
                 body[self._max_tokens_key] = max_tokens
-            # The raw stream, parsed with json.loads: the SDK's typed chunk objects cost about
-            # half of the server's event loop under load (bench/load_test.py profile). The
-            # SDK's own read timeout stays above the idle timeout, which says it better.
-            opened = self._client.chat.completions.with_streaming_response.create(
-                **_untransformed(body), timeout=openai.Timeout(idle + 30.0, connect=10.0)
+            # Sent and read with httpx, parsed with json.loads: the SDK's typed chunks cost
+            # half of the loop under load (bench/load_test.py), its request building 0.9 ms
+            # of every first token (bench/README.md). The read timeout stays above the idle
+            # timeout, which says it better.
+            request = self._http.build_request(
+                "POST",
+                self._completions_url,
+                json=body,
+                timeout=httpx.Timeout(idle + 30.0, connect=10.0),
             )
             try:
                 async with asyncio.timeout(idle):
-                    response = await opened.__aenter__()
+                    response = await send_streamed(self._http, request)
                 break
             except TimeoutError:
                 self._stalled(idle, started=False)
@@ -334,7 +330,7 @@ class OpenAIRuntime(Runtime):
                 if not self._renames_max_tokens(exc, body):
                     self._raise_classified(exc, model, streaming=False, tools="tools" in body)
         done = seen_data = False
-        lines = sse_lines(response.iter_bytes(), idle)
+        lines = sse_lines(response.aiter_bytes(), idle)
         try:
             while True:
                 try:
@@ -359,7 +355,7 @@ class OpenAIRuntime(Runtime):
                     self._raise_classified(exc, model, streaming=True)
                 if isinstance(chunk, dict) and chunk.get("error") is not None:
                     self._raise_classified(
-                        _stream_error(chunk["error"], response), model, streaming=True
+                        stream_error(chunk["error"], response), model, streaming=True
                     )
                 try:
                     events = acc.feed(chunk)
@@ -373,7 +369,7 @@ class OpenAIRuntime(Runtime):
                     yield event
         finally:
             await lines.aclose()
-            await opened.__aexit__(None, None, None)
+            await response.aclose()
         if not seen_data and not done:
             # llama.cpp's server answers a streamed request that does not fit its context
             # with 200 and an empty body (the same request unstreamed is a 400 overflow).
@@ -481,7 +477,7 @@ class OpenAIRuntime(Runtime):
             body[self._max_tokens_key] = summary_reply_tokens(window)
         while True:
             try:
-                response = await self._client.chat.completions.create(**_untransformed(body))
+                response = await self._client.chat.completions.create(**untransformed(body))
                 break
             except Exception as exc:
                 if not self._renames_max_tokens(exc, body):

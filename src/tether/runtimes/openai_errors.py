@@ -173,3 +173,57 @@ def _status_error(
     return ProviderError(
         "internal", f"The model provider rejected the request (HTTP {status}): {detail}"
     )
+
+
+# The SDK's errors are typed for its own HTTP stack (httpx2 in recent versions); they only
+# keep the request and response, so httpx's serve alike (the `type: ignore`s below).
+_STATUS_ERRORS: dict[int, type[openai.APIStatusError]] = {
+    400: openai.BadRequestError,
+    401: openai.AuthenticationError,
+    403: openai.PermissionDeniedError,
+    404: openai.NotFoundError,
+    409: openai.ConflictError,
+    422: openai.UnprocessableEntityError,
+    429: openai.RateLimitError,
+}
+
+
+def status_error(response: httpx.Response) -> openai.APIStatusError:
+    """The error the SDK raises for a refused request (its classes, its message and body),
+    for a response Tether read with httpx itself: `classify` then reads both alike."""
+    text = response.text.strip()
+    body: object = text
+    message = f"Error code: {response.status_code}"
+    with contextlib.suppress(ValueError):
+        body = json.loads(text)
+    data = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(data, dict) and isinstance(data.get("message"), str) and data["message"]:
+        message += f" - {data['message']}"
+    kind = _STATUS_ERRORS.get(response.status_code)
+    if kind is None:
+        kind = openai.InternalServerError if response.status_code >= 500 else openai.APIStatusError
+    return kind(message, response=response, body=data)  # type: ignore[arg-type]
+
+
+def stream_error(error: object, response: httpx.Response) -> openai.APIError:
+    """An error the provider sent inside the stream, as the SDK itself would raise it."""
+    message = (error.get("message") if isinstance(error, dict) else None) or str(error)
+    return openai.APIError(message, response.request, body=error)  # type: ignore[arg-type]
+
+
+async def send_streamed(http: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    """Send a streamed request; a refusal (status >= 400) or a transport failure is raised
+    as the SDK would raise it, so one classification serves both paths."""
+    try:
+        response = await http.send(request, stream=True)
+    except httpx.TimeoutException as exc:
+        raise openai.APITimeoutError(request=request) from exc  # type: ignore[arg-type]
+    except httpx.TransportError as exc:
+        raise openai.APIConnectionError(request=request) from exc  # type: ignore[arg-type]
+    if response.status_code >= 400:
+        try:
+            await response.aread()
+        finally:
+            await response.aclose()
+        raise status_error(response)
+    return response

@@ -8,8 +8,10 @@ import base64
 import contextlib
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +240,55 @@ def test_placeholder_key_for_local_servers(
     monkeypatch.delenv("TETHER_TEST_OPENAI_KEY", raising=False)
     run(make_runtime(fake.base_url, tmp_path, None))
     assert fake.request_headers[0]["authorization"] == "Bearer not-needed"
+
+
+@contextlib.contextmanager
+def redirecting_to(target: str) -> Iterator[str]:
+    """A server that answers every request with a 307 to the same path under `target` (an
+    http-to-https move or a proxy's trailing-slash redirect look like this)."""
+
+    class Redirect(BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(307)
+            self.send_header("Location", target + self.path.removeprefix("/v1"))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = answer
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_streamed_turn_follows_a_redirect_as_the_sdk_does(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    """The turn is sent on the SDK's own HTTP client: a redirect is followed, not read as an
+    empty stream (which would end the turn as a context overflow)."""
+    with redirecting_to(fake.base_url) as moved:
+        assert content_events(run(make_runtime(moved, tmp_path, None))) == [TextDelta("ok")]
+    assert fake.last_request["messages"] == USER
+
+
+def test_a_streamed_turn_sends_the_sdk_s_organization_and_project(
+    fake: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_ORG_ID", "org-tether")
+    monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-tether")
+    run(make_runtime(fake.base_url, tmp_path, None))
+    chat = fake.request_headers[-1]
+    assert chat["openai-organization"] == "org-tether"
+    assert chat["openai-project"] == "proj-tether"
 
 
 # ---- the tool loop ---------------------------------------------------------------------------

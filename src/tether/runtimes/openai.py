@@ -37,7 +37,6 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any, NoReturn
 
-import httpx
 import openai
 
 from tether.runtimes.attachments import accepts_mime, expand_part
@@ -130,19 +129,21 @@ class OpenAIRuntime(Runtime):
         self._idle_timeout = float(settings.stream_idle_timeout)
         self._max_tokens_key = "max_tokens"  # or max_completion_tokens, once a server asks
         self._models: tuple[float, list[dict[str, Any]]] | None = None  # (when, cards)
+        # The SDK's own HTTP client (its trust store, redirects, pool limits), which the
+        # streamed turn also uses without the SDK's request building (`_request`): one pool.
+        self._http = openai.DefaultAsyncHttpxClient()
         self._client = openai.AsyncOpenAI(
             base_url=settings.base_url,
             api_key=os.environ.get(settings.api_key_env) or PLACEHOLDER_API_KEY,
             max_retries=0,
             timeout=TIMEOUT,
-        )
-        # The streamed turn goes without the SDK (`_request`): the same key and endpoint, and
-        # the SDK's pool limits (every concurrent run holds a connection while it streams).
-        self._http = httpx.AsyncClient(
-            headers={"Authorization": f"Bearer {self._client.api_key}"},
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
+            http_client=self._http,
         )
         self._completions_url = f"{self._where()}/chat/completions"
+        self._headers = {  # the SDK's (organization and project when set) and the key
+            **{k: v for k, v in self._client.default_headers.items() if isinstance(v, str)},
+            **self._client.auth_headers,
+        }
 
     def accepts(self, mime: str) -> bool:
         return accepts_mime(mime)
@@ -163,8 +164,7 @@ class OpenAIRuntime(Runtime):
         return cards
 
     async def aclose(self) -> None:
-        await self._http.aclose()
-        await self._client.close()
+        await self._client.close()  # and its HTTP client
 
     # ---- the turn ----------------------------------------------------------------------------
 
@@ -318,7 +318,8 @@ class OpenAIRuntime(Runtime):
                 "POST",
                 self._completions_url,
                 json=body,
-                timeout=httpx.Timeout(idle + 30.0, connect=10.0),
+                headers=self._headers,
+                timeout=openai.Timeout(idle + 30.0, connect=10.0),
             )
             try:
                 async with asyncio.timeout(idle):
@@ -368,8 +369,10 @@ class OpenAIRuntime(Runtime):
                 for event in events:
                     yield event
         finally:
-            await lines.aclose()
-            await response.aclose()
+            try:
+                await lines.aclose()
+            finally:  # even when a second cancel lands in the first await
+                await response.aclose()
         if not seen_data and not done:
             # llama.cpp's server answers a streamed request that does not fit its context
             # with 200 and an empty body (the same request unstreamed is a 400 overflow).

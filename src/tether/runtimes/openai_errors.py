@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from typing import Any
 
 import httpx
 import openai
@@ -45,10 +46,12 @@ TOOLS_HINT = (
 
 
 _TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx.TransportError,)
+_TIMEOUTS: tuple[type[Exception], ...] = (httpx.TimeoutException,)
 with contextlib.suppress(ImportError):  # the SDK's own HTTP stack; the SDK normally wraps these
     import httpx2
 
     _TRANSPORT_ERRORS += (httpx2.TransportError,)
+    _TIMEOUTS += (httpx2.TimeoutException,)
 
 
 def _sentence(text: str) -> str:
@@ -175,8 +178,6 @@ def _status_error(
     )
 
 
-# The SDK's errors are typed for its own HTTP stack (httpx2 in recent versions); they only
-# keep the request and response, so httpx's serve alike (the `type: ignore`s below).
 _STATUS_ERRORS: dict[int, type[openai.APIStatusError]] = {
     400: openai.BadRequestError,
     401: openai.AuthenticationError,
@@ -188,9 +189,10 @@ _STATUS_ERRORS: dict[int, type[openai.APIStatusError]] = {
 }
 
 
-def status_error(response: httpx.Response) -> openai.APIStatusError:
+def status_error(response: Any) -> openai.APIStatusError:
     """The error the SDK raises for a refused request (its classes, its message and body),
-    for a response Tether read with httpx itself: `classify` then reads both alike."""
+    for a response Tether read on the SDK's HTTP client itself (`Any` here: httpx, or
+    httpx2 in recent SDKs): `classify` then reads both alike."""
     text = response.text.strip()
     body: object = text
     message = f"Error code: {response.status_code}"
@@ -202,25 +204,26 @@ def status_error(response: httpx.Response) -> openai.APIStatusError:
     kind = _STATUS_ERRORS.get(response.status_code)
     if kind is None:
         kind = openai.InternalServerError if response.status_code >= 500 else openai.APIStatusError
-    return kind(message, response=response, body=data)  # type: ignore[arg-type]
+    return kind(message, response=response, body=data)
 
 
-def stream_error(error: object, response: httpx.Response) -> openai.APIError:
+def stream_error(error: object, response: Any) -> openai.APIError:
     """An error the provider sent inside the stream, as the SDK itself would raise it."""
     message = (error.get("message") if isinstance(error, dict) else None) or str(error)
-    return openai.APIError(message, response.request, body=error)  # type: ignore[arg-type]
+    return openai.APIError(message, response.request, body=error)
 
 
-async def send_streamed(http: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
-    """Send a streamed request; a refusal (status >= 400) or a transport failure is raised
-    as the SDK would raise it, so one classification serves both paths."""
+async def send_streamed(http: Any, request: Any) -> Any:
+    """Send a streamed request on the SDK's HTTP client; anything but a 2xx (redirects are
+    followed first) or a transport failure is raised as the SDK would raise it, so one
+    classification serves both paths."""
     try:
         response = await http.send(request, stream=True)
-    except httpx.TimeoutException as exc:
-        raise openai.APITimeoutError(request=request) from exc  # type: ignore[arg-type]
-    except httpx.TransportError as exc:
-        raise openai.APIConnectionError(request=request) from exc  # type: ignore[arg-type]
-    if response.status_code >= 400:
+    except _TIMEOUTS as exc:
+        raise openai.APITimeoutError(request=request) from exc
+    except _TRANSPORT_ERRORS as exc:
+        raise openai.APIConnectionError(request=request) from exc
+    if not response.is_success:
         try:
             await response.aread()
         finally:

@@ -187,8 +187,9 @@ class RunEngine:
         not invoked, exactly as one landing during a separate `run.started` append would."""
         normalizer = Normalizer(run.stream_id, run.turn_id)
         opening: list[Draft] = []
+        defaults = None
         if self.runtime.stateless:
-            defaults = await self.sessions.defaults.current()
+            defaults = await self.sessions.defaults.current()  # the worker's too: one read
             model = _model_for(row, model, defaults) or self.runtime.model  # as it says
             opening.append(normalizer.started(self.runtime.name, model))
         async with self.sessions.blob_guard(bool(uploads)):
@@ -219,7 +220,9 @@ class RunEngine:
                 self.registry.remove(run)
                 await self.sessions.release_blobs_held(blobs.values())
                 raise
-            run.worker = asyncio.create_task(self._work(run, model, normalizer), name=run.stream_id)
+            run.worker = asyncio.create_task(
+                self._work(run, model, normalizer, defaults), name=run.stream_id
+            )
         return {
             "session_id": run.session_id,
             "stream_id": run.stream_id,
@@ -287,11 +290,13 @@ class RunEngine:
         return await self.start(session_id, item["text"], queue_id=item["queue_id"])
 
     # -- the worker -------------------------------------------------------------------------
-    async def _work(self, run: Run, model: str | None, normalizer: Normalizer) -> None:
+    async def _work(
+        self, run: Run, model: str | None, normalizer: Normalizer, defaults: Defaults | None
+    ) -> None:
         state = "error"
         extra: dict[str, Any] = {}
         try:
-            turn = await self._turn_input(run, model)
+            turn = await self._turn_input(run, model, defaults)
             # A stateless runtime's run was admitted, and its run.started written, with the
             # turn (_record); any other builds or borrows its handle now.
             handle = run.handle if run.handle is not None else await self._admit_handle(run)
@@ -415,11 +420,14 @@ class RunEngine:
         upload = await self.store.attachment(attachment_id, session_id)
         return None if upload is None else await self.attachments.path(upload["blob"])
 
-    async def _turn_input(self, run: Run, model: str | None) -> TurnInput:
+    async def _turn_input(
+        self, run: Run, model: str | None, defaults: Defaults | None
+    ) -> TurnInput:
         """What the runtime gets: the context the session shows (invariant 1) and the
-        turn's model (`_model_for`)."""
+        turn's model (`_model_for`), with the server's defaults as `_record` read them."""
         fold = await self.sessions.folds.get(run.session_id)
-        defaults = await self.sessions.defaults.current()
+        if defaults is None:
+            defaults = await self.sessions.defaults.current()
         model = _model_for(fold.row or {}, model, defaults)
         system_prompt = fold.system_prompt(defaults.system_prompt)
         messages = fold.transcript.context(system_prompt)["context_messages"]

@@ -310,10 +310,10 @@ class OpenAIRuntime(Runtime):
         while True:
             if max_tokens is not None:
                 body[self._max_tokens_key] = max_tokens
-            # Sent and read with httpx, parsed with json.loads: the SDK's typed chunks cost
-            # half of the loop under load (bench/load_test.py), its request building 0.9 ms
-            # of every first token (bench/README.md). The read timeout stays above the idle
-            # timeout, which says it better.
+            # Built here, sent on the SDK's HTTP client, parsed with json.loads: the SDK's
+            # typed chunks cost half of the loop under load (bench/load_test.py), its request
+            # building 0.4-0.9 ms of every first token (bench/README.md). The read timeout
+            # stays above the idle timeout, which says it better.
             request = self._http.build_request(
                 "POST",
                 self._completions_url,

@@ -213,7 +213,9 @@ class PostgresEventStore(PostgresReads):
                     stop = True
                     break
                 batch.append(nxt)
-            await self._write_batch(batch)
+            batch = [op for op in batch if not op.future.cancelled()]  # the caller gave up
+            if batch:  # before its batch began: nothing of it is written (as with SQLite)
+                await self._write_batch(batch)
 
     async def _write_batch(self, batch: list[Op]) -> None:
         outcomes: list[tuple[Op, list[Any] | LogError]] = []

@@ -240,7 +240,12 @@ class SQLiteEventStore(SQLiteReads):
                     stop = True
                     break
                 batch.append(nxt)
-            self._write_batch(batch)
+            # A caller that gave up before its batch began writes nothing; from here on its
+            # future cannot be cancelled, so a late cancel loses only its answer (as a dropped
+            # connection would) and never the writer (set_result on a cancelled future raises).
+            batch = [op for op in batch if op.future.set_running_or_notify_cancel()]
+            if batch:
+                self._write_batch(batch)
 
     def _write_batch(self, batch: list[_Op]) -> None:
         outcomes: list[tuple[_Op, Any]] = []  # events, a list of them per session, or LogError

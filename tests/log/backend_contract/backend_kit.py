@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import sqlite3
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -65,6 +67,10 @@ class Backend(Protocol):
 
     def make_index_stale(self, session_id: str) -> None:
         """Overwrite the session's persisted index state with a wrong, older one."""
+
+    def hold_writes(self, session_id: str) -> Any:
+        """A context manager: while it is held, no batch writing `session_id` can commit (it
+        waits for a lock another connection holds), so appends queue up behind it."""
 
     def dispose(self) -> None:
         """Drop the database."""
@@ -121,6 +127,16 @@ class SQLiteBackend:
         self._conn().execute(
             "UPDATE session_index SET state='{}', last_seq=0 WHERE session_id=?", (session_id,)
         )
+
+    @contextmanager
+    def hold_writes(self, session_id: str) -> Iterator[None]:
+        holder = sqlite3.connect(self.path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # the database's one write lock
+        try:
+            yield
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
 
     def dispose(self) -> None:
         if self._peek is not None:
@@ -193,6 +209,17 @@ class PostgresBackend:
         self._conn().execute(
             "UPDATE sessions SET state='{}', state_seq=0 WHERE session_id=%s", (session_id,)
         )
+
+    @contextmanager
+    def hold_writes(self, session_id: str) -> Iterator[None]:
+        import psycopg
+
+        with psycopg.connect(self.url) as holder:  # the session's counter row, locked
+            holder.execute("SELECT 1 FROM sessions WHERE session_id=%s FOR UPDATE", (session_id,))
+            try:
+                yield
+            finally:
+                holder.rollback()
 
     def dispose(self) -> None:
         if self._peek is not None:

@@ -182,3 +182,54 @@ def test_sessions_created_together_are_all_written_or_none_with_their_own_times(
         await store.aclose()
 
     asyncio.run(main())
+
+
+def test_an_append_whose_caller_gives_up_first_writes_nothing_and_the_log_goes_on(
+    backend: Backend,
+) -> None:
+    """A caller cancelled while its append waits for the writer (a client gone, a shutdown)
+    writes nothing; the appends queued beside it get their answers and the log goes on
+    writing. On SQLite, before the fix, the writer thread died of the cancelled future
+    (set_result raised after the commit): every later append failed with 'the log is
+    closed'."""
+
+    async def main() -> None:
+        store = await backend.open()
+        await store.create_session("s1", created())
+        with backend.hold_writes("s1"):
+            first = asyncio.create_task(store.append("s1", [Draft("first")]))
+            await asyncio.sleep(0.3)  # the writer has taken it and waits for the lock
+            gone = asyncio.create_task(store.append("s1", [Draft("gone"), Draft("gone")]))
+            kept = asyncio.create_task(store.append("s1", [Draft("kept")]))
+            await asyncio.sleep(0.1)
+            gone.cancel()
+            await asyncio.sleep(0.05)
+        assert [e.seq for e in await asyncio.wait_for(first, 10)] == [2]
+        assert [e.seq for e in await asyncio.wait_for(kept, 10)] == [3]
+        assert gone.cancelled()
+        assert [e.seq for e in await asyncio.wait_for(store.append("s1", [Draft("z")]), 10)] == [4]
+        events = await store.read("s1")
+        assert [e.type for e in events] == ["session.created", "first", "kept", "z"]
+        assert backend.physical_order("s1") == [1, 2, 3, 4]
+        await store.aclose()
+
+    asyncio.run(main())
+
+
+def test_an_append_cancelled_once_its_batch_began_stands_whole(backend: Backend) -> None:
+    """Once the writer has begun its batch, a cancel loses only the caller's answer, as a
+    dropped connection would: the events are written whole, and the writer goes on."""
+
+    async def main() -> None:
+        store = await backend.open()
+        await store.create_session("s1", created())
+        with backend.hold_writes("s1"):
+            gone = asyncio.create_task(store.append("s1", [Draft("x"), Draft("x")]))
+            await asyncio.sleep(0.3)  # in the writer's batch, waiting for the lock
+            gone.cancel()
+            await asyncio.sleep(0.05)
+        assert [e.seq for e in await asyncio.wait_for(store.append("s1", [Draft("z")]), 10)] == [4]
+        assert [e.type for e in await store.read("s1")] == ["session.created", "x", "x", "z"]
+        await store.aclose()
+
+    asyncio.run(main())

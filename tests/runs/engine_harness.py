@@ -5,7 +5,8 @@ control over the event loop's interleaving."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from tether.runs.controls import RunControls
 from tether.runs.engine import RunEngine
 from tether.runs.queue import QueueService
 from tether.runs.registry import RunRegistry
-from tether.runtimes.base import Runtime
+from tether.runtimes.base import Runtime, RuntimeEvent, TextDelta, TurnInput
 from tether.services import build_services
 from tether.sessions.service import SessionService
 from tether.settings import Settings
@@ -62,3 +63,31 @@ async def harness(
     finally:
         await maintenance.shutdown(services.engine, grace=1)
         await services.store.aclose()
+
+
+class GatedRuntime(Runtime):
+    """Stateless; answers "answer" once its gate is set, counting its invocations."""
+
+    name = "gated"
+    model = "gated-1"
+    stateless = True
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.gate = asyncio.Event()
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        self.calls += 1
+        await self.gate.wait()
+        yield TextDelta("answer")
+
+
+class StatefulGatedRuntime(GatedRuntime):
+    stateless = False
+
+
+async def until(condition: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.001)

@@ -12,41 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from tether.events import Event
-from tether.runtimes.base import Runtime, RuntimeEvent, TextDelta, TurnInput
 from tether.settings import Settings
 
-from engine_harness import Harness, harness
-
-
-class GatedRuntime(Runtime):
-    name = "gated"
-    model = "gated-1"
-    stateless = True
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.gate = asyncio.Event()
-
-    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
-        self.calls += 1
-        await self.gate.wait()
-        yield TextDelta("answer")
-
-
-class StatefulGatedRuntime(GatedRuntime):
-    stateless = False
-
-
-async def until(condition: Callable[[], bool], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        await asyncio.sleep(0.001)
+from engine_harness import GatedRuntime, Harness, StatefulGatedRuntime, harness, until
 
 
 def commits_of(h: Harness, session_id: str) -> list[list[str]]:

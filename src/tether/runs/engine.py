@@ -28,6 +28,7 @@ from tether.events import new_id
 from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
 from tether.log.attachments import BlobStore
+from tether.log.completion import to_completion
 from tether.log.store import EventStore, SharedLog
 from tether.runs.controls import leftover_drafts
 from tether.runs.handles import HandleCache, RuntimeHandle, StatelessHandle, open_handle
@@ -213,8 +214,12 @@ class RunEngine:
             )
             if opening:
                 self._admit_ready(run, StatelessHandle(self.runtime))
-            try:
-                await self.store.append(run.session_id, [*before, draft, *after, *opening])
+            try:  # to its outcome, even for a caller cancelled meanwhile (a client gone, a
+                # shutdown): a committed turn always gets its worker, and bytes its event is
+                # committing are never released
+                await to_completion(
+                    self.store.append(run.session_id, [*before, draft, *after, *opening])
+                )
             except BaseException:
                 self.handles.retire(run.session_id, run.stream_id)
                 self.registry.remove(run)

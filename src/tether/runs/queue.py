@@ -13,6 +13,7 @@ from tether import events as ev
 from tether.errors import QueueItemNotFound
 from tether.events import new_id
 from tether.log import Draft
+from tether.log.completion import to_completion
 from tether.runs.engine import RunEngine
 from tether.runs.intake import Upload
 
@@ -30,8 +31,10 @@ class QueueService:
                 refs, blobs = await self.engine.store_uploads(uploads)
                 queue_id = new_id("q")
                 data = {"queue_id": queue_id, "text": text, "attachments": refs}
-                try:
-                    await self.store.append(session_id, [Draft(ev.QUEUE_ADDED, data, blobs=blobs)])
+                try:  # to its outcome: bytes are never released while their event commits
+                    await to_completion(
+                        self.store.append(session_id, [Draft(ev.QUEUE_ADDED, data, blobs=blobs)])
+                    )
                 except BaseException:
                     await self.sessions.release_blobs_held(blobs.values())
                     raise

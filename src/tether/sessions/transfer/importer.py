@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tether.errors import ImportInvalid, ImportNotFound, InternalError
+from tether.log.completion import to_completion
 from tether.log.errors import InvalidEvent
 from tether.log.ownership import VIEWER
 from tether.sessions.service import SessionService
@@ -181,7 +182,7 @@ class Importer:
                     )
                     blobs[upload.id] = stored.blob
                 batch = [(plan.session_id, _with_blobs(plan, blobs)) for plan in plans]
-                await sessions.store.create_sessions(batch)
+                await to_completion(sessions.store.create_sessions(batch))  # see queue.add
             except BaseException as exc:
                 await sessions.release_blobs_held(blobs.values())
                 if isinstance(exc, InvalidEvent):  # e.g. half a UTF-16 pair, which JSON can say

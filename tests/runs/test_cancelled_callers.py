@@ -1,0 +1,103 @@
+"""Layers: run journal, worker lifecycle registry and the attachment store (contract
+invariant 8 names them).
+
+A caller of `RunEngine.start` or `QueueService.add` can be cancelled while its append waits
+for the writer: the client went away, or the server is stopping. The append may still
+commit, so what follows it must follow its outcome, not the cancel. Before, a start whose
+caller was cancelled there left a committed turn that no worker ran (the session open until
+a restart recovered it) and removed its upload's bytes while the turn holding them was being
+committed; a queued message's bytes went the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tether.runs.intake import Upload
+from tether.settings import Settings
+
+from engine_harness import GatedRuntime, StatefulGatedRuntime, harness, until
+
+UPLOAD = Upload("notes.txt", "text/plain", b"the bytes a turn holds")
+
+
+@contextmanager
+def writes_held(settings: Settings) -> Iterator[None]:
+    """Another connection holds the database's write lock: appends wait in the writer."""
+    holder = sqlite3.connect(settings.database_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+@pytest.mark.parametrize("runtime_class", [GatedRuntime, StatefulGatedRuntime])
+def test_a_start_cancelled_during_its_append_still_runs_the_committed_turn(
+    tmp_path: Path, runtime_class: type[GatedRuntime]
+) -> None:
+    async def main() -> None:
+        runtime = runtime_class()
+        runtime.gate.set()
+        settings = Settings(data_dir=tmp_path)
+        async with harness(tmp_path, runtime, settings) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            with writes_held(settings):
+                start = asyncio.create_task(h.engine.start(sid, "hi", [UPLOAD]))
+                await until(lambda: h.registry.busy(sid))
+                await asyncio.sleep(0.2)  # its append waits in the writer
+                start.cancel()
+                await asyncio.sleep(0.05)
+                assert not start.done()  # it waits for the append's outcome
+            with pytest.raises(asyncio.CancelledError):
+                await start
+            await h.wait_idle(sid)
+            events = await h.store.read(sid)
+            assert [e.type for e in events if e.stream_id] == [
+                "turn.submitted",
+                "run.started",
+                "text.delta",
+                "run.finished",
+            ]
+            assert events[-1].data["state"] == "completed"
+            assert runtime.calls == 1
+            ref = next(e for e in events if e.type == "turn.submitted").data["attachments"][0]
+            stored = await h.store.attachment(ref["id"], sid)
+            assert stored is not None
+            path = await h.sessions.attachments.path(stored["blob"])
+            assert path is not None and path.read_bytes() == UPLOAD.data
+
+    asyncio.run(main())
+
+
+def test_a_queued_message_cancelled_during_its_append_keeps_its_bytes(tmp_path: Path) -> None:
+    async def main() -> None:
+        runtime = GatedRuntime()  # the gate stays shut: the first run keeps the session busy
+        settings = Settings(data_dir=tmp_path)
+        async with harness(tmp_path, runtime, settings) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            await h.engine.start(sid, "first")
+            await until(lambda: runtime.calls == 1)
+            with writes_held(settings):
+                add = asyncio.create_task(h.queue.add(sid, "next", [UPLOAD]))
+                await asyncio.sleep(0.2)
+                add.cancel()
+                await asyncio.sleep(0.05)
+            with pytest.raises(asyncio.CancelledError):
+                await add
+            fold = await h.sessions.folds.get(sid)
+            (item,) = fold.transcript.queued.values()
+            stored = await h.store.attachment(item["attachments"][0]["id"], sid)
+            assert stored is not None
+            path = await h.sessions.attachments.path(stored["blob"])
+            assert path is not None and path.read_bytes() == UPLOAD.data
+            runtime.gate.set()
+
+    asyncio.run(main())

@@ -30,6 +30,7 @@ psycopg = pytest.importorskip("psycopg")
 
 from tether.log.pg_blobs import (  # noqa: E402
     BLOB_GRACE_SECONDS,
+    PRUNE_SECONDS,
     RECENT_SECONDS,
     SWEEP_SECONDS,
     PostgresBlobStore,
@@ -115,14 +116,22 @@ def test_settings_saved_through_one_replica_are_read_through_another(url: str) -
 
 @asynccontextmanager
 async def two_blob_stores(
-    url: str, a_dir: Path, b_dir: Path, grace: float = BLOB_GRACE_SECONDS
+    url: str,
+    a_dir: Path,
+    b_dir: Path,
+    grace: float = BLOB_GRACE_SECONDS,
+    prune_seconds: float = PRUNE_SECONDS,
 ) -> AsyncIterator[tuple[PostgresBlobStore, PostgresBlobStore]]:
     """The blob stores of two replicas: one database, a cache directory each."""
-    a = PostgresBlobStore(
-        LazyPool(url), a_dir, cache_bytes=Settings.attachment_cache_bytes, grace=grace
-    )
-    b = PostgresBlobStore(
-        LazyPool(url), b_dir, cache_bytes=Settings.attachment_cache_bytes, grace=grace
+    a, b = (
+        PostgresBlobStore(
+            LazyPool(url),
+            cache,
+            cache_bytes=Settings.attachment_cache_bytes,
+            grace=grace,
+            prune_seconds=prune_seconds,
+        )
+        for cache in (a_dir, b_dir)
     )
     try:
         yield a, b
@@ -198,6 +207,45 @@ def test_bytes_another_replica_just_put_outlive_a_removal_until_the_grace_ends(
                 a._swept_at -= SWEEP_SECONDS
                 await a.remove("from-an-old-replica")
                 assert db.execute("SELECT blob FROM blobs").fetchall() == [("from-an-old-replica",)]
+
+    asyncio.run(main())
+
+
+def test_a_replicas_copies_of_bytes_another_replica_removed_go_at_its_next_prune(
+    url: str, tmp_path: Path
+) -> None:
+    """Replica A deletes the last session holding bytes that replica B has read: B's copy
+    goes within a prune interval, instead of staying on B's disk until trimmed (A cannot
+    reach it). A copy of bytes still in the database stays, and so does one read after the
+    prune listed the cache (its bytes may have been put again)."""
+
+    async def main() -> None:
+        async with two_blob_stores(
+            url, tmp_path / "a", tmp_path / "b", grace=0, prune_seconds=0.05
+        ) as (a, b):
+            gone = await a.put(b"a file of a deleted session", name="a.txt", mime="text/plain")
+            held = await a.put(b"a file still held", name="b.txt", mime="text/plain")
+            with psycopg.connect(url, autocommit=True) as db:  # an upload row names it
+                db.execute(
+                    "INSERT INTO attachments VALUES ('s1', %s, %s, 'b.txt', 'text/plain', 1)",
+                    (held.ref["id"], held.blob),
+                )
+            assert await b.path(gone.blob) is not None and await b.path(held.blob) is not None
+            await a.remove(gone.blob)
+            deadline = time.monotonic() + 10
+            while b.cache.local(gone.blob) is not None:
+                assert time.monotonic() < deadline, "B kept its copy of the removed bytes"
+                await asyncio.sleep(0.02)
+            assert b.cache.local(held.blob) is not None
+            assert await b.prune() == 0
+
+            again = await a.put(b"put again later", name="c.txt", mime="text/plain")
+            copy = await b.path(again.blob)
+            assert copy is not None
+            future = time.time() + 3600  # read after the listing, as far as the prune knows
+            os.utime(copy, (future, future))
+            await a.remove(again.blob)
+            assert await b.prune() == 0 and b.cache.local(again.blob) is not None
 
     asyncio.run(main())
 

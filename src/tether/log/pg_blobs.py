@@ -7,7 +7,10 @@ What needs a file (a download, the runtimes reading an image) gets one from this
 local cache (an `AttachmentStore` under its data directory), filled from the database at the
 first read. Blobs are content-addressed, so a cached file is never stale. The cache keeps at
 most `cache_bytes`: filling it past that removes the least recently read copies, never one
-read within `RECENT_SECONDS` (a download may be about to open it).
+read within `RECENT_SECONDS` (a download may be about to open it). Once it holds a copy, the
+cache is pruned every `PRUNE_SECONDS`: a copy of bytes that another replica has removed from
+the database (their last session deleted) goes too, instead of staying on this replica's
+disk until trimmed.
 
 Bytes are stored once per content, so two replicas may hold the same blob for different
 sessions: one deleting the last session that held it must not remove it while the other has
@@ -39,6 +42,7 @@ _NOW = "extract(epoch FROM clock_timestamp())"
 
 RECENT_SECONDS = 60.0  # a cached copy read this recently is never trimmed
 SWEEP_SECONDS = 60.0  # the sweep of unnamed blobs runs at most this often
+PRUNE_SECONDS = 60.0  # between two looks for copies of bytes the database no longer has
 _UNNAMED = "NOT EXISTS (SELECT 1 FROM attachments WHERE attachments.blob = blobs.blob)"
 
 
@@ -50,11 +54,14 @@ class PostgresBlobStore:
         *,
         cache_bytes: int,
         grace: float = BLOB_GRACE_SECONDS,
+        prune_seconds: float = PRUNE_SECONDS,
     ) -> None:
         self.pool = pool
         self.cache = AttachmentStore(cache)
         self.grace = grace
         self.cache_bytes = cache_bytes
+        self.prune_seconds = prune_seconds
+        self._pruner: asyncio.Task | None = None
         self._adopted = False
         self._swept_at = float("-inf")
         self._reading = threading.Lock()  # a read's touch against the trim's removal
@@ -81,6 +88,8 @@ class PostgresBlobStore:
         )
         if not rows:
             return None
+        if self._pruner is None:  # the cache holds a copy from now on
+            self._pruner = asyncio.get_running_loop().create_task(self._prune_forever())
         return await asyncio.to_thread(self._fill, blob, bytes(rows[0][0]))
 
     def _fill(self, blob: str, data: bytes) -> Path:
@@ -106,6 +115,40 @@ class PostgresBlobStore:
                 if path != keep and path.stat().st_mtime <= recent:  # not read since listed
                     path.unlink()
                     total -= size
+
+    async def prune(self) -> int:
+        """Drop this replica's copies of bytes the database no longer has; returns how many.
+        A copy filled or read after the listing stays (its bytes may have been put again)."""
+        listed_at = time.time()
+        names = await asyncio.to_thread(self._cached_names)
+        if not names:
+            return 0
+        rows = await self.pool.rows(
+            "SELECT blob FROM blobs WHERE blob = ANY(%s)", (names,), "the attachment bytes"
+        )
+        known = {row[0] for row in rows}
+        return await asyncio.to_thread(self._drop_unless_read, set(names) - known, listed_at)
+
+    def _cached_names(self) -> list[str]:
+        return [p.name for p in self.cache.root.glob("??/*") if len(p.name) == 64]
+
+    def _drop_unless_read(self, names: set[str], since: float) -> int:
+        dropped = 0
+        for name in names:
+            with self._reading, contextlib.suppress(OSError):  # gone already
+                path = self.cache.local(name)
+                if path is not None and path.stat().st_mtime < since:
+                    self.cache.drop(name)
+                    dropped += 1
+        return dropped
+
+    async def _prune_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.prune_seconds)
+            try:
+                await self.prune()
+            except Exception as exc:  # the database away: the next round tries again
+                log.warning("could not prune the attachment cache: %s", exc)
 
     async def remove(self, blob: str) -> None:
         """Remove `blob` unless an upload row names it (another replica may have just
@@ -167,4 +210,8 @@ class PostgresBlobStore:
         return copied
 
     async def aclose(self) -> None:
+        if self._pruner is not None:
+            self._pruner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pruner
         await self.pool.aclose()

@@ -115,3 +115,30 @@ def test_unstorable_data_fails_only_its_own_append_and_the_writer_lives_on(tmp_p
         store.close()
 
     asyncio.run(main())
+
+
+def test_an_append_queued_behind_the_close_is_answered_not_left_waiting(tmp_path: Path) -> None:
+    """An append that reaches the queue after the close's marker (the writer busy with a
+    batch meanwhile) fails with 'the log is closed'; before, its caller waited forever."""
+
+    async def main() -> None:
+        store = open_store(tmp_path / "t.db")
+        await store.create_session("s1", created())
+        holder = sqlite3.connect(tmp_path / "t.db", isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # the writer's next batch waits for the lock
+        first = asyncio.create_task(store.append("s1", [Draft("first")]))
+        await asyncio.sleep(0.3)
+        closing = asyncio.create_task(asyncio.to_thread(store.close))
+        await asyncio.sleep(0.1)  # the close's marker is queued behind the waiting batch
+        late = asyncio.create_task(store.append("s1", [Draft("late")]))
+        await asyncio.sleep(0.1)
+        holder.execute("ROLLBACK")
+        holder.close()
+        assert [e.seq for e in await asyncio.wait_for(first, 10)] == [2]
+        with pytest.raises(StorageError, match="closed"):
+            await asyncio.wait_for(late, 10)
+        await asyncio.wait_for(closing, 10)
+        with pytest.raises(StorageError, match="closed"):
+            await store.append("s1", [Draft("after")])
+
+    asyncio.run(main())

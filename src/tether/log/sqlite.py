@@ -142,6 +142,8 @@ class SQLiteEventStore(SQLiteReads):
                 "The file was left as it is; restore it from a backup or move it aside."
             ) from exc
         self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
+        self._closing = False  # set by the writer as it ends; `_submit` refuses from then on
+        self._submit_lock = threading.Lock()
         self._thread = threading.Thread(target=self._writer_loop, name="tether-log-writer")
         self._thread.daemon = True
         self._thread.start()
@@ -190,9 +192,10 @@ class SQLiteEventStore(SQLiteReads):
 
     # -- writes -----------------------------------------------------------------------------
     def _submit(self, op: _Op) -> concurrent.futures.Future:
-        if not self._thread.is_alive():
-            raise StorageError("the log is closed")
-        self._queue.put(op)
+        with self._submit_lock:
+            if self._closing:
+                raise StorageError("the log is closed")
+            self._queue.put(op)
         return op.future
 
     def submit_append(self, session_id: str, drafts: list[Draft]) -> concurrent.futures.Future:
@@ -225,6 +228,20 @@ class SQLiteEventStore(SQLiteReads):
         await asyncio.wrap_future(self._submit(_Op("delete", session_id)))
 
     def _writer_loop(self) -> None:
+        try:
+            self._write_until_closed()
+        finally:  # what was queued behind the close (or a writer that died) is answered
+            with self._submit_lock:
+                self._closing = True
+            while True:
+                try:
+                    left = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if left is not None and left.future.set_running_or_notify_cancel():
+                    left.future.set_exception(StorageError("the log is closed"))
+
+    def _write_until_closed(self) -> None:
         stop = False
         while not stop:
             op = self._queue.get()

@@ -1,6 +1,6 @@
 """Layer: the log. `tether.log.completion.to_completion`: a write awaited to its outcome
-through a cancel, the cancel delivered after (runs/test_cancelled_callers.py shows what it
-protects)."""
+through a cancel, what the outcome calls for run to its end, the cancel raised after
+(runs/test_cancelled_callers.py shows what it protects)."""
 
 from __future__ import annotations
 
@@ -17,62 +17,75 @@ async def slow_write(done: list[str], value: str = "written") -> str:
     return value
 
 
-def test_a_cancelled_caller_gets_the_outcome_then_the_cancel_at_its_next_pause() -> None:
+async def failing_write() -> str:
+    await asyncio.sleep(0.05)
+    raise ValueError("refused")
+
+
+def test_without_a_cancel_it_is_the_write_then_what_its_outcome_calls_for() -> None:
     async def main() -> None:
         done: list[str] = []
-        after: list[str] = []
+        followed: list[str] = []
+        assert await to_completion(slow_write(done), then=followed.append) == "written"
+        assert followed == ["written"]
+        undone: list[str] = []
 
-        async def caller() -> None:
-            result = await to_completion(slow_write(done))
-            after.append(result)  # what the outcome calls for runs before the cancel
-            await asyncio.sleep(10)  # the next pause: the cancel lands here
-            after.append("never")
+        async def undo() -> None:
+            undone.append("undone")
 
-        task = asyncio.create_task(caller())
-        await asyncio.sleep(0.02)
-        task.cancel()
-        await asyncio.sleep(0.01)
-        task.cancel()  # a second cancel is held back too
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert done == ["written"] and after == ["written"]
+        with pytest.raises(ValueError, match="refused"):
+            await to_completion(failing_write(), then=followed.append, undo=undo)
+        assert undone == ["undone"] and followed == ["written"]
 
     asyncio.run(main())
 
 
-def test_a_timeout_still_reads_as_a_timeout() -> None:
+def test_a_cancelled_caller_gets_what_success_calls_for_then_the_cancel() -> None:
+    async def main() -> None:
+        done: list[str] = []
+        followed: list[str] = []
+        task = asyncio.create_task(to_completion(slow_write(done), then=followed.append))
+        await asyncio.sleep(0.02)
+        task.cancel("the client went away")
+        await asyncio.sleep(0.01)
+        task.cancel()  # a second cancel is held back too
+        with pytest.raises(asyncio.CancelledError) as raised:
+            await task
+        assert raised.value.args == ("the client went away",)
+        assert done == ["written"] and followed == ["written"]
+
+    asyncio.run(main())
+
+
+def test_a_failed_write_runs_its_undo_whole_then_raises_the_cancel() -> None:
+    async def main() -> None:
+        undone: list[str] = []
+
+        async def undo() -> None:
+            await asyncio.sleep(0.05)
+            undone.append("undone")
+
+        task = asyncio.create_task(to_completion(failing_write(), undo=undo))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert undone == ["undone"]
+
+    asyncio.run(main())
+
+
+def test_a_timeout_still_reads_as_a_timeout_at_its_own_block() -> None:
+    """The cancel is raised where the timeout set it, never re-armed for a later pause."""
+
     async def main() -> None:
         done: list[str] = []
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.02):
                 await to_completion(slow_write(done))
-                await asyncio.sleep(10)
         assert done == ["written"]
-
-    asyncio.run(main())
-
-
-def test_a_failed_write_raises_the_cancel_and_the_undo_runs_whole() -> None:
-    async def failing() -> None:
-        await asyncio.sleep(0.05)
-        raise ValueError("refused")
-
-    async def main() -> None:
-        undone: list[str] = []
-
-        async def caller() -> None:
-            try:
-                await to_completion(failing())
-            except BaseException:
-                await asyncio.sleep(0.01)  # an undo that pauses is not cut short
-                undone.append("undo")
-                raise
-
-        task = asyncio.create_task(caller())
-        await asyncio.sleep(0.01)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert undone == ["undo"]
+        await asyncio.sleep(0.01)  # no stray cancel after the block
+        current = asyncio.current_task()
+        assert current is not None and current.cancelling() == 0
 
     asyncio.run(main())

@@ -1,12 +1,13 @@
 """Layers: run journal, worker lifecycle registry and the attachment store (contract
 invariant 8 names them).
 
-A caller of `RunEngine.start` or `QueueService.add` can be cancelled while its append waits
-for the writer: the client went away, or the server is stopping. The append may still
-commit, so what follows it must follow its outcome, not the cancel. Before, a start whose
-caller was cancelled there left a committed turn that no worker ran (the session open until
-a restart recovered it) and removed its upload's bytes while the turn holding them was being
-committed; a queued message's bytes went the same way.
+A caller of `RunEngine.start`, `QueueService.add` or `SessionService.delete` can be
+cancelled while its append waits for the writer: the client went away, or the server is
+stopping. The append may still commit, so what follows it must follow its outcome, not the
+cancel. Before, a start whose caller was cancelled there left a committed turn that no
+worker ran (the session open until a restart recovered it) and removed its upload's bytes
+while the turn holding them was being committed; a queued message's bytes went the same way,
+and a deletion's bytes stayed on disk for good.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def writes_held(settings: Settings) -> Iterator[None]:
     finally:
         holder.execute("ROLLBACK")
         holder.close()
+
+
+def stored_files(settings: Settings) -> int:
+    return sum(1 for p in (settings.data_dir / "attachments").rglob("*") if p.is_file())
 
 
 @pytest.mark.parametrize("runtime_class", [GatedRuntime, StatefulGatedRuntime])
@@ -87,6 +92,7 @@ def test_a_queued_message_cancelled_during_its_append_keeps_its_bytes(tmp_path: 
             await until(lambda: runtime.calls == 1)
             with writes_held(settings):
                 add = asyncio.create_task(h.queue.add(sid, "next", [UPLOAD]))
+                await until(lambda: stored_files(settings) == 1)  # its append comes next
                 await asyncio.sleep(0.2)
                 add.cancel()
                 await asyncio.sleep(0.05)
@@ -99,5 +105,30 @@ def test_a_queued_message_cancelled_during_its_append_keeps_its_bytes(tmp_path: 
             path = await h.sessions.attachments.path(stored["blob"])
             assert path is not None and path.read_bytes() == UPLOAD.data
             runtime.gate.set()
+
+    asyncio.run(main())
+
+
+def test_a_delete_cancelled_during_its_commit_still_removes_the_sessions_bytes(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        runtime = GatedRuntime()
+        runtime.gate.set()
+        settings = Settings(data_dir=tmp_path)
+        async with harness(tmp_path, runtime, settings) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            await h.engine.start(sid, "keep this file", [UPLOAD])
+            await h.wait_idle(sid)
+            assert stored_files(settings) == 1
+            with writes_held(settings):
+                delete = asyncio.create_task(h.sessions.delete(sid))
+                await asyncio.sleep(0.3)  # its deletion waits in the writer
+                delete.cancel()
+                await asyncio.sleep(0.05)
+            with pytest.raises(asyncio.CancelledError):
+                await delete
+            assert await h.store.last_seq(sid) is None
+            assert stored_files(settings) == 0  # before, the bytes stayed on disk for good
 
     asyncio.run(main())

@@ -28,6 +28,7 @@ from typing import Any
 from tether import events as ev
 from tether.events import new_id
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
+from tether.log.completion import to_completion
 from tether.log.errors import CancelRequested, PromptAnswered
 from tether.log.store import EventStore
 from tether.projections.transcript import RunScene
@@ -171,21 +172,27 @@ class RunControls:
             return {"accepted": False, "reason": _NOT_RUNNING}
         steer_id = new_id("st")
         self._own_steers.add(steer_id)
-        try:
+
+        async def append_and_hand_over() -> dict[str, Any]:
+            """One step whatever happens to the caller (`to_completion`): once
+            `steer.accepted` is committed, the run takes it, or it is given back."""
             await self.store.append(
                 run.session_id, [_steer_draft(stream_id, run.turn_id, steer_id, text)]
             )
+            if run.steer.put(steer_id, text):
+                return {"accepted": True, "steer_id": steer_id}
+            with contextlib.suppress(StreamClosed):  # resolved while we appended
+                await self.store.append(run.session_id, leftover_drafts(run, [(steer_id, text)]))
+            return {"accepted": False, "reason": _JUST_FINISHED}
+
+        try:
+            return await to_completion(append_and_hand_over())
         except StreamClosed:
             self._own_steers.discard(steer_id)
             return {"accepted": False, "reason": _JUST_FINISHED}
         except BaseException:
             self._own_steers.discard(steer_id)
             raise
-        if not run.steer.put(steer_id, text):  # resolved while we appended: give it back
-            with contextlib.suppress(StreamClosed):
-                await self.store.append(run.session_id, leftover_drafts(run, [(steer_id, text)]))
-            return {"accepted": False, "reason": _JUST_FINISHED}
-        return {"accepted": True, "steer_id": steer_id}
 
     async def _steer_elsewhere(self, stream_id: str, text: str) -> dict[str, Any]:
         """A steer for a run another replica runs: its `steer.accepted` is in the log before

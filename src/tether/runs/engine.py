@@ -214,19 +214,24 @@ class RunEngine:
             )
             if opening:
                 self._admit_ready(run, StatelessHandle(self.runtime))
-            try:  # to its outcome, even for a caller cancelled meanwhile (a client gone, a
-                # shutdown): a committed turn always gets its worker, and bytes its event is
-                # committing are never released
-                await to_completion(
-                    self.store.append(run.session_id, [*before, draft, *after, *opening])
+
+            def start_worker(_: object) -> None:
+                run.worker = asyncio.create_task(
+                    self._work(run, model, normalizer, defaults), name=run.stream_id
                 )
-            except BaseException:
+
+            async def unregister() -> None:
                 self.handles.retire(run.session_id, run.stream_id)
                 self.registry.remove(run)
                 await self.sessions.release_blobs_held(blobs.values())
-                raise
-            run.worker = asyncio.create_task(
-                self._work(run, model, normalizer, defaults), name=run.stream_id
+
+            # to its outcome, even for a caller cancelled meanwhile (a client gone, a
+            # shutdown): a committed turn always gets its worker, and bytes its event is
+            # committing are never released
+            await to_completion(
+                self.store.append(run.session_id, [*before, draft, *after, *opening]),
+                then=start_worker,
+                undo=unregister,
             )
         return {
             "session_id": run.session_id,

@@ -31,13 +31,10 @@ class QueueService:
                 refs, blobs = await self.engine.store_uploads(uploads)
                 queue_id = new_id("q")
                 data = {"queue_id": queue_id, "text": text, "attachments": refs}
-                try:  # to its outcome: bytes are never released while their event commits
-                    await to_completion(
-                        self.store.append(session_id, [Draft(ev.QUEUE_ADDED, data, blobs=blobs)])
-                    )
-                except BaseException:
-                    await self.sessions.release_blobs_held(blobs.values())
-                    raise
+                await to_completion(  # bytes are never released while their event commits
+                    self.store.append(session_id, [Draft(ev.QUEUE_ADDED, data, blobs=blobs)]),
+                    undo=lambda: self.sessions.release_blobs_held(blobs.values()),
+                )
         started = None
         if not self.engine.registry.busy(session_id):
             started = await self.engine.start_next(session_id)

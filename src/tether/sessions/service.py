@@ -14,6 +14,7 @@ from tether.errors import InvalidRequest, SessionBusy, SessionRotated
 from tether.events import new_id
 from tether.log import Draft, SessionNotFound
 from tether.log.attachments import BlobStore
+from tether.log.completion import to_completion
 from tether.log.store import EventStore
 from tether.projections.sidebar import public_row, public_title, sort_key
 from tether.sessions.branching import switch_draft
@@ -239,7 +240,12 @@ class SessionService:
                     active_stream_id=self.registry.attachable_stream(session_id),
                 )
             blobs = await self.store.session_blobs(session_id)
-            await self.store.delete_session(session_id)  # its uploads' rows go with its events
+            await to_completion(self._delete(session_id, blobs))
+
+    async def _delete(self, session_id: str, blobs: set[str]) -> None:
+        """The deletion and what its commit calls for, as one step (`to_completion`):
+        otherwise a caller cancelled as the deletion committed left its bytes on disk."""
+        await self.store.delete_session(session_id)  # its uploads' rows go with its events
         self.folds.forget(session_id)
         self.locks.forget(session_id)
         async with self._blob_lock:

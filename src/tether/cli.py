@@ -258,6 +258,12 @@ def main() -> None:
     "its data directory; beyond it the least recently read go (fetched again when needed).",
 )
 @option(
+    "--database-pool-size",
+    type=click.IntRange(min=2),
+    help="With --database-url: how many connections this replica's log opens at most (the "
+    "writer takes one; reads share the rest).",
+)
+@option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",

@@ -100,6 +100,7 @@ def open_store(
             index_fold=fold_row,
             index_version=SIDEBAR_FOLD_VERSION,
             replica_id=replica_id,
+            pool_size=settings.database_pool_size,
             search_fold=search_change,
             search_version=SEARCH_FOLD_VERSION,
         )

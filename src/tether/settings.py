@@ -72,6 +72,7 @@ class Settings:
     max_message_chars: int = 200_000
     max_import_bytes: int = 200 * MiB
     attachment_cache_bytes: int = 1024 * MiB  # with database_url: the local copies' budget
+    database_pool_size: int = 16  # with database_url: the log's connections, at most
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir) if self.data_dir else default_data_dir()

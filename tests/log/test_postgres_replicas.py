@@ -374,3 +374,35 @@ def test_a_fanout_worker_cancelled_as_it_is_woken_stops() -> None:
                 await asyncio.wait_for(worker, 2)
 
     asyncio.run(main())
+
+
+def test_database_pool_size_bounds_the_connections_a_replicas_log_opens(
+    url: str, tmp_path: Path
+) -> None:
+    """`--database-pool-size` (docs/configuration.md): thirty reads held up by a lock on the
+    events table take at most that many of the database's connections; released, all end."""
+    import psycopg
+
+    from tether.services import open_store as open_served_store
+    from tether.settings import Settings
+
+    store = open_served_store(Settings(data_dir=tmp_path, database_url=url, database_pool_size=3))
+    waiting_sql = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND query LIKE 'SELECT session_id, seq%%'"
+    )
+
+    async def main() -> None:
+        with psycopg.connect(url) as holder, psycopg.connect(url, autocommit=True) as peek:
+            holder.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+            reads = [asyncio.create_task(store.read(f"s{n}")) for n in range(30)]
+            seen = []
+            for _ in range(40):  # the pool grows to its bound in the background
+                await asyncio.sleep(0.05)
+                seen.append(peek.execute(waiting_sql).fetchone()[0])
+            assert max(seen) == 3 and seen[-1] == 3
+            holder.rollback()
+            assert [await asyncio.wait_for(r, 10) for r in reads] == [[]] * 30
+        await store.aclose()
+
+    asyncio.run(main())

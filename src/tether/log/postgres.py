@@ -98,7 +98,7 @@ class PostgresEventStore(PostgresReads):
         replica_id: str | None = None,
         clock: Callable[[], float] = time.time,
         poll_seconds: float = 5.0,
-        pool_size: int = 8,
+        pool_size: int = 16,
         search_fold: SearchFold | None = None,
         search_version: str | None = None,
     ):

@@ -102,6 +102,23 @@ def test_server_defaults_apply_to_the_next_run_and_survive_a_reload(
         assert client.get("/api/settings").json()["saved"] == {}
 
 
+def test_settings_opened_before_the_model_list_arrives_fill_it_in_when_it_does(
+    context: BrowserContext, server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """A slow endpoint (or a busy server): Settings opened while `GET /api/models` is still
+    on its way showed the command line's model alone, for as long as it stayed open."""
+    fake.models_delay = 2.0
+    page = context.new_page()
+    page.goto(server.base_url + "/")  # not open_app: Settings is opened before the list is in
+    dialog = open_settings(page)
+    model = dialog.get_by_role("combobox", name="Default model")
+    expect(model.locator("option")).to_have_text(["Command line's (fake-model)"])
+    expect(model.locator("option")).to_have_text(
+        ["Command line's (fake-model)", "fake-model", "big-model"], timeout=20_000
+    )
+    expect(model).to_have_value("")
+
+
 def test_browser_preferences_apply_and_persist(
     context: BrowserContext, server: ServerProcess, fake: FakeOpenAI
 ) -> None:

@@ -13,6 +13,11 @@ export class SessionSettings {
     this.onRow = onRow;
     this.notify = notify;
     this.models = { models: [], default: "" };
+    /** Settled once the first `load` has an answer (or an error): the Settings dialog,
+     * opened before that, fills its model list then. */
+    this.loaded = new Promise((resolve) => {
+      this.markLoaded = resolve;
+    });
     this.picker = $("model-picker");
     this.picker.addEventListener("change", () => this.change({ model: this.picker.value || null }));
     this.row = null;
@@ -27,6 +32,8 @@ export class SessionSettings {
     } catch (err) {
       this.notify(err.message);
       return;
+    } finally {
+      this.markLoaded();
     }
     const options = [new Option(`Default (${this.models.default})`, "")];
     for (const model of this.models.models) options.push(new Option(model.id, model.id));

@@ -64,14 +64,13 @@ export class SettingsPanel {
     $("settings-server").disabled = this.server === null;
     $("settings-server-off").hidden = this.server !== null;
     if (this.server !== null) {
-      const models = this.sessionSettings.models.models ?? [];
-      const saved = this.server.saved.default_model ?? "";
-      const options = [new Option(`Command line's (${this.server.command_line.model})`, "")];
-      for (const m of models) options.push(new Option(m.id, m.id));
-      if (saved && !models.some((m) => m.id === saved)) options.push(new Option(saved, saved));
-      $("settings-model").replaceChildren(...options);
-      $("settings-model").value = saved;
+      this.fillModels(this.server.saved.default_model ?? "");
       $("settings-prompt").value = this.server.default_system_prompt ?? "";
+      // opened before the endpoint's list arrived (a slow endpoint, a busy server): it is
+      // filled in when it does, keeping what is chosen
+      this.sessionSettings.loaded.then(() => {
+        if (this.dialog.open && this.server !== null) this.fillModels($("settings-model").value);
+      });
     }
     this.resetPrompt = false;
     const theme = localStorage.getItem(THEME_KEY);
@@ -80,6 +79,17 @@ export class SettingsPanel {
     $("settings-send").value = sendKey();
     this.dialog.returnValue = "";
     this.dialog.showModal();
+  }
+
+  /** The default-model choices: the command line's, the endpoint's list, and `chosen` when
+   * the list lacks it (a saved default the endpoint no longer offers). */
+  fillModels(chosen) {
+    const models = this.sessionSettings.models.models ?? [];
+    const options = [new Option(`Command line's (${this.server.command_line.model})`, "")];
+    for (const m of models) options.push(new Option(m.id, m.id));
+    if (chosen && !models.some((m) => m.id === chosen)) options.push(new Option(chosen, chosen));
+    $("settings-model").replaceChildren(...options);
+    $("settings-model").value = chosen;
   }
 
   async save() {

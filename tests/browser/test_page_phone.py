@@ -131,3 +131,20 @@ def test_a_long_session_title_keeps_two_lines_of_the_top_bar(
     page.get_by_role("button", name="Settings").click()
     expect(page.get_by_label("Theme", exact=True)).to_be_visible()
     page.context.close()
+
+
+def test_a_running_turn_leaves_the_title_its_room(
+    browser: Browser, web_server: ServerProcess
+) -> None:
+    """While a run goes, its "Running" badge took the title's room ("Sh…"); on a phone it
+    is a dot that keeps the word as its accessible name."""
+    page = phone_page(browser, web_server.base_url)
+    send(page, "/slow Show me a table of three fruits and a short Python snippet")
+    badge = page.get_by_text("Running", exact=True)
+    expect(badge).to_be_visible()
+    box = badge.bounding_box()
+    assert box is not None and box["width"] <= 12, box
+    width = page.locator("#session-title").evaluate("(el) => el.getBoundingClientRect().width")
+    assert width >= 75, width  # it was about 20 px ("Sh…") beside the word
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    page.context.close()

@@ -17,6 +17,18 @@ from tether.log.store import OpenStream, SearchFold, SearchHit, search_hits
 
 COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"
 
+# Every fan-out read (each replica, each commit of another). As a plain join the planner cannot
+# see the cursors inside the arrays, guesses that a third of each session is past them and
+# scans the whole events table: O(log) per read, a full scan per commit per replica. The
+# OFFSET 0 keeps the LATERAL subquery unflattened, so each session is one range of the
+# primary key, (session_id, seq) > cursor: O(events read). tests/log/test_pg_read_plans.py.
+READ_AFTER_SQL = (
+    f"SELECT {', '.join('e.' + c for c in COLUMNS.split(', '))} "
+    "FROM unnest(%b::text[], %b::bigint[]) AS c(sid, after) CROSS JOIN LATERAL "
+    "(SELECT * FROM events WHERE session_id = c.sid AND seq > c.after OFFSET 0) AS e "
+    "ORDER BY e.session_id, e.seq"
+)
+
 
 class PostgresReads:
     """Mixed into PostgresEventStore, which owns the pool and starts it (`_start`)."""
@@ -55,12 +67,7 @@ class PostgresReads:
 
     async def _read_after(self, cursors: dict[str, int]) -> list[Event]:
         """What follows each session's cursor, in one query (the fan-out's catch-up)."""
-        rows = await self._rows(
-            f"SELECT {', '.join('e.' + c for c in COLUMNS.split(', '))} FROM events e "
-            "JOIN unnest(%b::text[], %b::bigint[]) AS c(sid, after) "
-            "ON e.session_id = c.sid AND e.seq > c.after ORDER BY e.session_id, e.seq",
-            (list(cursors), list(cursors.values())),
-        )
+        rows = await self._rows(READ_AFTER_SQL, (list(cursors), list(cursors.values())))
         return [row_to_event(row) for row in rows]
 
     async def _all_last_seqs(self) -> dict[str, int]:

@@ -252,6 +252,15 @@ def m009_blob_stored_at(db: psycopg.Connection) -> None:
     )
 
 
+@migration
+def m010_events_by_stream(db: psycopg.Connection) -> None:
+    """A run's own events by its stream id (the search fold reads a run's text when it
+    finishes, log/pg_search.py), as SQLite's `events_by_stream`: without it each
+    `run.finished` scanned the whole events table inside the writer's transaction. A plain
+    CREATE INDEX (the migration is a transaction): writes wait while it is built."""
+    db.execute("CREATE INDEX events_by_stream ON events (stream_id) WHERE stream_id IS NOT NULL")
+
+
 def apply_migrations(db: psycopg.Connection) -> list[str]:
     """Apply what is missing, each in its own transaction; return the names applied.
     `db` is in autocommit mode: transactions are explicit."""

@@ -38,7 +38,7 @@ PREFIX_MIN = 3  # a last word shorter than this matches whole (as the SQLite bac
 RANKED_MAX = 2000
 CONFIG = "tether_search"
 _COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"
-_STREAM_SQL = f"SELECT {_COLUMNS} FROM events WHERE stream_id=%s AND type = ANY(%s) ORDER BY id"
+STREAM_SQL = f"SELECT {_COLUMNS} FROM events WHERE stream_id=%s AND type = ANY(%s) ORDER BY id"
 
 
 class _NeedStream(Exception):
@@ -78,7 +78,7 @@ async def fold_change(
         except _NeedStream as need:
             await flush()
             stream_id, types = need.key
-            cur = await conn.execute(_STREAM_SQL, (stream_id, sorted(types)))
+            cur = await conn.execute(STREAM_SQL, (stream_id, sorted(types)))
             known[need.key] = [_row_to_event(row) for row in await cur.fetchall()]
 
 
@@ -121,7 +121,7 @@ def ensure_index(
         db.execute("DELETE FROM search_rows")
 
         def stream_events(stream_id: str, types: frozenset[str]) -> list[Event]:
-            rows = db.execute(_STREAM_SQL, (stream_id, sorted(types))).fetchall()
+            rows = db.execute(STREAM_SQL, (stream_id, sorted(types))).fetchall()
             return [_row_to_event(r) for r in rows]
 
         states: dict[str, dict[str, Any]] = {}

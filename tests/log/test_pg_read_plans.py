@@ -1,0 +1,97 @@
+"""The PostgreSQL log's hot reads cost what they read, not the size of the log, on a real
+server (log/pg_reads.py READ_AFTER_SQL, log/pg_search.py, migration m010). Layer (named as
+contract invariant 8 asks): the log, its reads. Invariants: the fan-out's catch-up, run by
+every replica for every commit of another, returns exactly the events after each cursor,
+in seq order per session, through the primary key; the search fold's read of a finished
+run's text goes through `events_by_stream`. Before, both scanned the whole events table,
+the first once per commit per replica and the second inside the writer's transaction."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pg import database
+
+psycopg = pytest.importorskip("psycopg")
+
+from tether.log.pg_reads import READ_AFTER_SQL  # noqa: E402
+from tether.log.pg_schema import apply_migrations  # noqa: E402
+from tether.log.pg_search import STREAM_SQL  # noqa: E402
+from tether.log.postgres import PostgresEventStore  # noqa: E402
+from tether.projections.sidebar import SIDEBAR_FOLD_VERSION, fold_row  # noqa: E402
+
+SESSIONS = 50
+PER_SESSION = 400  # 20,000 events: a seq scan costs several times the index ranges
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    """A log of SESSIONS sessions, each PER_SESSION deltas in runs of 40, analysed."""
+    with database() as made:
+        with psycopg.connect(made, autocommit=True) as db:
+            apply_migrations(db)
+            db.execute(
+                "INSERT INTO sessions (session_id, last_seq) "
+                "SELECT 's' || n, %s FROM generate_series(0, %s) n",
+                (PER_SESSION, SESSIONS - 1),
+            )
+            db.execute(
+                "INSERT INTO events (session_id, seq, type, at, stream_id, data) "
+                "SELECT 's' || n, g, 'text.delta', g, 's' || n || '-' || (g / 40), "
+                "json_build_object('text', 'd' || g)::text "
+                "FROM generate_series(0, %s) n, generate_series(1, %s) g ORDER BY n, g",
+                (SESSIONS - 1, PER_SESSION),
+            )
+            db.execute("ANALYZE events")
+        yield made
+
+
+def scans(plan: dict[str, Any]) -> list[tuple[str, str]]:
+    """(node type, relation) of every node of an EXPLAIN (FORMAT JSON) plan."""
+    found = [(plan["Node Type"], plan.get("Relation Name", ""))]
+    for child in plan.get("Plans", []):
+        found.extend(scans(child))
+    return found
+
+
+def plan_of(url: str, sql: str, params: tuple) -> list[tuple[str, str]]:
+    with psycopg.connect(url, autocommit=True) as db:
+        (rows,) = db.execute(f"EXPLAIN (FORMAT JSON) {sql}", params).fetchone()  # type: ignore[misc]
+    return scans((rows if isinstance(rows, list) else json.loads(rows))[0]["Plan"])
+
+
+def test_the_fan_out_read_takes_each_session_from_its_cursor_not_the_whole_log(
+    url: str,
+) -> None:
+    cursors = {f"s{n}": PER_SESSION - 10 for n in range(0, SESSIONS, 3)}
+    plan = plan_of(url, READ_AFTER_SQL, (list(cursors), list(cursors.values())))
+    assert ("Seq Scan", "events") not in plan, plan
+    assert any(relation == "events" for _, relation in plan), plan
+
+    async def read() -> list[tuple[str, int, str]]:
+        store = PostgresEventStore(url, index_fold=fold_row, index_version=SIDEBAR_FOLD_VERSION)
+        try:
+            cursors["s1"] = 0  # a session read whole beside ones read from their cursors
+            return [(e.session_id, e.seq, e.data["text"]) for e in await store._read_after(cursors)]
+        finally:
+            await store.aclose()
+
+    got = asyncio.run(read())
+    want = [
+        (sid, seq, f"d{seq}")
+        for sid in sorted(cursors)
+        for seq in range(cursors[sid] + 1, PER_SESSION + 1)
+    ]
+    assert got == want
+
+
+def test_a_finished_runs_text_is_read_through_its_stream_index(url: str) -> None:
+    plan = plan_of(url, STREAM_SQL, ("s7-3", ["text.delta"]))
+    assert ("Seq Scan", "events") not in plan, plan
+    with psycopg.connect(url, autocommit=True) as db:
+        rows = db.execute(STREAM_SQL, ("s7-3", ["text.delta"])).fetchall()
+    assert [row[1] for row in rows] == list(range(120, 160))

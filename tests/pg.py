@@ -95,9 +95,11 @@ class PrivateServer:
         self.port = _free_port()
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
+    def _prefix(self) -> list[str]:
+        return [str(_RUNUSER), "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
     def _run(self, *args: str) -> None:
-        prefix = [str(_RUNUSER), "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        done = subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=120)
+        done = subprocess.run([*self._prefix(), *args], capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             log = self.root / "log"
             raise RuntimeError(
@@ -121,8 +123,20 @@ class PrivateServer:
     def stop(self) -> None:
         self._run(str(_BIN / "pg_ctl"), "-D", str(self.data), "-w", "-m", "fast", "stop")
 
+    def running(self) -> bool:
+        done = subprocess.run(
+            [*self._prefix(), str(_BIN / "pg_ctl"), "-D", str(self.data), "status"],
+            capture_output=True,
+            timeout=30,
+        )
+        return done.returncode == 0
+
     def restart(self) -> None:
-        self.stop()
+        try:
+            self.stop()
+        except RuntimeError:  # pg_ctl can find the PID file gone mid-shutdown (it happened
+            if self.running():  # once in 15 runs): what matters is that the server is down
+                raise
         for attempt in range(5):  # the old postmaster's port may take a moment to free
             try:
                 self.start()

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from tether.log.pg_rows import Batch, Op, dumps
+from tether.log.pg_rows import INSERT_EVENTS_SQL, Batch, Op, as_columns, dumps
 
 
 async def lock(
@@ -74,9 +74,11 @@ async def lock(
         work.answered.setdefault(sid, [])
 
 
-async def write(conn: psycopg.AsyncConnection, work: Batch) -> dict[str, int]:
-    """Write each touched session's counter row and index state, free the rows of creates
-    that failed; return the new last seqs to announce."""
+async def write(conn: psycopg.AsyncConnection, work: Batch, events: list[tuple]) -> dict[str, int]:
+    """Insert the batch's last `events` and write each touched session's counter row and
+    index state in one statement (a data-modifying WITH: one statement less per batch, whose
+    cost in the replica is mostly its own send), free the rows of creates that failed; return
+    the new last seqs to announce."""
     updates = []
     gone = []
     for sid in sorted(work.touched | work.placeholders):
@@ -97,17 +99,20 @@ async def write(conn: psycopg.AsyncConnection, work: Batch) -> dict[str, int]:
                     dumps(work.answered[sid]),
                 )
             )
+    assert updates or not events, "each event's session is touched"  # else: a rollback
+    insert = f"WITH new_events AS ({INSERT_EVENTS_SQL}) " if events else ""
+    params = as_columns(events) if events else []
     async with conn.cursor() as cur:
         if updates:
             await cur.execute(
-                "UPDATE sessions SET last_seq=u.last, state=u.state, state_seq=u.last, "
+                insert + "UPDATE sessions SET last_seq=u.last, state=u.state, state_seq=u.last, "
                 "open_stream=u.open, cancel_stream=u.cancel, open_owner=u.owner, "
                 "open_epoch=u.epoch, answered=u.answered FROM unnest(%b::text[], "
                 "%b::bigint[], %b::text[], %b::text[], %b::text[], %b::text[], "
                 "%b::bigint[], %b::text[]) "
                 "AS u(sid, last, state, open, cancel, owner, epoch, answered) "
                 "WHERE sessions.session_id = u.sid",
-                [list(column) for column in zip(*updates, strict=True)],
+                params + as_columns(updates),
             )
         if gone:
             await cur.execute("DELETE FROM sessions WHERE session_id = ANY(%s)", (gone,))

@@ -17,6 +17,12 @@ from tether.log.pg_schema import SCHEMA_LOCK
 from tether.log.store import Draft, IndexFold
 
 _COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"
+# A batch's events in one statement, as columns (`as_columns`): rows keep their order (and ids).
+INSERT_EVENTS_SQL = (
+    f"INSERT INTO events ({_COLUMNS}, queue_id, search_text) "
+    "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::text[], "
+    "%b::float8[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[])"
+)
 
 
 @dataclass(eq=False)
@@ -62,6 +68,11 @@ def encode(session_id: str, draft: Draft) -> str:
             check_text(f"an attachment {key}", ref.get(key) if isinstance(ref, dict) else None)
     check_text("the queue id", draft.data.get("queue_id"))
     return payload
+
+
+def as_columns(rows: list[tuple]) -> list[list]:
+    """Rows as the column arrays an `unnest` statement takes."""
+    return [list(column) for column in zip(*rows, strict=True)]
 
 
 def row_to_event(row: tuple) -> Event:

@@ -59,10 +59,12 @@ from tether.log.errors import (
     StreamClosed,
 )
 from tether.log.pg_fanout import Fanout, Notifier
-from tether.log.pg_reads import COLUMNS, PostgresReads
+from tether.log.pg_reads import PostgresReads
 from tether.log.pg_rows import (
+    INSERT_EVENTS_SQL,
     Batch,
     Op,
+    as_columns,
     encode,
     flat,
     redact,
@@ -238,8 +240,9 @@ class PostgresEventStore(PostgresReads):
                                 outcomes.append((op, await self._insert(conn, op, work)))
                         except LogError as exc:
                             outcomes.append((op, exc))
-                    await self._flush(conn, work)
-                    announced = await pg_counters.write(conn, work)
+                    events, work.rows = work.rows, []
+                    await self._flush(conn, work)  # what else the batch brings, then
+                    announced = await pg_counters.write(conn, work, events)  # one statement
                 await pipe.sync()  # COMMIT returned: the batch is durable
                 durable = True
         except Exception as exc:
@@ -426,13 +429,8 @@ class PostgresEventStore(PostgresReads):
     async def _flush(self, conn: psycopg.AsyncConnection, work: Batch) -> None:
         """Write the rows gathered so far (before a delete, and at the end of the batch)."""
         async with conn.cursor() as cur:
-            if work.rows:  # one statement for the batch: rows keep their order (and ids)
-                await cur.execute(
-                    f"INSERT INTO events ({COLUMNS}, queue_id, search_text) "
-                    "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::text[], "
-                    "%b::float8[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[])",
-                    [list(column) for column in zip(*work.rows, strict=True)],
-                )
+            if work.rows:
+                await cur.execute(INSERT_EVENTS_SQL, as_columns(work.rows))
             if work.uploads:
                 await cur.executemany(
                     "INSERT INTO attachments (session_id, id, blob, name, mime, size) "

@@ -1,13 +1,15 @@
-"""Layers: run journal, worker lifecycle registry and the attachment store (contract
-invariant 8 names them).
+"""Layers: run journal, worker lifecycle registry, the run's steer inbox and the attachment
+store (contract invariant 8 names them).
 
-A caller of `RunEngine.start`, `QueueService.add` or `SessionService.delete` can be
-cancelled while its append waits for the writer: the client went away, or the server is
-stopping. The append may still commit, so what follows it must follow its outcome, not the
-cancel. Before, a start whose caller was cancelled there left a committed turn that no
-worker ran (the session open until a restart recovered it) and removed its upload's bytes
-while the turn holding them was being committed; a queued message's bytes went the same way,
-and a deletion's bytes stayed on disk for good.
+A caller of `RunEngine.start`, `QueueService.add`, `RunControls.steer` or
+`SessionService.delete` can be cancelled while its append waits for the writer: the client
+went away, or the server is stopping. The append may still commit, so what follows it must
+follow its outcome, not the cancel. Before, a start whose caller was cancelled there left a
+committed turn that no worker ran (the session open until a restart recovered it) and
+removed its upload's bytes while the turn holding them was being committed; a queued
+message's bytes went the same way, and a deletion's bytes stayed on disk for good. A steer
+is handed to its run (or given back) once its `steer.accepted` is committed, whoever stopped
+waiting for it.
 """
 
 from __future__ import annotations
@@ -130,5 +132,40 @@ def test_a_delete_cancelled_during_its_commit_still_removes_the_sessions_bytes(
                 await delete
             assert await h.store.last_seq(sid) is None
             assert stored_files(settings) == 0  # before, the bytes stayed on disk for good
+
+    asyncio.run(main())
+
+
+def test_a_steer_cancelled_as_its_append_commits_still_reaches_its_run(tmp_path: Path) -> None:
+    """Once `steer.accepted` commits, the run holds the steer: it is taken, or given back as
+    `steer.leftover` when the run ends. The caller here is cancelled the moment the commit is
+    published (after the controls saw it as their own): a hand-over skipped by that cancel
+    left a steer the log calls accepted that neither the agent nor the composer got back."""
+
+    async def main() -> None:
+        runtime = GatedRuntime()  # never drains steers: what it holds comes back as leftover
+        settings = Settings(data_dir=tmp_path)
+        async with harness(tmp_path, runtime, settings) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            stream_id = (await h.engine.start(sid, "first"))["stream_id"]
+            await until(lambda: runtime.calls == 1)
+            steer: asyncio.Task | None = None
+
+            def cancel_on_commit(events: list) -> None:
+                if steer is not None and any(e.type == "steer.accepted" for e in events):
+                    steer.cancel()
+
+            h.hub.on_batch(cancel_on_commit)
+            steer = asyncio.create_task(h.controls.steer(stream_id, "mention the budget"))
+            with pytest.raises(asyncio.CancelledError):
+                await steer
+            runtime.gate.set()
+            await h.wait_idle(sid)
+            events = await h.store.read(sid)
+            (accepted,) = [e for e in events if e.type == "steer.accepted"]
+            leftovers = [e for e in events if e.type == "steer.leftover"]
+            assert [e.data["steer_ids"] for e in leftovers] == [[accepted.data["steer_id"]]]
+            assert leftovers[0].data["text"] == "mention the budget"
+            assert leftovers[0].seq < next(e.seq for e in events if e.type == "run.finished")
 
     asyncio.run(main())

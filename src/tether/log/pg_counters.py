@@ -99,7 +99,9 @@ async def write(conn: psycopg.AsyncConnection, work: Batch, events: list[tuple])
                     dumps(work.answered[sid]),
                 )
             )
-    assert updates or not events, "each event's session is touched"  # else: a rollback
+    unwritten = {row[0] for row in events} - {update[0] for update in updates}
+    if unwritten:  # each event's session is touched: a bug, which rolls the batch back
+        raise RuntimeError(f"events for sessions whose counter row is not written: {unwritten}")
     insert = f"WITH new_events AS ({INSERT_EVENTS_SQL}) " if events else ""
     params = as_columns(events) if events else []
     async with conn.cursor() as cur:

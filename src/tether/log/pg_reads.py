@@ -12,10 +12,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from tether.events import TURN_SUBMITTED, Event
 from tether.log import pg_owners, pg_search
-from tether.log.pg_rows import row_to_event, storage_error
+from tether.log.pg_rows import COLUMNS, row_to_event, storage_error
 from tether.log.store import OpenStream, SearchFold, SearchHit, search_hits
-
-COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"
 
 # Every fan-out read (each replica, each commit of another). As a plain join the planner cannot
 # see the cursors inside the arrays, guesses that a third of each session is past them and

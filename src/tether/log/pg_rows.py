@@ -16,10 +16,10 @@ from tether.log.errors import InvalidEvent, StorageError
 from tether.log.pg_schema import SCHEMA_LOCK
 from tether.log.store import Draft, IndexFold
 
-_COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"
+COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"  # an event row, as read
 # A batch's events in one statement, as columns (`as_columns`): rows keep their order (and ids).
 INSERT_EVENTS_SQL = (
-    f"INSERT INTO events ({_COLUMNS}, queue_id, search_text) "
+    f"INSERT INTO events ({COLUMNS}, queue_id, search_text) "
     "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::text[], "
     "%b::float8[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[])"
 )
@@ -150,7 +150,7 @@ def load_index(db: psycopg.Connection, fold: IndexFold, version: str) -> dict[st
             last = locked[0]
             state = None
             rows = db.execute(
-                f"SELECT {_COLUMNS} FROM events WHERE session_id=%s AND seq<=%s ORDER BY seq",
+                f"SELECT {COLUMNS} FROM events WHERE session_id=%s AND seq<=%s ORDER BY seq",
                 (sid, last),
             )
             for event_row in rows:

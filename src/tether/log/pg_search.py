@@ -19,13 +19,13 @@ reads the stream in its transaction and calls the pure fold again.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 
 from tether.events import Event
+from tether.log.pg_rows import COLUMNS, row_to_event
 from tether.log.pg_schema import SCHEMA_LOCK
 from tether.log.store import MATCH_CLOSE, MATCH_OPEN, IndexFold, SearchChange, SearchFold
 
@@ -37,18 +37,12 @@ SNIPPET_WORDS = 16
 PREFIX_MIN = 3  # a last word shorter than this matches whole (as the SQLite backend)
 RANKED_MAX = 2000
 CONFIG = "tether_search"
-_COLUMNS = "session_id, seq, type, at, stream_id, turn_id, data"
-STREAM_SQL = f"SELECT {_COLUMNS} FROM events WHERE stream_id=%s AND type = ANY(%s) ORDER BY id"
+STREAM_SQL = f"SELECT {COLUMNS} FROM events WHERE stream_id=%s AND type = ANY(%s) ORDER BY id"
 
 
 class _NeedStream(Exception):
     def __init__(self, stream_id: str, types: frozenset[str]):
         self.key = (stream_id, types)
-
-
-def _row_to_event(row: tuple) -> Event:
-    session_id, seq, type_, at, stream_id, turn_id, data = row
-    return Event(session_id, seq, type_, at, json.loads(data), stream_id, turn_id)
 
 
 def _reader(known: dict[tuple[str, frozenset[str]], list[Event]]):
@@ -79,7 +73,7 @@ async def fold_change(
             await flush()
             stream_id, types = need.key
             cur = await conn.execute(STREAM_SQL, (stream_id, sorted(types)))
-            known[need.key] = [_row_to_event(row) for row in await cur.fetchall()]
+            known[need.key] = [row_to_event(row) for row in await cur.fetchall()]
 
 
 def _rows(session_id: str, change: SearchChange) -> list[tuple]:
@@ -122,13 +116,13 @@ def ensure_index(
 
         def stream_events(stream_id: str, types: frozenset[str]) -> list[Event]:
             rows = db.execute(STREAM_SQL, (stream_id, sorted(types))).fetchall()
-            return [_row_to_event(r) for r in rows]
+            return [row_to_event(r) for r in rows]
 
         states: dict[str, dict[str, Any]] = {}
         with db.cursor(name="search_rebuild") as events:  # server-side: never all in memory
-            events.execute(f"SELECT {_COLUMNS} FROM events ORDER BY id")
+            events.execute(f"SELECT {COLUMNS} FROM events ORDER BY id")
             for event_row in events:
-                event = _row_to_event(event_row)
+                event = row_to_event(event_row)
                 state = states.get(event.session_id)
                 change = fold(state, event, stream_events)
                 if change.add:

@@ -240,9 +240,9 @@ class PostgresEventStore(PostgresReads):
                                 outcomes.append((op, await self._insert(conn, op, work)))
                         except LogError as exc:
                             outcomes.append((op, exc))
-                    events, work.rows = work.rows, []
-                    await self._flush(conn, work)  # what else the batch brings, then
-                    announced = await pg_counters.write(conn, work, events)  # one statement
+                    events, work.rows = work.rows, []  # the last events go in with the
+                    await self._flush(conn, work)  # counter rows, in one statement
+                    announced = await pg_counters.write(conn, work, events)
                 await pipe.sync()  # COMMIT returned: the batch is durable
                 durable = True
         except Exception as exc:
@@ -427,7 +427,9 @@ class PostgresEventStore(PostgresReads):
         return out
 
     async def _flush(self, conn: psycopg.AsyncConnection, work: Batch) -> None:
-        """Write the rows gathered so far (before a delete, and at the end of the batch)."""
+        """Write what the batch gathered so far: before a delete, a savepoint or a stream
+        read, everything; at the end, all but the events, which go in with the counter rows
+        (`pg_counters.write`)."""
         async with conn.cursor() as cur:
             if work.rows:
                 await cur.execute(INSERT_EVENTS_SQL, as_columns(work.rows))

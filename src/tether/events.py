@@ -372,6 +372,15 @@ class AgentImported(TypedDict):
     entries: list[dict[str, Any]]
 
 
+class AgentSystemPrompt(TypedDict):
+    """The agent's own part of the system message of its latest model request (Hermes: its
+    identity, tool guidance, skills and memory), recorded when it changes. The model gets
+    `(text + "\\n\\n" + the session's system prompt).strip()`, as Hermes composes it."""
+
+    stream_id: str  # the run whose request it was
+    text: str
+
+
 SESSION_CREATED = durable("session.created", SessionCreated)
 SESSION_UPDATED = durable("session.updated", SessionUpdated)
 SESSION_ROTATED = durable("session.rotated", SessionRotated)
@@ -408,6 +417,9 @@ BRANCH_SWITCHED = durable("branch.switched", BranchSwitched)
 # extension: what another client of the agent wrote into the agent's own store (Hermes
 # state.db), reconciled into this session: turns to show, and a compaction done elsewhere.
 AGENT_IMPORTED = durable("agent.imported", AgentImported)
+# extension: the system prompt the agent puts before the session's own (docs/hermes.md), so
+# the context view shows the whole system message the model gets (invariant 1).
+AGENT_SYSTEM_PROMPT = durable("agent.system_prompt", AgentSystemPrompt)
 
 
 # -- transient frames of the event streams (docs/api.md §6, not in the log) ------------------

@@ -1,7 +1,9 @@
 """A session's system prompt under `tether serve --runtime hermes`: the model gets it inside
 the system message (Hermes' own prompt, then Tether's, through
 `AIAgent.ephemeral_system_prompt`), never as a user-role message, and Hermes does not store
-it in `state.db`; clearing it takes effect at the next turn."""
+it in `state.db`; clearing it takes effect at the next turn. Layer: the model context
+(invariant 1): `GET /api/session/context` opens with that whole system message, Hermes' own
+part included (`agent.system_prompt`, recorded when it changes)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,14 @@ from tether.runtimes.hermes import HermesRuntime
 from tether.settings import Settings
 
 from fake_openai import FakeOpenAI, reply, text, tool_call
-from helpers import ServerProcess, new_session, running_server, start_turn, wait_idle
+from helpers import (
+    ServerProcess,
+    new_session,
+    read_events,
+    running_server,
+    start_turn,
+    wait_idle,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -53,6 +62,13 @@ def user_texts(request: dict[str, Any]) -> list[str]:
     return [str(m.get("content")) for m in request["messages"] if m.get("role") == "user"]
 
 
+def shown_system(client: Any, sid: str) -> dict[str, Any]:
+    """The first message of the session's context view."""
+    response = client.get("/api/session/context", params={"session_id": sid})
+    assert response.status_code == 200, response.text
+    return response.json()["context_messages"][0]
+
+
 def test_the_system_prompt_goes_into_the_system_message_and_clearing_it_removes_it(
     hermes_server: ServerProcess, fake: FakeOpenAI, hermes_env: Path
 ) -> None:
@@ -68,16 +84,24 @@ def test_the_system_prompt_goes_into_the_system_message_and_clearing_it_removes_
         assert system["role"] == "system" and system["content"].endswith(PROMPT)
         assert len(system["content"]) > len(PROMPT)  # Hermes' own prompt comes first
         assert not any(PROMPT in t for t in user_texts(first))
+        assert shown_system(client, sid) == system  # the whole message, as the model got it
+        own = system["content"][: -len("\n\n" + PROMPT)]
 
         cleared = client.patch("/api/session", json={"session_id": sid, "system_prompt": None})
         assert cleared.status_code == 200, cleared.text
+        # Shown at once as the next request will send it: Hermes' part alone.
+        assert shown_system(client, sid) == {"role": "system", "content": own}
         start_turn(client, sid, "again")
         body = wait_idle(client, sid, timeout=60)
         assert body["messages"][-1]["content"] == "Second answer."
         second = turn_request(fake, "again")
-        assert second["messages"][0]["role"] == "system"
+        assert second["messages"][0] == {"role": "system", "content": own}
         assert PROMPT not in str(second["messages"])
         assert "hello" in user_texts(second)  # the history still reaches the agent
+        assert shown_system(client, sid) == second["messages"][0]
+        frames = read_events(client, sid, after="0", stop_on="heartbeat")
+        recorded = [f.json for f in frames if f.event == "agent.system_prompt"]
+        assert [r["data"]["text"] for r in recorded] == [own]  # once: it did not change
     with sqlite3.connect(hermes_env / "state.db") as db:
         stored = db.execute("SELECT system_prompt FROM sessions").fetchall()
         contents = db.execute("SELECT content FROM messages").fetchall()

@@ -18,6 +18,7 @@ from tether import events as ev
 from tether.ingest.echo import CompactEchoIndex, fold
 from tether.log import Draft
 from tether.runtimes.base import (
+    AgentSystemPrompt,
     AnswerFinished,
     ApprovalRequested,
     ApprovalResolved,
@@ -227,6 +228,8 @@ class Normalizer:
                     },
                 )
             ]
+        if isinstance(event, AgentSystemPrompt):
+            return [self._draft(ev.AGENT_SYSTEM_PROMPT, {"text": event.text})]
         if isinstance(event, Usage):
             self.usage = {
                 "prompt_tokens": event.prompt_tokens,

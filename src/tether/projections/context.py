@@ -111,6 +111,12 @@ def _boundary(
     return 0, None
 
 
+def agent_system_message(agent_prompt: str, system_prompt: str | None) -> str:
+    """The system message an agent with its own prompt sends (`agent.system_prompt`): its
+    part, then the session's system prompt, as Hermes composes them."""
+    return (agent_prompt + "\n\n" + system_prompt).strip() if system_prompt else agent_prompt
+
+
 def context_messages(
     messages: list[dict[str, Any]],
     compressions: Sequence[dict[str, Any]] = (),

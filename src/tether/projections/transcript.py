@@ -15,7 +15,7 @@ from tether import events as ev
 from tether.events import Event
 from tether.projections.agent_rows import imported_rows
 from tether.projections.branches import BranchTree
-from tether.projections.context import context_messages
+from tether.projections.context import agent_system_message, context_messages
 from tether.projections.timeline import timeline_view
 
 
@@ -116,6 +116,9 @@ class TranscriptFold:
         # they follow, on the branches through that row).
         self.agent_watermark = 0
         self.agent_compactions: list[dict[str, Any]] = []
+        # The agent's own part of the system message (`agent.system_prompt`), and the
+        # runtime whose agent sent it: a run of another runtime sends none of it.
+        self.agent_system_prompt: tuple[str, str | None] | None = None
 
     def apply(self, event: Event) -> None:
         if event.seq <= self.last_seq:
@@ -163,6 +166,13 @@ class TranscriptFold:
                 scene.phase = "running"
             scene.runtime = event.data.get("runtime")
             scene.model = event.data.get("model")
+        prompt = self.agent_system_prompt
+        if prompt is not None and prompt[1] != event.data.get("runtime"):
+            self.agent_system_prompt = None
+
+    def _agent_system_prompt(self, event: Event) -> None:
+        scene = self._scene(event)
+        self.agent_system_prompt = (event.data["text"], scene.runtime if scene else None)
 
     def _delta(self, event: Event) -> None:
         scene = self._scene(event)
@@ -419,9 +429,15 @@ class TranscriptFold:
                     self.tree.append(row)
 
     # -- views ------------------------------------------------------------------------------
-    def context(self, system_prompt: str | None = None) -> dict[str, Any]:
+    def context(
+        self, system_prompt: str | None = None, *, agent_part: bool = False
+    ) -> dict[str, Any]:
         """The model context of the next call (docs/api.md §3, `GET /api/session/context`),
-        opened by `system_prompt` when there is one."""
+        opened by `system_prompt` when there is one; with `agent_part`, by the whole system
+        message the agent sends (its own part first), which is what the user is shown. The
+        runtime's own input leaves that part out: the agent adds it itself."""
+        if agent_part and self.agent_system_prompt is not None:
+            system_prompt = agent_system_message(self.agent_system_prompt[0], system_prompt)
         position = {row["id"]: index for index, row in enumerate(self.messages)}
         # A compaction counts on the branches through the row it followed.
         compactions = [
@@ -513,4 +529,5 @@ _HANDLERS = {
     ev.TRANSCRIPT_TRUNCATED: TranscriptFold._truncated,
     ev.BRANCH_SWITCHED: TranscriptFold._branch_switched,
     ev.AGENT_IMPORTED: TranscriptFold._agent_imported,
+    ev.AGENT_SYSTEM_PROMPT: TranscriptFold._agent_system_prompt,
 }

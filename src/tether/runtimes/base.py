@@ -61,6 +61,15 @@ class CompressionCompleted:
 
 
 @dataclass(frozen=True, slots=True)
+class AgentSystemPrompt:
+    """The agent's own part of its model request's system message, which it puts before the
+    session's system prompt (Hermes); yielded when it changes, so that the context view can
+    show the whole system message the model gets (invariant 1)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Usage:
     """What the provider reported for one model request (ephemeral: the context meter)."""
 
@@ -128,6 +137,7 @@ RuntimeEvent = (
     | CompressionStarted
     | CompressionCompleted
     | Usage
+    | AgentSystemPrompt
     | AnswerFinished
     | Finished
     | ApprovalRequested
@@ -195,6 +205,9 @@ class TurnInput:
     """Where the user's answers to the run's approval prompts arrive."""
     questions: QuestionDesk | None = None
     """Where the user's answers to the agent's clarify questions arrive."""
+    agent_system_prompt: str | None = None
+    """The agent's own part of the system message as the log last recorded it: a runtime
+    whose agent has one yields `AgentSystemPrompt` only when it differs."""
 
 
 class SteerInbox:

@@ -35,8 +35,9 @@ class SessionFold:
         return own if own is not None else default
 
     def context(self, default_system_prompt: str | None) -> dict[str, Any]:
-        """What the next model call gets: the system prompt first, then the transcript."""
-        return self.transcript.context(self.system_prompt(default_system_prompt))
+        """What the next model call gets, as the user is shown it: the whole system message
+        first (the agent's own part included), then the transcript."""
+        return self.transcript.context(self.system_prompt(default_system_prompt), agent_part=True)
 
     def apply(self, event: Event) -> None:
         self.row = fold_row(self.row, event)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-import time
 import traceback
 import uuid
 import weakref
@@ -23,9 +22,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from sidecar_prompts import UserPrompts  # beside this module, stdlib only
+from sidecar_system_prompt import SystemPrompt
 
 SUMMARY_MARKER = "[CONTEXT COMPACTION"
-PREBUILT_PROMPT_SECONDS = 60.0  # a prompt built ahead is used by a turn this soon only
 Emit = Callable[..., None]
 
 _TURN = threading.local()  # .session: the Session whose turn runs on this thread
@@ -109,12 +108,16 @@ class Session:
                 )
 
             def _build_system_prompt(self, system_message: Any = None) -> str:
-                prebuilt = session.take_prebuilt_prompt(system_message)
+                prebuilt = session.system_prompt.take_prebuilt(self, system_message)
                 if prebuilt is not None:
                     return prebuilt
                 return super()._build_system_prompt(system_message)
 
             def _create_request_openai_client(self, **kwargs: Any) -> Any:
+                if session.turn_running:
+                    session.system_prompt.saw_request(
+                        kwargs.get("api_kwargs"), self.ephemeral_system_prompt
+                    )
                 client = super()._create_request_openai_client(**kwargs)
                 session.watch_connections(client)
                 return client
@@ -138,9 +141,7 @@ class Session:
                 return inserted, calls
 
         self.written: list[int] = []  # row ids the agent wrote during the current turn
-        self.prompt_lock = threading.Lock()
-        self.prebuilt: tuple[float, tuple[Any, ...], str] | None = None
-        self.prebuilt_done = threading.Event()  # set by prebuild_prompt (the host calls it)
+        self.system_prompt = SystemPrompt(lambda text: self.emit("system_prompt", text=text))
         self._base = AIAgent
         kwargs = agent_kwargs(config)
         kwargs.update(
@@ -158,36 +159,9 @@ class Session:
         )
         self.agent = TetherAgent(**kwargs)
 
-    # -- the first turn's system prompt, built ahead ----------------------------------------
+    # -- the system prompt (sidecar_system_prompt.py) ---------------------------------------
     def prebuild_prompt(self) -> None:
-        """Build the system prompt a new agent's first turn builds (skills, context files,
-        memory: 10-20 ms), on the thread that built the agent, right after Tether was told
-        it is open, while Tether prepares that turn. The turn takes it instead of building
-        it again (`_build_system_prompt`); Hermes still restores a stored one, persists it
-        and runs its session-start hooks as usual."""
-        try:
-            identity = (self.agent.model, self.agent.provider, self.agent.session_id)
-            prompt = self._base._build_system_prompt(self.agent, None)
-            with self.prompt_lock:
-                self.prebuilt = (time.monotonic(), identity, prompt)
-        except Exception:  # the turn builds it itself
-            pass
-        finally:
-            self.prebuilt_done.set()
-
-    def take_prebuilt_prompt(self, system_message: Any) -> str | None:
-        if system_message is not None:
-            return None
-        self.prebuilt_done.wait(10)
-        with self.prompt_lock:
-            prebuilt, self.prebuilt = self.prebuilt, None
-        if prebuilt is None:
-            return None
-        built_at, identity, prompt = prebuilt
-        current = (self.agent.model, self.agent.provider, self.agent.session_id)
-        if identity != current or time.monotonic() - built_at > PREBUILT_PROMPT_SECONDS:
-            return None
-        return prompt
+        self.system_prompt.prebuild(self.agent, self._base._build_system_prompt)
 
     # -- callbacks (any thread) -------------------------------------------------------------
     def on_reasoning(self, text: Any) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from tether.runtimes.base import (
+    AgentSystemPrompt,
     ApprovalDesk,
     ApprovalRequested,
     ApprovalResolved,
@@ -226,6 +227,7 @@ async def _drive(handle: TurnHandle, channel: AgentChannel, turn: TurnInput) -> 
     handle.turn_open = True
     done = False
     proving: asyncio.Future[None] | None = None
+    agent_prompt = turn.agent_system_prompt  # as the log holds it
     asked: dict[str, asyncio.Future[str]] = {}  # approval prompts the user has not answered
     questions: dict[str, asyncio.Future[str | None]] = {}  # clarify questions, likewise
     try:
@@ -286,6 +288,12 @@ async def _drive(handle: TurnHandle, channel: AgentChannel, turn: TurnInput) -> 
                     questions[question_id] = turn.questions.open(question_id)
                 else:  # driven without a way to ask anyone: nobody answers
                     channel.send({"op": "answer", "question_id": question_id, "text": ""})
+            if kind == "system_prompt":
+                text = str(event.get("text") or "")
+                if text != agent_prompt:  # recorded only when it changed
+                    agent_prompt = text
+                    yield AgentSystemPrompt(text)
+                continue
             if kind == "steer_taken":
                 steers.taken([str(i) for i in event.get("steer_ids") or []])
                 continue

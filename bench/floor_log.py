@@ -3,7 +3,7 @@
 Every figure is a ratio measured in this one run against a baseline on the same machine:
 
 - **replay**: a full replay (`GET /api/sessions/{id}/events?after=0`) of a 20,000-event session
-  against the suite's fake model (`tests/fake_openai.py`) streaming as many SSE frames of the
+  against the suite's fake model (`tests/fake_openai/`) streaming as many SSE frames of the
   same size (`POST /v1/chat/completions`, a reply of 20,000 text deltas with no delay). Both are
   read by the same client, raw bytes with frames counted, from sending the request to the last
   frame. Target: at most 1.5x.

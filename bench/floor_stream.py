@@ -1,7 +1,7 @@
 """The streaming path against its floor: first token and throughput, Tether against the fake.
 
 Both paths are read by the same kind of client (httpx, asyncio, lines parsed, JSON decoded) in
-this process, which also hosts the suite's fake model (`tests/fake_openai.py`) in a thread;
+this process, which also hosts the suite's fake model (`tests/fake_openai/`) in a thread;
 `tether serve --runtime openai` runs as a subprocess pointed at that fake.
 
 - **first token**: the model streams 200 text deltas 5 ms apart. Tether: from sending `POST

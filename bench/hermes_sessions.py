@@ -2,7 +2,7 @@
 
 Everything runs against `tether serve --runtime hermes` in a subprocess, driving the real
 hermes-agent 0.19.0 (the test suite's virtualenv, `tests/hermes/hermes_venv.py`) offline
-against the suite's fake model (`tests/fake_openai.py`, in this process). Three scenarios,
+against the suite's fake model (`tests/fake_openai/`, in this process). Three scenarios,
 each with its baseline measured in the same run, so only ratios are claimed:
 
 - `first-token`: the first token of the **first** turn of a new session against the first

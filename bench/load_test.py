@@ -18,7 +18,7 @@ What is checked and measured (bounded, loopback only):
   server's `time.time()` when it appended the event; same machine, same clock): p50/p99.
   This includes the durable commit (fsync), the fan-out, the SSE encoding and the client.
 
-How the load is made: the fake model (`tests/fake_openai.py`) runs in a thread of this
+How the load is made: the fake model (`tests/fake_openai/`) runs in a thread of this
 process; its default reply streams a few reasoning deltas and then text deltas with a small
 delay between them (`--deltas` x `--interval-ms`, default 40 x 25 ms, about 1.2 s per reply).
 `tether serve --runtime openai` runs as a subprocess on a free loopback port with a temporary

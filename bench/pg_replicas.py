@@ -2,7 +2,7 @@
 follower on another replica sees, and what the replicas do under a steady load.
 
 **latency**: 20 runs at once started on replica A, each followed over SSE on replica B; the
-model is the suite's fake (tests/fake_openai.py) as a real HTTP server in this process,
+model is the suite's fake (tests/fake_openai/) as a real HTTP server in this process,
 stamping every delta as it writes it (60 deltas 20 ms apart, bench/stream_latency.py's
 method and code). The baseline reads the model directly at the same concurrency; added =
 Tether percentile - direct percentile, per delta. A's commit reaches B through the log: the

@@ -8,7 +8,7 @@ is what Tether adds: the OpenAI SDK's parsing, the run engine's inbox and coales
 the durable append (WAL, synchronous=FULL: an fsync per flush, grouped across runs), the
 fan-out hub and the SSE encoding.
 
-How the emission time is known exactly: the fake model (`tests/fake_openai.py`) runs in this
+How the emission time is known exactly: the fake model (`tests/fake_openai/`) runs in this
 process, in a thread. Its scripted replies here are `Stamp, text, delay, Stamp, text, ...`;
 the fake hands any step it does not know to its `_control` hook, which the small subclass
 below overrides to record `time.monotonic()` for each `Stamp` just before the next text chunk

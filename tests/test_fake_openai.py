@@ -1,4 +1,4 @@
-"""Tests for the fake model server itself (tests/fake_openai.py), driven by the official
+"""Tests for the fake model server itself (tests/fake_openai/), driven by the official
 ``openai`` SDK and by raw httpx, so the other suites can trust it."""
 
 from __future__ import annotations

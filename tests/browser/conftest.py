@@ -59,7 +59,7 @@ def web_server(tmp_path: Path) -> Iterator[ServerProcess]:
 
 @pytest.fixture
 def fake() -> Iterator[FakeOpenAI]:
-    """The model, as a real OpenAI-compatible server (tests/fake_openai.py)."""
+    """The model, as a real OpenAI-compatible server (tests/fake_openai/)."""
     with FakeOpenAI() as server:
         yield server
 

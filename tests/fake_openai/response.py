@@ -1,6 +1,6 @@
 """How the fake writes an HTTP response on ASGI: the routes' JSON answers and the chat
 completions' streamed ones go through the same writer, which remembers whether the response
-has started and finished (the disconnect watcher needs to know)."""
+has finished (a disconnect after that is not counted)."""
 
 from __future__ import annotations
 

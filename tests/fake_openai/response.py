@@ -13,7 +13,6 @@ class Response:
 
     def __init__(self, send: Any) -> None:
         self._send = send
-        self.started = False
         self.finished = False
 
     async def start(
@@ -28,7 +27,6 @@ class Response:
             headers.append((b"content-length", str(content_length).encode()))
         for k, v in (extra or {}).items():
             headers.append((k.lower().encode(), v.encode()))
-        self.started = True
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body(self, data: bytes) -> None:

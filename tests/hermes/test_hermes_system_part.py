@@ -48,3 +48,37 @@ def test_a_part_is_reported_when_it_changes_and_only_then() -> None:
     prompt.saw_request({"input": "another API shape"}, None)
     prompt.saw_request(request(None), None)  # no system message at all: an empty part
     assert reported == ["A", "B", ""]
+
+
+def request_with(head: dict) -> dict:
+    return {"messages": [head, {"role": "user", "content": "hi"}]}
+
+
+def test_a_cached_or_developer_role_system_message_is_read_too() -> None:
+    """Prompt caching sends the system message as text parts marked `cache_control`, and
+    gpt-5 models get it as role `developer`: the part is read from both."""
+    reported: list[str] = []
+    prompt = SystemPrompt(reported.append)
+    cached = [
+        {"type": "text", "text": "A\n\n", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "Tether's"},
+    ]
+    prompt.saw_request(request_with({"role": "system", "content": cached}), "Tether's")
+    prompt.saw_request(request_with({"role": "developer", "content": "B\n\nTether's"}), "Tether's")
+    image = [{"type": "image_url", "image_url": {"url": "data:,"}}]
+    prompt.saw_request(request_with({"role": "system", "content": image}), None)  # not text
+    assert reported == ["A", "B"]
+
+
+def test_each_turn_reports_the_part_again() -> None:
+    """The last report may never have reached the log (a Stop before Tether recorded it, a
+    run of another runtime since): a turn's first request reports the part again, and
+    Tether keeps only a change (streaming.py)."""
+    reported: list[str] = []
+    prompt = SystemPrompt(reported.append)
+    sent = request_with({"role": "system", "content": "A"})
+    prompt.saw_request(sent, None)
+    prompt.saw_request(sent, None)
+    prompt.new_turn()
+    prompt.saw_request(sent, None)
+    assert reported == ["A", "A"]

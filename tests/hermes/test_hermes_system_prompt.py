@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 from hermes_venv import write_home
 
-from tether.runtimes.base import CompressionCompleted, RuntimeEvent, TextDelta, TurnInput
+from tether.projections.context import agent_system_message
+from tether.runtimes.base import (
+    AgentSystemPrompt,
+    CompressionCompleted,
+    RuntimeEvent,
+    TextDelta,
+    TurnInput,
+)
 from tether.runtimes.hermes import HermesRuntime
 from tether.settings import Settings
 
@@ -119,12 +126,44 @@ def _long_history(n: int = 12) -> list[dict[str, Any]]:
     return out
 
 
+def drive(data_dir: Path, fake: FakeOpenAI, *turns: TurnInput) -> list[list[RuntimeEvent]]:
+    """The events of each turn, run one after the other on one HermesRuntime handle."""
+
+    async def main() -> list[list[RuntimeEvent]]:
+        runtime = HermesRuntime(
+            Settings(
+                runtime="hermes",
+                base_url=fake.base_url,
+                model=fake.model,
+                api_key_env="TETHER_TEST_HERMES_KEY",
+                data_dir=data_dir,
+            )
+        )
+        try:
+            handle = await runtime.open_handle(turns[0].session_id)
+            out: list[list[RuntimeEvent]] = []
+            for turn in turns:
+                async with contextlib.aclosing(handle.stream(turn)) as events:
+                    out.append([event async for event in events])
+            return out
+        finally:
+            await runtime.aclose()
+
+    return asyncio.run(main())
+
+
+def reported_parts(events: list[RuntimeEvent]) -> list[str]:
+    return [e.text for e in events if isinstance(e, AgentSystemPrompt)]
+
+
 def test_hermes_compression_keeps_the_system_prompt_out_of_the_summary(
     hermes_env: Path, fake: FakeOpenAI, tmp_path: Path
 ) -> None:
     """Hermes' own compression (a summary request of its own mid-turn) still works with a
     system prompt: the prompt is not among what it summarizes, and the request after the
-    compression still carries it in the system message."""
+    compression still carries it in the system message. The agent's part last reported
+    composes, with the session's prompt, to exactly what that request sent (invariant 1:
+    the view after a compression is what the model got)."""
     write_home(hermes_env, fake, in_place=True, compression=True)
     fake.script(
         reply(
@@ -137,29 +176,8 @@ def test_hermes_compression_keeps_the_system_prompt_out_of_the_summary(
     )
     messages = [{"role": "system", "content": PROMPT}, *_long_history()]
     messages.append({"role": "user", "content": "next"})
-
-    async def main() -> list[RuntimeEvent]:
-        runtime = HermesRuntime(
-            Settings(
-                runtime="hermes",
-                base_url=fake.base_url,
-                model=fake.model,
-                api_key_env="TETHER_TEST_HERMES_KEY",
-                data_dir=tmp_path / "data",
-            )
-        )
-        try:
-            handle = await runtime.open_handle("s_sp_cmp")
-            turn = TurnInput("s_sp_cmp", "r_sp", "u_sp", messages, system_prompt=PROMPT)
-            out: list[RuntimeEvent] = []
-            async with contextlib.aclosing(handle.stream(turn)) as events:
-                async for event in events:
-                    out.append(event)
-            return out
-        finally:
-            await runtime.aclose()
-
-    events = asyncio.run(main())
+    turn = TurnInput("s_sp_cmp", "r_sp", "u_sp", messages, system_prompt=PROMPT)
+    [events] = drive(tmp_path / "data", fake, turn)
     completed = [e for e in events if isinstance(e, CompressionCompleted)]
     assert len(completed) == 1 and "six questions" in completed[0].summary
     assert "".join(e.text for e in events if isinstance(e, TextDelta)).endswith(
@@ -171,3 +189,24 @@ def test_hermes_compression_keeps_the_system_prompt_out_of_the_summary(
     assert after["messages"][0]["role"] == "system"
     assert after["messages"][0]["content"].endswith(PROMPT)
     assert not any(PROMPT in t for t in user_texts(after))
+    parts = reported_parts(events)
+    assert parts and agent_system_message(parts[-1], PROMPT) == after["messages"][0]["content"]
+
+
+def test_a_part_the_log_does_not_hold_is_reported_again_at_the_next_turn(
+    hermes_env: Path, fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    """A turn stopped right after the agent reported its part, or a run of another runtime
+    since, leaves the log without it (`TurnInput.agent_system_prompt` None): the next
+    turn reports it again, while a turn whose log holds it reports nothing."""
+    fake.script(reply(text("One.")), reply(text("Two.")), reply(text("Three.")))
+
+    def turn(n: int, held: str | None) -> TurnInput:
+        messages = [{"role": "user", "content": f"question {n}"}]
+        return TurnInput("s_sp_again", f"r{n}", f"u{n}", messages, agent_system_prompt=held)
+
+    first, second = drive(tmp_path / "data", fake, turn(1, None), turn(2, None))
+    [own] = reported_parts(first)
+    assert own and reported_parts(second) == [own]
+    [third] = drive(tmp_path / "data2", fake, turn(3, own))
+    assert reported_parts(third) == []

@@ -9,7 +9,7 @@ Live and settled timelines come from the same items, so a reload shows what stre
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from tether import events as ev
 from tether.events import Event
@@ -17,6 +17,14 @@ from tether.projections.agent_rows import imported_rows
 from tether.projections.branches import BranchTree
 from tether.projections.context import agent_system_message, context_messages
 from tether.projections.timeline import timeline_view
+
+
+class AgentPrompt(NamedTuple):
+    """The agent's own part of its system message (`agent.system_prompt`), and the runtime
+    whose agent sent it."""
+
+    text: str
+    runtime: str | None
 
 
 @dataclass
@@ -116,9 +124,7 @@ class TranscriptFold:
         # they follow, on the branches through that row).
         self.agent_watermark = 0
         self.agent_compactions: list[dict[str, Any]] = []
-        # The agent's own part of the system message (`agent.system_prompt`), and the
-        # runtime whose agent sent it: a run of another runtime sends none of it.
-        self.agent_system_prompt: tuple[str, str | None] | None = None
+        self.agent_prompt: AgentPrompt | None = None
 
     def apply(self, event: Event) -> None:
         if event.seq <= self.last_seq:
@@ -166,13 +172,12 @@ class TranscriptFold:
                 scene.phase = "running"
             scene.runtime = event.data.get("runtime")
             scene.model = event.data.get("model")
-        prompt = self.agent_system_prompt
-        if prompt is not None and prompt[1] != event.data.get("runtime"):
-            self.agent_system_prompt = None
+        if self.agent_prompt is not None and self.agent_prompt.runtime != event.data.get("runtime"):
+            self.agent_prompt = None  # a run of another runtime sends none of it
 
     def _agent_system_prompt(self, event: Event) -> None:
         scene = self._scene(event)
-        self.agent_system_prompt = (event.data["text"], scene.runtime if scene else None)
+        self.agent_prompt = AgentPrompt(event.data["text"], scene.runtime if scene else None)
 
     def _delta(self, event: Event) -> None:
         scene = self._scene(event)
@@ -429,15 +434,17 @@ class TranscriptFold:
                     self.tree.append(row)
 
     # -- views ------------------------------------------------------------------------------
-    def context(
-        self, system_prompt: str | None = None, *, agent_part: bool = False
-    ) -> dict[str, Any]:
+    def system_message(self, system_prompt: str | None) -> str | None:
+        """The whole system message the agent sends with `system_prompt`: its own part
+        first, when it has one (what the user is shown; the runtime's own input leaves that
+        part out, as the agent adds it itself)."""
+        if self.agent_prompt is None:
+            return system_prompt
+        return agent_system_message(self.agent_prompt.text, system_prompt)
+
+    def context(self, system_prompt: str | None = None) -> dict[str, Any]:
         """The model context of the next call (docs/api.md §3, `GET /api/session/context`),
-        opened by `system_prompt` when there is one; with `agent_part`, by the whole system
-        message the agent sends (its own part first), which is what the user is shown. The
-        runtime's own input leaves that part out: the agent adds it itself."""
-        if agent_part and self.agent_system_prompt is not None:
-            system_prompt = agent_system_message(self.agent_system_prompt[0], system_prompt)
+        opened by `system_prompt` when there is one."""
         position = {row["id"]: index for index, row in enumerate(self.messages)}
         # A compaction counts on the branches through the row it followed.
         compactions = [

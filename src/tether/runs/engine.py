@@ -449,7 +449,7 @@ class RunEngine:
                     refs[att["id"]] = AttachmentRef(att["id"], att["name"], att["mime"], path)
         run.steer.on_drain = lambda ids: run.inbox.put_nowait(SteerDelivered(ids))
         user = fold.transcript.users.get(run.turn_id)
-        agent_prompt = fold.transcript.agent_system_prompt
+        agent_prompt = fold.transcript.agent_prompt
         return TurnInput(
             run.session_id,
             run.stream_id,
@@ -462,7 +462,7 @@ class RunEngine:
             submitted_at=user["created_at"] if user else None,
             approvals=run.approvals,
             questions=run.questions,
-            agent_system_prompt=agent_prompt[0] if agent_prompt is not None else None,
+            agent_system_prompt=agent_prompt.text if agent_prompt is not None else None,
         )
 
     async def _produce(self, handle: RuntimeHandle, turn: TurnInput, inbox: asyncio.Queue) -> None:

@@ -37,7 +37,8 @@ class SessionFold:
     def context(self, default_system_prompt: str | None) -> dict[str, Any]:
         """What the next model call gets, as the user is shown it: the whole system message
         first (the agent's own part included), then the transcript."""
-        return self.transcript.context(self.system_prompt(default_system_prompt), agent_part=True)
+        system_message = self.transcript.system_message(self.system_prompt(default_system_prompt))
+        return self.transcript.context(system_message)
 
     def apply(self, event: Event) -> None:
         self.row = fold_row(self.row, event)

@@ -325,6 +325,7 @@ class Session:
         self.last_usage = None
         self.tool_meta.clear()
         self.written = []
+        self.system_prompt.new_turn()
         try:
             if cmd.get("model") and cmd["model"] != self.agent.model:
                 self.agent.model = cmd["model"]

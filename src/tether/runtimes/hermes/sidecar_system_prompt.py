@@ -1,6 +1,6 @@
 """An agent's system prompt, seen from the sidecar (hermes-agent's interpreter; stdlib only):
-built ahead for a new agent's first turn, and its own part reported to Tether whenever a
-turn's model request carries another one (`agent.system_prompt`, docs/hermes.md), so that
+built ahead for a new agent's first turn, and its own part reported to Tether at each turn's
+first model request and whenever it changes (`agent.system_prompt`, docs/hermes.md), so that
 the context view shows the whole system message the model gets.
 
 Hermes composes that message as `(own + "\\n\\n" + ephemeral).strip()`, where `ephemeral` is
@@ -71,22 +71,41 @@ class SystemPrompt:
             return None
         return prompt
 
+    def new_turn(self) -> None:
+        """Report the own part again at the turn's first request: the last report may not
+        have reached the log (a Stop before it was recorded, another runtime's run since);
+        Tether drops a report equal to what its log already holds."""
+        with self._lock:
+            self._reported = None
+
     def saw_request(self, api_kwargs: Any, ephemeral: str | None) -> None:
         """Report the own part of a model request's system message when it changed."""
-        if not isinstance(api_kwargs, dict):
-            return
-        messages = api_kwargs.get("messages")
-        if not isinstance(messages, list):  # another API shape: nothing to read it from
-            return
-        head = messages[0] if messages else None
-        is_system = isinstance(head, dict) and head.get("role") == "system"
-        sent = head.get("content") if is_system else ""  # type: ignore[union-attr]
-        if not isinstance(sent, str):
-            return
-        own = own_system_part(sent, ephemeral)
-        with self._lock:
-            changed = own is not None and own != self._reported
-            if changed:
+        sent = sent_system_text(api_kwargs)
+        own = own_system_part(sent, ephemeral) if sent is not None else None
+        with self._lock:  # held while reporting, so two requests report in their order
+            if own is not None and own != self._reported:
                 self._reported = own
-        if changed:
-            self._report(own)  # type: ignore[arg-type]
+                self._report(own)
+
+
+SYSTEM_ROLES = frozenset({"system", "developer"})  # Hermes sends "developer" to gpt-5 models
+
+
+def sent_system_text(api_kwargs: Any) -> str | None:
+    """The text of the system message a chat-completions request opens with ("" when it
+    opens with none); None for another API shape or content that is not text."""
+    messages = api_kwargs.get("messages") if isinstance(api_kwargs, dict) else None
+    if not isinstance(messages, list):
+        return None
+    head = messages[0] if messages else None
+    if not isinstance(head, dict) or head.get("role") not in SYSTEM_ROLES:
+        return ""
+    content = head.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # prompt caching sends text parts with cache_control
+        texts = [
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        ]
+        return "".join(texts) if len(texts) == len(content) else None
+    return None

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from tether.events import Event
+from tether.runtimes.base import RuntimeEvent, TurnInput
+from tether.sessions.folds import SessionFold
 from tether.settings import Settings
 
 from engine_harness import GatedRuntime, Harness, StatefulGatedRuntime, harness, until
@@ -96,5 +100,59 @@ def test_a_stop_during_the_opening_commit_means_zero_model_requests(tmp_path: Pa
                 "run.finished",
             ]
             assert ours[-1].data["state"] == "cancelled"
+
+    asyncio.run(main())
+
+
+class ReadCountingRuntime(GatedRuntime):
+    """Notes how many log reads had been made when the model was asked."""
+
+    def __init__(self, reads: list[str]) -> None:
+        super().__init__()
+        self.reads = reads
+        self.reads_when_asked: int | None = None
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        self.reads_when_asked = len(self.reads)
+        async for event in super().stream(turn):
+            yield event
+
+
+def test_a_new_session_s_first_turn_reads_nothing_from_the_log_before_the_model(
+    tmp_path: Path,
+) -> None:
+    """Layer: the server's session folds (sessions/folds.py), each the fold of its log. A
+    session just created is cached from the events that created it, so its first turn's
+    context needs no read of the log (a thread hop, about 0.5 ms of the first token); the
+    context the model gets is still the whole log's, and a fold evicted since is read."""
+    reads: list[str] = []
+    runtime = ReadCountingRuntime(reads)
+
+    async def main() -> None:
+        runtime.gate.set()
+        async with harness(tmp_path, runtime) as h:
+            real_read = h.store.read
+
+            async def read(session_id: str, *args: Any, **kwargs: Any) -> list[Event]:
+                reads.append(session_id)
+                return await real_read(session_id, *args, **kwargs)
+
+            h.store.read = read  # type: ignore[method-assign]  # a probe: the real read runs
+            sid = (await h.sessions.create("first"))["session_id"]
+            await h.engine.start(sid, "hi")
+            await h.wait_idle(sid)
+            assert runtime.reads_when_asked == 0
+            cached = await h.sessions.folds.get(sid)
+            from_log = SessionFold()
+            for event in await real_read(sid):
+                from_log.apply(event)
+            assert cached.row == from_log.row
+            assert cached.transcript.view() == from_log.transcript.view()
+
+            h.sessions.folds.forget(sid)  # evicted: the next turn reads the log
+            before = len(reads)
+            await h.engine.start(sid, "again")
+            await h.wait_idle(sid)
+            assert runtime.reads_when_asked is not None and runtime.reads_when_asked > before
 
     asyncio.run(main())

@@ -74,10 +74,28 @@ class FoldCache:
                     fold.apply(event)
             self._folds[session_id] = fold
             self._folds.move_to_end(session_id)
-            while len(self._folds) > self._capacity:
-                evicted, _ = self._folds.popitem(last=False)
-                self._locks.pop(evicted, None)
+            self._evict()
             return fold
+
+    def _evict(self) -> None:
+        while len(self._folds) > self._capacity:
+            evicted, _ = self._folds.popitem(last=False)
+            self._locks.pop(evicted, None)
+
+    def adopt(self, session_id: str, created: list[Event]) -> None:
+        """Cache a session just created from the events that created it, so its first turn
+        needs no read of the log before the model is asked (about 0.5 ms of the first token,
+        bench/README.md). Kept only when they are the whole log so far: anything appended
+        since is then applied by `on_batch`, or read by the next `get` after a gap."""
+        if session_id in self._folds or not created or created[0].seq != 1:
+            return
+        fold = SessionFold()
+        for event in created:
+            if event.seq != fold.last_seq + 1:
+                return
+            fold.apply(event)
+        self._folds[session_id] = fold
+        self._evict()
 
     def forget(self, session_id: str) -> None:
         self._folds.pop(session_id, None)

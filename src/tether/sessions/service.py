@@ -201,7 +201,8 @@ class SessionService:
     async def create(self, title: str | None) -> dict[str, Any]:
         data = {"title": clean_title(title)} if title is not None else {"title": None}
         session_id = new_id("s")
-        await self.store.create_session(session_id, [Draft(ev.SESSION_CREATED, data)])
+        created = await self.store.create_session(session_id, [Draft(ev.SESSION_CREATED, data)])
+        self.folds.adopt(session_id, created)
         row = await self.row(session_id)
         assert row is not None
         return row

@@ -221,8 +221,11 @@ def test_tampered_or_foreign_cookies_are_refused(pw_server: ServerProcess) -> No
         value = client.cookies[COOKIE]
     payload, stamp, signature = value.split(".")
     forged_payload = base64.urlsafe_b64encode(json.dumps({"n": "mine"}).encode()).decode()
+    # The signature's first character, not its last: base64's last character of a 32-byte
+    # signature carries padding bits, and changing only those decodes to the same bytes.
+    flipped = ("A" if signature[0] != "A" else "B") + signature[1:]
     tampered = [
-        value[:-1] + ("A" if value[-1] != "A" else "B"),
+        f"{payload}.{stamp}.{flipped}",
         f"{forged_payload.rstrip('=')}.{stamp}.{signature}",
         f"{payload}.{stamp}.",
         "garbage",

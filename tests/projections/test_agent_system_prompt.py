@@ -47,11 +47,11 @@ def folded(*events: Event) -> SessionFold:
 
 def test_the_view_opens_with_the_agents_part_then_the_sessions_prompt() -> None:
     fold = folded(*turn(2, 1, "hermes"))
-    shown = fold.context("Answer in haiku.")["context_messages"]
+    shown = fold.context("Answer in haiku.", "hermes")["context_messages"]
     assert shown[0] == {"role": "system", "content": OWN + "\n\nAnswer in haiku."}
     assert [m["role"] for m in shown] == ["system", "user", "assistant"]
     # Without a session prompt the agent's part alone, as Hermes sends it.
-    assert fold.context(None)["context_messages"][0] == {"role": "system", "content": OWN}
+    assert fold.context(None, "hermes")["context_messages"][0] == {"role": "system", "content": OWN}
     # What the runtime gets leaves the agent's part out: the agent adds it itself.
     given = fold.transcript.context("Answer in haiku.")["context_messages"]
     assert given[0] == {"role": "system", "content": "Answer in haiku."}
@@ -61,11 +61,22 @@ def test_the_view_opens_with_the_agents_part_then_the_sessions_prompt() -> None:
 def test_the_latest_part_recorded_is_shown_and_a_run_of_another_runtime_drops_it() -> None:
     changed = "You are Hermes Agent.\n\nTools: terminal, browser."
     fold = folded(*turn(2, 1, "hermes"), *turn(7, 2, "hermes", prompt=changed))
-    assert fold.context(None)["context_messages"][0]["content"] == changed
+    assert fold.context(None, "hermes")["context_messages"][0]["content"] == changed
     fold = folded(*turn(2, 1, "hermes"), *turn(7, 2, "hermes", prompt=None))
-    assert fold.context(None)["context_messages"][0]["content"] == OWN  # unchanged: kept
+    assert fold.context(None, "hermes")["context_messages"][0]["content"] == OWN  # unchanged: kept
     fold = folded(*turn(2, 1, "hermes"), *turn(7, 2, "openai", prompt=None))
-    assert fold.context(None)["context_messages"][0]["role"] == "user"
+    assert fold.context(None, "openai")["context_messages"][0]["role"] == "user"
+
+
+def test_a_server_running_another_runtime_shows_none_of_the_agents_part() -> None:
+    """Restarted with another `--runtime` before any run of it: that runtime sends none of
+    Hermes' part, so the view shows the session's prompt alone, as the model will get it;
+    back on Hermes, the part recorded is shown again."""
+    fold = folded(*turn(2, 1, "hermes"))
+    shown = fold.context("Answer in haiku.", "openai")["context_messages"]
+    assert shown[0] == {"role": "system", "content": "Answer in haiku."}
+    assert fold.context(None, "openai")["context_messages"][0]["role"] == "user"
+    assert fold.context(None, "hermes")["context_messages"][0] == {"role": "system", "content": OWN}
 
 
 def test_recording_the_agents_part_does_not_move_the_sidebar_row() -> None:

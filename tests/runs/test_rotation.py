@@ -85,7 +85,7 @@ def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) 
             ]
             assert {m["session_id"] for m in child_view["inherited_messages"]} == {parent}
             # ... while its model context starts from the summary, as reference material
-            context = await h.sessions.context(child)
+            context = await h.sessions.context(child, h.engine.runtime.name)
             assert context["context_messages"] == [
                 {"role": "system", "content": SUMMARY_PREFIX + "handoff #1"}
             ]

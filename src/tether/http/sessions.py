@@ -122,7 +122,7 @@ async def delete_session(app: App, session_id: SessionIdQuery) -> dict:
 async def session_context(app: App, session_id: SessionIdQuery) -> JSONResponse:
     """Exactly what the next model call of this session would receive, in the OpenAI message
     shape, compression summaries included, with the turns left out and why."""
-    return JSONResponse(await app.sessions.context(session_id))
+    return JSONResponse(await app.sessions.context(session_id, app.engine.runtime.name))
 
 
 @router.post(

@@ -434,11 +434,12 @@ class TranscriptFold:
                     self.tree.append(row)
 
     # -- views ------------------------------------------------------------------------------
-    def system_message(self, system_prompt: str | None) -> str | None:
-        """The whole system message the agent sends with `system_prompt`: its own part
-        first, when it has one (what the user is shown; the runtime's own input leaves that
-        part out, as the agent adds it itself)."""
-        if self.agent_prompt is None:
+    def system_message(self, system_prompt: str | None, runtime: str) -> str | None:
+        """The whole system message `runtime`'s agent sends with `system_prompt`: its own
+        part first, when it recorded one (what the user is shown; the runtime's own input
+        leaves that part out, as the agent adds it itself). Another runtime's part is not
+        sent by this one (a server restarted with another `--runtime`)."""
+        if self.agent_prompt is None or self.agent_prompt.runtime != runtime:
             return system_prompt
         return agent_system_message(self.agent_prompt.text, system_prompt)
 

@@ -34,10 +34,11 @@ class SessionFold:
         own = (self.row or {}).get("system_prompt")
         return own if own is not None else default
 
-    def context(self, default_system_prompt: str | None) -> dict[str, Any]:
-        """What the next model call gets, as the user is shown it: the whole system message
-        first (the agent's own part included), then the transcript."""
-        system_message = self.transcript.system_message(self.system_prompt(default_system_prompt))
+    def context(self, default_system_prompt: str | None, runtime: str) -> dict[str, Any]:
+        """What `runtime`'s next model call gets, as the user is shown it: the whole system
+        message first (its agent's own part included), then the transcript."""
+        system_prompt = self.system_prompt(default_system_prompt)
+        system_message = self.transcript.system_message(system_prompt, runtime)
         return self.transcript.context(system_message)
 
     def apply(self, event: Event) -> None:

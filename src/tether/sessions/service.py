@@ -193,9 +193,10 @@ class SessionService:
             parent_id = parent.row["parent_session_id"] if parent.row else None
         return [{**row, "session_id": sid} for sid, rows in reversed(chain) for row in rows]
 
-    async def context(self, session_id: str) -> dict[str, Any]:
+    async def context(self, session_id: str, runtime: str) -> dict[str, Any]:
+        """The context view (docs/api.md §3) for the server's `runtime` (its name)."""
         fold = await self.folds.get(session_id)
-        return fold.context((await self.defaults.current()).system_prompt)
+        return fold.context((await self.defaults.current()).system_prompt, runtime)
 
     # -- commands ---------------------------------------------------------------------------
     async def create(self, title: str | None) -> dict[str, Any]:

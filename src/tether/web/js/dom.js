@@ -39,6 +39,18 @@ export function patchChildren(parent, specs, build, update) {
   for (const el of existing.values()) el.remove();
 }
 
+/** Set what differs only: writing the same text or attribute again still invalidates the
+ * element's style and layout, which a list repainted on every change pays for each row. */
+export function setText(el, text) {
+  if (el.textContent !== text) el.textContent = text;
+}
+
+export function setAttr(el, name, value) {
+  if (value === null) {
+    if (el.hasAttribute(name)) el.removeAttribute(name);
+  } else if (el.getAttribute(name) !== value) el.setAttribute(name, value);
+}
+
 export function formatDuration(seconds) {
   const s = Math.max(0, Math.floor(seconds));
   const ss = String(s % 60).padStart(2, "0");

@@ -2,7 +2,7 @@
 // sidebar stream (`GET /api/events`). Each row is a link whose accessible name carries its
 // title and its state ("running", "unread"); arrow keys move between rows.
 import { del, get, patch, q } from "./api.js";
-import { h, patchChildren } from "./dom.js";
+import { h, patchChildren, setAttr, setText } from "./dom.js";
 import { exportLinks } from "./transfer.js";
 
 function groupOf(row, now = new Date()) {
@@ -35,6 +35,7 @@ export class Sidebar {
     this.archivedToggle = document.getElementById("show-archived");
     this.rows = new Map();
     this.busySeen = new Map();
+    this.renderPending = false; // a draw is asked for the next frame (renderSoon)
     this.activeId = null;
     this.feed = null;
     this.searchTimer = null;
@@ -100,7 +101,19 @@ export class Sidebar {
       this.trackCompletion(row);
     }
     if (!row) this.opts.onDeleted?.(sid);
-    this.render();
+    this.renderSoon();
+  }
+
+  /** Rows change in bursts (twenty runs starting at once are eighty changes): they are drawn
+   * once per frame, not once each. A hidden page draws later; showing it draws at once. */
+  renderSoon() {
+    if (this.renderPending) return;
+    this.renderPending = true;
+    const draw = () => {
+      if (this.renderPending) this.render();
+    };
+    if (document.visibilityState === "visible") requestAnimationFrame(draw);
+    else setTimeout(draw, 200);
   }
 
   /** A run that finished while the session was not being viewed lights its dot, when it
@@ -133,10 +146,12 @@ export class Sidebar {
   }
 
   render() {
+    this.renderPending = false;
     const now = new Date();
+    const sorted = this.sorted();
     const specs = [];
     for (const name of GROUPS) {
-      const rows = this.sorted().filter((r) => groupOf(r, now) === name);
+      const rows = sorted.filter((r) => groupOf(r, now) === name);
       if (!rows.length) continue;
       specs.push({ key: `group:${name}`, group: name });
       for (const row of rows) specs.push({ key: row.session_id, row });
@@ -191,11 +206,11 @@ export class Sidebar {
 
   update(el, spec) {
     if (spec.empty !== undefined) {
-      el.textContent = spec.empty;
+      setText(el, spec.empty);
       return;
     }
     if (spec.group) {
-      el.textContent = spec.group;
+      setText(el, spec.group);
       return;
     }
     const row = spec.row;
@@ -204,17 +219,22 @@ export class Sidebar {
     const unread =
       !active && this.opts.unread.hasUnread(row, { active: this.isActive(row.session_id) });
     const link = el.querySelector(".session-link");
-    link.href = `/s/${row.session_id}`;
-    if (active) link.setAttribute("aria-current", "page");
-    else link.removeAttribute("aria-current");
-    el.classList.toggle("active", active);
-    el.querySelector(".session-name").textContent = row.title;
+    setAttr(link, "href", `/s/${row.session_id}`);
+    setAttr(link, "aria-current", active ? "page" : null);
+    if (el.classList.contains("active") !== active) el.classList.toggle("active", active);
+    setText(el.querySelector(".session-name"), row.title);
     const failed = row.busy ? undefined : FAILED[row.last_run_state];
-    el.querySelector(".session-failed").textContent = failed ?? "";
+    setText(el.querySelector(".session-failed"), failed ?? "");
     const when = relativeTime(row.updated_at);
-    el.querySelector(".session-when").textContent = when;
-    el.querySelector(".running-dot").hidden = !row.busy;
-    el.querySelector(".unread-dot").hidden = !unread;
+    setText(el.querySelector(".session-when"), when);
+    const dots = [
+      [".running-dot", !row.busy],
+      [".unread-dot", !unread],
+    ];
+    for (const [selector, hidden] of dots) {
+      const dot = el.querySelector(selector);
+      if (dot.hidden !== hidden) dot.hidden = hidden;
+    }
     const states = [
       row.busy && "running",
       failed && `last run ${failed}`,
@@ -222,8 +242,8 @@ export class Sidebar {
       row.pinned && "pinned",
       when,
     ].filter(Boolean);
-    link.setAttribute("aria-label", [row.title, ...states].join(", "));
-    el.querySelector(".row-menu-btn").setAttribute("aria-label", `Actions for ${row.title}`);
+    setAttr(link, "aria-label", [row.title, ...states].join(", "));
+    setAttr(el.querySelector(".row-menu-btn"), "aria-label", `Actions for ${row.title}`);
   }
 
   closeMenus() {

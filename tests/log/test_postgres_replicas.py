@@ -113,6 +113,32 @@ def test_batches_locking_many_sessions_in_any_order_never_deadlock(url: str) -> 
     asyncio.run(main())
 
 
+def test_a_replicas_session_list_follows_what_other_replicas_write(url: str) -> None:
+    """A replica keeps the sidebar states it decoded and re-reads only those whose
+    `state_seq` moved (pg_reads.py): another replica's append, a session it created and one
+    it deleted all show in the next list, and the database stays the authority."""
+
+    async def main() -> None:
+        a, b = open_store(url, "ra"), open_store(url, "rb")
+        for sid in ("s1", "s2", "s3"):
+            await a.create_session(sid, [Draft("session.created", {})])
+        first = await b.index_states()
+        assert first == {sid: {"n": 1} for sid in ("s1", "s2", "s3")}
+        await a.append("s2", [Draft("a"), Draft("a")])
+        await a.create_session("s4", [Draft("session.created", {})])
+        await a.delete_session("s3")
+        second = await b.index_states()
+        assert second == {"s1": {"n": 1}, "s2": {"n": 3}, "s4": {"n": 1}}
+        assert second["s1"] is first["s1"]  # not decoded again: its state_seq did not move
+        await b.append("s1", [Draft("a")])
+        assert await a.index_states() == await b.index_states()
+        assert (await a.index_states())["s1"] == {"n": 2}
+        for store in (a, b):
+            await store.aclose()
+
+    asyncio.run(main())
+
+
 async def _kill_listener(admin: Any) -> bool:
     """Terminate the follower's LISTEN connection once it is listening (after a first kill,
     its reconnect may still be on its way: wait for it, up to 10 s)."""

@@ -109,6 +109,7 @@ class PostgresEventStore(PostgresReads):
         self._fold = index_fold
         self._clock = clock
         self._closed_streams: set[str] = set()
+        self._decoded_states = {}
         self._search_fold = search_fold
         try:
             with psycopg.connect(url, autocommit=True, connect_timeout=10) as db:

@@ -21,7 +21,8 @@ from tether.projections.timeline import timeline_view
 
 class AgentPrompt(NamedTuple):
     """The agent's own part of its system message (`agent.system_prompt`), and the runtime
-    whose agent sent it."""
+    whose agent sent it: None when no run of the fold's recorded it (never seen: the event
+    is written inside a run), and such a part is shown for no runtime."""
 
     text: str
     runtime: str | None

@@ -99,6 +99,9 @@ export class Sidebar {
     else {
       this.rows.set(sid, row);
       this.trackCompletion(row);
+      // Seen as it arrives, not at the next draw: a switch to another session before that
+      // draw would otherwise leave this one's new rows unread (a dot the user never earned).
+      if (this.isActive(sid)) this.opts.unread.acknowledge(row);
     }
     if (!row) this.opts.onDeleted?.(sid);
     this.renderSoon();
@@ -221,7 +224,7 @@ export class Sidebar {
     const link = el.querySelector(".session-link");
     setAttr(link, "href", `/s/${row.session_id}`);
     setAttr(link, "aria-current", active ? "page" : null);
-    if (el.classList.contains("active") !== active) el.classList.toggle("active", active);
+    el.classList.toggle("active", active);
     setText(el.querySelector(".session-name"), row.title);
     const failed = row.busy ? undefined : FAILED[row.last_run_state];
     setText(el.querySelector(".session-failed"), failed ?? "");

@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tether.errors import SessionRotated
-from tether.events import SUMMARY_PREFIX
+from tether.events import SUMMARY_PREFIX, Event
 from tether.runtimes.base import Runtime, RuntimeEvent, TextDelta, TurnInput, Usage
 from tether.settings import Settings
 
@@ -133,5 +134,42 @@ def test_in_place_mode_never_rotates(tmp_path: Path) -> None:
             await asyncio.sleep(0.05)
             assert (await h.sessions.row(sid))["continuation_session_id"] is None
             assert runtime.summaries == []
+
+    asyncio.run(main())
+
+
+def test_a_child_s_first_turn_reads_nothing_of_its_log_before_the_model(tmp_path: Path) -> None:
+    """Layer: the server's session folds. The child is cached from the events that created
+    it (`SessionService.create_log`), as a session made by `POST /api/sessions` is, so its
+    first turn's context needs no read of its log (runs/test_stateless_start.py)."""
+    reads: list[str] = []
+    child_reads_when_asked: list[int] = []
+
+    class Probe(FullContextRuntime):
+        async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+            child_reads_when_asked.append(reads.count(turn.session_id))
+            async for event in super().stream(turn):
+                yield event
+
+    async def main() -> None:
+        async with harness(tmp_path, Probe(), rotating(tmp_path)) as h:
+            real_read = h.store.read
+
+            async def read(session_id: str, *args: Any, **kwargs: Any) -> list[Event]:
+                reads.append(session_id)
+                return await real_read(session_id, *args, **kwargs)
+
+            h.store.read = read  # type: ignore[method-assign]  # a probe: the real read runs
+            parent = (await h.sessions.create("Research"))["session_id"]
+            await h.engine.start(parent, "first question")
+            for _ in range(500):
+                child = (await h.sessions.row(parent))["continuation_session_id"]
+                if child and not h.registry.busy(parent):
+                    break
+                await asyncio.sleep(0.01)
+            assert child
+            await h.engine.start(child, "second question")
+            await h.wait_idle(child)
+            assert child_reads_when_asked == [0, 0]  # the parent's first turn, the child's
 
     asyncio.run(main())

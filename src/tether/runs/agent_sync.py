@@ -86,7 +86,7 @@ async def adopt_sessions_started_elsewhere(sessions: SessionService, agent: Agen
             continue  # created since `known` was read: it is driven from Tether after all
         if not await agent.bind(session_id, agent_id):
             continue
-        await sessions.store.create_session(
+        await sessions.create_log(
             session_id,
             [
                 Draft(

@@ -94,7 +94,7 @@ async def continue_in(
     parent = await sessions.row(parent_id)
     assert parent is not None and fold.row is not None
     if create:
-        await store.create_session(
+        await sessions.create_log(
             child_id,
             [
                 Draft(

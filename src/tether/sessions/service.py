@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from tether import events as ev
 from tether.errors import InvalidRequest, SessionBusy, SessionRotated
-from tether.events import new_id
+from tether.events import Event, new_id
 from tether.log import Draft, SessionNotFound
 from tether.log.attachments import BlobStore
 from tether.log.completion import to_completion
@@ -202,11 +202,19 @@ class SessionService:
     async def create(self, title: str | None) -> dict[str, Any]:
         data = {"title": clean_title(title)} if title is not None else {"title": None}
         session_id = new_id("s")
-        created = await self.store.create_session(session_id, [Draft(ev.SESSION_CREATED, data)])
-        self.folds.adopt(session_id, created)
+        await self.create_log(session_id, [Draft(ev.SESSION_CREATED, data)])
         row = await self.row(session_id)
         assert row is not None
         return row
+
+    async def create_log(
+        self, session_id: str, drafts: list[Draft], owner: str | None = None
+    ) -> list[Event]:
+        """Create a session's log, its fold cached from the creating events, so that its
+        first turn reads nothing from the log before the model is asked (FoldCache.adopt)."""
+        created = await self.store.create_session(session_id, drafts, owner)
+        self.folds.adopt(session_id, created)
+        return created
 
     async def patch(self, session_id: str, changes: dict[str, Any]) -> dict[str, Any]:
         if not changes:

@@ -10,7 +10,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from tether.events import Event
 from tether.log.store import EventStore
 from tether.log.subscriptions import Hub
 from tether.runs import maintenance
@@ -36,6 +38,17 @@ class Harness:
 
     async def types(self, session_id: str) -> list[str]:
         return [e.type for e in await self.store.read(session_id)]
+
+    def note_reads(self, reads: list[str]) -> None:
+        """Append to `reads` the session of every log read from now on (a probe: the real
+        read still runs)."""
+        real_read = self.store.read
+
+        async def read(session_id: str, *args: Any, **kwargs: Any) -> list[Event]:
+            reads.append(session_id)
+            return await real_read(session_id, *args, **kwargs)
+
+        self.store.read = read  # type: ignore[method-assign]
 
     async def wait_idle(self, session_id: str, timeout: float = 10) -> None:
         for _ in range(int(timeout / 0.01)):

@@ -9,16 +9,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tether.errors import SessionRotated
-from tether.events import SUMMARY_PREFIX, Event
+from tether.events import SUMMARY_PREFIX
 from tether.runtimes.base import Runtime, RuntimeEvent, TextDelta, TurnInput, Usage
 from tether.settings import Settings
 
-from engine_harness import harness
+from engine_harness import Harness, harness
 
 
 class FullContextRuntime(Runtime):
@@ -48,6 +47,16 @@ class FullContextRuntime(Runtime):
         return None
 
 
+async def rotated_child(h: Harness, parent: str) -> str:
+    """The child `parent` continues in, once its rotating turn has finished."""
+    for _ in range(500):
+        child = (await h.sessions.row(parent))["continuation_session_id"]
+        if child and not h.registry.busy(parent):
+            return child
+        await asyncio.sleep(0.01)
+    raise AssertionError("the session never rotated")
+
+
 def rotating(tmp_path: Path) -> Settings:
     return Settings(data_dir=tmp_path, context_window=1000, compression_mode="rotate")
 
@@ -58,12 +67,7 @@ def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) 
         async with harness(tmp_path, runtime, rotating(tmp_path)) as h:
             parent = (await h.sessions.create("Research"))["session_id"]
             await h.engine.start(parent, "first question")
-            for _ in range(500):
-                child = (await h.sessions.row(parent))["continuation_session_id"]
-                if child and not h.registry.busy(parent):
-                    break
-                await asyncio.sleep(0.01)
-            assert child
+            child = await rotated_child(h, parent)
             parent_row, child_row = await h.sessions.row(parent), await h.sessions.row(child)
             # the turn finished in the parent, then the parent rotated
             parent_view = await h.sessions.view(parent)
@@ -153,21 +157,10 @@ def test_a_child_s_first_turn_reads_nothing_of_its_log_before_the_model(tmp_path
 
     async def main() -> None:
         async with harness(tmp_path, Probe(), rotating(tmp_path)) as h:
-            real_read = h.store.read
-
-            async def read(session_id: str, *args: Any, **kwargs: Any) -> list[Event]:
-                reads.append(session_id)
-                return await real_read(session_id, *args, **kwargs)
-
-            h.store.read = read  # type: ignore[method-assign]  # a probe: the real read runs
+            h.note_reads(reads)
             parent = (await h.sessions.create("Research"))["session_id"]
             await h.engine.start(parent, "first question")
-            for _ in range(500):
-                child = (await h.sessions.row(parent))["continuation_session_id"]
-                if child and not h.registry.busy(parent):
-                    break
-                await asyncio.sleep(0.01)
-            assert child
+            child = await rotated_child(h, parent)
             await h.engine.start(child, "second question")
             await h.wait_idle(child)
             assert child_reads_when_asked == [0, 0]  # the parent's first turn, the child's

@@ -14,7 +14,6 @@ import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from tether.events import Event
 from tether.runtimes.base import RuntimeEvent, TurnInput
@@ -131,20 +130,14 @@ def test_a_new_session_s_first_turn_reads_nothing_from_the_log_before_the_model(
     async def main() -> None:
         runtime.gate.set()
         async with harness(tmp_path, runtime) as h:
-            real_read = h.store.read
-
-            async def read(session_id: str, *args: Any, **kwargs: Any) -> list[Event]:
-                reads.append(session_id)
-                return await real_read(session_id, *args, **kwargs)
-
-            h.store.read = read  # type: ignore[method-assign]  # a probe: the real read runs
+            h.note_reads(reads)
             sid = (await h.sessions.create("first"))["session_id"]
             await h.engine.start(sid, "hi")
             await h.wait_idle(sid)
             assert runtime.reads_when_asked == 0
             cached = await h.sessions.folds.get(sid)
             from_log = SessionFold()
-            for event in await real_read(sid):
+            for event in await h.store.read(sid):
                 from_log.apply(event)
             assert cached.row == from_log.row
             assert cached.transcript.view() == from_log.transcript.view()

@@ -88,7 +88,7 @@ class FoldCache:
         needs no read of the log before the model is asked (about 0.5 ms of the first token,
         bench/README.md). Kept only when they are the whole log so far: anything appended
         since is then applied by `on_batch`, or read by the next `get` after a gap."""
-        if session_id in self._folds or not created or created[0].seq != 1:
+        if session_id in self._folds or not created:
             return
         fold = SessionFold()
         for event in created:

@@ -45,6 +45,10 @@ export function setText(el, text) {
   if (el.textContent !== text) el.textContent = text;
 }
 
+export function setHidden(el, hidden) {
+  if (el.hidden !== hidden) el.hidden = hidden;
+}
+
 export function setAttr(el, name, value) {
   if (value === null) {
     if (el.hasAttribute(name)) el.removeAttribute(name);

@@ -5,6 +5,7 @@ import "./session_auth.js";
 import { ApiError, del, get, patch, post, q } from "./api.js";
 import { BranchActions } from "./branches.js";
 import { Composer } from "./composer.js";
+import { setText } from "./dom.js";
 import { applyEvent, applySnapshot, createSession, view } from "./reducer.js";
 import { MessageSearch } from "./search.js";
 import { SessionSettings } from "./session_settings.js";
@@ -391,7 +392,7 @@ class App {
     // A status is announced once: the live region's words change only with the state; the
     // count of events still to replay is shown beside it, outside the region.
     const text = state === "replaying" ? "Replaying events…" : (CONN_TEXT[state] ?? state);
-    if (el.textContent !== text) el.textContent = text;
+    setText(el, text);
     $("conn-count").textContent = state === "replaying" ? String(detail.missing ?? "") : "";
   }
 

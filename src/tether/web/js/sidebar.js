@@ -2,7 +2,7 @@
 // sidebar stream (`GET /api/events`). Each row is a link whose accessible name carries its
 // title and its state ("running", "unread"); arrow keys move between rows.
 import { del, get, patch, q } from "./api.js";
-import { h, patchChildren, setAttr, setText } from "./dom.js";
+import { h, patchChildren, setAttr, setHidden, setText } from "./dom.js";
 import { exportLinks } from "./transfer.js";
 
 function groupOf(row, now = new Date()) {
@@ -230,14 +230,8 @@ export class Sidebar {
     setText(el.querySelector(".session-failed"), failed ?? "");
     const when = relativeTime(row.updated_at);
     setText(el.querySelector(".session-when"), when);
-    const dots = [
-      [".running-dot", !row.busy],
-      [".unread-dot", !unread],
-    ];
-    for (const [selector, hidden] of dots) {
-      const dot = el.querySelector(selector);
-      if (dot.hidden !== hidden) dot.hidden = hidden;
-    }
+    setHidden(el.querySelector(".running-dot"), !row.busy);
+    setHidden(el.querySelector(".unread-dot"), !unread);
     const states = [
       row.busy && "running",
       failed && `last run ${failed}`,

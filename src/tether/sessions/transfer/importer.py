@@ -136,7 +136,7 @@ class Importer:
             for sid, state in (await store.index_states()).items()
             if state.get("import_key")
         }
-        order: list[str] = []  # the file's sessions, in order, once each
+        order: dict[str, None] = {}  # the file's sessions, in order, once each
         new: dict[str, SessionPlan] = {}
         for plan in plans:
             if plan.key in here:
@@ -146,8 +146,7 @@ class Importer:
             else:
                 new[plan.key] = plan
                 sid = plan.session_id
-            if sid not in order:
-                order.append(sid)
+            order[sid] = None
         job.existing = len(order) - len(new)
         if new:
             await self._create(list(new.values()))
@@ -207,6 +206,7 @@ async def _plan_in_child(raw: bytes, job: ImportJob) -> list[SessionPlan]:
     child = context.Process(target=worker.child_main, args=(theirs,), daemon=True)
     try:
         await asyncio.to_thread(child.start)
+        worker.lowest_priority(child.pid)
         theirs.close()
         await asyncio.to_thread(ours.send_bytes, raw)
         plans: list[SessionPlan] = []

@@ -11,6 +11,7 @@ unpickles one large message either. It exits when the import is done.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import traceback
@@ -129,3 +130,12 @@ def child_main(conn: Connection) -> None:
         conn.send(("failed", traceback.format_exc()))
     finally:
         conn.close()
+
+
+def lowest_priority(pid: int | None) -> None:
+    """What the server calls as soon as the child exists: `child_main` sets nice 19 too,
+    but only once the child's interpreter has started and imported the server's modules,
+    a few hundred ms of CPU at the server's own priority."""
+    if pid is not None:
+        with contextlib.suppress(OSError):  # it may be gone already
+            os.setpriority(os.PRIO_PROCESS, pid, 19)

@@ -54,12 +54,16 @@ def timed_gets(
     return out
 
 
-def _post_file(base_url: str, path: str, results: Any) -> None:
+def _post_file(base_url: str, path: str, results: Any, go: Any) -> None:
     """The importing client, in a process of its own: its upload and its reading of the
-    1,000-row answer must not take the measuring client's GIL."""
+    1,000-row answer must not take the measuring client's GIL. It starts (an interpreter
+    and httpx: a core for a few hundred ms) and reads the file before the measured window,
+    then posts when `go` is set."""
     with httpx.Client(base_url=base_url, timeout=600) as own:
-        start = time.perf_counter()
         body = Path(path).read_bytes()
+        results.put("ready")
+        go.wait()
+        start = time.perf_counter()
         response = own.post("/api/sessions/import", content=body, params={"import_id": "bench"})
         results.put(
             {
@@ -100,7 +104,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         phase_at: list[tuple[float, str]] = []  # when each phase was first seen
         seen: list[tuple[float, float, int]] = []
         results = context.Queue()
-        poster = context.Process(target=_post_file, args=(server.base_url, str(file), results))
+        go = context.Event()
+        poster = context.Process(target=_post_file, args=(server.base_url, str(file), results, go))
         finished = threading.Event()
 
         def watcher() -> None:
@@ -117,7 +122,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         watching = threading.Thread(target=watcher)
         poster.start()
+        assert results.get(timeout=60) == "ready"
         watching.start()
+        go.set()
         timed_gets(client, args.gap, lambda: not poster.is_alive(), seen)
         poster.join()
         finished.set()
@@ -129,8 +136,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # commit, with every imported row: each is compared with the idle list of its size.
     before_commit = [latency for _, latency, listed in seen if listed <= args.seed]
     after_commit = [latency for _, latency, listed in seen if listed > args.seed]
-    by_phase: dict[str, list[float]] = {}
-    for start, latency, _ in seen:
+    by_phase: dict[str, list[float]] = {}  # before the commit: the ratio's requests
+    for start, latency, listed in seen:
+        if listed > args.seed:
+            continue
         phase = next((name for at, name in reversed(phase_at) if at <= start), "reading")
         by_phase.setdefault(phase, []).append(latency)
     ratio = percentile(before_commit, 99) / percentile(idle, 99)
@@ -181,7 +190,7 @@ def main() -> None:
     print(f"{'GET /api/sessions':<28}{'n':>6}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
     names = ("idle", "during", "during, before its commit", "during, after its commit", "after")
     rows = [(name, out[name]) for name in names]
-    rows[2:2] = [(f"  during: {k}", v) for k, v in out["during_by_phase"].items()]
+    rows[3:3] = [(f"  before, {k}", v) for k, v in out["during_by_phase"].items()]
     for name, s in rows:
         print(f"{name:<28}{s['n']:>6}{s['p50_ms']:>10.1f}{s['p99_ms']:>10.1f}{s['max_ms']:>10.1f}")
     verdict = "met" if out["met"] else "NOT MET"

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import os
 import subprocess
 import sys
 
-from tether.sessions.transfer.worker import lowest_priority
+from tether.sessions.transfer import worker
+
+from chatgpt_kit import many
 
 
 def test_the_child_gets_the_lowest_cpu_priority_from_the_server_at_once() -> None:
@@ -16,10 +20,34 @@ def test_the_child_gets_the_lowest_cpu_priority_from_the_server_at_once() -> Non
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         assert os.getpriority(os.PRIO_PROCESS, child.pid) == os.getpriority(os.PRIO_PROCESS, 0)
-        lowest_priority(child.pid)
+        worker.lowest_priority(child.pid)
         assert os.getpriority(os.PRIO_PROCESS, child.pid) == 19
     finally:
         child.kill()
         child.wait()
-    lowest_priority(child.pid)  # a child already gone is no error
-    lowest_priority(None)  # nor one that never started
+    worker.lowest_priority(child.pid)  # a child already gone is no error
+    worker.lowest_priority(None)  # nor one that never started
+
+
+def test_the_file_reaches_the_child_in_the_chunks_it_came_in_and_is_planned_whole() -> None:
+    """The server hands the request's chunks over as they came (joining 15 MiB on the loop
+    held it for up to 20 ms); the child joins them, an empty chunk ending the file."""
+    raw = json.dumps(many(3, turns=2)).encode()
+    chunks = [raw[i : i + 1000] for i in range(0, len(raw), 1000)]
+    chunks.insert(2, b"")  # an empty chunk from the request is not the end of the file
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    child = context.Process(target=worker.child_main, args=(theirs,), daemon=True)
+    child.start()
+    theirs.close()
+    try:
+        worker.send_file(ours, chunks)
+        plans: list = []
+        while (message := ours.recv())[0] != "done":
+            assert message[0] in ("progress", "plans"), message
+            if message[0] == "plans":
+                plans.extend(message[1])
+    finally:
+        child.join(30)
+    assert len(chunks) > 3
+    assert [len(plan.drafts) > 1 for plan in plans] == [True, True, True]

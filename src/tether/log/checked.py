@@ -17,7 +17,7 @@ from tether.events import VOCABULARY, Event, Vocabulary
 from tether.log.store import Draft, EventStore, OpenStream, SearchHit
 from tether.log.subscriptions import Hub
 
-SESSIONS_PER_SLICE = 50  # checked between two yields to the loop: about a millisecond
+SESSIONS_PER_SLICE = 20  # checked between two yields to the loop: 1-2 ms of an import
 
 
 class CheckedStore:

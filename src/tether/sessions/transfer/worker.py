@@ -5,8 +5,9 @@ Why a process and not a thread: `json.loads` of a large export holds the GIL for
 it parses (a third of a second for a 30 MB file), and so does most of the checking; a thread
 would stall every other request for that long. The child is started with `spawn` (the server
 has threads; `fork` would copy their locks), at the lowest CPU priority, gets the file
-through a pipe and sends back progress and the plans in chunks, so the server never
-unpickles one large message either. It exits when the import is done.
+through a pipe in the chunks the request brought (`send_file`: the server never joins
+them) and sends back progress and the plans in chunks, so the server never unpickles one
+large message either. It exits when the import is done.
 """
 
 from __future__ import annotations
@@ -106,12 +107,20 @@ def _at_most(count: int) -> None:
         raise Refusal("import_invalid", "The file holds no session.", path="")
 
 
+def send_file(conn: Connection, chunks: list[bytes]) -> None:
+    """The server's side of `child_main`'s first step: the file's chunks, then an empty one."""
+    for chunk in chunks:
+        if chunk:
+            conn.send_bytes(chunk)
+    conn.send_bytes(b"")
+
+
 def child_main(conn: Connection) -> None:
     """The child process: read the file, send `("progress", done, total)` now and then, then
     `("plans", [...])` chunks and `("done",)`, or `("refused", code, message, extra)`."""
     os.nice(19)
     try:
-        raw = conn.recv_bytes()
+        raw = b"".join(iter(conn.recv_bytes, b""))
         last = [-1]
 
         def progress(done: int, total: int) -> None:

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import multiprocessing
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
+
+from tether.errors import ImportInvalid
+from tether.runs import maintenance
+from tether.services import build_services
 from tether.sessions.transfer import worker
+from tether.settings import Settings
 
 from chatgpt_kit import many
 
@@ -51,3 +60,40 @@ def test_the_file_reaches_the_child_in_the_chunks_it_came_in_and_is_planned_whol
         child.join(30)
     assert len(chunks) > 3
     assert [len(plan.drafts) > 1 for plan in plans] == [True, True, True]
+
+
+def test_a_finished_import_leaves_its_survivors_frozen_and_a_failed_one_collectable(
+    tmp_path: Path,
+) -> None:
+    """The collector pauses for an import; when it resumes it would walk everything the
+    import left alive at once (15-18 ms on the loop, nothing to collect), so a finished
+    import freezes them first. A failed one does not: its traceback holds the plans."""
+    assert gc.isenabled()
+
+    async def main() -> None:
+        settings = Settings(data_dir=tmp_path / "data")
+        services = build_services(settings)
+        importer = services.importer
+        try:
+            frozen = gc.get_freeze_count()
+            raw = json.dumps(many(3, turns=2)).encode()
+            status, body = await importer.run([raw], importer.jobs.open(None))
+            assert (status, body["created"]) == (201, 3)
+            assert gc.isenabled() and gc.get_freeze_count() > frozen
+            frozen = gc.get_freeze_count()
+            many_more = many(50, turns=2, start=1_700_000_000.0)
+            last = many_more[-1]["mapping"].values()
+            user = next(
+                n for n in last if n["message"] and n["message"]["author"]["role"] == "user"
+            )
+            user["message"]["content"]["parts"] = ["\ud800"]  # planned, then refused by the log
+            raw = json.dumps(many_more).encode()
+            with pytest.raises(ImportInvalid):
+                await importer.run([raw], importer.jobs.open(None))
+            assert gc.isenabled() and gc.get_freeze_count() <= frozen
+        finally:
+            await maintenance.shutdown(services.engine, grace=1)
+            await services.store.aclose()
+            gc.unfreeze()
+
+    asyncio.run(main())

@@ -47,7 +47,7 @@ from tether.log.sqlite_open import (
     row_to_event,
 )
 from tether.log.sqlite_reads import SQLiteReads
-from tether.log.store import Draft, IndexFold, SearchFold
+from tether.log.store import Draft, IndexFold, SearchFold, StreamEvents
 from tether.log.subscriptions import Hub
 
 log = logging.getLogger("tether.log")
@@ -429,10 +429,16 @@ class SQLiteEventStore(SQLiteReads):
         now = self._clock()
         state = self._index.get(sid)
         events = []
+        # A session created here has its whole log in this call: the search fold reads its
+        # streams from memory instead of back from the file (an import: one read per run).
+        streams: dict[str, list[Event]] | None = {} if last == 0 else None
+        read_stream = self._stream_events if streams is None else _from_memory(streams)
         for draft, payload in zip(drafts, payloads, strict=True):
             last += 1
             at = now if draft.at is None else draft.at
             event = Event(sid, last, draft.type, at, draft.data, draft.stream_id, draft.turn_id)
+            if streams is not None and draft.stream_id is not None:
+                streams.setdefault(draft.stream_id, []).append(event)
             self._db.execute(
                 "INSERT INTO events (session_id, seq, type, at, stream_id, turn_id, data) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -441,7 +447,7 @@ class SQLiteEventStore(SQLiteReads):
             if draft.type in owners.CARRIERS:
                 owners.record(self._db, sid, draft.data, draft.blobs)
             if self._search_fold is not None:
-                change = self._search_fold(state, event, self._stream_events)
+                change = self._search_fold(state, event, read_stream)
                 if change.add:
                     sqlite_search.apply_change(self._db, sid, change)
             state = self._fold(state, event)
@@ -503,3 +509,12 @@ class SQLiteEventStore(SQLiteReads):
                 conn.close()
             self._readers.clear()
         self._db.close()
+
+
+def _from_memory(streams: dict[str, list[Event]]) -> StreamEvents:
+    """`StreamEvents` over the streams of the events written so far (seq order)."""
+
+    def stream_events(stream_id: str, types: frozenset[str]) -> list[Event]:
+        return [event for event in streams.get(stream_id, ()) if event.type in types]
+
+    return stream_events

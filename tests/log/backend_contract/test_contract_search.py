@@ -97,6 +97,50 @@ def test_settled_rows_are_found_with_marked_snippets(backend: Backend) -> None:
     asyncio.run(main())
 
 
+def test_a_session_created_whole_is_indexed_as_if_appended_event_by_event(
+    backend: Backend,
+) -> None:
+    """An import writes a session's whole log in one call, and the writer then reads its
+    finished streams from what it wrote instead of back from the database: the rows must be
+    the ones the same events appended one by one give (interleaved items, a stream with no
+    text, a cancelled answer)."""
+
+    def log(sid: str) -> list[Draft]:
+        return [
+            Draft("session.created", {}),
+            submitted(f"{sid}_t1", f"{sid}_st1", "Where do puffins nest?"),
+            delta(f"{sid}_st1", "t1", "Puffins "),
+            delta(f"{sid}_st1", "t2", "(aside) "),
+            delta(f"{sid}_st1", "t1", "nest in burrows."),
+            finished(f"{sid}_st1"),
+            submitted(f"{sid}_t2", f"{sid}_st2", "and gannets?"),
+            finished(f"{sid}_st2", "error"),
+            submitted(f"{sid}_t3", f"{sid}_st3", "and terns?"),
+            delta(f"{sid}_st3", "t1", "Terns nest on beaches"),
+            finished(f"{sid}_st3", "cancelled"),
+        ]
+
+    def rows(hits: list[SearchHit], sid: str) -> list[tuple[str, str, str]]:
+        return sorted(
+            (h.row_id.removeprefix(sid), h.role, text_of(h)) for h in hits if h.session_id == sid
+        )
+
+    async def main() -> None:
+        store = await open_store(backend)
+        await store.create_sessions([("whole", log("whole"))])
+        appended = log("parts")
+        await store.create_session("parts", appended[:1])
+        for draft in appended[1:]:
+            await store.append("parts", [draft])
+        for words in (["nest"], ["puffins"], ["aside"], ["gannets"], ["terns"], ["beaches"]):
+            hits = await store.search(words, 20)
+            assert rows(hits, "whole") == rows(hits, "parts"), words
+            assert rows(hits, "whole"), words
+        await store.aclose()
+
+    asyncio.run(main())
+
+
 def test_a_refused_append_indexes_nothing(backend: Backend) -> None:
     async def main() -> None:
         store = await open_store(backend)

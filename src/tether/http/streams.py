@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Annotated
@@ -27,7 +26,7 @@ from tether.events import ID_PATTERN, Event
 from tether.http.accounts import PRINCIPAL, StreamGuard
 from tether.http.deps import App, Services
 from tether.http.errors import documented
-from tether.log import SessionDeleted, SessionNotFound
+from tether.log import SessionDeleted, SessionNotFound, compact_json
 from tether.log.subscriptions import Overflowed, Subscription
 from tether.sessions.feed import FeedClient
 
@@ -37,8 +36,7 @@ _REPLAY_PAGE = 500
 _CHUNK_BYTES = 64 * 1024
 
 
-def _dumps(obj: object) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+_dumps = compact_json.dumps
 
 
 def parse_cursor(raw: str | None) -> int | None:

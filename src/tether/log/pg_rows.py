@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from tether.events import Event
-from tether.log import owners
+from tether.log import compact_json, owners
 from tether.log.errors import InvalidEvent, StorageError
 from tether.log.pg_schema import SCHEMA_LOCK
 from tether.log.store import Draft, IndexFold
@@ -38,8 +38,7 @@ class Op:
         return [sid for sid, _ in self.many] if self.kind == "create_many" else [self.session_id]
 
 
-def dumps(data: Any) -> str:
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+dumps = compact_json.dumps
 
 
 def check_text(what: str, value: Any) -> None:
@@ -53,7 +52,7 @@ def encode(session_id: str, draft: Draft) -> str:
     try:
         payload = dumps(draft.data)
         payload.encode("utf-8")
-    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+    except (TypeError, ValueError, RecursionError) as exc:  # a UnicodeEncodeError is a ValueError
         raise InvalidEvent(f"{draft.type}: {exc}") from exc
     for what, value in (
         ("the session id", session_id),

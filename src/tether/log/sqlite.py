@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.events import RUN_FINISHED, Event
-from tether.log import owners, sqlite_search
+from tether.log import compact_json, owners, sqlite_search
 from tether.log.errors import (
     InvalidEvent,
     LogError,
@@ -66,8 +66,7 @@ class _Op:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
-def _dumps(data: dict[str, Any]) -> str:
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+_dumps = compact_json.dumps
 
 
 def _encode(draft: Draft) -> str:
@@ -76,7 +75,7 @@ def _encode(draft: Draft) -> str:
     try:
         payload = _dumps(draft.data)
         payload.encode("utf-8")
-    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+    except (TypeError, ValueError, RecursionError) as exc:  # a UnicodeEncodeError is a ValueError
         raise InvalidEvent(f"{draft.type}: {exc}") from exc
     return payload
 

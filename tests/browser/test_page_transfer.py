@@ -36,7 +36,10 @@ def hostile_export() -> bytes:
     evil = Conversation(EVIL_TITLE, 1_700_000_000, "evil")
     evil.add("user", "Question " + EVIL)
     evil.add("assistant", "Answer " + EVIL, model="gpt-4o")
-    return json.dumps([evil.data, *many(150, turns=2)]).encode()
+    # 30 exchanges each (11 MiB, about 20,000 events): the server checks and writes for
+    # a second or more, so the page's 250 ms polls see its progress. With 2 exchanges it was
+    # done in the child's start-up time and a poll could miss every phase.
+    return json.dumps([evil.data, *many(150, turns=30)]).encode()
 
 
 def test_import_shows_progress_then_sessions_whose_html_stays_text(

@@ -200,7 +200,10 @@ class App {
     if (!entry.loaded) applySnapshot(entry.state, body);
     entry.loaded = true;
     entry.inherited = body.inherited_messages || [];
-    this.onRowChanged(body);
+    // The sidebar's row too: a change of it that the previous stream had not delivered when
+    // it stopped would otherwise be lost (the new stream replays events, not sidebar changes).
+    const { messages, live, queued, inherited_messages, branches, ...row } = body;
+    this.sidebar.onChanged({ session_id: sid, row });
     this.renderNow();
     this.stream = new SessionStream(
       sid,

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
-from helpers import ServerProcess, iter_sse, read_events, seqs
+from helpers import ServerProcess, iter_sse, read_events, running_server, seqs
 
 
 def make_session_with_events(client: httpx.Client, total: int) -> str:
@@ -210,3 +211,37 @@ def test_a_session_stream_can_carry_the_sidebar_feed(server: ServerProcess) -> N
         assert events == ["session.changed", "session.updated", "session.changed"]
         assert got[-1].json["row"]["title"] == "y"
         assert seqs(got) == [2]
+
+
+def test_a_sidebar_stream_says_at_once_that_it_follows(tmp_path: Path) -> None:
+    """Layer: sidebar feed / SSE (docs/api.md §6; contract invariant 3 for the page's move
+    from one stream to the next): `GET /api/events` begins with a heartbeat, a session stream
+    with `?sidebar=1` sends one right after its replay, long before `--heartbeat-seconds`,
+    and a change made as soon as it arrived is on the stream."""
+    with (
+        running_server(tmp_path / "data", "--heartbeat-seconds", "5") as server,
+        server.client() as client,
+    ):
+        sid = make_session_with_events(client, 3)
+        other = client.post("/api/sessions", json={}).json()["session"]["session_id"]
+        replay = ["session.created", "session.updated", "session.updated"]
+        for path, params, replayed in (
+            ("/api/events", {}, []),
+            (f"/api/sessions/{sid}/events", {"after": "0", "sidebar": "1"}, replay),
+        ):
+            title = f"renamed for {path}"
+            got: list = []
+            began = time.monotonic()
+            with client.stream("GET", path, params=params, timeout=10) as response:
+                for frame in iter_sse(response):
+                    got.append(frame)
+                    if frame.event == "heartbeat" and len(got) == len(seqs(got)) + 1:
+                        assert time.monotonic() - began < 2
+                        renamed = client.patch(
+                            "/api/session", json={"session_id": other, "title": title}
+                        )
+                        assert renamed.status_code == 200
+                    if frame.event == "session.changed":
+                        break
+            assert got[-1].json["row"]["title"] == title
+            assert [f.event for f in got[:-1]] == [*replayed, "heartbeat"]

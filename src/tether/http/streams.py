@@ -164,6 +164,8 @@ async def _follow(
 
     async for frame in catch_up():
         yield frame
+    if feed is not None:  # the sidebar is followed from before this frame (docs/api.md §6)
+        yield _heartbeat(app, session_id, sent)
     loop = asyncio.get_running_loop()
     quiet_until = loop.time() + interval
     while True:
@@ -297,15 +299,20 @@ async def _sidebar_frames(
 async def _sidebar_follow(
     app: Services, client: FeedClient, guard: StreamGuard | None
 ) -> AsyncIterator[ServerSentEvent]:
+    yield _sidebar_heartbeat()  # at once: changes are followed from before it (docs/api.md §6)
     while True:
         changes = await client.next(timeout=app.settings.heartbeat_seconds)
         if guard and not await guard.holds(heartbeat=changes == []):
             return  # logged out, token revoked or user removed: the stream ends
         if changes == []:
-            yield ServerSentEvent(event="heartbeat", data=_dumps({"server_time": time.time()}))
+            yield _sidebar_heartbeat()
             continue
         for frame in await _changes(app, changes):
             yield frame
+
+
+def _sidebar_heartbeat() -> ServerSentEvent:
+    return ServerSentEvent(event="heartbeat", data=_dumps({"server_time": time.time()}))
 
 
 @router.get(

@@ -155,8 +155,7 @@ def test_a_stale_tab_on_a_rotated_session_restores_its_draft_in_the_continuation
                 stale.wait_for_timeout(50)
             assert child
             before_child = session_body(client, child)["last_seq"]
-        stale.evaluate("window.tether.sidebar.disconnectFeed()")  # a tab that missed it all
-        stale.evaluate("window.tether.stream.stop()")
+        stale.evaluate("window.tether.stream.stop()")  # a tab that missed it all
         send(stale, "my carefully typed follow-up")
         expect(stale).to_have_url(f"{server.base_url}/s/{child}")
         expect(stale.get_by_role("textbox", name="Message")).to_have_value(
@@ -201,8 +200,7 @@ def test_a_stale_tabs_attachments_come_back_with_its_draft_after_a_409(
             assert child
             wait_idle(client, parent)
             before_child = session_body(client, child)["last_seq"]
-        stale.evaluate("window.tether.sidebar.disconnectFeed()")  # a tab that missed it all
-        stale.evaluate("window.tether.stream.stop()")
+        stale.evaluate("window.tether.stream.stop()")  # a tab that missed it all
         stale.locator("#file-input").set_input_files(str(note))
         expect(stale.locator("#attachment-chips .chip-name")).to_have_text(["notes.txt"])
         send(stale, "see the attached notes")

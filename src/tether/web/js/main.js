@@ -140,7 +140,7 @@ class App {
   }
 
   showEmpty() {
-    this.stream?.stop();
+    this.stream?.retire(); // until the feed follows (sidebar_relay.js)
     this.stream = null;
     this.sidebar.connectFeed();
     this.openId = null;
@@ -176,7 +176,7 @@ class App {
   async open(sid, { push }) {
     if (push) history.pushState({}, "", `/s/${sid}`);
     this.closeNav?.();
-    this.stream?.stop();
+    this.stream?.retire(); // until the next stream follows (sidebar_relay.js)
     this.stream = null;
     this.openId = sid;
     this.sidebar.setActive(sid);
@@ -220,9 +220,9 @@ class App {
         onSidebarChange: (change) => this.sidebar.onChanged(change),
         onReconnected: () => this.sidebar.load(),
       },
-      { heartbeatMs: 5000 },
+      { heartbeatMs: 5000, relay: this.sidebar.relay },
     );
-    this.sidebar.disconnectFeed();
+    this.sidebar.retireFeed();
     this.stream.start(body.last_seq);
   }
 

@@ -3,6 +3,7 @@
 // title and its state ("running", "unread"); arrow keys move between rows.
 import { del, get, patch, q } from "./api.js";
 import { h, patchChildren, setAttr, setHidden, setText } from "./dom.js";
+import { SidebarRelay } from "./sidebar_relay.js";
 import { exportLinks } from "./transfer.js";
 
 function groupOf(row, now = new Date()) {
@@ -37,7 +38,8 @@ export class Sidebar {
     this.busySeen = new Map();
     this.renderPending = false; // a draw is asked for the next frame (renderSoon)
     this.activeId = null;
-    this.feed = null;
+    this.feed = null; // the feed's relay handle while it is the sidebar's own stream
+    this.relay = new SidebarRelay({ onGap: () => this.load() });
     this.searchTimer = null;
     this.search.addEventListener("input", () => {
       clearTimeout(this.searchTimer);
@@ -67,14 +69,17 @@ export class Sidebar {
   /** Follow the sidebar stream on its own connection (when no session stream carries it). */
   connectFeed() {
     if (this.feed) return;
-    this.feed = new EventSource("/api/events");
+    const feed = new EventSource("/api/events");
+    const source = this.relay.add(() => feed.close());
+    this.feed = source;
     let dropped = false;
-    this.feed.addEventListener("session.changed", (e) => this.onChanged(JSON.parse(e.data)));
-    this.feed.addEventListener("resync", () => this.load());
-    this.feed.onerror = () => {
+    feed.addEventListener("heartbeat", () => source.followed(), { once: true });
+    feed.addEventListener("session.changed", (e) => this.onChanged(JSON.parse(e.data)));
+    feed.addEventListener("resync", () => this.load());
+    feed.onerror = () => {
       dropped = true;
     };
-    this.feed.onopen = () => {
+    feed.onopen = () => {
       if (dropped) {
         dropped = false;
         this.load();
@@ -82,8 +87,9 @@ export class Sidebar {
     };
   }
 
-  disconnectFeed() {
-    this.feed?.close();
+  /** The open session's stream carries the changes now: the feed gives way to it. */
+  retireFeed() {
+    this.feed?.retire();
     this.feed = null;
   }
 

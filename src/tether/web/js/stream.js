@@ -16,8 +16,9 @@ export class SessionStream {
    * handlers: cursor() → last applied seq; onEvent(envelope); onSnapshot(session);
    * onHeartbeat(data); onState(state, detail); onDeleted(); onSidebarChange(change);
    * onReconnected() (anything may have been missed: refetch what is not in the log).
+   * relay: the sidebar's SidebarRelay, when this stream carries the sidebar's changes.
    */
-  constructor(sessionId, handlers, { heartbeatMs = 5000 } = {}) {
+  constructor(sessionId, handlers, { heartbeatMs = 5000, relay = null } = {}) {
     this.sessionId = sessionId;
     this.h = handlers;
     this.heartbeatMs = heartbeatMs;
@@ -26,6 +27,8 @@ export class SessionStream {
     this.failures = 0;
     this.stopped = false;
     this.lastFrameAt = 0;
+    this.following = false;
+    this.source = relay?.add(() => this.stop()) ?? null;
     this.watchdog = null;
     this.retryTimer = null;
     this.state = "idle";
@@ -42,6 +45,14 @@ export class SessionStream {
     this.stopped = false;
     this.open();
     this.watchdog = setInterval(() => this.checkStall(), 1000);
+  }
+
+  /** Another stream takes over: from now on only sidebar changes are passed on, until the
+   *  sidebar's relay stops this one, once its successor follows (sidebar_relay.js). */
+  retire() {
+    const { cursor, onSidebarChange, onReconnected } = this.h;
+    this.h = { cursor, onEvent() {}, onSnapshot() {}, onSidebarChange, onReconnected };
+    this.source?.retire();
   }
 
   stop() {
@@ -73,17 +84,29 @@ export class SessionStream {
     this.es.addEventListener("session.snapshot", (e) => this.onSnapshot(e));
     this.es.addEventListener("session.deleted", () => {
       this.stop();
+      this.source?.lost();
       this.h.onDeleted?.();
     });
     this.es.addEventListener("session.changed", (e) => {
-      this.lastFrameAt = Date.now();
+      this.seen();
       this.h.onSidebarChange?.(JSON.parse(e.data));
     });
-    this.es.addEventListener("resync", () => this.h.onReconnected?.());
+    this.es.addEventListener("resync", () => {
+      this.seen();
+      this.h.onReconnected?.();
+    });
+  }
+
+  /** A frame arrived: the stall watchdog is fed, and the first one says the stream follows. */
+  seen() {
+    this.lastFrameAt = Date.now();
+    if (this.following) return;
+    this.following = true;
+    this.source?.followed();
   }
 
   onFrame(e) {
-    this.lastFrameAt = Date.now();
+    this.seen();
     this.h.onEvent(JSON.parse(e.data));
     const cursor = this.h.cursor();
     if (this.state === "replaying" && cursor < this.target) {
@@ -94,7 +117,7 @@ export class SessionStream {
   }
 
   onHeartbeat(e) {
-    this.lastFrameAt = Date.now();
+    this.seen();
     const data = JSON.parse(e.data);
     this.target = Math.max(this.target, data.last_seq);
     this.h.onHeartbeat?.(data);
@@ -104,7 +127,7 @@ export class SessionStream {
   }
 
   onSnapshot(e) {
-    this.lastFrameAt = Date.now();
+    this.seen();
     const data = JSON.parse(e.data);
     this.h.onSnapshot(data.session);
     this.target = Math.max(this.target, data.session.last_seq);

@@ -1,0 +1,129 @@
+"""The sidebar's changes across a move from one stream to another (docs/page.md, "Reattach
+states"; docs/api.md §6): opening another session, a new chat, or the first session from the
+empty page each replace the stream that carries the sidebar's changes, and a change made
+while the new stream connects still reaches its row. Each test holds the new stream (or the
+request before it) until another session has been renamed through the API, so the change
+falls exactly in the move."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+from playwright.sync_api import BrowserContext, Page, Route, expect
+
+from helpers import ServerProcess, new_session
+from pagekit import open_app
+
+
+def rename(client: httpx.Client, sid: str, title: str) -> None:
+    response = client.patch("/api/session", json={"session_id": sid, "title": title})
+    assert response.status_code == 200, response.text
+
+
+def rename_first(client: httpx.Client, sid: str, title: str) -> Callable[[Route], None]:
+    """A route handler: renames `sid` while the request waits, then lets the request go."""
+
+    def handle(route: Route) -> None:
+        rename(client, sid, title)
+        route.continue_()
+
+    return handle
+
+
+def sessions(server: ServerProcess, *titles: str) -> list[str]:
+    with server.client() as client:
+        return [new_session(client, title) for title in titles]
+
+
+def open_live(page: Page, server: ServerProcess, path: str) -> None:
+    open_app(page, server.base_url, path)
+    expect(page.locator("#conn")).to_have_text("Live", timeout=15_000)
+
+
+def test_opening_another_session_misses_no_change_of_a_third(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Layer: the page's sidebar projection (contract invariant 3: a switch loses nothing).
+    The old stream is stopped only when the new one follows, not before its `GET /api/session`."""
+    alpha, bravo, charlie = sessions(web_server, "Alpha", "Bravo", "Charlie")
+    page = context.new_page()
+    open_live(page, web_server, f"/s/{alpha}")
+    with web_server.client() as client:
+        page.route(
+            lambda url: "/api/session?" in url and bravo in url,
+            rename_first(client, charlie, "Charlie renamed"),
+        )
+        page.get_by_role("link", name="Bravo").click()
+        expect(page.locator("#session-title")).to_have_text("Bravo")
+        expect(page.get_by_role("link", name="Charlie renamed")).to_be_visible()
+
+
+def test_a_new_chat_misses_no_change_while_the_feed_connects(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Layer: the page's sidebar projection (invariant 3). Leaving a session for a new chat
+    moves the sidebar to `GET /api/events`; the session's stream stays until the feed's first
+    frame."""
+    alpha, _bravo = sessions(web_server, "Alpha", "Bravo")
+    page = context.new_page()
+    open_live(page, web_server, f"/s/{alpha}")
+    with web_server.client() as client:
+        page.route("**/api/events", rename_first(client, alpha, "Alpha renamed"))
+        page.get_by_role("button", name="New chat").click()
+        expect(page.get_by_role("link", name="Alpha renamed")).to_be_visible()
+
+
+def test_the_first_session_opened_misses_no_change_while_its_stream_connects(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Layer: the page's sidebar projection (invariant 3). From the empty page the feed
+    carries the sidebar until the opened session's stream follows."""
+    alpha, bravo = sessions(web_server, "Alpha", "Bravo")
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    expect(page.get_by_role("link", name="Bravo")).to_be_visible()
+    with web_server.client() as client:
+        page.route(f"**/api/sessions/{alpha}/events*", rename_first(client, bravo, "Bravo renamed"))
+        page.get_by_role("link", name="Alpha").click()
+        expect(page.locator("#conn")).to_have_text("Live", timeout=15_000)
+        expect(page.get_by_role("link", name="Bravo renamed")).to_be_visible()
+
+
+def test_a_deleted_open_session_refetches_what_changed_before_the_feed_followed(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Layer: the page's sidebar projection (invariant 3). The server ends a deleted session's
+    stream: nothing carries the sidebar until the feed follows, so the page refetches the list
+    then."""
+    alpha, bravo = sessions(web_server, "Alpha", "Bravo")
+    page = context.new_page()
+    open_live(page, web_server, f"/s/{alpha}")
+    with web_server.client() as client:
+        page.route("**/api/events", rename_first(client, bravo, "Bravo renamed"))
+        assert client.delete("/api/session", params={"session_id": alpha}).status_code == 200
+        expect(page.get_by_text("This session was deleted.")).to_be_visible()
+        expect(page.get_by_role("link", name="Bravo renamed")).to_be_visible()
+
+
+def test_a_change_between_the_first_list_and_the_feed_is_not_missed(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Layer: the page's sidebar projection (invariant 3: a refresh loses nothing). The
+    page's first list is read before its stream follows: the first stream to follow has it
+    read again."""
+    _alpha, bravo = sessions(web_server, "Alpha", "Bravo")
+    page = context.new_page()
+    held: list[Route] = []
+    page.route("**/api/events", lambda route: held.append(route))
+    open_app(page, web_server.base_url)
+    expect(page.get_by_role("link", name="Bravo")).to_be_visible()
+    with web_server.client() as client:
+        rename(client, bravo, "Bravo renamed")
+    for _ in range(100):  # the feed asks after the first list is drawn
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert len(held) == 1, "the page never asked for the sidebar feed"
+    held[0].continue_()
+    expect(page.get_by_role("link", name="Bravo renamed")).to_be_visible()

@@ -60,6 +60,13 @@ class ImportTooDeep(ApiError):
     code, status = "import_too_deep", 400
 
 
+class ImportIncomplete(ApiError):
+    """The upload ended before the whole file arrived (the client went away, or its body's
+    deadline passed): what an import's job says, since no client is left to answer."""
+
+    code, status = "import_incomplete", 400
+
+
 class ImportBadBase64(ApiError):
     code, status = "import_bad_base64", 400
 

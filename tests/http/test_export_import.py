@@ -7,14 +7,24 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from helpers import ServerProcess, new_session, running_server, session_body, start_turn, wait_idle
+from helpers import (
+    ServerProcess,
+    new_session,
+    running_server,
+    session_body,
+    start_turn,
+    wait_idle,
+    wait_until,
+)
 
 PICTURE = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
@@ -251,6 +261,45 @@ def test_import_progress_is_polled_by_the_id_the_client_gave(shared_server: Serv
         assert progress["created"] + progress["existing"] == 1
         missing = client.get("/api/imports/never-started")
         assert missing.status_code == 404 and missing.json()["code"] == "import_not_found"
+
+
+def test_an_upload_cut_short_fails_its_import_and_writes_nothing(tmp_path: Path) -> None:
+    """Layer: an import's job (docs/api.md §12, "Progress"). An upload that never arrives
+    whole (the client gone halfway, a body streamed past --max-import-bytes) ends its job
+    failed, with the code of why, instead of `reading` for ever; nothing of it is written."""
+    with (
+        running_server(tmp_path / "data", "--max-import-bytes", "100000") as server,
+        server.client() as client,
+    ):
+        export = client.get(f"/api/sessions/{new_session(client, 'kept')}/export").content
+        rows = client.get("/api/sessions").json()
+        head = (
+            "POST /api/sessions/import?import_id=cut HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(export)}\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", server.port)) as cut:
+            cut.sendall(head.encode() + export[: len(export) // 2])
+            wait_until(lambda: client.get("/api/imports/cut").status_code == 200, what="job")
+        progress = wait_until(
+            lambda: (p := client.get("/api/imports/cut").json())["phase"] != "reading" and p,
+            what="the cut upload's job to end",
+        )
+        assert progress["phase"] == "failed", progress
+        assert progress["error"]["code"] == "import_incomplete", progress
+
+        def too_large() -> Iterator[bytes]:
+            for _ in range(20):
+                yield b" " * 10_000
+
+        response = client.post(
+            "/api/sessions/import", params={"import_id": "big"}, content=too_large()
+        )
+        assert response.status_code == 413 and response.json()["code"] == "payload_too_large"
+        progress = client.get("/api/imports/big").json()
+        assert progress["phase"] == "failed", progress
+        assert progress["error"]["code"] == "payload_too_large", progress
+        assert client.get("/api/sessions").json() == rows
 
 
 def test_branches_round_trip_through_the_json_export(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,11 @@ from tether.sessions.transfer import worker
 from tether.settings import Settings
 
 from chatgpt_kit import many
+
+
+async def upload(*chunks: bytes) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
 
 
 def test_the_child_gets_the_lowest_cpu_priority_from_the_server_at_once() -> None:
@@ -77,7 +83,7 @@ def test_a_finished_import_leaves_its_survivors_frozen_and_a_failed_one_collecta
         try:
             frozen = gc.get_freeze_count()
             raw = json.dumps(many(3, turns=2)).encode()
-            status, body = await importer.run([raw], importer.jobs.open(None))
+            status, body = await importer.run(upload(raw), importer.jobs.open(None))
             assert (status, body["created"]) == (201, 3)
             assert gc.isenabled() and gc.get_freeze_count() > frozen
             frozen = gc.get_freeze_count()
@@ -89,7 +95,7 @@ def test_a_finished_import_leaves_its_survivors_frozen_and_a_failed_one_collecta
             user["message"]["content"]["parts"] = ["\ud800"]  # planned, then refused by the log
             raw = json.dumps(many_more).encode()
             with pytest.raises(ImportInvalid):
-                await importer.run([raw], importer.jobs.open(None))
+                await importer.run(upload(raw), importer.jobs.open(None))
             assert gc.isenabled() and gc.get_freeze_count() <= frozen
         finally:
             await maintenance.shutdown(services.engine, grace=1)

@@ -3,6 +3,8 @@ before any handler sees it, whether it declares Content-Length or streams."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tether.errors import PayloadTooLarge
@@ -10,7 +12,15 @@ from tether.http.refusals import send_refusal
 
 
 class _TooLarge(Exception):
-    pass
+    """Raised into the route reading past the limit, for BodyLimit to answer 413. `body()`
+    is the refusal's, so what records the route's failure (an import's job) can say it."""
+
+    def __init__(self, refusal: PayloadTooLarge) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+    def body(self) -> dict[str, Any]:
+        return self.refusal.body()
 
 
 class BodyLimit:
@@ -29,7 +39,7 @@ class BodyLimit:
         limit = self.larger.get(scope.get("path", ""), self.max_bytes)
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
-                await self._refuse(send, limit)
+                await send_refusal(send, _refusal(limit), close=True)
                 return
         seen = 0
         started = False
@@ -40,7 +50,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise _TooLarge()
+                    raise _TooLarge(_refusal(limit))
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -51,12 +61,10 @@ class BodyLimit:
 
         try:
             await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
+        except _TooLarge as exc:
             if not started:
-                await self._refuse(send, limit)
+                await send_refusal(send, exc.refusal, close=True)
 
-    async def _refuse(self, send: Send, limit: int) -> None:
-        refusal = PayloadTooLarge(
-            f"The request body is larger than {limit} bytes.", limit_bytes=limit
-        )
-        await send_refusal(send, refusal, close=True)
+
+def _refusal(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"The request body is larger than {limit} bytes.", limit_bytes=limit)

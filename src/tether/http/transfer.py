@@ -7,11 +7,14 @@ transaction (`sessions/transfer/`); its progress can be polled by the id the cli
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
+from tether.errors import ImportIncomplete
 from tether.events import ID_PATTERN
 from tether.http.deps import App
 from tether.http.errors import documented
@@ -125,11 +128,21 @@ async def import_sessions(
     imported before (nothing is created twice). A file that is wrong in any way is a 400
     naming what is wrong, and nothing of it is written."""
     job = app.importer.jobs.open(import_id or None)
-    # The chunks as they came: joining 15 MiB here held the loop for up to 20 ms
-    # (bench/README.md, import_load.py); the import's child joins them.
-    chunks = [chunk async for chunk in request.stream() if chunk]
-    status, body = await app.importer.run(chunks, job)
+    status, body = await app.importer.run(_upload(request), job)
     return JSONResponse(body, status_code=status)
+
+
+async def _upload(request: Request) -> AsyncIterator[bytes]:
+    """The file's chunks as they come. An upload cut short (the client gone, or the body's
+    deadline passed, http/slow_clients.py) is refused as such, so its job ends failed."""
+    try:
+        async for chunk in request.stream():
+            if chunk:
+                yield chunk
+    except ClientDisconnect:
+        raise ImportIncomplete(
+            "The upload ended before the whole file arrived; nothing of it was imported."
+        ) from None
 
 
 @router.get(

@@ -30,6 +30,12 @@ const CONN_TEXT = {
   idle: "",
 };
 
+/** The sidebar row within a `GET /api/session` body: the session without its transcript. */
+function rowOf(session) {
+  const { messages, live, queued, inherited_messages, branches, ...row } = session;
+  return row;
+}
+
 class App {
   constructor() {
     this.sessions = new Map(); // sid -> {state, inherited, row}
@@ -202,8 +208,7 @@ class App {
     entry.inherited = body.inherited_messages || [];
     // The sidebar's row too: a change of it that the previous stream had not delivered when
     // it stopped would otherwise be lost (the new stream replays events, not sidebar changes).
-    const { messages, live, queued, inherited_messages, branches, ...row } = body;
-    this.sidebar.onChanged({ session_id: sid, row });
+    this.sidebar.onChanged({ session_id: sid, row: rowOf(body) });
     this.renderNow();
     this.stream = new SessionStream(
       sid,
@@ -262,8 +267,7 @@ class App {
   async refreshRow(sid) {
     try {
       const { session } = await get(`/api/session?${q({ session_id: sid })}`);
-      const { messages, live, queued, inherited_messages, branches, ...row } = session;
-      this.onRowChanged(row);
+      this.onRowChanged(rowOf(session));
       this.sidebar.load();
     } catch {
       // the sidebar stream brings it later

@@ -127,3 +127,78 @@ def test_a_change_between_the_first_list_and_the_feed_is_not_missed(
     assert len(held) == 1, "the page never asked for the sidebar feed"
     held[0].continue_()
     expect(page.get_by_role("link", name="Bravo renamed")).to_be_visible()
+
+
+def test_a_switch_while_the_old_stream_is_down_reads_the_list_again(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Layer: the page's sidebar projection (invariant 3). A stream that dropped heard
+    nothing since: when the next one follows, the list is read again."""
+    alpha, _bravo, charlie = sessions(web_server, "Alpha", "Bravo", "Charlie")
+    page = context.new_page()
+    open_live(page, web_server, f"/s/{alpha}")
+    page.route(f"**/api/sessions/{alpha}/events*", lambda route: route.abort())
+    page.evaluate("window.tether.stream.reconnect()")  # it drops; its retries fail
+    expect(page.locator("#conn")).to_have_text("Reconnecting…")
+    with web_server.client() as client:
+        rename(client, charlie, "Charlie renamed")
+    page.get_by_role("link", name="Bravo").click()
+    expect(page.locator("#session-title")).to_have_text("Bravo")
+    expect(page.get_by_role("link", name="Charlie renamed")).to_be_visible()
+
+
+def test_switching_quickly_through_three_sessions_misses_no_change(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Layer: the page's sidebar projection (invariant 3). Alpha, then Bravo and Charlie
+    before Bravo's body has come: Charlie is shown, its stream carries the sidebar, and a
+    change made while it connected reaches its row."""
+    alpha, bravo, charlie, delta = sessions(web_server, "Alpha", "Bravo", "Charlie", "Delta")
+    page = context.new_page()
+    open_live(page, web_server, f"/s/{alpha}")
+    held: list[Route] = []
+    page.route(
+        lambda url: "/api/session?" in url and bravo in url, lambda route: held.append(route)
+    )
+    with web_server.client() as client:
+        page.route(f"**/api/sessions/{charlie}/events*", rename_first(client, delta, "Delta 2"))
+        page.get_by_role("link", name="Bravo").click()
+        page.get_by_role("link", name="Charlie").click()
+        expect(page.locator("#session-title")).to_have_text("Charlie")
+        expect(page.get_by_role("link", name="Delta 2")).to_be_visible()
+        assert len(held) == 1
+        held[0].continue_()
+        rename(client, delta, "Delta 3")  # Charlie's stream, the one left, brings it
+        expect(page.get_by_role("link", name="Delta 3")).to_be_visible()
+        expect(page.locator("#session-title")).to_have_text("Charlie")
+        expect(page).to_have_url(f"{web_server.base_url}/s/{charlie}")
+
+
+OPEN_STREAMS_JS = """() => {
+  const Native = window.EventSource;
+  window.openStreams = [];
+  window.EventSource = class extends Native {
+    constructor(...args) { super(...args); window.openStreams.push(this); }
+  };
+}"""
+
+
+def test_a_session_opened_twice_at_once_keeps_one_stream(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Layer: the page's streams (the server's per-client stream slots). Two opens of one
+    session racing (a double click) leave one stream open, not one per open."""
+    alpha, bravo = sessions(web_server, "Alpha", "Bravo")
+    page = context.new_page()
+    page.add_init_script(f"({OPEN_STREAMS_JS})()")
+    open_live(page, web_server, f"/s/{alpha}")
+    page.evaluate(f"""() => {{
+      window.tether.open("{bravo}", {{ push: true }});
+      window.tether.open("{bravo}", {{ push: true }});
+    }}""")
+    expect(page.locator("#session-title")).to_have_text("Bravo")
+    expect(page.locator("#conn")).to_have_text("Live")
+    open_now = "window.openStreams.filter((s) => s.readyState !== EventSource.CLOSED).length"
+    page.wait_for_function(f"() => {open_now} === 1", timeout=5_000)
+    page.wait_for_timeout(1_000)  # past the relay's grace: nothing more is stopped later
+    assert page.evaluate(f"() => {open_now}") == 1

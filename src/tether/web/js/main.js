@@ -206,10 +206,10 @@ class App {
     if (!entry.loaded) applySnapshot(entry.state, body);
     entry.loaded = true;
     entry.inherited = body.inherited_messages || [];
-    // The sidebar's row too: a change of it that the previous stream had not delivered when
-    // it stopped would otherwise be lost (the new stream replays events, not sidebar changes).
+    // Its row as the server has it now: the open session is seen (and read) at its newest.
     this.sidebar.onChanged({ session_id: sid, row: rowOf(body) });
     this.renderNow();
+    this.stream?.retire(); // the same session opened twice at once: one stream stays
     this.stream = new SessionStream(
       sid,
       {
@@ -222,7 +222,6 @@ class App {
         },
         onState: (state, detail) => this.setConn(state, detail),
         onDeleted: () => this.onDeleted(sid),
-        onSidebarChange: (change) => this.sidebar.onChanged(change),
         onReconnected: () => this.sidebar.load(),
       },
       { heartbeatMs: 5000, relay: this.sidebar.relay },

@@ -39,7 +39,10 @@ export class Sidebar {
     this.renderPending = false; // a draw is asked for the next frame (renderSoon)
     this.activeId = null;
     this.feed = null; // the feed's relay handle while it is the sidebar's own stream
-    this.relay = new SidebarRelay({ onGap: () => this.load() });
+    this.relay = new SidebarRelay({
+      onChange: (change) => this.onChanged(change),
+      onGap: () => this.load(),
+    });
     this.searchTimer = null;
     this.search.addEventListener("input", () => {
       clearTimeout(this.searchTimer);
@@ -74,10 +77,11 @@ export class Sidebar {
     this.feed = source;
     let dropped = false;
     feed.addEventListener("heartbeat", () => source.followed(), { once: true });
-    feed.addEventListener("session.changed", (e) => this.onChanged(JSON.parse(e.data)));
+    feed.addEventListener("session.changed", (e) => source.change(JSON.parse(e.data)));
     feed.addEventListener("resync", () => this.load());
     feed.onerror = () => {
       dropped = true;
+      source.lost();
     };
     feed.onopen = () => {
       if (dropped) {

@@ -14,9 +14,9 @@ const MAX_BACKOFF_MS = 8000;
 export class SessionStream {
   /**
    * handlers: cursor() → last applied seq; onEvent(envelope); onSnapshot(session);
-   * onHeartbeat(data); onState(state, detail); onDeleted(); onSidebarChange(change);
+   * onHeartbeat(data); onState(state, detail); onDeleted();
    * onReconnected() (anything may have been missed: refetch what is not in the log).
-   * relay: the sidebar's SidebarRelay, when this stream carries the sidebar's changes.
+   * relay: the sidebar's SidebarRelay, which gets the sidebar changes this stream carries.
    */
   constructor(sessionId, handlers, { heartbeatMs = 5000, relay = null } = {}) {
     this.sessionId = sessionId;
@@ -50,9 +50,10 @@ export class SessionStream {
   /** Another stream takes over: from now on only sidebar changes are passed on, until the
    *  sidebar's relay stops this one, once its successor follows (sidebar_relay.js). */
   retire() {
-    const { cursor, onSidebarChange, onReconnected } = this.h;
-    this.h = { cursor, onEvent() {}, onSnapshot() {}, onSidebarChange, onReconnected };
-    this.source?.retire();
+    const { cursor, onReconnected } = this.h;
+    this.h = { cursor, onEvent() {}, onSnapshot() {}, onReconnected };
+    if (this.source) this.source.retire();
+    else this.stop();
   }
 
   stop() {
@@ -89,7 +90,7 @@ export class SessionStream {
     });
     this.es.addEventListener("session.changed", (e) => {
       this.seen();
-      this.h.onSidebarChange?.(JSON.parse(e.data));
+      this.source?.change(JSON.parse(e.data));
     });
     this.es.addEventListener("resync", () => {
       this.seen();
@@ -144,6 +145,7 @@ export class SessionStream {
 
   reconnect() {
     if (this.stopped) return;
+    this.source?.lost();
     this.es?.close();
     this.es = null;
     this.failures += 1;

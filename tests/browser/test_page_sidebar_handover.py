@@ -202,3 +202,33 @@ def test_a_session_opened_twice_at_once_keeps_one_stream(
     page.wait_for_function(f"() => {open_now} === 1", timeout=5_000)
     page.wait_for_timeout(1_000)  # past the relay's grace: nothing more is stopped later
     assert page.evaluate(f"() => {open_now}") == 1
+
+
+def test_a_slow_answer_to_an_earlier_search_does_not_replace_the_later_one(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Layer: the page's sidebar projection. Lists asked for one after another may answer
+    out of order (a search typed on, a reconnect): only the last one asked is drawn."""
+    sessions(web_server, "Alpha one", "Bravo two")
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    held: list[Route] = []
+    page.route(
+        lambda url: "/api/sessions?" in url and "q=Alpha" in url,
+        lambda route: held.append(route),
+    )
+    search = page.get_by_role("searchbox", name="Search sessions")
+    search.fill("Alpha")
+    for _ in range(100):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert len(held) == 1, "the page never asked for the first search"
+    search.fill("Bravo")
+    expect(page.get_by_role("link", name="Bravo two")).to_be_visible()
+    expect(page.get_by_role("link", name="Alpha one")).to_have_count(0)
+    with page.expect_response(lambda response: "q=Alpha" in response.url):
+        held[0].continue_()
+    page.wait_for_timeout(300)  # the answer is handled
+    expect(page.get_by_role("link", name="Bravo two")).to_be_visible()
+    expect(page.get_by_role("link", name="Alpha one")).to_have_count(0)

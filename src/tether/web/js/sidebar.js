@@ -35,6 +35,7 @@ export class Sidebar {
     this.search = document.getElementById("search");
     this.archivedToggle = document.getElementById("show-archived");
     this.rows = new Map();
+    this.loads = 0; // lists asked for: only the last one's answer is drawn
     this.busySeen = new Map();
     this.renderPending = false; // a draw is asked for the next frame (renderSoon)
     this.activeId = null;
@@ -63,7 +64,9 @@ export class Sidebar {
     const params = {};
     if (this.archivedToggle.checked) params.archived = 1;
     if (this.search.value.trim()) params.q = this.search.value.trim();
+    const asked = ++this.loads;
     const { sessions } = await get(`/api/sessions?${q(params)}`);
+    if (asked !== this.loads) return; // a later load (another search, say) answers instead
     this.rows = new Map(sessions.map((r) => [r.session_id, r]));
     for (const row of sessions) this.trackCompletion(row);
     this.render();

@@ -232,3 +232,74 @@ def test_a_slow_answer_to_an_earlier_search_does_not_replace_the_later_one(
     page.wait_for_timeout(300)  # the answer is handled
     expect(page.get_by_role("link", name="Bravo two")).to_be_visible()
     expect(page.get_by_role("link", name="Alpha one")).to_have_count(0)
+
+
+def test_a_stream_that_dropped_reads_the_list_again_once_it_follows(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Layer: the page's sidebar projection (invariant 3). The open session's stream drops
+    and comes back: what changed while it was away is read with the list once it follows."""
+    alpha, bravo = sessions(web_server, "Alpha", "Bravo")
+    page = context.new_page()
+    open_live(page, web_server, f"/s/{alpha}")
+    events = f"**/api/sessions/{alpha}/events*"
+    page.route(events, lambda route: route.abort())
+    page.evaluate("window.tether.stream.reconnect()")
+    expect(page.locator("#conn")).to_have_text("Reconnecting…")
+    with web_server.client() as client:
+        rename(client, bravo, "Bravo renamed")
+    page.unroute(events)
+    expect(page.locator("#conn")).to_have_text("Live", timeout=15_000)
+    expect(page.get_by_role("link", name="Bravo renamed")).to_be_visible()
+
+
+RELAY_JS = """async () => {
+  const { SidebarRelay } = await import('/static/js/sidebar_relay.js');
+  const log = [];
+  const stopped = [];
+  const relay = new SidebarRelay({
+    onChange: (c) => log.push(`${c.session_id}:${c.row}`),
+    onGap: () => log.push('gap'),
+  });
+  const add = (name) => relay.add(() => stopped.push(name));
+  const a = add('a');
+  a.followed();  // the page's first list: read again
+  a.retire();
+  const b = add('b');
+  a.change({ session_id: 'x', row: 1 });  // b not following yet: a's rows count
+  b.followed();
+  b.change({ session_id: 'x', row: 2 });
+  a.change({ session_id: 'x', row: 1 });  // older than b's: dropped
+  a.change({ session_id: 'y', row: 1 });  // b has not sent y: taken
+  b.retire();
+  const c = add('c');
+  c.followed();
+  a.change({ session_id: 'x', row: 1 });  // still older than b's
+  const beforeGrace = [...stopped];
+  await new Promise((resolve) => setTimeout(resolve, 700));
+  const afterGrace = [...stopped];
+  a.lost();  // gone already, and older than c: no gap
+  const d = add('d');
+  c.retire();
+  d.lost();  // d never followed: changes may be missed; c keeps the sidebar current
+  const stillRetiring = [...stopped];
+  c.lost();  // c was giving way: stopped
+  d.followed();
+  return { log, beforeGrace, afterGrace, stillRetiring, stopped };
+}"""
+
+
+def test_the_relay_orders_rows_across_streams_and_stops_each_one_once(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Layer: the page's sidebar projection. `SidebarRelay` alone: a newer stream's row of a
+    session wins over an older stream's, the old streams stop after the grace, and a drop
+    has the list read again only when changes may have been missed."""
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    got = page.evaluate(RELAY_JS)
+    assert got["log"] == ["gap", "x:1", "x:2", "y:1", "gap"]
+    assert got["beforeGrace"] == []
+    assert sorted(got["afterGrace"]) == ["a", "b"]
+    assert sorted(got["stillRetiring"]) == ["a", "b"]
+    assert sorted(got["stopped"]) == ["a", "b", "c"]

@@ -222,7 +222,7 @@ class App {
         },
         onState: (state, detail) => this.setConn(state, detail),
         onDeleted: () => this.onDeleted(sid),
-        onReconnected: () => this.sidebar.load(),
+        onResync: () => this.sidebar.load(),
       },
       { heartbeatMs: 5000, relay: this.sidebar.relay },
     );

@@ -78,19 +78,24 @@ export class Sidebar {
     const feed = new EventSource("/api/events");
     const source = this.relay.add(() => feed.close());
     this.feed = source;
-    let dropped = false;
-    feed.addEventListener("heartbeat", () => source.followed(), { once: true });
-    feed.addEventListener("session.changed", (e) => source.change(JSON.parse(e.data)));
-    feed.addEventListener("resync", () => this.load());
-    feed.onerror = () => {
-      dropped = true;
-      source.lost();
+    let following = false; // until this connection's first frame (the relay's `followed`)
+    const seen = () => {
+      if (following) return;
+      following = true;
+      source.followed();
     };
-    feed.onopen = () => {
-      if (dropped) {
-        dropped = false;
-        this.load();
-      }
+    feed.addEventListener("heartbeat", seen);
+    feed.addEventListener("session.changed", (e) => {
+      seen();
+      source.change(JSON.parse(e.data));
+    });
+    feed.addEventListener("resync", () => {
+      seen();
+      this.load();
+    });
+    feed.onerror = () => {
+      following = false; // the browser reconnects it by itself
+      source.lost();
     };
   }
 

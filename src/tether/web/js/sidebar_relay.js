@@ -2,10 +2,10 @@
 // (`?sidebar=1`) or, with none open, the sidebar feed (`GET /api/events`). A stream that gives
 // way keeps delivering until a newer one has had its first frame, and for GRACE_MS more: the
 // server follows a stream's changes from before that frame (docs/api.md §6), and the grace
-// lets the old stream send what it had already been told. Meanwhile a session's row from the
-// old stream is dropped once the new one has sent that session's row: the new one is at
-// least as new, and sends every later change itself. Where no stream was listening (one
-// dropped, or the server ended it), the list is read again once the next stream follows.
+// lets the old stream send what it had already been told. A session's row from a stream is
+// dropped once a newer stream has sent that session's row: the newer one's is at least as
+// new, and it sends every later change itself. Where no stream was listening (a stream
+// dropped, or the server ended it), the list is read again once a stream follows.
 
 const GRACE_MS = 500;
 
@@ -16,15 +16,16 @@ export class SidebarRelay {
     this.onGap = onGap;
     this.generation = 0;
     this.retiring = new Map(); // generation -> stop()
-    this.leader = { generation: 0, sent: new Set() }; // the newest stream that follows
+    this.leader = 0; // the newest stream that follows
+    this.sentBy = new Map(); // session_id -> the newest stream that sent its row
     // The page's first list is read before any stream follows: a change in between would be
     // missed, so the first stream to follow has the list read again.
     this.gap = true;
   }
 
-  /** A new stream of changes; `stop()` ends it. Its handle: `followed()` on its first frame,
-   *  `change(c)` for each sidebar change it brings, `retire()` when it gives way, `lost()`
-   *  when it dropped or the server ended it. */
+  /** A new stream of changes; `stop()` ends it. Its handle: `followed()` on its first frame
+   *  (after each connect), `change(c)` for each sidebar change it brings, `retire()` when it
+   *  gives way, `lost()` when it dropped or the server ended it. */
   add(stop) {
     const generation = ++this.generation;
     return {
@@ -36,8 +37,8 @@ export class SidebarRelay {
   }
 
   followed(generation) {
-    if (generation > this.leader.generation) {
-      this.leader = { generation, sent: new Set() };
+    if (generation > this.leader) {
+      this.leader = generation;
       setTimeout(() => this.stopRetiring((older) => older < generation), GRACE_MS);
     }
     if (this.gap) {
@@ -47,19 +48,18 @@ export class SidebarRelay {
   }
 
   change(generation, change) {
-    if (generation === this.leader.generation) this.leader.sent.add(change.session_id);
-    else if (generation < this.leader.generation && this.leader.sent.has(change.session_id)) {
-      return;
-    }
+    if ((this.sentBy.get(change.session_id) ?? 0) > generation) return;
+    this.sentBy.set(change.session_id, generation);
     this.onChange(change);
   }
 
-  /** Changes were missed: the list is read again when the next stream follows, so this
-   *  stream, if it was giving way, and the older ones are of no more use (each holds one of
-   *  the server's stream slots, which the next stream may need). */
+  /** Changes may have been missed, unless a newer stream already follows: the list is read
+   *  again when a stream next follows. A stream that was giving way is stopped (it would
+   *  reconnect and hold one of the server's stream slots for nothing); the older ones keep
+   *  the sidebar current meanwhile. */
   lost(generation) {
-    this.gap = true;
-    this.stopRetiring((other) => other <= generation);
+    if (generation >= this.leader) this.gap = true;
+    this.stopRetiring((other) => other === generation);
   }
 
   stopRetiring(which) {

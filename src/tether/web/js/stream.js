@@ -15,7 +15,7 @@ export class SessionStream {
   /**
    * handlers: cursor() → last applied seq; onEvent(envelope); onSnapshot(session);
    * onHeartbeat(data); onState(state, detail); onDeleted();
-   * onReconnected() (anything may have been missed: refetch what is not in the log).
+   * onResync() (the server could not tell each sidebar change: refetch the list).
    * relay: the sidebar's SidebarRelay, which gets the sidebar changes this stream carries.
    */
   constructor(sessionId, handlers, { heartbeatMs = 5000, relay = null } = {}) {
@@ -50,8 +50,8 @@ export class SessionStream {
   /** Another stream takes over: from now on only sidebar changes are passed on, until the
    *  sidebar's relay stops this one, once its successor follows (sidebar_relay.js). */
   retire() {
-    const { cursor, onReconnected } = this.h;
-    this.h = { cursor, onEvent() {}, onSnapshot() {}, onReconnected };
+    const { cursor, onResync } = this.h;
+    this.h = { cursor, onEvent() {}, onSnapshot() {}, onResync };
     if (this.source) this.source.retire();
     else this.stop();
   }
@@ -69,13 +69,12 @@ export class SessionStream {
     // sidebar=1: this one connection also carries the sidebar's changes (one per tab).
     const url = `/api/sessions/${encodeURIComponent(this.sessionId)}/events?after=${after}&sidebar=1`;
     this.es = new EventSource(url);
+    this.following = false; // until this connection's first frame
     this.lastFrameAt = Date.now();
     this.setState(this.target > after ? "replaying" : "connecting", {
       missing: this.target - after,
     });
     this.es.onopen = () => {
-      if (this.failures > 0 || this.opened) this.h.onReconnected?.();
-      this.opened = true;
       this.failures = 0;
       if (this.target <= this.h.cursor()) this.setState("live");
     };
@@ -94,11 +93,12 @@ export class SessionStream {
     });
     this.es.addEventListener("resync", () => {
       this.seen();
-      this.h.onReconnected?.();
+      this.h.onResync?.();
     });
   }
 
-  /** A frame arrived: the stall watchdog is fed, and the first one says the stream follows. */
+  /** A frame arrived: the stall watchdog is fed, and a connection's first one says the stream
+   *  follows (the relay reads the list again if this one, or another, had dropped). */
   seen() {
     this.lastFrameAt = Date.now();
     if (this.following) return;
@@ -145,7 +145,8 @@ export class SessionStream {
 
   reconnect() {
     if (this.stopped) return;
-    this.source?.lost();
+    this.source?.lost(); // which stops this stream if it was giving way
+    if (this.stopped) return;
     this.es?.close();
     this.es = null;
     this.failures += 1;

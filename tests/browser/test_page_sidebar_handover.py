@@ -263,17 +263,17 @@ RELAY_JS = """async () => {
   });
   const add = (name) => relay.add(() => stopped.push(name));
   const a = add('a');
-  a.followed();  // the page's first list: read again
+  a.frame();  // the page's first list: read again
   a.retire();
   const b = add('b');
   a.change({ session_id: 'x', row: 1 });  // b not following yet: a's rows count
-  b.followed();
+  b.frame();
   b.change({ session_id: 'x', row: 2 });
   a.change({ session_id: 'x', row: 1 });  // older than b's: dropped
   a.change({ session_id: 'y', row: 1 });  // b has not sent y: taken
   b.retire();
   const c = add('c');
-  c.followed();
+  c.frame();
   a.change({ session_id: 'x', row: 1 });  // still older than b's
   const beforeGrace = [...stopped];
   await new Promise((resolve) => setTimeout(resolve, 700));
@@ -284,7 +284,7 @@ RELAY_JS = """async () => {
   d.lost();  // d never followed: changes may be missed; c keeps the sidebar current
   const stillRetiring = [...stopped];
   c.lost();  // c was giving way: stopped
-  d.followed();
+  d.frame();
   return { log, beforeGrace, afterGrace, stillRetiring, stopped };
 }"""
 

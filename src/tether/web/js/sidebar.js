@@ -78,25 +78,16 @@ export class Sidebar {
     const feed = new EventSource("/api/events");
     const source = this.relay.add(() => feed.close());
     this.feed = source;
-    let following = false; // until this connection's first frame (the relay's `followed`)
-    const seen = () => {
-      if (following) return;
-      following = true;
-      source.followed();
-    };
-    feed.addEventListener("heartbeat", seen);
+    feed.addEventListener("heartbeat", () => source.frame());
     feed.addEventListener("session.changed", (e) => {
-      seen();
+      source.frame();
       source.change(JSON.parse(e.data));
     });
     feed.addEventListener("resync", () => {
-      seen();
+      source.frame();
       this.load();
     });
-    feed.onerror = () => {
-      following = false; // the browser reconnects it by itself
-      source.lost();
-    };
+    feed.onerror = () => source.lost(); // the browser reconnects it by itself
   }
 
   /** The open session's stream carries the changes now: the feed gives way to it. */

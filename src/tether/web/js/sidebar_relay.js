@@ -23,16 +23,24 @@ export class SidebarRelay {
     this.gap = true;
   }
 
-  /** A new stream of changes; `stop()` ends it. Its handle: `followed()` on its first frame
-   *  (after each connect), `change(c)` for each sidebar change it brings, `retire()` when it
-   *  gives way, `lost()` when it dropped or the server ended it. */
+  /** A new stream of changes; `stop()` ends it. Its handle: `frame()` for every frame it
+   *  brings (a connection's first says it follows), `change(c)` for each sidebar change,
+   *  `retire()` when it gives way, `lost()` when it dropped or the server ended it. */
   add(stop) {
     const generation = ++this.generation;
+    let following = false; // until the connection's first frame
     return {
-      followed: () => this.followed(generation),
+      frame: () => {
+        if (following) return;
+        following = true;
+        this.followed(generation);
+      },
       change: (change) => this.change(generation, change),
       retire: () => this.retiring.set(generation, stop),
-      lost: () => this.lost(generation),
+      lost: () => {
+        following = false; // a reconnection follows anew
+        this.lost(generation);
+      },
     };
   }
 

@@ -27,7 +27,6 @@ export class SessionStream {
     this.failures = 0;
     this.stopped = false;
     this.lastFrameAt = 0;
-    this.following = false;
     this.source = relay?.add(() => this.stop()) ?? null;
     this.watchdog = null;
     this.retryTimer = null;
@@ -69,7 +68,6 @@ export class SessionStream {
     // sidebar=1: this one connection also carries the sidebar's changes (one per tab).
     const url = `/api/sessions/${encodeURIComponent(this.sessionId)}/events?after=${after}&sidebar=1`;
     this.es = new EventSource(url);
-    this.following = false; // until this connection's first frame
     this.lastFrameAt = Date.now();
     this.setState(this.target > after ? "replaying" : "connecting", {
       missing: this.target - after,
@@ -97,13 +95,11 @@ export class SessionStream {
     });
   }
 
-  /** A frame arrived: the stall watchdog is fed, and a connection's first one says the stream
-   *  follows (the relay reads the list again if this one, or another, had dropped). */
+  /** A frame arrived: the stall watchdog is fed, and the relay hears of it (a connection's
+   *  first frame says the stream follows the sidebar). */
   seen() {
     this.lastFrameAt = Date.now();
-    if (this.following) return;
-    this.following = true;
-    this.source?.followed();
+    this.source?.frame();
   }
 
   onFrame(e) {

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import httpx
-from playwright.sync_api import BrowserContext, Page, Route, expect
+from playwright.sync_api import APIResponse, BrowserContext, Page, Route, expect
 
 from helpers import ServerProcess, new_session
 from pagekit import open_app
@@ -303,3 +303,73 @@ def test_the_relay_orders_rows_across_streams_and_stops_each_one_once(
     assert sorted(got["afterGrace"]) == ["a", "b"]
     assert sorted(got["stillRetiring"]) == ["a", "b"]
     assert sorted(got["stopped"]) == ["a", "b", "c"]
+
+
+def hold_as_read_now(held: list[tuple[Route, APIResponse]]) -> Callable[[Route], None]:
+    """A route handler: the server answers now, the page gets that answer only when the test
+    fulfils it (an answer overtaken on the way by a change on a stream)."""
+
+    def handle(route: Route) -> None:
+        held.append((route, route.fetch()))
+
+    return handle
+
+
+def release(page: Page, held: list[tuple[Route, APIResponse]]) -> None:
+    for _ in range(100):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert len(held) == 1, "the page never asked"
+    route, answer = held.pop()
+    with page.expect_response(route.request.url):
+        route.fulfill(response=answer)
+    page.wait_for_timeout(300)  # the answer is handled
+
+
+def test_a_list_read_before_a_change_does_not_replace_the_changed_row(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Layer: the page's sidebar projection (invariant 3). A list the server read before a
+    change, arriving after the change's frame, is older than the row it would replace: the
+    row stays as the change left it (a run's "running" once stayed "failed" this way)."""
+    alpha, bravo = sessions(web_server, "Alpha", "Bravo")
+    page = context.new_page()
+    open_live(page, web_server, f"/s/{alpha}")
+    held: list[tuple[Route, APIResponse]] = []
+    page.route(lambda url: "/api/sessions?" in url, hold_as_read_now(held))
+    page.evaluate("() => { window.tether.sidebar.load(); }")  # as a reconnect's refetch does
+    for _ in range(100):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    with web_server.client() as client:
+        rename(client, bravo, "Bravo renamed")
+    expect(page.get_by_role("link", name="Bravo renamed")).to_be_visible()
+    release(page, held)
+    expect(page.get_by_role("link", name="Bravo renamed")).to_be_visible()
+    expect(page.get_by_role("link", name="Bravo", exact=True)).to_have_count(0)
+
+
+def test_a_session_body_read_before_a_change_does_not_replace_the_changed_row(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Layer: the page's sidebar projection (invariant 3). Opening Bravo reads its body; a
+    rename that the old stream brings while that body is on its way is newer than the body's
+    row: the sidebar and the header keep the new title."""
+    alpha, bravo = sessions(web_server, "Alpha", "Bravo")
+    page = context.new_page()
+    open_live(page, web_server, f"/s/{alpha}")
+    held: list[tuple[Route, APIResponse]] = []
+    page.route(lambda url: "/api/session?" in url and bravo in url, hold_as_read_now(held))
+    page.get_by_role("link", name="Bravo").click()
+    for _ in range(100):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    with web_server.client() as client:
+        rename(client, bravo, "Bravo renamed")
+    expect(page.get_by_role("link", name="Bravo renamed")).to_be_visible()
+    release(page, held)
+    expect(page.locator("#session-title")).to_have_text("Bravo renamed")
+    expect(page.get_by_role("link", name="Bravo renamed")).to_be_visible()

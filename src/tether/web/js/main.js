@@ -70,7 +70,9 @@ class App {
     this.importer = new ImportControl({ onImported: () => this.sidebar.load() });
     this.settings = new SessionSettings({
       ensureSession: () => this.ensureSession(),
-      onRow: (row) => this.onRowChanged(row),
+      // a row read by a request sent at `sent`: the sidebar keeps whichever is newer
+      onRow: (row, sent) => this.sidebar.onChanged({ session_id: row.session_id, row }, sent),
+      stamp: () => this.sidebar.stamp(),
       notify: (msg) => this.notify(msg),
     });
     this.panel = new SettingsPanel({
@@ -191,6 +193,7 @@ class App {
     this.transcript.clear();
     if (entry.loaded) this.renderNow();
     let body;
+    const sent = this.sidebar.stamp();
     try {
       body = (await get(`/api/session?${q({ session_id: sid })}`)).session;
     } catch (err) {
@@ -207,7 +210,7 @@ class App {
     entry.loaded = true;
     entry.inherited = body.inherited_messages || [];
     // Its row as the server has it now: the open session is seen (and read) at its newest.
-    this.sidebar.onChanged({ session_id: sid, row: rowOf(body) });
+    this.sidebar.onChanged({ session_id: sid, row: rowOf(body) }, sent);
     this.renderNow();
     this.stream?.retire(); // the same session opened twice at once: one stream stays
     this.stream = new SessionStream(
@@ -265,9 +268,9 @@ class App {
    *  before this tab's stream connected (the stream replays events, not sidebar changes). */
   async refreshRow(sid) {
     try {
+      const sent = this.sidebar.stamp();
       const { session } = await get(`/api/session?${q({ session_id: sid })}`);
-      this.onRowChanged(rowOf(session));
-      this.sidebar.load();
+      this.sidebar.onChanged({ session_id: sid, row: rowOf(session) }, sent);
     } catch {
       // the sidebar stream brings it later
     }
@@ -499,8 +502,9 @@ class App {
 
   async ensureSession() {
     if (this.openId) return this.openId;
+    const sent = this.sidebar.stamp();
     const { session } = await post("/api/sessions", {});
-    this.sidebar.onChanged({ session_id: session.session_id, row: session });
+    this.sidebar.onChanged({ session_id: session.session_id, row: session }, sent);
     await this.open(session.session_id, { push: true });
     return session.session_id;
   }

@@ -8,9 +8,11 @@ import { get, patch } from "./api.js";
 const $ = (id) => document.getElementById(id);
 
 export class SessionSettings {
-  constructor({ ensureSession, onRow, notify }) {
+  /** onRow(row, sent): a row read by a request sent at `sent`, a `stamp()` (sidebar.js). */
+  constructor({ ensureSession, onRow, stamp, notify }) {
     this.ensureSession = ensureSession;
     this.onRow = onRow;
+    this.stamp = stamp;
     this.notify = notify;
     this.models = { models: [], default: "" };
     /** Settled once the first `load` has an answer (or an error): the Settings dialog,
@@ -88,8 +90,9 @@ export class SessionSettings {
   async change(changes) {
     try {
       const sid = await this.ensureSession();
+      const sent = this.stamp();
       const { session } = await patch("/api/session", { session_id: sid, ...changes });
-      this.onRow(session);
+      this.onRow(session, sent);
     } catch (err) {
       this.notify(err.message);
     }

@@ -36,6 +36,11 @@ export class Sidebar {
     this.archivedToggle = document.getElementById("show-archived");
     this.rows = new Map();
     this.loads = 0; // lists asked for: only the last one's answer is drawn
+    // The order in which this page learnt of each row (a request's rows date from when it
+    // was sent, a stream's change from when it came): a row older than the one held is
+    // dropped. Kept for deleted sessions too, so a late list does not bring one back.
+    this.clock = 0;
+    this.learnt = new Map(); // session_id -> clock of the row held (or of its deletion)
     this.busySeen = new Map();
     this.renderPending = false; // a draw is asked for the next frame (renderSoon)
     this.activeId = null;
@@ -65,11 +70,38 @@ export class Sidebar {
     if (this.archivedToggle.checked) params.archived = 1;
     if (this.search.value.trim()) params.q = this.search.value.trim();
     const asked = ++this.loads;
+    const sent = this.stamp();
     const { sessions } = await get(`/api/sessions?${q(params)}`);
     if (asked !== this.loads) return; // a later load (another search, say) answers instead
-    this.rows = new Map(sessions.map((r) => [r.session_id, r]));
-    for (const row of sessions) this.trackCompletion(row);
+    const rows = new Map();
+    for (const row of sessions) {
+      const sid = row.session_id;
+      if (this.newer(sid, sent)) {
+        rows.set(sid, row);
+        this.trackCompletion(row);
+      } else if (this.rows.has(sid)) rows.set(sid, this.rows.get(sid));
+    }
+    // A session the list lacks but a stream brought after it was asked for (a new chat):
+    // unless a search or the archive decides membership, it stays.
+    for (const [sid, row] of this.filtering ? [] : this.rows) {
+      if (!rows.has(sid) && this.learnt.get(sid) > sent) rows.set(sid, row);
+    }
+    this.rows = rows;
     this.render();
+  }
+
+  /** The clock for a request about to read rows (pass it to onChanged with its answer). */
+  stamp() {
+    return ++this.clock;
+  }
+
+  /** Whether a row of `sid` learnt at `clock` is at least as new as the one held. A request
+   *  reads what the server had once it arrived, so a change that came before it was sent is
+   *  in its answer; one that came while it was on its way may be newer, and wins. */
+  newer(sid, clock) {
+    if ((this.learnt.get(sid) ?? 0) > clock) return false;
+    this.learnt.set(sid, clock);
+    return true;
   }
 
   /** Follow the sidebar stream on its own connection (when no session stream carries it). */
@@ -101,7 +133,9 @@ export class Sidebar {
     return !row.archived && !row.continuation_session_id;
   }
 
-  onChanged({ session_id: sid, row }) {
+  /** A row (or its deletion, `row: null`) from a stream, or read by a request sent at `clock`. */
+  onChanged({ session_id: sid, row }, clock = this.stamp()) {
+    if (!this.newer(sid, clock)) return;
     if (row) this.opts.onChanged?.(row);
     if (this.filtering && row && !this.rows.has(sid)) return; // the search decides membership
     if (!row || !this.visible(row)) this.rows.delete(sid);
@@ -306,8 +340,9 @@ export class Sidebar {
 
   async update1(row, changes) {
     try {
+      const sent = this.stamp();
       const { session } = await patch("/api/session", { session_id: row.session_id, ...changes });
-      this.onChanged({ session_id: row.session_id, row: session });
+      this.onChanged({ session_id: row.session_id, row: session }, sent);
     } catch (err) {
       this.opts.notify(err.message);
     }

@@ -7,6 +7,7 @@ invariant 6), run admission (409 session_rotated before any mutation)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -77,9 +78,8 @@ def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) 
             assert child_row["parent_session_id"] == parent
             assert child_row["title"] == "Research"
             assert child_row["updated_at"] == parent_row["updated_at"]
-            listed = [
-                r["session_id"] for r in await h.sessions.list_rows(archived=False, query=None)
-            ]
+            body = await h.sessions.list_json(archived=False, query=None)
+            listed = [r["session_id"] for r in json.loads(body)["sessions"]]
             assert child in listed and parent not in listed
             # the child shows the parent's history (display only) ...
             child_view = await h.sessions.view(child)

@@ -2,14 +2,15 @@
 
 The read routes return a ready `JSONResponse`: their bodies are plain JSON built from the log,
 and a returned dict would be walked by FastAPI's `jsonable_encoder` first (about 2 ms for a
-90-message transcript, on the event loop, for every read; contract invariant 7)."""
+90-message transcript, on the event loop, for every read; contract invariant 7). The list's
+body comes encoded from the session layer, which keeps each row's text between lists."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from tether.http.deps import App
 from tether.http.errors import documented
@@ -61,13 +62,12 @@ async def list_sessions(
     q: Annotated[
         str | None, Query(description="Case-insensitive search in titles and message text")
     ] = None,
-) -> JSONResponse:
+) -> Response:
     """Sidebar rows, pinned first, then most recent meaningful activity first. The default
     list omits archived sessions and rotated parents."""
     query = q.strip() if q else None
-    return JSONResponse(
-        {"sessions": await app.sessions.list_rows(archived=archived, query=query or None)}
-    )
+    body = await app.sessions.list_json(archived=archived, query=query or None)
+    return Response(body, media_type="application/json")
 
 
 @router.get(

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from tether import events as ev
 from tether.errors import InvalidRequest, SessionBusy, SessionRotated
 from tether.events import Event, new_id
-from tether.log import Draft, SessionNotFound
+from tether.log import Draft, SessionNotFound, compact_json
 from tether.log.attachments import BlobStore
 from tether.log.completion import to_completion
 from tether.log.store import EventStore
@@ -20,6 +20,7 @@ from tether.projections.sidebar import public_row, public_title, sort_key
 from tether.sessions.branching import switch_draft
 from tether.sessions.defaults import ServerDefaults
 from tether.sessions.folds import FoldCache
+from tether.sessions.row_texts import RowTexts
 from tether.sessions.search import search_terms
 from tether.sessions.titles import TitleRefused, normalise_title
 
@@ -73,6 +74,7 @@ class SessionService:
         self.registry = registry
         self.attachments = attachments
         self.folds = FoldCache(store)
+        self._row_texts = RowTexts()
         self.locks = SessionLocks()
         # Bytes are shared by content across sessions: storing new bytes and recording the
         # event that holds them must never interleave with another session's check that
@@ -96,22 +98,34 @@ class SessionService:
             row["continuation_session_id"] = await self.newest_continuation(sid)
         return row
 
-    async def list_rows(self, *, archived: bool, query: str | None) -> list[dict[str, Any]]:
-        states = (await self.store.index_states()).values()
+    async def list_json(self, *, archived: bool, query: str | None) -> bytes:
+        """The body of `GET /api/sessions`: `{"sessions": [Row, ...]}` as JSON, each row's
+        text kept from the last list while it has not changed (sessions/row_texts.py)."""
+        states = await self.store.index_states()
         if archived:
-            chosen = [s for s in states if s["archived"]]
+            chosen = [s for s in states.values() if s["archived"]]
         else:
-            chosen = [s for s in states if not s["archived"] and not s["continuation_session_id"]]
+            chosen = [
+                s for s in states.values() if not s["archived"] and not s["continuation_session_id"]
+            ]
         if query:
             needle = query.casefold()
             by_text = await self.store.search_text(query)
             chosen = [
                 s
                 for s in chosen
-                if s["session_id"] in by_text
-                or needle in (await self._public(s))["title"].casefold()
+                if s["session_id"] in by_text or needle in public_title(s).casefold()
             ]
-        return [await self._public(s) for s in sorted(chosen, key=sort_key)]
+        texts = []
+        for state in sorted(chosen, key=sort_key):
+            if state["continuation_session_id"]:  # an archived rotated parent: resolved anew
+                texts.append(compact_json.dumps(await self._public(state)))
+                continue
+            sid = state["session_id"]
+            busy, stream = self.registry.busy(sid), self.registry.attachable_stream(sid)
+            texts.append(self._row_texts.text(state, busy, stream))
+        self._row_texts.keep_only(states.keys())
+        return ('{"sessions":[' + ",".join(texts) + "]}").encode()
 
     async def search(self, query: str, limit: int) -> list[dict[str, Any]]:
         """`GET /api/search` (docs/api.md §13): rows whose text holds every word typed, best

@@ -273,6 +273,44 @@ def test_admission_is_decided_by_the_database_one_unfinished_run_per_session(url
     asyncio.run(main())
 
 
+def test_a_truncate_a_branch_switch_or_a_deletion_waits_for_another_replicas_run(
+    url: str,
+) -> None:
+    """Layer: runs admission across replicas (edit or switch while a run is active: 409
+    `session_busy`). A replica's own check cannot see a run another replica admitted a
+    moment ago: the database refuses a `needs_no_run` event, and the deletion of the
+    session, while the session has an unfinished run, and takes them once it has ended."""
+
+    async def main() -> None:
+        a, b = open_store(url, "ra"), open_store(url, "rb")
+        await a.create_session("s1", [Draft("session.created", {})])
+        await a.append("s1", [turn(1)])
+        cut = Draft(
+            "transcript.truncated",
+            {"keep_count": 0, "transcript_generation": 1},
+            needs_no_run=True,
+        )
+        with pytest.raises(SessionOccupied) as refused:
+            await b.append("s1", [cut])
+        assert refused.value.extra["active_stream_id"] == "r1"
+        with pytest.raises(SessionOccupied):
+            await b.delete_session("s1", only_idle=True)
+        await b.append("s1", [Draft("session.updated", {"title": "still fine"})])
+        assert [e.type for e in await b.read("s1")] == [
+            "session.created",
+            "turn.submitted",
+            "session.updated",
+        ]
+        await a.append("s1", [Draft("run.finished", {"state": "completed"}, "r1", "u1")])
+        await b.append("s1", [cut])
+        await b.delete_session("s1", only_idle=True)
+        assert await a.last_seq("s1") is None
+        for store in (a, b):
+            await store.aclose()
+
+    asyncio.run(main())
+
+
 def test_stop_is_recorded_once_per_run_whichever_replica_records_it(url: str) -> None:
     """Layer: runs Stop (exactly one `cancelled: true`): of twelve run.cancel_requested of
     one run appended at once through three replicas, the log keeps one."""

@@ -164,12 +164,8 @@ async def switch_branch(app: App, body: SwitchBranch) -> JSONResponse:
 async def session_status(app: App, session_id: SessionIdQuery) -> dict:
     """Whether a worker occupies the session, the run a browser may attach to, its phase
     (`idle`, `starting`, `running`, `cancelling`) and the log position."""
+    occupied = await app.sessions.occupancy_of(session_id)
     last_seq = await app.store.last_seq(session_id)
     if last_seq is None:
         raise SessionNotFound(session_id)
-    return {
-        "busy": app.registry.busy(session_id),
-        "active_stream_id": app.registry.attachable_stream(session_id),
-        "phase": app.registry.phase(session_id),
-        "last_seq": last_seq,
-    }
+    return {**occupied._asdict(), "last_seq": last_seq}

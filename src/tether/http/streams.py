@@ -29,6 +29,7 @@ from tether.http.errors import documented
 from tether.log import SessionDeleted, SessionNotFound, compact_json
 from tether.log.subscriptions import Overflowed, Subscription
 from tether.sessions.feed import FeedClient
+from tether.sessions.service import IDLE
 
 router = APIRouter(tags=["events"])
 
@@ -70,14 +71,18 @@ def _frames(events: list[Event]) -> Iterator[bytes]:
         yield b"".join(parts)
 
 
-def _heartbeat(app: Services, session_id: str, last_seq: int) -> ServerSentEvent:
+async def _heartbeat(app: Services, session_id: str, last_seq: int) -> ServerSentEvent:
+    try:
+        occupied = await app.sessions.occupancy_of(session_id)
+    except SessionNotFound:  # deleted: its stream ends with `session.deleted` next
+        occupied = IDLE
     return ServerSentEvent(
         event="heartbeat",
         data=_dumps(
             {
                 "last_seq": last_seq,
-                "busy": app.registry.busy(session_id),
-                "active_stream_id": app.registry.attachable_stream(session_id),
+                "busy": occupied.busy,
+                "active_stream_id": occupied.active_stream_id,
                 "server_time": time.time(),
             }
         ),
@@ -165,7 +170,7 @@ async def _follow(
     async for frame in catch_up():
         yield frame
     if feed is not None:  # the sidebar is followed from before this frame (docs/api.md §6)
-        yield _heartbeat(app, session_id, sent)
+        yield await _heartbeat(app, session_id, sent)
     loop = asyncio.get_running_loop()
     quiet_until = loop.time() + interval
     while True:
@@ -177,7 +182,7 @@ async def _follow(
             except TimeoutError:
                 if guard and not await guard.holds(heartbeat=True):
                     return  # logged out, token revoked or user removed: the stream ends
-                yield _heartbeat(app, session_id, sent)
+                yield await _heartbeat(app, session_id, sent)
                 quiet_until = loop.time() + interval
                 continue
         if guard and not await guard.holds(heartbeat=False):

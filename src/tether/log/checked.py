@@ -53,8 +53,8 @@ class CheckedStore:
         self._check(drafts)
         return await self.backend.append(session_id, drafts)
 
-    async def delete_session(self, session_id: str) -> None:
-        await self.backend.delete_session(session_id)
+    async def delete_session(self, session_id: str, *, only_idle: bool = False) -> None:
+        await self.backend.delete_session(session_id, only_idle=only_idle)
 
     async def read(self, session_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
         return await self.backend.read(session_id, after, limit)

@@ -79,10 +79,10 @@ class OwnedStore:
         await self._require(session_id)
         return await self.inner.append(session_id, drafts)
 
-    async def delete_session(self, session_id: str) -> None:
+    async def delete_session(self, session_id: str, *, only_idle: bool = False) -> None:
         await self._require(session_id)
         owner = await self.inner.session_owner(session_id)
-        await self.inner.delete_session(session_id)
+        await self.inner.delete_session(session_id, only_idle=only_idle)
         if len(self._gone) >= _MAX_GONE:
             self._gone.pop(next(iter(self._gone)))
         self._gone[session_id] = owner

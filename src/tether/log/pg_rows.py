@@ -27,7 +27,7 @@ INSERT_EVENTS_SQL = (
 
 @dataclass(eq=False)
 class Op:
-    kind: str  # "create" | "append" | "delete" | "create_many"
+    kind: str  # "create" | "append" | "delete" | "delete_idle" | "create_many"
     session_id: str
     drafts: list[Draft]  # create_many: every session's, in order (what _load_closed reads)
     future: asyncio.Future = field(repr=False)

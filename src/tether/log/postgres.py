@@ -199,8 +199,8 @@ class PostgresEventStore(PostgresReads):
     async def append(self, session_id: str, drafts: list[Draft]) -> list[Event]:
         return await self._submit("append", session_id, drafts)
 
-    async def delete_session(self, session_id: str) -> None:
-        await self._submit("delete", session_id, [])
+    async def delete_session(self, session_id: str, *, only_idle: bool = False) -> None:
+        await self._submit("delete_idle" if only_idle else "delete", session_id, [])
 
     async def _writer_loop(self) -> None:
         assert self._queue is not None
@@ -232,8 +232,9 @@ class PostgresEventStore(PostgresReads):
                     await pg_counters.lock(conn, batch, work, self._load_closed(conn, batch))
                     for op in batch:
                         try:
-                            if op.kind == "delete":
-                                await self._delete(conn, op.session_id, work)
+                            if op.kind in ("delete", "delete_idle"):
+                                idle = op.kind == "delete_idle"
+                                await self._delete(conn, op.session_id, work, only_idle=idle)
                                 outcomes.append((op, []))
                             elif op.kind == "create_many":
                                 outcomes.append((op, await self._insert_many(conn, op, work)))
@@ -308,6 +309,8 @@ class PostgresEventStore(PostgresReads):
         owner, epoch = work.owner.get(sid, (None, 0))
         answered = work.answered.get(sid, [])
         for draft in op.drafts:
+            if draft.needs_no_run and open_stream is not None:  # a run of another replica
+                raise SessionOccupied(sid, open_stream)
             if draft.stream_id is not None:
                 stream = draft.stream_id
                 if stream in finishing or stream in work.closed or stream in self._closed_streams:
@@ -449,9 +452,14 @@ class PostgresEventStore(PostgresReads):
         work.closing_written.extend(work.closing)
         work.closing = []
 
-    async def _delete(self, conn: psycopg.AsyncConnection, sid: str, work: Batch) -> None:
+    async def _delete(
+        self, conn: psycopg.AsyncConnection, sid: str, work: Batch, *, only_idle: bool
+    ) -> None:
         if work.last[sid] is None:
             raise SessionNotFound(sid)
+        running = work.open[sid]
+        if only_idle and running is not None:  # another replica's run needs its log
+            raise SessionOccupied(sid, running)
         await self._flush(conn, work)
         for table in ("events", "attachments", "closed_streams", "session_owners", "search_rows"):
             await conn.execute(f"DELETE FROM {table} WHERE session_id=%s", (sid,))

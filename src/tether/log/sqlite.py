@@ -223,7 +223,8 @@ class SQLiteEventStore(SQLiteReads):
     async def append(self, session_id: str, drafts: list[Draft]) -> list[Event]:
         return await asyncio.wrap_future(self.submit_append(session_id, drafts))
 
-    async def delete_session(self, session_id: str) -> None:
+    async def delete_session(self, session_id: str, *, only_idle: bool = False) -> None:
+        # only_idle: this one process's run registry has decided, under the session lock
         await asyncio.wrap_future(self._submit(_Op("delete", session_id)))
 
     def _writer_loop(self) -> None:

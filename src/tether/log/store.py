@@ -46,6 +46,10 @@ class Draft:
     # with SessionOccupied while the session has an unfinished run (log/postgres.py). The
     # SQLite backend serves one process, whose run registry refuses first (runs/engine.py).
     admits_run: bool = False
+    # An event that changes the transcript under a run's feet (a truncate, a branch switch):
+    # refused with SessionOccupied, like `admits_run`, while the session has an unfinished
+    # run. SQLite's one process checks its registry under the session lock first.
+    needs_no_run: bool = False
 
 
 class SearchDoc(NamedTuple):
@@ -162,9 +166,12 @@ class EventStore(Protocol):
         """Append atomically, contiguous seqs; raises SessionNotFound, StreamClosed,
         InvalidEvent (data JSON cannot carry) or StorageError, and then writes nothing."""
 
-    async def delete_session(self, session_id: str) -> None:
+    async def delete_session(self, session_id: str, *, only_idle: bool = False) -> None:
         """Remove the session's log and index state; SessionNotFound when there is none.
-        Subscribers are told through `Hub.publish_deleted`."""
+        Subscribers are told through `Hub.publish_deleted`. `only_idle`: a backend shared by
+        several processes refuses with SessionOccupied while the session has an unfinished
+        run (another replica's run needs its log); SQLite's one process checks its registry
+        under the session lock first (sessions/service.py)."""
 
     async def read(self, session_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
         """Events with seq > after, in seq order, at most `limit`."""

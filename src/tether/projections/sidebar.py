@@ -7,6 +7,11 @@ Renames, pins, archiving, recovery (`interrupted`) and any other maintenance nev
 Nor do they raise `activity_count`, the count the page's unread stores compare: a run that
 recovery or shutdown settled still adds its visible row to `message_count` (its partial output
 stays readable), but marking the session unread for it would present maintenance as news.
+
+The fold also keeps the run the log shows unfinished (`open_stream`: its `turn.submitted`
+without its `run.finished`) and whether a Stop was recorded for it: on a log several replicas
+share, that is how a replica knows of a run another one runs (sessions/service.py,
+`SessionService.occupancy`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from tether import events as ev
 from tether.events import Event
 
 # Bump when the fold changes: the store then rebuilds every persisted row from the log.
-SIDEBAR_FOLD_VERSION = "sidebar-6"
+SIDEBAR_FOLD_VERSION = "sidebar-7"
 
 DEFAULT_TITLE = "New chat"
 TITLE_MAX = 80
@@ -29,6 +34,7 @@ ROW_EVENT_TYPES = frozenset(
         ev.SESSION_UPDATED,
         ev.TURN_SUBMITTED,
         ev.RUN_FINISHED,
+        ev.RUN_CANCEL_REQUESTED,
         ev.TRANSCRIPT_TRUNCATED,
         ev.BRANCH_SWITCHED,
         ev.SESSION_ROTATED,
@@ -67,6 +73,8 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
             "last_run_state": None,
             "model": None,
             "system_prompt": None,
+            "open_stream": None,
+            "stop_requested": False,
             "last_seq": 0,
         }
     if event.seq <= state["last_seq"]:
@@ -92,6 +100,8 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
             if key in data:
                 row[key] = data[key]
     elif event.type == ev.TURN_SUBMITTED:
+        if event.stream_id is not None and event.stream_id != row["open_stream"]:
+            row["open_stream"], row["stop_requested"] = event.stream_id, False
         row["updated_at"] = row["last_message_at"] = event.at
         if data.get("regenerate"):  # a new answer to a turn already shown: no new row yet
             return row
@@ -99,6 +109,8 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
         if row["title_from_message"] is None:
             row["title_from_message"] = title_from_message(data.get("text", "")) or None
     elif event.type == ev.RUN_FINISHED:
+        if event.stream_id == row["open_stream"]:
+            row["open_stream"], row["stop_requested"] = None, False
         row["message_count"] += 1
         if not data.get("maintenance"):
             row["last_run_state"] = data.get("state", "completed")  # shown, never sorted on
@@ -106,6 +118,9 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
             row["updated_at"] = row["last_message_at"] = event.at
         else:
             row["maintenance_rows"] += 1
+    elif event.type == ev.RUN_CANCEL_REQUESTED:
+        if event.stream_id == row["open_stream"]:
+            row["stop_requested"] = True
     elif event.type == ev.TRANSCRIPT_TRUNCATED:
         row["message_count"] = data["keep_count"]
         row["maintenance_rows"] = 0  # activity_count restarts at the baseline

@@ -110,7 +110,7 @@ async def adopt_sessions_started_elsewhere(sessions: SessionService, agent: Agen
 async def sync_locked(sessions: SessionService, agent: AgentHistory, session_id: str) -> None:
     """One pass for one session; the caller holds the session's lock."""
     state = await sessions.store.index_state(session_id)
-    if state is None or state["continuation_session_id"] or sessions.registry.busy(session_id):
+    if state is None or state["continuation_session_id"] or sessions.occupancy(state).busy:
         return
     fold = await sessions.folds.get(session_id)
     watermark = fold.transcript.agent_watermark

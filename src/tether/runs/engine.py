@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tether import events as ev
-from tether.errors import ApiError, InvalidRequest, QueueItemNotFound, ServerClosing, SessionBusy
+from tether.errors import ApiError, InvalidRequest, QueueItemNotFound, ServerClosing
 from tether.events import new_id
 from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
@@ -268,11 +268,7 @@ class RunEngine:
         await self.sessions.refuse_if_rotated(state)
         if not starting:
             return state
-        if self.registry.busy(session_id):
-            raise SessionBusy(
-                "A run is still using this session.",
-                active_stream_id=self.registry.attachable_stream(session_id),
-            )
+        self.sessions.refuse_if_busy(state, "A run is still using this session.")
         if self.closing:
             raise ServerClosing("The server is shutting down.")
         return state

@@ -36,7 +36,7 @@ class QueueService:
                     undo=lambda: self.sessions.release_blobs_held(blobs.values()),
                 )
         started = None
-        if not self.engine.registry.busy(session_id):
+        if not (await self.sessions.occupancy_of(session_id)).busy:
             started = await self.engine.start_next(session_id)
         return {"queue_id": queue_id, "started": started}
 

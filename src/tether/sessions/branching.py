@@ -35,6 +35,7 @@ def _hide_from(fold: SessionFold, keep: int) -> Draft:
     return Draft(
         ev.TRANSCRIPT_TRUNCATED,
         {"keep_count": keep, "transcript_generation": fold.row["transcript_generation"] + 1},
+        needs_no_run=True,
     )
 
 
@@ -103,4 +104,5 @@ def switch_draft(fold: SessionFold, row_id: str, index: int) -> Draft | None:
             "message_count": tree.count_if_shown(target),
             "transcript_generation": fold.row["transcript_generation"] + 1,
         },
+        needs_no_run=True,
     )

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from tether import events as ev
 from tether.errors import InvalidRequest, SessionBusy, SessionRotated
@@ -52,13 +52,27 @@ def clean_title(title: str) -> str:
 
 
 class RunOccupancy(Protocol):
-    """The run registry's two predicates (contract invariant 9) as the session layer reads
-    them; `runs.registry.RunRegistry` provides them. Declared here, so the session layer
-    needs nothing from the runs layer above it."""
+    """The run registry's two predicates (contract invariant 9) and its phase, as the session
+    layer reads them; `runs.registry.RunRegistry` provides them. Declared here, so the
+    session layer needs nothing from the runs layer above it."""
 
     def busy(self, session_id: str) -> bool: ...
 
     def attachable_stream(self, session_id: str) -> str | None: ...
+
+    def phase(self, session_id: str) -> str: ...
+
+
+class Occupancy(NamedTuple):
+    """Whether a run occupies a session, the run a browser may attach to, and its phase
+    (`idle`, `starting`, `running`, `cancelling`): the predicates of contract invariant 9."""
+
+    busy: bool
+    active_stream_id: str | None
+    phase: str
+
+
+IDLE = Occupancy(False, None, "idle")
 
 
 class SessionService:
@@ -87,13 +101,37 @@ class SessionService:
         state = await self.store.index_state(session_id)
         return None if state is None else await self._public(state)
 
+    def occupancy(self, state: dict[str, Any]) -> Occupancy:
+        """The registry's answer for a run this process runs. A run the log shows unfinished
+        that no worker here runs is another replica's (a log several replicas share,
+        docs/operations.md): it occupies the session until its `run.finished`, and a browser
+        may attach to it until a Stop is recorded for it."""
+        sid = state["session_id"]
+        if self.registry.busy(sid):
+            return Occupancy(True, self.registry.attachable_stream(sid), self.registry.phase(sid))
+        stream = state["open_stream"]
+        if stream is None:
+            return IDLE
+        if state["stop_requested"]:
+            return Occupancy(True, None, "cancelling")
+        return Occupancy(True, stream, "running")
+
+    async def occupancy_of(self, session_id: str) -> Occupancy:
+        state = await self.store.index_state(session_id)
+        if state is None:
+            raise SessionNotFound(session_id)
+        return self.occupancy(state)
+
+    def refuse_if_busy(self, state: dict[str, Any], message: str) -> None:
+        """409 `session_busy` (with the run to attach to) while a run occupies the session."""
+        occupied = self.occupancy(state)
+        if occupied.busy:
+            raise SessionBusy(message, active_stream_id=occupied.active_stream_id)
+
     async def _public(self, state: dict[str, Any]) -> dict[str, Any]:
         sid = state["session_id"]
-        row = public_row(
-            state,
-            busy=self.registry.busy(sid),
-            active_stream_id=self.registry.attachable_stream(sid),
-        )
+        occupied = self.occupancy(state)
+        row = public_row(state, busy=occupied.busy, active_stream_id=occupied.active_stream_id)
         if row["continuation_session_id"]:  # several hops: point at the newest
             row["continuation_session_id"] = await self.newest_continuation(sid)
         return row
@@ -121,9 +159,8 @@ class SessionService:
             if state["continuation_session_id"]:  # an archived rotated parent: resolved anew
                 texts.append(compact_json.dumps(await self._public(state)))
                 continue
-            sid = state["session_id"]
-            busy, stream = self.registry.busy(sid), self.registry.attachable_stream(sid)
-            texts.append(self._row_texts.text(state, busy, stream))
+            occupied = self.occupancy(state)
+            texts.append(self._row_texts.text(state, occupied.busy, occupied.active_stream_id))
         self._row_texts.keep_only(states.keys())
         return ('{"sessions":[' + ",".join(texts) + "]}").encode()
 
@@ -258,18 +295,18 @@ class SessionService:
 
     async def delete(self, session_id: str) -> None:
         async with self.locks(session_id):
-            if self.registry.busy(session_id):
-                raise SessionBusy(
-                    "Stop the running turn before deleting this session.",
-                    active_stream_id=self.registry.attachable_stream(session_id),
-                )
+            state = await self.store.index_state(session_id)
+            if state is None:
+                raise SessionNotFound(session_id)
+            self.refuse_if_busy(state, "Stop the running turn before deleting this session.")
             blobs = await self.store.session_blobs(session_id)
             await to_completion(self._delete(session_id, blobs))
 
     async def _delete(self, session_id: str, blobs: set[str]) -> None:
         """The deletion and what its commit calls for, as one step (`to_completion`):
         otherwise a caller cancelled as the deletion committed left its bytes on disk."""
-        await self.store.delete_session(session_id)  # its uploads' rows go with its events
+        # its uploads' rows go with its events; refused while another replica runs it
+        await self.store.delete_session(session_id, only_idle=True)
         self.folds.forget(session_id)
         self.locks.forget(session_id)
         async with self._blob_lock:
@@ -293,11 +330,7 @@ class SessionService:
             if state is None:
                 raise SessionNotFound(session_id)
             await self.refuse_if_rotated(state)
-            if self.registry.busy(session_id):
-                raise SessionBusy(
-                    "A run is still using this session; stop it first.",
-                    active_stream_id=self.registry.attachable_stream(session_id),
-                )
+            self.refuse_if_busy(state, "A run is still using this session; stop it first.")
             fold = await self.folds.get(session_id)
             assert fold.row is not None
             count = len(fold.transcript.messages)
@@ -313,6 +346,7 @@ class SessionService:
                         Draft(
                             ev.TRANSCRIPT_TRUNCATED,
                             {"keep_count": keep_count, "transcript_generation": generation},
+                            needs_no_run=True,
                         )
                     ],
                 )
@@ -329,11 +363,7 @@ class SessionService:
             if state is None:
                 raise SessionNotFound(session_id)
             await self.refuse_if_rotated(state)
-            if self.registry.busy(session_id):
-                raise SessionBusy(
-                    "A run is still using this session; stop it first.",
-                    active_stream_id=self.registry.attachable_stream(session_id),
-                )
+            self.refuse_if_busy(state, "A run is still using this session; stop it first.")
             draft = switch_draft(await self.folds.get(session_id), row_id, index)
             if draft is not None:
                 await self.store.append(session_id, [draft])

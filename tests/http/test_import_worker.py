@@ -84,7 +84,7 @@ def test_a_finished_import_leaves_its_survivors_frozen_and_a_failed_one_collecta
             frozen = gc.get_freeze_count()
             raw = json.dumps(many(3, turns=2)).encode()
             status, body = await importer.run(upload(raw), importer.jobs.open(None))
-            assert (status, body["created"]) == (201, 3)
+            assert (status, json.loads(body)["created"]) == (201, 3)
             assert gc.isenabled() and gc.get_freeze_count() > frozen
             frozen = gc.get_freeze_count()
             many_more = many(50, turns=2, start=1_700_000_000.0)

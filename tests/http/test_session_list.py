@@ -135,3 +135,18 @@ def test_a_kept_row_follows_the_registry_and_a_new_state_object() -> None:
     }
     renamed = {**state, "title": "Two"}
     assert json.loads(texts.text(renamed, True, None))["title"] == "Two"
+
+
+def test_an_import_answers_with_the_lists_own_rows(server: ServerProcess) -> None:
+    """The rows an import answers with are the texts the next list sends (kept for it)."""
+    with server.client() as client:
+        new_session(client, "One")
+        new_session(client, "Two ✓")
+        exported = client.get("/api/export").content
+        for status in (201, 200):  # made, then found imported before
+            answer = client.post("/api/sessions/import", content=exported)
+            assert answer.status_code == status, answer.text
+            rows = {row["session_id"]: row for row in answer.json()["sessions"]}
+            assert len(rows) == 2
+            every = listed(client)
+            assert {sid: every[sid] for sid in rows} == rows

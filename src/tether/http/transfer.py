@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from tether.errors import ImportIncomplete
@@ -122,14 +122,14 @@ async def import_sessions(
         str,
         Query(pattern=ID_PATTERN, description="Your id for this import, to poll its progress"),
     ] = "",  # absent: no progress to poll
-) -> JSONResponse:
+) -> Response:
     """A Tether export (one session, or the all-sessions file) or ChatGPT's
     `conversations.json`, as the request body. 201 with the rows; 200 when every session was
     imported before (nothing is created twice). A file that is wrong in any way is a 400
     naming what is wrong, and nothing of it is written."""
     job = app.importer.jobs.open(import_id or None)
     status, body = await app.importer.run(_upload(request), job)
-    return JSONResponse(body, status_code=status)
+    return Response(body, status_code=status, media_type="application/json")
 
 
 async def _upload(request: Request) -> AsyncIterator[bytes]:

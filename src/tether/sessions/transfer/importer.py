@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tether.errors import ImportInvalid, ImportNotFound, InternalError
+from tether.log import compact_json
 from tether.log.completion import to_completion
 from tether.log.errors import InvalidEvent
 from tether.log.ownership import VIEWER
@@ -99,8 +100,8 @@ class Importer:
         self.jobs = ImportJobs()
         self._one_at_a_time = asyncio.Lock()
 
-    async def run(self, upload: AsyncIterable[bytes], job: ImportJob) -> tuple[int, dict[str, Any]]:
-        """(status, body): 201 when something was created, 200 when all was here already.
+    async def run(self, upload: AsyncIterable[bytes], job: ImportJob) -> tuple[int, bytes]:
+        """(status, body as JSON): 201 when something was created, 200 when all was here already.
         `upload` brings the file's bytes; an upload that fails fails the job too.
 
         The cyclic garbage collector pauses meanwhile: the plans are tens of thousands of new
@@ -124,9 +125,7 @@ class Importer:
                     gc.freeze()
                 gc.enable()
 
-    async def _run(
-        self, upload: AsyncIterable[bytes], job: ImportJob
-    ) -> tuple[int, dict[str, Any]]:
+    async def _run(self, upload: AsyncIterable[bytes], job: ImportJob) -> tuple[int, bytes]:
         try:
             # The chunks as they came: joining 15 MiB here held the loop for up to 20 ms
             # (bench/README.md, import_load.py); the import's child joins them.
@@ -145,7 +144,7 @@ class Importer:
         job.phase, job.finished_at = "done", time.time()
         return status, body
 
-    async def _write(self, plans: list[SessionPlan], job: ImportJob) -> tuple[int, dict[str, Any]]:
+    async def _write(self, plans: list[SessionPlan], job: ImportJob) -> tuple[int, bytes]:
         store = self.sessions.store
         here = {
             state["import_key"]: sid
@@ -170,20 +169,10 @@ class Importer:
         skipped: Counter[str] = Counter()
         for plan in new.values():
             skipped.update(plan.skipped)
-        rows = []
-        for n, sid in enumerate(order, start=1):
-            row = await self.sessions.row(sid)
-            if row is not None:
-                rows.append(row)
-            if n % 100 == 0:
-                await asyncio.sleep(0)  # a thousand rows: let other requests in between
-        body = {
-            "sessions": rows,
-            "created": len(new),
-            "existing": job.existing,
-            "skipped": dict(skipped),
-        }
-        return (201 if new else 200), body
+        counts = {"created": len(new), "existing": job.existing, "skipped": dict(skipped)}
+        rows = await self.sessions.rows_json(order)  # the list's texts: kept for the next list
+        body = '{"sessions":' + rows + "," + compact_json.dumps(counts)[1:]
+        return (201 if new else 200), body.encode()
 
     async def _create(self, plans: list[SessionPlan]) -> None:
         sessions = self.sessions

@@ -373,3 +373,29 @@ def test_a_session_body_read_before_a_change_does_not_replace_the_changed_row(
     release(page, held)
     expect(page.locator("#session-title")).to_have_text("Bravo renamed")
     expect(page.get_by_role("link", name="Bravo renamed")).to_be_visible()
+
+
+def test_a_change_while_the_archive_is_on_its_way_shows_in_it(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Layer: the page's sidebar projection (invariant 3). Showing the archive asks for its
+    list; an archived session renamed while that list is on its way is not in the rows yet,
+    so the change is not drawn, but the list that then arrives shows it renamed."""
+    alpha, bravo = sessions(web_server, "Alpha", "Bravo")
+    with web_server.client() as client:
+        archived = client.patch("/api/session", json={"session_id": bravo, "archived": True})
+        assert archived.status_code == 200
+    page = context.new_page()
+    open_live(page, web_server, f"/s/{alpha}")
+    held: list[tuple[Route, APIResponse]] = []
+    page.route(lambda url: "/api/sessions?" in url and "archived=1" in url, hold_as_read_now(held))
+    page.locator("#show-archived").check()
+    for _ in range(100):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    with web_server.client() as client:
+        rename(client, bravo, "Bravo renamed")
+    page.wait_for_timeout(500)  # its change came and was not drawn (not in the rows yet)
+    release(page, held)
+    expect(page.get_by_role("link", name="Bravo renamed")).to_be_visible()

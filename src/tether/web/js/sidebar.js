@@ -37,10 +37,11 @@ export class Sidebar {
     this.rows = new Map();
     this.loads = 0; // lists asked for: only the last one's answer is drawn
     // The order in which this page learnt of each row (a request's rows date from when it
-    // was sent, a stream's change from when it came): a row older than the one held is
-    // dropped. Kept for deleted sessions too, so a late list does not bring one back.
+    // was sent, a stream's change from when it came): a row older than the newest one learnt
+    // is dropped. Kept for deleted sessions too, so a late list does not bring one back, and
+    // for rows a search left out, so a list that has them gets their newest.
     this.clock = 0;
-    this.learnt = new Map(); // session_id -> clock of the row held (or of its deletion)
+    this.learnt = new Map(); // session_id -> {clock, row}: its newest row (null: deleted)
     this.busySeen = new Map();
     this.renderPending = false; // a draw is asked for the next frame (renderSoon)
     this.activeId = null;
@@ -74,17 +75,18 @@ export class Sidebar {
     const { sessions } = await get(`/api/sessions?${q(params)}`);
     if (asked !== this.loads) return; // a later load (another search, say) answers instead
     const rows = new Map();
-    for (const row of sessions) {
-      const sid = row.session_id;
-      if (this.newer(sid, sent)) {
+    for (const listed of sessions) {
+      const sid = listed.session_id;
+      const row = this.newer(sid, sent, listed) ? listed : this.learnt.get(sid).row;
+      if (row && this.visible(row)) {
         rows.set(sid, row);
         this.trackCompletion(row);
-      } else if (this.rows.has(sid)) rows.set(sid, this.rows.get(sid));
+      }
     }
     // A session the list lacks but a stream brought after it was asked for (a new chat):
     // unless a search or the archive decides membership, it stays.
-    for (const [sid, row] of this.filtering ? [] : this.rows) {
-      if (!rows.has(sid) && this.learnt.get(sid) > sent) rows.set(sid, row);
+    for (const [sid, { clock, row }] of this.filtering ? [] : this.learnt) {
+      if (!rows.has(sid) && clock > sent && row && this.visible(row)) rows.set(sid, row);
     }
     this.rows = rows;
     this.render();
@@ -95,12 +97,13 @@ export class Sidebar {
     return ++this.clock;
   }
 
-  /** Whether a row of `sid` learnt at `clock` is at least as new as the one held. A request
-   *  reads what the server had once it arrived, so a change that came before it was sent is
-   *  in its answer; one that came while it was on its way may be newer, and wins. */
-  newer(sid, clock) {
-    if ((this.learnt.get(sid) ?? 0) > clock) return false;
-    this.learnt.set(sid, clock);
+  /** Whether `row` of `sid` (null: deleted), learnt at `clock`, is at least as new as the
+   *  newest learnt, which it then becomes. A request reads what the server had once it
+   *  arrived, so a change that came before it was sent is in its answer; one that came
+   *  while it was on its way may be newer, and wins. */
+  newer(sid, clock, row) {
+    if ((this.learnt.get(sid)?.clock ?? 0) > clock) return false;
+    this.learnt.set(sid, { clock, row });
     return true;
   }
 
@@ -135,7 +138,7 @@ export class Sidebar {
 
   /** A row (or its deletion, `row: null`) from a stream, or read by a request sent at `clock`. */
   onChanged({ session_id: sid, row }, clock = this.stamp()) {
-    if (!this.newer(sid, clock)) return;
+    if (!this.newer(sid, clock, row)) return;
     if (row) this.opts.onChanged?.(row);
     if (this.filtering && row && !this.rows.has(sid)) return; // the search decides membership
     if (!row || !this.visible(row)) this.rows.delete(sid);

@@ -150,16 +150,20 @@ def poll_list(bases: list[str], seconds: float, go: Any, results: Any) -> None:
     times: list[float] = []
     go.wait()
     until = time.monotonic() + seconds
-    for client in itertools.cycle(clients):
-        if time.monotonic() >= until:
-            break
-        start = time.perf_counter()
-        response = client.get("/api/sessions")
-        times.append((time.perf_counter() - start) * 1000.0)
-        if response.status_code != 200:
-            results.put(f"GET /api/sessions answered {response.status_code}")
-            return
-        time.sleep(POLL_SECONDS)
+    try:
+        for client in itertools.cycle(clients):
+            if time.monotonic() >= until:
+                break
+            start = time.perf_counter()
+            response = client.get("/api/sessions")
+            times.append((time.perf_counter() - start) * 1000.0)
+            if response.status_code != 200:
+                results.put(f"GET /api/sessions answered {response.status_code}")
+                return
+            time.sleep(POLL_SECONDS)
+    except httpx.HTTPError as exc:
+        results.put(f"GET /api/sessions failed: {exc!r}")
+        return
     results.put(times)
 
 
@@ -192,7 +196,9 @@ async def load_main(args: argparse.Namespace, bases: list[str], url: str) -> dic
             raise SanityError(f"{len(errors)} subscribers could not follow: {errors[0]}")
         context = multiprocessing.get_context("spawn")
         go, results = context.Event(), context.Queue()
-        poller = context.Process(target=poll_list, args=(bases, args.seconds, go, results))
+        poller = context.Process(
+            target=poll_list, args=(bases, args.seconds, go, results), daemon=True
+        )
         poller.start()  # its interpreter starts before the load
         await asyncio.to_thread(time.sleep, 2.0)
         until = time.monotonic() + args.seconds

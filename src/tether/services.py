@@ -185,7 +185,7 @@ def build_services(
     )
     sessions = SessionService(store, registry, attachments, defaults)
     hub.on_batch(sessions.folds.on_batch)
-    hub.on_deleted(sessions.folds.forget)
+    hub.on_deleted(sessions.forget)
     # What runs between turns acts on the sessions, so it exists before the engine that calls
     # it; the queue acts on the engine (it starts turns), so it comes after. Nothing is
     # handed over late.

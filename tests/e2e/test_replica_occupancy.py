@@ -8,14 +8,29 @@ database; the model is the suite's fake OpenAI server, held at a barrier."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
 import pytest
-from pg import database
+from pg import database, private_server
+
+from tether.events import Event
+from tether.sessions.branching import edit_fork, regenerate_fork, switch_draft
+from tether.sessions.folds import SessionFold
 
 from fake_openai import FakeOpenAI, barrier, reply, text
-from helpers import new_session, read_events, running_server, start_turn, wait_idle, wait_until
+from helpers import (
+    ServerProcess,
+    iter_sse,
+    new_session,
+    read_events,
+    running_server,
+    session_body,
+    start_turn,
+    wait_idle,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +55,11 @@ def test_a_replica_shows_another_replicas_run_busy_and_refuses_to_change_it(
     with FakeOpenAI() as fake, database() as url:
         args = ("--database-url", url, "--runtime", "openai", "--base-url", fake.base_url)
         args += ("--model", "fake-model", "--heartbeat-seconds", "1")
-        fake.script(reply(text("Half"), barrier("hold"), text(" done.")), reply(text("Next.")))
+        fake.script(
+            reply(text("First.")),
+            reply(text("Second.")),  # the regenerated answer: a fork of two branches
+            reply(text("Half"), barrier("hold"), text(" done.")),
+        )
         with (
             running_server(tmp_path / "a", *args) as a,
             running_server(tmp_path / "b", *args) as b,
@@ -48,7 +67,13 @@ def test_a_replica_shows_another_replicas_run_busy_and_refuses_to_change_it(
             b.client() as on_b,
         ):
             sid = new_session(on_a, "Shared")
-            stream = start_turn(on_a, sid, "Start here")["stream_id"]
+            start_turn(on_a, sid, "Start here")
+            wait_idle(on_a, sid)
+            again = on_a.post("/api/chat/regenerate", json={"session_id": sid})
+            assert again.status_code == 200, again.text
+            answer = wait_idle(on_a, sid)["messages"][-1]
+            assert answer["branch"] == {"index": 2, "count": 2}
+            stream = start_turn(on_a, sid, "Go on")["stream_id"]
             assert fake.wait_reached("hold", 10)
             wait_until(lambda: listed(on_b, sid)["busy"], what="B's row says busy")
             assert listed(on_b, sid)["active_stream_id"] == stream
@@ -63,6 +88,9 @@ def test_a_replica_shows_another_replicas_run_busy_and_refuses_to_change_it(
             assert refused_busy(cut, stream), cut.text
             gone = on_b.delete("/api/session", params={"session_id": sid})
             assert refused_busy(gone, stream), gone.text
+            switch = {"session_id": sid, "row_id": answer["id"], "index": 1}
+            switched = on_b.post("/api/session/branch", json=switch)
+            assert refused_busy(switched, stream), switched.text
 
             fake.release("hold")
             wait_idle(on_a, sid)
@@ -71,9 +99,73 @@ def test_a_replica_shows_another_replicas_run_busy_and_refuses_to_change_it(
             assert (
                 on_b.get("/api/session/status", params={"session_id": sid}).json()["busy"] is False
             )
+            switched = on_b.post("/api/session/branch", json=switch)
+            assert switched.status_code == 200, switched.text
             cut = on_b.post("/api/session/truncate", json={"session_id": sid, "keep_count": 0})
             assert cut.status_code == 200, cut.text
             assert (
                 on_b.get("/api/session", params={"session_id": sid}).json()["session"]["messages"]
                 == []
             )
+
+
+def test_heartbeats_go_on_while_the_database_is_away(tmp_path: Path) -> None:
+    """Layer: the live stream (contract invariant 7: observation has a degraded path). A
+    heartbeat says whether the session is busy, which on a shared log is read from the
+    database; while the database is away each heartbeat falls back to this replica's own
+    runs, at once, instead of ending the stream or going silent."""
+    with (
+        private_server(tmp_path) as db,
+        running_server(tmp_path / "a", "--database-url", db.url) as a,
+    ):
+        with a.client() as on_a:
+            sid = new_session(on_a, "Idle")
+            with on_a.stream("GET", f"/api/sessions/{sid}/events", timeout=30) as response:
+                frames = iter_sse(response)
+                assert next(frames).event == "heartbeat"
+                db.stop()
+                began = time.monotonic()
+                try:
+                    beats = [next(frames) for _ in range(5)]  # 0.3 s apart (helpers.py)
+                finally:
+                    took = time.monotonic() - began
+                    db.start()
+        assert [f.event for f in beats] == ["heartbeat"] * 5
+        assert took < 6  # none waits out the pool's 10 s for a connection
+        assert {(f.json["busy"], f.json["active_stream_id"]) for f in beats} == {(False, None)}
+
+
+def test_every_draft_that_changes_a_transcript_shown_asks_for_no_run(server: ServerProcess) -> None:
+    """The database refuses an event with `needs_no_run` while another replica's run is
+    unfinished (log/test_postgres_replicas.py): the truncate an edit or a regenerate starts
+    with, and a branch switch, each ask for it, so a run admitted elsewhere between a
+    replica's own check and its append still wins. Folded from a real session's events."""
+    with server.client() as client:
+        sid = new_session(client, "Forked")
+        start_turn(client, sid, "hello")
+        wait_idle(client, sid)
+        assert client.post("/api/chat/regenerate", json={"session_id": sid}).status_code == 200
+        shown = wait_idle(client, sid)["messages"]
+        fold = SessionFold()
+        for frame in read_events(
+            client, sid, after="0", until_seq=session_body(client, sid)["last_seq"]
+        ):
+            envelope = frame.json
+            fold.apply(
+                Event(
+                    envelope["session_id"],
+                    envelope["seq"],
+                    envelope["type"],
+                    envelope["at"],
+                    envelope["data"],
+                    envelope.get("stream_id"),
+                    envelope.get("turn_id"),
+                )
+            )
+    user, answer = shown[-2], shown[-1]
+    switched = switch_draft(fold, answer["id"], 1)
+    assert switched is not None and switched.needs_no_run
+    before_edit, _ = edit_fork(fold, user["id"], None)
+    before_regenerate, _, _ = regenerate_fork(fold, answer["id"])
+    assert before_edit and all(d.needs_no_run for d in before_edit)
+    assert before_regenerate and all(d.needs_no_run for d in before_regenerate)

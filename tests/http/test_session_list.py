@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import pytest
 
 from tether.events import Event
 from tether.projections.sidebar import fold_row
+from tether.runs.registry import RunRegistry
 from tether.sessions.row_texts import RowTexts
+from tether.sessions.service import SessionService
 
 from fake_openai import FakeOpenAI, barrier, reply, text
 from helpers import ServerProcess, new_session, running_server, start_turn, wait_idle, wait_until
@@ -121,20 +124,42 @@ def test_the_list_is_the_same_json_text_as_its_rows_encoded_alone(server: Server
 
 
 def test_a_kept_row_follows_the_registry_and_a_new_state_object() -> None:
-    """The registry's predicates change without the state (admission before the turn's
-    commit, a Stop's `cancelling`, the worker leaving after `run.finished`): each change is
-    a new text. So is a new state object, even one equal to the last (a rebuilt fold)."""
+    """A row's text is kept while its state is the same object and the registry's
+    predicates agree; they change without the state (admission before the turn's commit, a
+    Stop's `cancelling`, the worker leaving after `run.finished`): each change is a new text.
+    So is a new state object, even one equal to the last (a rebuilt fold)."""
     state = fold_row(None, Event("s_1", 1, "session.created", 1.0, {"title": "One"}))
     texts = RowTexts()
     idle = texts.text(state, False, None)
+    assert texts.text(state, False, None) is idle  # kept, not encoded again
     assert json.loads(idle)["busy"] is False
     assert json.loads(texts.text(state, True, "r_1"))["active_stream_id"] == "r_1"
-    assert json.loads(texts.text(state, True, None)) == {
-        **json.loads(idle),
-        "busy": True,
-    }
+    assert json.loads(texts.text(state, True, None)) == {**json.loads(idle), "busy": True}
+    kept = texts.text(state, False, None)
+    assert kept == idle and kept is not idle  # encoded again after the busy spell
+    rebuilt = texts.text(dict(state), False, None)
+    assert rebuilt == kept and rebuilt is not kept
     renamed = {**state, "title": "Two"}
-    assert json.loads(texts.text(renamed, True, None))["title"] == "Two"
+    assert json.loads(texts.text(renamed, False, None))["title"] == "Two"
+
+
+def test_another_replicas_run_is_busy_and_attachable_until_its_stop() -> None:
+    """`SessionService.occupancy`: a run the log shows unfinished that this process does
+    not run is another replica's; a recorded Stop makes it `cancelling`, not attachable."""
+    sessions = SessionService(cast(Any, None), RunRegistry(), cast(Any, None), cast(Any, None))
+    created = Event("s_1", 1, "session.created", 1.0, {})
+    turn = Event("s_1", 2, "turn.submitted", 2.0, {"text": "hi"}, stream_id="r_1")
+    stop = Event("s_1", 3, "run.cancel_requested", 3.0, {"stream_id": "r_1"}, stream_id="r_1")
+    end = Event("s_1", 4, "run.finished", 4.0, {"state": "cancelled"}, stream_id="r_1")
+    state = fold_row(None, created)
+    assert sessions.occupancy(state) == (False, None, "idle")
+    state = fold_row(state, turn)
+    assert sessions.occupancy(state) == (True, "r_1", "running")
+    state = fold_row(state, stop)
+    assert sessions.occupancy(state) == (True, None, "cancelling")
+    assert sessions.occupancy(fold_row(state, end)) == (False, None, "idle")
+    older = {k: v for k, v in state.items() if k not in ("open_stream", "stop_requested")}
+    assert sessions.occupancy(older) == (False, None, "idle")  # a row an older fold wrote
 
 
 def test_an_import_answers_with_the_lists_own_rows(server: ServerProcess) -> None:

@@ -44,14 +44,3 @@ def test_another_streams_stop_or_end_leaves_the_open_run_alone() -> None:
     late_stop = (ev.RUN_CANCEL_REQUESTED, "r_1", {"stream_id": "r_1"})
     late_end = (ev.RUN_FINISHED, "r_1", {"state": "completed"})
     assert opened(fold(CREATED, turn, late_stop, late_end)) == ("r_2", False)
-
-
-def test_an_imported_exchange_closes_its_own_run() -> None:
-    """Imports write each answer's turn and run.finished (docs/api.md §12): nothing stays open."""
-    row = fold(
-        CREATED,
-        (ev.TURN_SUBMITTED, "r_1", {"text": "q"}),
-        (ev.RUN_STARTED, "r_1", {}),
-        (ev.RUN_FINISHED, "r_1", {"state": "completed"}),
-    )
-    assert opened(row) == (None, False)

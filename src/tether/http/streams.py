@@ -26,7 +26,7 @@ from tether.events import ID_PATTERN, Event
 from tether.http.accounts import PRINCIPAL, StreamGuard
 from tether.http.deps import App, Services
 from tether.http.errors import documented
-from tether.log import SessionDeleted, SessionNotFound, compact_json
+from tether.log import SessionDeleted, SessionNotFound, StorageError, compact_json
 from tether.log.subscriptions import Overflowed, Subscription
 from tether.sessions.feed import FeedClient
 from tether.sessions.service import IDLE
@@ -35,6 +35,7 @@ router = APIRouter(tags=["events"])
 
 _REPLAY_PAGE = 500
 _CHUNK_BYTES = 64 * 1024
+_OCCUPANCY_WAIT_SECONDS = 0.25  # a heartbeat's read of the shared log, at most
 
 
 _dumps = compact_json.dumps
@@ -72,10 +73,16 @@ def _frames(events: list[Event]) -> Iterator[bytes]:
 
 
 async def _heartbeat(app: Services, session_id: str, last_seq: int) -> ServerSentEvent:
+    """On a shared log, whether another replica runs the session is read from the database;
+    a heartbeat never waits for it long (contract invariant 7: observation has a degraded
+    path): with the database slow or away it says what this process runs."""
     try:
-        occupied = await app.sessions.occupancy_of(session_id)
+        async with asyncio.timeout(_OCCUPANCY_WAIT_SECONDS):
+            occupied = await app.sessions.occupancy_of(session_id)
     except SessionNotFound:  # deleted: its stream ends with `session.deleted` next
         occupied = IDLE
+    except (StorageError, TimeoutError):
+        occupied = app.sessions.own_occupancy(session_id)
     return ServerSentEvent(
         event="heartbeat",
         data=_dumps(

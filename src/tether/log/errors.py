@@ -25,8 +25,9 @@ class SessionExists(LogError):
 
 
 class SessionOccupied(LogError, SessionBusy):
-    """A new run's `turn.submitted` while the session's log has an unfinished run (a backend
-    shared by several processes decides admission in the database: log/postgres.py)."""
+    """A new run's `turn.submitted`, an event that needs no run (a truncate, a branch
+    switch) or a deletion that waits for one, while the session's log has an unfinished run
+    (a backend shared by several processes decides in the database: log/postgres.py)."""
 
     def __init__(self, session_id: str, stream_id: str):
         SessionBusy.__init__(self, "A run is still using this session.", active_stream_id=stream_id)

@@ -183,7 +183,9 @@ class EventStore(Protocol):
         """The `IndexFold` state of one session at its last committed seq."""
 
     async def index_states(self) -> dict[str, dict[str, Any]]:
-        """The `IndexFold` state of every session, by session id."""
+        """The `IndexFold` state of every session, by session id. A state handed out is
+        never changed in place (the fold returns a new one), so what a reader derived from
+        it holds while it is the same object (sessions/row_texts.py)."""
 
     # -- event queries: what a scan of every log would answer, from the backend's indexes --
     async def search_text(self, needle: str) -> set[str]:

@@ -100,7 +100,7 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
             if key in data:
                 row[key] = data[key]
     elif event.type == ev.TURN_SUBMITTED:
-        if event.stream_id is not None and event.stream_id != row["open_stream"]:
+        if event.stream_id is not None and event.stream_id != row.get("open_stream"):
             row["open_stream"], row["stop_requested"] = event.stream_id, False
         row["updated_at"] = row["last_message_at"] = event.at
         if data.get("regenerate"):  # a new answer to a turn already shown: no new row yet
@@ -109,7 +109,7 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
         if row["title_from_message"] is None:
             row["title_from_message"] = title_from_message(data.get("text", "")) or None
     elif event.type == ev.RUN_FINISHED:
-        if event.stream_id == row["open_stream"]:
+        if event.stream_id == row.get("open_stream"):
             row["open_stream"], row["stop_requested"] = None, False
         row["message_count"] += 1
         if not data.get("maintenance"):
@@ -119,7 +119,7 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
         else:
             row["maintenance_rows"] += 1
     elif event.type == ev.RUN_CANCEL_REQUESTED:
-        if event.stream_id == row["open_stream"]:
+        if event.stream_id == row.get("open_stream"):
             row["stop_requested"] = True
     elif event.type == ev.TRANSCRIPT_TRUNCATED:
         row["message_count"] = data["keep_count"]

@@ -36,7 +36,8 @@ class QueueService:
                     undo=lambda: self.sessions.release_blobs_held(blobs.values()),
                 )
         started = None
-        if not (await self.sessions.occupancy_of(session_id)).busy:
+        state = await self.store.index_state(session_id)  # None: deleted meanwhile
+        if state is not None and not self.sessions.occupancy(state).busy:
             started = await self.engine.start_next(session_id)
         return {"queue_id": queue_id, "started": started}
 

@@ -10,7 +10,6 @@ a row's text is reused while the state is the same object and the predicates agr
 
 from __future__ import annotations
 
-from collections.abc import Set
 from typing import Any, NamedTuple
 
 from tether.log import compact_json
@@ -38,7 +37,6 @@ class RowTexts:
         self._kept[sid] = _Kept(state, busy, stream, text)
         return text
 
-    def keep_only(self, session_ids: Set[str]) -> None:
-        """Forget the rows of sessions that are gone (deleted)."""
-        if len(self._kept) > len(session_ids):
-            self._kept = {sid: kept for sid, kept in self._kept.items() if sid in session_ids}
+    def forget(self, session_id: str) -> None:
+        """The session is gone (deleted, here or through another replica)."""
+        self._kept.pop(session_id, None)

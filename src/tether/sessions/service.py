@@ -106,15 +106,22 @@ class SessionService:
         that no worker here runs is another replica's (a log several replicas share,
         docs/operations.md): it occupies the session until its `run.finished`, and a browser
         may attach to it until a Stop is recorded for it."""
-        sid = state["session_id"]
-        if self.registry.busy(sid):
-            return Occupancy(True, self.registry.attachable_stream(sid), self.registry.phase(sid))
-        stream = state["open_stream"]
+        own = self.own_occupancy(state["session_id"])
+        if own.busy:
+            return own
+        stream = state.get("open_stream")  # .get: a state an older fold wrote has neither
         if stream is None:
             return IDLE
-        if state["stop_requested"]:
+        if state.get("stop_requested"):
             return Occupancy(True, None, "cancelling")
         return Occupancy(True, stream, "running")
+
+    def own_occupancy(self, session_id: str) -> Occupancy:
+        """The registry's answer alone: this process's runs, read without the log."""
+        if not self.registry.busy(session_id):
+            return IDLE
+        registry = self.registry
+        return Occupancy(True, registry.attachable_stream(session_id), registry.phase(session_id))
 
     async def occupancy_of(self, session_id: str) -> Occupancy:
         state = await self.store.index_state(session_id)
@@ -155,17 +162,16 @@ class SessionService:
                 if s["session_id"] in by_text or needle in public_title(s).casefold()
             ]
         texts = [await self._row_text(state) for state in sorted(chosen, key=sort_key)]
-        self._row_texts.keep_only(states.keys())
         return ('{"sessions":[' + ",".join(texts) + "]}").encode()
 
     async def rows_json(self, session_ids: Iterable[str]) -> str:
         """These sessions' rows as a JSON array, in this order (deleted ones left out): the
-        list's own texts, so the next list finds them kept. Yields to the loop every 100
-        rows: an import answers with a thousand new ones."""
-        states = await self.store.index_states()
+        list's own texts, so the next list finds them kept (where the store hands out the
+        list's own state objects, as SQLite's does). Yields to the loop every 100 rows: an
+        import answers with a thousand new ones."""
         texts = []
         for n, sid in enumerate(session_ids, start=1):
-            state = states.get(sid)
+            state = await self.store.index_state(sid)
             if state is not None:
                 texts.append(await self._row_text(state))
             if n % 100 == 0:
@@ -321,10 +327,16 @@ class SessionService:
         otherwise a caller cancelled as the deletion committed left its bytes on disk."""
         # its uploads' rows go with its events; refused while another replica runs it
         await self.store.delete_session(session_id, only_idle=True)
-        self.folds.forget(session_id)
+        self.forget(session_id)
         self.locks.forget(session_id)
         async with self._blob_lock:
             await self.release_blobs_held(blobs)
+
+    def forget(self, session_id: str) -> None:
+        """What is kept of a session that is gone (deleted here or through another replica):
+        its fold and its row's text."""
+        self.folds.forget(session_id)
+        self._row_texts.forget(session_id)
 
     def blob_guard(self, storing: bool) -> AbstractAsyncContextManager[Any]:
         """Hold it from storing new uploads' bytes until their event is appended."""

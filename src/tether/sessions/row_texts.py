@@ -3,9 +3,10 @@
 `GET /api/sessions` sends every session's row: at 1,300 sessions about 600 KB of JSON, whose
 encoding was three quarters of the list's cost (5.5 of 7.3 ms), paid on the event loop for
 every list while most rows had not changed since the last one. A row is a function of its
-persisted sidebar state and the run registry's two predicates (`public_row`); the store hands
-out a new state object whenever a session's state changes (`fold_row` never mutates one), so
-a row's text is reused while the state is the same object and the predicates agree.
+persisted sidebar state and of whether a run occupies the session (`public_row`,
+`SessionService.occupancy`); the store hands out a new state object whenever a session's
+state changes (`fold_row` never mutates one), so a row's text is reused while the state is
+the same object and the occupancy agrees.
 """
 
 from __future__ import annotations

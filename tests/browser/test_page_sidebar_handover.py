@@ -41,6 +41,15 @@ def open_live(page: Page, server: ServerProcess, path: str) -> None:
     expect(page.locator("#conn")).to_have_text("Live", timeout=15_000)
 
 
+def wait_held(page: Page, held: list, what: str) -> None:
+    """Until the page has asked for the request `held` holds (at most 5 s)."""
+    for _ in range(100):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert len(held) == 1, f"the page never asked for {what}"
+
+
 def test_opening_another_session_misses_no_change_of_a_third(
     context: BrowserContext, web_server: ServerProcess
 ) -> None:
@@ -120,11 +129,7 @@ def test_a_change_between_the_first_list_and_the_feed_is_not_missed(
     expect(page.get_by_role("link", name="Bravo")).to_be_visible()
     with web_server.client() as client:
         rename(client, bravo, "Bravo renamed")
-    for _ in range(100):  # the feed asks after the first list is drawn
-        if held:
-            break
-        page.wait_for_timeout(50)
-    assert len(held) == 1, "the page never asked for the sidebar feed"
+    wait_held(page, held, "the sidebar feed")  # asked once the first list is drawn
     held[0].continue_()
     expect(page.get_by_role("link", name="Bravo renamed")).to_be_visible()
 
@@ -219,11 +224,7 @@ def test_a_slow_answer_to_an_earlier_search_does_not_replace_the_later_one(
     )
     search = page.get_by_role("searchbox", name="Search sessions")
     search.fill("Alpha")
-    for _ in range(100):
-        if held:
-            break
-        page.wait_for_timeout(50)
-    assert len(held) == 1, "the page never asked for the first search"
+    wait_held(page, held, "the first search")
     search.fill("Bravo")
     expect(page.get_by_role("link", name="Bravo two")).to_be_visible()
     expect(page.get_by_role("link", name="Alpha one")).to_have_count(0)
@@ -316,11 +317,7 @@ def hold_as_read_now(held: list[tuple[Route, APIResponse]]) -> Callable[[Route],
 
 
 def release(page: Page, held: list[tuple[Route, APIResponse]]) -> None:
-    for _ in range(100):
-        if held:
-            break
-        page.wait_for_timeout(50)
-    assert len(held) == 1, "the page never asked"
+    """Let the held answer reach the page, and give the page a moment to handle it."""
     route, answer = held.pop()
     with page.expect_response(route.request.url):
         route.fulfill(response=answer)
@@ -339,10 +336,7 @@ def test_a_list_read_before_a_change_does_not_replace_the_changed_row(
     held: list[tuple[Route, APIResponse]] = []
     page.route(lambda url: "/api/sessions?" in url, hold_as_read_now(held))
     page.evaluate("() => { window.tether.sidebar.load(); }")  # as a reconnect's refetch does
-    for _ in range(100):
-        if held:
-            break
-        page.wait_for_timeout(50)
+    wait_held(page, held, "the list")
     with web_server.client() as client:
         rename(client, bravo, "Bravo renamed")
     expect(page.get_by_role("link", name="Bravo renamed")).to_be_visible()
@@ -363,10 +357,7 @@ def test_a_session_body_read_before_a_change_does_not_replace_the_changed_row(
     held: list[tuple[Route, APIResponse]] = []
     page.route(lambda url: "/api/session?" in url and bravo in url, hold_as_read_now(held))
     page.get_by_role("link", name="Bravo").click()
-    for _ in range(100):
-        if held:
-            break
-        page.wait_for_timeout(50)
+    wait_held(page, held, "Bravo's body")
     with web_server.client() as client:
         rename(client, bravo, "Bravo renamed")
     expect(page.get_by_role("link", name="Bravo renamed")).to_be_visible()
@@ -390,10 +381,7 @@ def test_a_change_while_the_archive_is_on_its_way_shows_in_it(
     held: list[tuple[Route, APIResponse]] = []
     page.route(lambda url: "/api/sessions?" in url and "archived=1" in url, hold_as_read_now(held))
     page.locator("#show-archived").check()
-    for _ in range(100):
-        if held:
-            break
-        page.wait_for_timeout(50)
+    wait_held(page, held, "the archived list")
     with web_server.client() as client:
         rename(client, bravo, "Bravo renamed")
     page.wait_for_timeout(500)  # its change came and was not drawn (not in the rows yet)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from statedb import write_state
 
+from tether.runtimes.base import AgentNews
 from tether.runtimes.hermes.agent_view import agent_news, changes, started_elsewhere
 from tether.runtimes.hermes.proofs import Proof, ProofStore
 
@@ -318,7 +319,8 @@ def test_a_compression_continuation_is_offered_unless_tethers_own(
     ledger.bind("s_t", "c1")  # Tether's own turn rotated into it: the same conversation
     news = agent_news(db, ledger, "s_t", 0, None)
     assert news is not None and news.continuation is None
-    assert agent_news(db, ledger, "s_unbound", 0, None) is None
+    # A session that drives no agent session has nothing new, and that is an answer.
+    assert agent_news(db, ledger, "s_unbound", 7, None) == AgentNews(7)
 
 
 def test_changes_name_only_the_sessions_that_moved(

@@ -13,7 +13,10 @@ The log is Tether's only source of truth, so those facts enter it as ordinary ev
 
 A pass runs only while no run occupies the session (the agent's rows of a running turn are
 Tether's own), under the session's lock, before every turn and every `--agent-sync-seconds`
-for the sessions whose agent rows moved. Reads never trigger one: a read never writes.
+for the sessions whose agent rows moved. A session whose rows moved while a run occupied it
+is looked at again at every later interval until a pass runs: the agent's last write of a
+turn comes before the run ends, and nothing may move after it. Reads never trigger a pass:
+a read never writes.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ class AgentSync:
     def __init__(self, sessions: SessionService, agent: AgentHistory):
         self.sessions = sessions
         self.agent = agent
+        # Sessions whose agent rows moved and that no pass has read since: the runtime says
+        # "moved" once, so one a run occupied (or a failed pass left) waits here.
+        self.unread: set[str] = set()
 
     async def before_start(self, session_id: str) -> None:
         """The engine calls this under the session's lock, before it admits a turn. When the
@@ -56,16 +62,23 @@ class AgentSync:
         while True:
             await asyncio.sleep(interval)
             try:
-                await adopt_sessions_started_elsewhere(self.sessions, self.agent)
-                for session_id in await self.agent.agent_changed():
-                    async with self.sessions.locks(session_id):
-                        await sync_locked(self.sessions, self.agent, session_id)
+                await self.sync_moved()
             except (StorageError, SessionNotFound) as exc:
                 log.warning("agent sync skipped a pass: %s", exc)
                 await self._look_again()
             except Exception:  # a bug here must not stop later passes
                 log.exception("agent sync failed")
                 await self._look_again()
+
+    async def sync_moved(self) -> None:
+        """One interval's work: adopt what was started elsewhere, then a pass for each session
+        whose agent rows moved, this time or earlier without a pass since."""
+        await adopt_sessions_started_elsewhere(self.sessions, self.agent)
+        self.unread.update(await self.agent.agent_changed())
+        for session_id in sorted(self.unread):
+            async with self.sessions.locks(session_id):
+                if await sync_locked(self.sessions, self.agent, session_id):
+                    self.unread.discard(session_id)
 
     async def _look_again(self) -> None:
         """A runtime that skips passes when nothing moved must not skip the retry of one
@@ -107,16 +120,19 @@ async def adopt_sessions_started_elsewhere(sessions: SessionService, agent: Agen
         )
 
 
-async def sync_locked(sessions: SessionService, agent: AgentHistory, session_id: str) -> None:
-    """One pass for one session; the caller holds the session's lock."""
+async def sync_locked(sessions: SessionService, agent: AgentHistory, session_id: str) -> bool:
+    """One pass for one session; the caller holds the session's lock. False when a run, or
+    a turn the agent is still writing, occupies the session: no pass ran, try again later."""
     state = await sessions.store.index_state(session_id)
-    if state is None or state["continuation_session_id"] or sessions.occupancy(state).busy:
-        return
+    if state is None or state["continuation_session_id"]:
+        return True  # gone, or continued elsewhere: nothing more to read for it
+    if sessions.occupancy(state).busy:
+        return False
     fold = await sessions.folds.get(session_id)
     watermark = fold.transcript.agent_watermark
     news = await agent.agent_news(session_id, watermark)
     if news is None:
-        return
+        return False
     if news.entries:  # nothing imported: no event (the runtime keeps how far it looked)
         await sessions.store.append(
             session_id,
@@ -133,6 +149,7 @@ async def sync_locked(sessions: SessionService, agent: AgentHistory, session_id:
         )
     if news.continuation is not None:
         await _continue(sessions, agent, session_id, news.continuation)
+    return True
 
 
 async def _continue(

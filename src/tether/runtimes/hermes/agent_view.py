@@ -216,15 +216,15 @@ def agent_news(
     watermark: int,
     profile: str | None,
     limit: int = DEFAULT_LIMIT,
-) -> AgentNews | None:
-    """One bounded, idempotent pass for one Tether session (None: it drives no agent
-    session), from the log's `watermark` or the ledger's `examined` mark, whichever is
+) -> AgentNews:
+    """One bounded, idempotent pass for one Tether session (nothing new when it drives no
+    agent session), from the log's `watermark` or the ledger's `examined` mark, whichever is
     further. A pass that finds nothing to import moves that mark (no event is written for
     it); one that does returns entries and the watermark their event carries. Blocking:
     call it in a thread."""
     agents = ledger.agent_sessions(session_id)
     if not agents:
-        return None
+        return AgentNews(watermark)
     start = max(watermark, ledger.examined(session_id))
     rows = read_rows(state_db, agents, after_id=start, limit=limit, archived=True)
     next_watermark = max([start, *(r.row_id or 0 for r in rows)])

@@ -1,0 +1,134 @@
+"""Agent sync's interval passes (runs/agent_sync.py). Layers: the log (`agent.imported`) and,
+through it, the visible transcript and model context (contract invariant 1: the model sees
+what the user sees). The runtime says a session's agent rows moved once; when a run still
+occupies the session then, the pass must come later, though nothing moves again (the agent's
+last write of a turn comes before the run ends: CI once waited 30 s for a CLI turn that a
+pass had skipped as busy and never read)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tether.runs.agent_sync import AgentSync
+from tether.runtimes.base import AgentHistory, AgentNews, Capabilities
+
+from engine_harness import GatedRuntime, harness, until
+
+CLI_TURN = {
+    "kind": "turn",
+    "turn_id": "a_3",
+    "rows": [
+        {"row_id": 3, "role": "user", "content": "from the cli", "timestamp": 50.0, "images": 0},
+        {"row_id": 4, "role": "assistant", "content": "answer to the cli", "timestamp": 51.0},
+    ],
+    "context": [
+        {"role": "user", "content": "from the cli"},
+        {"role": "assistant", "content": "answer to the cli"},
+    ],
+}
+
+
+class SharedAgentRuntime(GatedRuntime):
+    """A runtime whose agent keeps its own history, written also by another client: the
+    test says when that client wrote a turn (`cli_wrote`) and when the rows moved."""
+
+    name = "shared-agent"
+    capabilities = Capabilities(agent_sync=True)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.moved: list[str] = []  # said once, by the next `agent_changed`
+        self.cli_wrote = False
+        self.reads: list[str] = []
+
+    def agent_history(self) -> AgentHistory:
+        return self
+
+    async def agent_changed(self) -> list[str]:
+        moved, self.moved = self.moved, []
+        return moved
+
+    async def agent_news(self, session_id: str, watermark: int) -> AgentNews:
+        self.reads.append(session_id)
+        if not self.cli_wrote or watermark >= 4:
+            return AgentNews(watermark)
+        return AgentNews(4, [CLI_TURN])
+
+    async def agent_started_elsewhere(self, exists: Callable[[str], bool]) -> list[dict]:
+        return []
+
+    async def bind(self, session_id: str, agent_session_id: str) -> bool:
+        return True
+
+    async def agent_owner(self, agent_session_id: str) -> str | None:
+        return None
+
+    async def agent_look_again(self) -> None:
+        return None
+
+
+def test_rows_that_moved_during_a_run_are_read_by_a_later_pass(tmp_path: Path) -> None:
+    async def main() -> tuple[list[str], list[str], dict[str, Any], list[str]]:
+        runtime = SharedAgentRuntime()
+        async with harness(tmp_path, runtime) as h:
+            syncer = AgentSync(h.sessions, runtime)
+            sid = (await h.sessions.create(None))["session_id"]
+            await h.engine.start(sid, "from tether")
+            await until(lambda: runtime.calls == 1)  # the run occupies the session
+            runtime.cli_wrote, runtime.moved = True, [sid]
+            await syncer.sync_moved()
+            during = await h.types(sid)
+            runtime.gate.set()
+            await h.wait_idle(sid)
+            await syncer.sync_moved()  # nothing moved since: the session is read anyway
+            await syncer.sync_moved()
+            reads = list(runtime.reads)
+            fold = await h.sessions.folds.get(sid)
+            return during, await h.types(sid), fold.transcript.view(), reads
+
+    during, after, view, reads = asyncio.run(main())
+    assert "agent.imported" not in during  # a run's rows are Tether's own: no pass then
+    assert after.count("agent.imported") == 1
+    assert [(m["role"], m["content"], m.get("origin")) for m in view["messages"]] == [
+        ("user", "from tether", None),
+        ("assistant", "answer", None),
+        ("user", "from the cli", "agent"),
+        ("assistant", "answer to the cli", "agent"),
+    ]
+    # before_start's pass, then one interval pass once the run ended; none after it.
+    assert len(reads) == 2
+
+
+def test_a_pass_the_agent_defers_is_taken_at_the_next_interval(tmp_path: Path) -> None:
+    """The agent may still be writing a turn after Tether's run ended (an interrupted turn):
+    it answers None, and the session waits for the next interval's pass."""
+
+    class WritingRuntime(SharedAgentRuntime):
+        def __init__(self) -> None:
+            super().__init__()
+            self.still_writing = True
+
+        async def agent_news(self, session_id: str, watermark: int) -> AgentNews | None:
+            if self.still_writing:
+                self.reads.append(session_id)
+                return None
+            return await super().agent_news(session_id, watermark)
+
+    async def main() -> tuple[list[str], list[str]]:
+        runtime = WritingRuntime()
+        async with harness(tmp_path, runtime) as h:
+            syncer = AgentSync(h.sessions, runtime)
+            sid = (await h.sessions.create(None))["session_id"]
+            runtime.cli_wrote, runtime.moved = True, [sid]
+            await syncer.sync_moved()
+            deferred = await h.types(sid)
+            runtime.still_writing = False
+            await syncer.sync_moved()
+            return deferred, await h.types(sid)
+
+    deferred, after = asyncio.run(main())
+    assert deferred == ["session.created"]
+    assert after == ["session.created", "agent.imported"]

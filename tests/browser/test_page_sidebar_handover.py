@@ -37,17 +37,21 @@ def sessions(server: ServerProcess, *titles: str) -> list[str]:
 
 
 def open_live(page: Page, server: ServerProcess, path: str) -> None:
+    """Open `path` and wait until its stream follows and the list that this has read again
+    (sidebar_relay.js: the first stream to follow) is asked for: a route the test adds after
+    this sees only the requests the test causes."""
     open_app(page, server.base_url, path)
     expect(page.locator("#conn")).to_have_text("Live", timeout=15_000)
+    page.wait_for_function("() => window.tether.sidebar.relay.gap === false", timeout=15_000)
 
 
 def wait_held(page: Page, held: list, what: str) -> None:
-    """Until the page has asked for the request `held` holds (at most 5 s)."""
+    """Until the page has asked for a request `held` holds (at most 5 s)."""
     for _ in range(100):
         if held:
-            break
+            return
         page.wait_for_timeout(50)
-    assert len(held) == 1, f"the page never asked for {what}"
+    raise AssertionError(f"the page never asked for {what}")
 
 
 def test_opening_another_session_misses_no_change_of_a_third(
@@ -317,11 +321,13 @@ def hold_as_read_now(held: list[tuple[Route, APIResponse]]) -> Callable[[Route],
 
 
 def release(page: Page, held: list[tuple[Route, APIResponse]]) -> None:
-    """Let the held answer reach the page, and give the page a moment to handle it."""
-    route, answer = held.pop()
-    with page.expect_response(route.request.url):
-        route.fulfill(response=answer)
-    page.wait_for_timeout(300)  # the answer is handled
+    """Let the held answers reach the page, oldest first, and give the page a moment to
+    handle them."""
+    while held:
+        route, answer = held.pop(0)
+        with page.expect_response(route.request.url):
+            route.fulfill(response=answer)
+    page.wait_for_timeout(300)  # the answers are handled
 
 
 def test_a_list_read_before_a_change_does_not_replace_the_changed_row(

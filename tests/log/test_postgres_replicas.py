@@ -139,6 +139,33 @@ def test_a_replicas_session_list_follows_what_other_replicas_write(url: str) -> 
     asyncio.run(main())
 
 
+def test_a_session_deleted_and_created_again_is_not_listed_from_the_old_state(url: str) -> None:
+    """Layer: the sidebar index (invariant 3: every replica lists what the log holds). A
+    session created again under the same id (an import of its own export) comes back at
+    the same `state_seq`: the replica that decoded the old state must not list it."""
+
+    def titled(state: dict | None, event: Event) -> dict:
+        return {**(state or {}), "title": event.data.get("title", (state or {}).get("title"))}
+
+    async def main() -> tuple[dict, dict]:
+        a, b = (
+            PostgresEventStore(url, index_fold=titled, index_version="t1", replica_id=r)
+            for r in ("ra", "rb")
+        )
+        await a.create_session("s1", [Draft("session.created", {"title": "before"})])
+        first = await b.index_states()
+        await a.delete_session("s1")
+        await a.create_session("s1", [Draft("session.created", {"title": "after"})])
+        second = await b.index_states()
+        for store in (a, b):
+            await store.aclose()
+        return first, second
+
+    first, second = asyncio.run(main())
+    assert first == {"s1": {"title": "before"}}
+    assert second == {"s1": {"title": "after"}}
+
+
 async def _kill_listener(admin: Any) -> bool:
     """Terminate the follower's LISTEN connection once it is listening (after a first kill,
     its reconnect may still be on its way: wait for it, up to 10 s)."""

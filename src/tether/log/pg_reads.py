@@ -1,7 +1,7 @@
 """The read side of the PostgreSQL event log (log/postgres.py): every read goes to the
 database through the pool, never to process memory alone, since another replica may have
 written since the last read. The one thing kept is decoded sidebar states, each checked
-against the database's `state_seq` on every read (`index_states`)."""
+against its row's version in the database on every read (`index_states`)."""
 
 from __future__ import annotations
 
@@ -29,14 +29,17 @@ READ_AFTER_SQL = (
 )
 
 
+RowVersion = tuple[int, str]  # a sessions row's (state_seq, xmin)
+
+
 class PostgresReads:
     """Mixed into PostgresEventStore, which owns the pool and starts it (`_start`)."""
 
     _pool: AsyncConnectionPool
     _search_fold: SearchFold | None
-    # Decoded sidebar states by session: (state_seq, state). Shared with callers, which only
-    # read them (as the SQLite log's own are).
-    _decoded_states: dict[str, tuple[int, dict[str, Any]]]
+    # Decoded sidebar states by session: (the row's version, state). Shared with callers,
+    # which only read them (as the SQLite log's own are).
+    _decoded_states: dict[str, tuple[RowVersion, dict[str, Any]]]
 
     async def _start(self) -> None:
         raise NotImplementedError  # PostgresEventStore._start opens the pool and the writer
@@ -84,27 +87,32 @@ class PostgresReads:
         return json.loads(rows[0][0]) if rows and rows[0][0] is not None else None
 
     async def index_states(self) -> dict[str, dict[str, Any]]:
-        """Every session's state, decoding only those whose `state_seq` moved since this
-        replica last decoded them: decoding them all was most of a session list's cost
-        (4.6 of 6.6 ms at 1,300 sessions), paid on every `GET /api/sessions`."""
+        """Every session's state, decoding only those whose row changed since this replica
+        last decoded them: decoding them all was most of a session list's cost (4.6 of
+        6.6 ms at 1,300 sessions), paid on every `GET /api/sessions`. A row's version is its
+        `state_seq` and its `xmin` (the transaction that wrote it): a session deleted and
+        created again with the same id, or a state rebuilt by a new fold version, can come
+        back at the same `state_seq`, never from the same transaction."""
         versions = await self._rows(
-            "SELECT session_id, state_seq FROM sessions WHERE state IS NOT NULL", ()
+            "SELECT session_id, state_seq, xmin::text FROM sessions WHERE state IS NOT NULL", ()
         )
         cache = self._decoded_states
-        stale = [sid for sid, seq in versions if sid not in cache or cache[sid][0] != seq]
+        stale = [
+            sid for sid, seq, xmin in versions if sid not in cache or cache[sid][0] != (seq, xmin)
+        ]
         if stale:
             fresh = await self._rows(
-                "SELECT session_id, state_seq, state FROM sessions "
+                "SELECT session_id, state_seq, xmin::text, state FROM sessions "
                 "WHERE session_id = ANY(%s) AND state IS NOT NULL",
                 (stale,),
             )
-            for sid, seq, state in fresh:
-                cache[sid] = (seq, json.loads(state))
+            for sid, seq, xmin, state in fresh:
+                cache[sid] = ((seq, xmin), json.loads(state))
         if len(cache) > len(versions):  # deleted sessions leave the cache
-            listed = {sid for sid, _ in versions}
+            listed = {sid for sid, _, _ in versions}
             for sid in [sid for sid in cache if sid not in listed]:
                 del cache[sid]
-        return {sid: cache[sid][1] for sid, _ in versions if sid in cache}
+        return {sid: cache[sid][1] for sid, _, _ in versions if sid in cache}
 
     async def search_text(self, needle: str) -> set[str]:
         rows = await self._rows(

@@ -95,3 +95,85 @@ def test_a_finished_runs_text_is_read_through_its_stream_index(url: str) -> None
     with psycopg.connect(url, autocommit=True) as db:
         rows = db.execute(STREAM_SQL, ("s7-3", ["text.delta"])).fetchall()
     assert [row[1] for row in rows] == list(range(120, 160))
+
+
+TURN_SESSIONS = 200
+TURNS = 20  # each a turn.submitted and 9 deltas; every turn finished but each session's last
+
+
+@pytest.fixture(scope="module")
+def turns_url() -> Iterator[str]:
+    """TURN_SESSIONS sessions of TURNS turns each, every run finished but the last one's."""
+    with database() as made:
+        with psycopg.connect(made, autocommit=True) as db:
+            apply_migrations(db)
+            db.execute(
+                "INSERT INTO events (session_id, seq, type, at, stream_id, turn_id, data) "
+                "SELECT 's' || n, g, CASE WHEN g %% 10 = 1 THEN 'turn.submitted' "
+                "ELSE 'text.delta' END, g, 's' || n || '-r' || (g / 10), "
+                "'s' || n || '-u' || (g / 10), '{}' "
+                "FROM generate_series(0, %s) n, generate_series(1, %s) g ORDER BY n, g",
+                (TURN_SESSIONS - 1, TURNS * 10),
+            )
+            db.execute(
+                "INSERT INTO closed_streams (stream_id, session_id) "
+                "SELECT 's' || n || '-r' || t, 's' || n "
+                "FROM generate_series(0, %s) n, generate_series(0, %s) t",
+                (TURN_SESSIONS - 1, TURNS - 2),
+            )
+            db.execute(
+                "INSERT INTO sessions (session_id, last_seq, open_stream) "
+                "SELECT 's' || n, %s, 's' || n || '-r' || %s FROM generate_series(0, %s) n",
+                (TURNS * 10, TURNS - 1, TURN_SESSIONS - 1),
+            )
+            db.execute("ANALYZE")
+        yield made
+
+
+def indexes(plan: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(node type, relation, index) of every node of a plan."""
+    found = [(plan["Node Type"], plan.get("Relation Name", ""), plan.get("Index Name", ""))]
+    for child in plan.get("Plans", []):
+        found.extend(indexes(child))
+    return found
+
+
+def test_the_run_a_stop_elsewhere_acts_on_is_found_without_scanning_every_turn(
+    turns_url: str,
+) -> None:
+    """A Stop, a steer or an answer through a replica that does not run the run looks it up
+    (runs/controls.py): by its stream, or as its session's newest unfinished turn. Scanning
+    every turn of the log cost about 100 ms at 200,000 turns."""
+    from tether.log import pg_reads
+
+    last = TURNS - 1
+    by_stream = pg_reads._UNFINISHED_SQL + "AND t.stream_id=%s ORDER BY t.id DESC LIMIT 1"
+    for sql, params in (
+        (by_stream, ("turn.submitted", f"s7-r{last}")),
+        (pg_reads._OPEN_RUN_SQL, ("s7", "turn.submitted")),
+    ):
+        with psycopg.connect(turns_url, autocommit=True) as db:
+            (rows,) = db.execute(f"EXPLAIN (FORMAT JSON) {sql}", params).fetchone()  # type: ignore[misc]
+        plan = indexes((rows if isinstance(rows, list) else json.loads(rows))[0]["Plan"])
+        assert not any(n == "Seq Scan" and r in ("events", "closed_streams") for n, r, _ in plan)
+        assert not any(i == "events_turns" for _, _, i in plan), plan
+
+    async def lookups() -> list[Any]:
+        store = PostgresEventStore(
+            turns_url, index_fold=lambda state, event: {}, index_version="plans-1"
+        )
+        try:
+            return [
+                await store.unfinished_stream(stream_id=f"s7-r{last}"),
+                await store.unfinished_stream(session_id="s7"),
+                await store.unfinished_stream(stream_id="s7-r3"),  # finished
+            ]
+        finally:
+            await store.aclose()
+
+    open_run = ("s7", f"s7-r{last}", f"s7-u{last}")
+    assert [None if s is None else tuple(s) for s in asyncio.run(lookups())] == [
+        open_run,
+        open_run,
+        None,
+    ]

@@ -77,6 +77,11 @@ class CheckedStore:
     async def unfinished_streams(self) -> list[OpenStream]:
         return await self.backend.unfinished_streams()
 
+    async def unfinished_stream(
+        self, *, stream_id: str | None = None, session_id: str | None = None
+    ) -> OpenStream | None:
+        return await self.backend.unfinished_stream(stream_id=stream_id, session_id=session_id)
+
     async def queue_session(self, queue_id: str) -> str | None:
         return await self.backend.queue_session(queue_id)
 

@@ -125,6 +125,12 @@ class OwnedStore:
     async def unfinished_streams(self) -> list[OpenStream]:
         return [s for s in await self.inner.unfinished_streams() if await self.visible(s[0])]
 
+    async def unfinished_stream(
+        self, *, stream_id: str | None = None, session_id: str | None = None
+    ) -> OpenStream | None:
+        found = await self.inner.unfinished_stream(stream_id=stream_id, session_id=session_id)
+        return found if found is not None and await self.visible(found.session_id) else None
+
     async def queue_session(self, queue_id: str) -> str | None:
         session_id = await self.inner.queue_session(queue_id)
         return session_id if session_id is not None and await self.visible(session_id) else None

@@ -16,6 +16,12 @@ from tether.log.errors import StorageError
 from tether.log.sqlite_open import connect, row_to_event
 from tether.log.store import OpenStream, SearchFold, SearchHit, search_hits
 
+_UNFINISHED_SQL = (
+    "SELECT t.session_id, t.stream_id, t.turn_id FROM events t WHERE t.type=? "
+    "AND t.stream_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM events f WHERE "
+    "f.stream_id=t.stream_id AND f.type=?) "
+)
+
 
 class SQLiteReads:
     """Mixed into SQLiteEventStore, which opens the file and publishes what readers see."""
@@ -95,13 +101,22 @@ class SQLiteReads:
         return await asyncio.to_thread(self._unfinished_sync)
 
     def _unfinished_sync(self) -> list[OpenStream]:
-        rows = self._query(
-            "SELECT t.session_id, t.stream_id, t.turn_id FROM events t WHERE t.type=? "
-            "AND t.stream_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM events f WHERE "
-            "f.stream_id=t.stream_id AND f.type=?) ORDER BY t.id",
-            (TURN_SUBMITTED, RUN_FINISHED),
-        )
+        rows = self._query(_UNFINISHED_SQL + "ORDER BY t.id", (TURN_SUBMITTED, RUN_FINISHED))
         return [OpenStream(*row) for row in rows]
+
+    async def unfinished_stream(
+        self, *, stream_id: str | None = None, session_id: str | None = None
+    ) -> OpenStream | None:
+        if stream_id is not None:
+            where, key = "AND t.stream_id=? ORDER BY t.id DESC LIMIT 1", stream_id
+        elif session_id is not None:
+            where, key = "AND t.session_id=? ORDER BY t.seq DESC LIMIT 1", session_id
+        else:
+            return None
+        rows = await asyncio.to_thread(
+            self._query, _UNFINISHED_SQL + where, (TURN_SUBMITTED, RUN_FINISHED, key)
+        )
+        return OpenStream(*rows[0]) if rows else None
 
     async def queue_session(self, queue_id: str) -> str | None:
         return await asyncio.to_thread(self._queue_session_sync, queue_id)

@@ -201,6 +201,13 @@ class EventStore(Protocol):
         """Every `turn.submitted` stream without a `run.finished`, in append order: the runs a
         restart must settle."""
 
+    async def unfinished_stream(
+        self, *, stream_id: str | None = None, session_id: str | None = None
+    ) -> OpenStream | None:
+        """The unfinished stream `stream_id`, or the newest of `session_id`: the run a Stop, a
+        steer or an answer through a replica that does not run it acts on. By the indexes,
+        at the cost of one session's turns at most, never of the whole log."""
+
     async def queue_session(self, queue_id: str) -> str | None:
         """The session whose `queue.added` carries `queue_id` (None: no such item)."""
 

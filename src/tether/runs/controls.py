@@ -106,15 +106,15 @@ class RunControls:
 
     async def _logged(self, stream_id: str) -> tuple[str, RunScene] | None:
         """The session and the live scene of a run the log shows open (another replica's)."""
-        for stream in await self.store.unfinished_streams():
-            if stream.stream_id == stream_id:
-                try:
-                    fold = await self.sessions.folds.get(stream.session_id)
-                except SessionNotFound:
-                    return None
-                scene = fold.transcript.active.get(stream_id)
-                return None if scene is None else (stream.session_id, scene)
-        return None
+        stream = await self.store.unfinished_stream(stream_id=stream_id)
+        if stream is None:
+            return None
+        try:
+            fold = await self.sessions.folds.get(stream.session_id)
+        except SessionNotFound:
+            return None
+        scene = fold.transcript.active.get(stream_id)
+        return None if scene is None else (stream.session_id, scene)
 
     # -- Stop -------------------------------------------------------------------------------
     async def cancel(
@@ -147,14 +147,13 @@ class RunControls:
         """Stop of a run another replica runs: one `run.cancel_requested` in the log (the
         backend records it once per run, so of concurrent Stops through several replicas
         exactly one answers `cancelled: true`)."""
-        open_runs = [
-            s
-            for s in await self.store.unfinished_streams()
-            if (s.stream_id == stream_id if stream_id else s.session_id == session_id)
-        ]
-        if not open_runs:
+        target = (
+            await self.store.unfinished_stream(stream_id=stream_id, session_id=session_id)
+            if stream_id or session_id
+            else None
+        )
+        if target is None:
             return {"ok": True, "cancelled": False, "stream_id": stream_id}
-        target = open_runs[-1]
         try:
             await self.store.append(
                 target.session_id, [_cancel_draft(target.stream_id, target.turn_id)]

@@ -152,6 +152,14 @@ def test_event_queries_answer_what_a_scan_of_the_logs_answers(backend: Backend) 
             ("s2", "r3", "u3"),
             ("s2", "r4", "u4"),
         ]  # in append order
+        # One run looked up (a Stop through a replica that does not run it): by its stream,
+        # or the newest of its session; a finished one, or a session without one, is None.
+        assert await store.unfinished_stream(stream_id="r3") == ("s2", "r3", "u3")
+        assert await store.unfinished_stream(session_id="s2") == ("s2", "r4", "u4")
+        assert await store.unfinished_stream(session_id="s1") == ("s1", "r2", "u2")
+        assert await store.unfinished_stream(stream_id="r1") is None
+        assert await store.unfinished_stream(session_id="s3") is None
+        assert await store.unfinished_stream(stream_id="r9") is None
         assert await store.search_text("INVOICE") == {"s1", "s2"}
         assert await store.search_text("receipt") == {"s1"}
         assert await store.search_text("queue") == set()  # titles are the row's, not text
@@ -177,8 +185,10 @@ def test_event_queries_answer_what_a_scan_of_the_logs_answers(backend: Backend) 
         assert await store.queue_session("q1") is None
         assert await store.search_text("invoice") == {"s1"}
         assert set(await store.unfinished_streams()) == open_streams(await logs(store))
+        assert await store.unfinished_stream(stream_id="r4") is None  # its session is gone
         await store.append("s1", [Draft("run.finished", {"state": "interrupted"}, "r2", "u2")])
         assert await store.unfinished_streams() == []
+        assert await store.unfinished_stream(session_id="s1") is None
         await store.aclose()
 
     asyncio.run(main())

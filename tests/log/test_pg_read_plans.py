@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -28,25 +29,35 @@ SESSIONS = 50
 PER_SESSION = 400  # 20,000 events: a seq scan costs several times the index ranges
 
 
-@pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    """A log of SESSIONS sessions, each PER_SESSION deltas in runs of 40, analysed."""
+@contextmanager
+def analysed_log(*statements: tuple[str, tuple]) -> Iterator[str]:
+    """A throwaway database with the log's schema, filled by `statements`, then analysed."""
     with database() as made:
         with psycopg.connect(made, autocommit=True) as db:
             apply_migrations(db)
-            db.execute(
-                "INSERT INTO sessions (session_id, last_seq) "
-                "SELECT 's' || n, %s FROM generate_series(0, %s) n",
-                (PER_SESSION, SESSIONS - 1),
-            )
-            db.execute(
-                "INSERT INTO events (session_id, seq, type, at, stream_id, data) "
-                "SELECT 's' || n, g, 'text.delta', g, 's' || n || '-' || (g / 40), "
-                "json_build_object('text', 'd' || g)::text "
-                "FROM generate_series(0, %s) n, generate_series(1, %s) g ORDER BY n, g",
-                (SESSIONS - 1, PER_SESSION),
-            )
-            db.execute("ANALYZE events")
+            for sql, params in statements:
+                db.execute(sql, params)  # type: ignore[arg-type]
+            db.execute("ANALYZE")
+        yield made
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    """A log of SESSIONS sessions, each PER_SESSION deltas in runs of 40, analysed."""
+    with analysed_log(
+        (
+            "INSERT INTO sessions (session_id, last_seq) "
+            "SELECT 's' || n, %s FROM generate_series(0, %s) n",
+            (PER_SESSION, SESSIONS - 1),
+        ),
+        (
+            "INSERT INTO events (session_id, seq, type, at, stream_id, data) "
+            "SELECT 's' || n, g, 'text.delta', g, 's' || n || '-' || (g / 40), "
+            "json_build_object('text', 'd' || g)::text "
+            "FROM generate_series(0, %s) n, generate_series(1, %s) g ORDER BY n, g",
+            (SESSIONS - 1, PER_SESSION),
+        ),
+    ) as made:
         yield made
 
 
@@ -104,29 +115,27 @@ TURNS = 20  # each a turn.submitted and 9 deltas; every turn finished but each s
 @pytest.fixture(scope="module")
 def turns_url() -> Iterator[str]:
     """TURN_SESSIONS sessions of TURNS turns each, every run finished but the last one's."""
-    with database() as made:
-        with psycopg.connect(made, autocommit=True) as db:
-            apply_migrations(db)
-            db.execute(
-                "INSERT INTO events (session_id, seq, type, at, stream_id, turn_id, data) "
-                "SELECT 's' || n, g, CASE WHEN g %% 10 = 1 THEN 'turn.submitted' "
-                "ELSE 'text.delta' END, g, 's' || n || '-r' || (g / 10), "
-                "'s' || n || '-u' || (g / 10), '{}' "
-                "FROM generate_series(0, %s) n, generate_series(1, %s) g ORDER BY n, g",
-                (TURN_SESSIONS - 1, TURNS * 10),
-            )
-            db.execute(
-                "INSERT INTO closed_streams (stream_id, session_id) "
-                "SELECT 's' || n || '-r' || t, 's' || n "
-                "FROM generate_series(0, %s) n, generate_series(0, %s) t",
-                (TURN_SESSIONS - 1, TURNS - 2),
-            )
-            db.execute(
-                "INSERT INTO sessions (session_id, last_seq, open_stream) "
-                "SELECT 's' || n, %s, 's' || n || '-r' || %s FROM generate_series(0, %s) n",
-                (TURNS * 10, TURNS - 1, TURN_SESSIONS - 1),
-            )
-            db.execute("ANALYZE")
+    with analysed_log(
+        (
+            "INSERT INTO events (session_id, seq, type, at, stream_id, turn_id, data) "
+            "SELECT 's' || n, g, CASE WHEN g %% 10 = 1 THEN 'turn.submitted' "
+            "ELSE 'text.delta' END, g, 's' || n || '-r' || (g / 10), "
+            "'s' || n || '-u' || (g / 10), '{}' "
+            "FROM generate_series(0, %s) n, generate_series(1, %s) g ORDER BY n, g",
+            (TURN_SESSIONS - 1, TURNS * 10),
+        ),
+        (
+            "INSERT INTO closed_streams (stream_id, session_id) "
+            "SELECT 's' || n || '-r' || t, 's' || n "
+            "FROM generate_series(0, %s) n, generate_series(0, %s) t",
+            (TURN_SESSIONS - 1, TURNS - 2),
+        ),
+        (
+            "INSERT INTO sessions (session_id, last_seq, open_stream) "
+            "SELECT 's' || n, %s, 's' || n || '-r' || %s FROM generate_series(0, %s) n",
+            (TURNS * 10, TURNS - 1, TURN_SESSIONS - 1),
+        ),
+    ) as made:
         yield made
 
 

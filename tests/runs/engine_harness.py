@@ -99,6 +99,24 @@ class StatefulGatedRuntime(GatedRuntime):
     stateless = False
 
 
+class NothingElsewhere:
+    """The parts of `AgentHistory` (runtimes/base.py) for an agent no other client drives:
+    nothing started elsewhere, nothing bound, nothing to look at again. A runtime in a test
+    mixes it in and writes the rest."""
+
+    async def agent_started_elsewhere(self, exists: Callable[[str], bool]) -> list[dict]:
+        return []
+
+    async def bind(self, session_id: str, agent_session_id: str) -> bool:
+        return True
+
+    async def agent_owner(self, agent_session_id: str) -> str | None:
+        return None
+
+    async def agent_look_again(self) -> None:
+        return None
+
+
 async def until(condition: Callable[[], bool], timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

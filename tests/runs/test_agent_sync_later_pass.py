@@ -8,14 +8,13 @@ pass had skipped as busy and never read)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tether.runs.agent_sync import AgentSync
 from tether.runtimes.base import AgentHistory, AgentNews, Capabilities
 
-from engine_harness import GatedRuntime, harness, until
+from engine_harness import GatedRuntime, NothingElsewhere, harness, until
 
 CLI_TURN = {
     "kind": "turn",
@@ -31,7 +30,7 @@ CLI_TURN = {
 }
 
 
-class SharedAgentRuntime(GatedRuntime):
+class SharedAgentRuntime(NothingElsewhere, GatedRuntime):
     """A runtime whose agent keeps its own history, written also by another client: the
     test says when that client wrote a turn (`cli_wrote`) and when the rows moved."""
 
@@ -56,18 +55,6 @@ class SharedAgentRuntime(GatedRuntime):
         if not self.cli_wrote or watermark >= 4:
             return AgentNews(watermark)
         return AgentNews(4, [CLI_TURN])
-
-    async def agent_started_elsewhere(self, exists: Callable[[str], bool]) -> list[dict]:
-        return []
-
-    async def bind(self, session_id: str, agent_session_id: str) -> bool:
-        return True
-
-    async def agent_owner(self, agent_session_id: str) -> str | None:
-        return None
-
-    async def agent_look_again(self) -> None:
-        return None
 
 
 def test_rows_that_moved_during_a_run_are_read_by_a_later_pass(tmp_path: Path) -> None:

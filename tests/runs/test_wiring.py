@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from tether.runs import maintenance
 from tether.runs.agent_sync import AgentSync
@@ -20,8 +18,10 @@ from tether.runtimes.demo import DemoRuntime
 from tether.services import build_services
 from tether.settings import Settings
 
+from engine_harness import NothingElsewhere
 
-class KeepsHistory(DemoRuntime):
+
+class KeepsHistory(NothingElsewhere, DemoRuntime):
     """The demo, with an agent that keeps its own history (holding nothing new): agent sync
     is wired for it, and asked before each turn."""
 
@@ -40,18 +40,6 @@ class KeepsHistory(DemoRuntime):
 
     async def agent_changed(self) -> list[str]:
         return []
-
-    async def agent_started_elsewhere(self, exists: Callable[[str], bool]) -> list[dict[str, Any]]:
-        return []
-
-    async def bind(self, session_id: str, agent_session_id: str) -> bool:
-        return True
-
-    async def agent_owner(self, agent_session_id: str) -> str | None:
-        return None
-
-    async def agent_look_again(self) -> None:
-        return None
 
 
 RUNS = Path(__file__).parents[2] / "src/tether/runs"

@@ -38,7 +38,7 @@ def test_a_single_user_data_directory_becomes_the_first_admins(tmp_path: Path) -
     made = tether_users(data, "add", "alice", "--admin", password="alice-pass-1")
     assert made.returncode == 0, made.stderr
     assert "alice now owns the 2 session(s) made before accounts" in made.stdout
-    assert _migrations(data / "tether.db")[-1] == "m005_accounts"
+    assert _migrations(data / "tether.db")[-1] == "m006_turn_texts"
     add_user(data, "bob")  # added later: owns nothing
 
     with running_server(data, "--auth", "accounts") as srv:
@@ -49,6 +49,9 @@ def test_a_single_user_data_directory_becomes_the_first_admins(tmp_path: Path) -
         view = alice.get("/api/session", params={"session_id": old["session_id"]}).json()
         texts = [m.get("content") for m in view["session"]["messages"]]
         assert texts[0] == "hello from the single-user days" and len(texts) == 2
+        # m006 copied the old turns' text: the list's `q` finds them (in any case)
+        found = alice.get("/api/sessions", params={"q": "SINGLE-USER"}).json()["sessions"]
+        assert [r["session_id"] for r in found] == [old["session_id"]]
         assert bob.get("/api/sessions").json() == {"sessions": []}
         refused = bob.get("/api/session", params={"session_id": old["session_id"]})
         assert refused.status_code == 404 and refused.json()["code"] == "session_not_found"

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tether.events import RUN_FINISHED, Event
+from tether.events import RUN_FINISHED, TURN_SUBMITTED, Event
 from tether.log import compact_json, owners, sqlite_search
 from tether.log.errors import (
     InvalidEvent,
@@ -446,6 +446,8 @@ class SQLiteEventStore(SQLiteReads):
             )
             if draft.type in owners.CARRIERS:
                 owners.record(self._db, sid, draft.data, draft.blobs)
+            if draft.type == TURN_SUBMITTED:
+                sqlite_search.record_turn_text(self._db, sid, event)
             if self._search_fold is not None:
                 change = self._search_fold(state, event, read_stream)
                 if change.add:

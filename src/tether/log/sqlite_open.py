@@ -27,7 +27,12 @@ def connect(path: Path) -> sqlite3.Connection:
 # Every table a Tether database may hold (log/migrations.py); sqlite_* are SQLite's own.
 TETHER_TABLES = frozenset(
     {"migrations", "events", "session_index", "meta", "attachments", "search_rows"}
-    | {f"search_fts{part}" for part in ("", "_data", "_idx", "_docsize", "_config")}
+    | {"turn_texts"}
+    | {
+        f"{fts}{part}"  # an FTS5 table and its shadow tables
+        for fts in ("search_fts", "turn_texts_fts")
+        for part in ("", "_data", "_idx", "_docsize", "_config")
+    }
     | {"users", "api_tokens", "session_owners"}  # accounts
 )
 

@@ -80,16 +80,8 @@ class SQLiteReads:
     async def index_states(self) -> dict[str, dict[str, Any]]:
         return dict(self._visible_index)
 
-    def _search_sync(self, needle: str) -> set[str]:
-        rows = self._query(
-            "SELECT DISTINCT session_id FROM events WHERE type=? "
-            "AND instr(lower(json_extract(data, '$.text')), lower(?)) > 0",
-            (TURN_SUBMITTED, needle),
-        )
-        return {row[0] for row in rows}
-
     async def search_text(self, needle: str) -> set[str]:
-        return await asyncio.to_thread(self._search_sync, needle)
+        return await asyncio.to_thread(sqlite_search.sessions_with_text, self._query, needle)
 
     async def search(self, terms: list[str], limit: int) -> list[SearchHit]:
         if not terms or self._search_fold is None:

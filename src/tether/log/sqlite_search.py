@@ -51,6 +51,36 @@ def apply_change(db: sqlite3.Connection, session_id: str, change: SearchChange) 
 
 def forget(db: sqlite3.Connection, session_id: str) -> None:
     db.execute("DELETE FROM search_rows WHERE session_id=?", (session_id,))
+    db.execute("DELETE FROM turn_texts WHERE session_id=?", (session_id,))
+
+
+# -- the session list's `q`: the text of submitted turns (migration m006) ------------------
+TRIGRAM = 3  # characters: a shorter needle has no trigram to look up
+
+
+def record_turn_text(db: sqlite3.Connection, session_id: str, event: Event) -> None:
+    """A `turn.submitted`'s text, in the writer's transaction."""
+    text = event.data.get("text")
+    if isinstance(text, str):
+        db.execute("INSERT INTO turn_texts (session_id, text) VALUES (?, ?)", (session_id, text))
+
+
+def sessions_with_text(query: Callable[[str, tuple], list[tuple]], needle: str) -> set[str]:
+    """Sessions with a submitted turn whose text holds `needle`, ignoring case: through the
+    trigram index from three characters on (any letter's case), by a scan of the compact
+    copy below that (ASCII case, as SQLite's `lower`)."""
+    if len(needle) >= TRIGRAM:
+        rows = query(
+            "SELECT DISTINCT t.session_id FROM turn_texts_fts f JOIN turn_texts t "
+            "ON t.id = f.rowid WHERE turn_texts_fts MATCH ?",
+            ('"' + needle.replace('"', '""') + '"',),  # one phrase: the needle as written
+        )
+    else:
+        rows = query(
+            "SELECT DISTINCT session_id FROM turn_texts WHERE instr(lower(text), lower(?)) > 0",
+            (needle,),
+        )
+    return {row[0] for row in rows}
 
 
 def ensure_index(

@@ -19,6 +19,7 @@ from pg import database
 
 psycopg = pytest.importorskip("psycopg")
 
+from tether.log import pg_reads  # noqa: E402
 from tether.log.pg_reads import READ_AFTER_SQL  # noqa: E402
 from tether.log.pg_schema import apply_migrations  # noqa: E402
 from tether.log.pg_search import STREAM_SQL  # noqa: E402
@@ -108,7 +109,7 @@ def test_a_finished_runs_text_is_read_through_its_stream_index(url: str) -> None
     assert [row[1] for row in rows] == list(range(120, 160))
 
 
-TURN_SESSIONS = 200
+TURN_SESSIONS = 2000
 TURNS = 20  # each a turn.submitted and 9 deltas; every turn finished but each session's last
 
 
@@ -117,10 +118,12 @@ def turns_url() -> Iterator[str]:
     """TURN_SESSIONS sessions of TURNS turns each, every run finished but the last one's."""
     with analysed_log(
         (
-            "INSERT INTO events (session_id, seq, type, at, stream_id, turn_id, data) "
+            "INSERT INTO events (session_id, seq, type, at, stream_id, turn_id, data, "
+            "search_text) "
             "SELECT 's' || n, g, CASE WHEN g %% 10 = 1 THEN 'turn.submitted' "
             "ELSE 'text.delta' END, g, 's' || n || '-r' || (g / 10), "
-            "'s' || n || '-u' || (g / 10), '{}' "
+            "'s' || n || '-u' || (g / 10), '{}', "
+            "CASE WHEN g %% 10 = 1 THEN 'Question ' || n || '.' || g || ' of the day' END "
             "FROM generate_series(0, %s) n, generate_series(1, %s) g ORDER BY n, g",
             (TURN_SESSIONS - 1, TURNS * 10),
         ),
@@ -153,8 +156,6 @@ def test_the_run_a_stop_elsewhere_acts_on_is_found_without_scanning_every_turn(
     """A Stop, a steer or an answer through a replica that does not run the run looks it up
     (runs/controls.py): by its stream, or as its session's newest unfinished turn. Scanning
     every turn of the log cost about 100 ms at 200,000 turns."""
-    from tether.log import pg_reads
-
     last = TURNS - 1
     by_stream = pg_reads._UNFINISHED_SQL + "AND t.stream_id=%s ORDER BY t.id DESC LIMIT 1"
     for sql, params in (
@@ -186,3 +187,36 @@ def test_the_run_a_stop_elsewhere_acts_on_is_found_without_scanning_every_turn(
         open_run,
         None,
     ]
+
+
+def test_the_session_lists_q_reads_the_trigram_index(turns_url: str) -> None:
+    """`q` (docs/api.md §3) through migration m011's trigram index, not a read of every
+    turn's text (at 200,000 turns a rare piece of text took 12.7 ms where that read took
+    290; with fewer turns than here the planner rightly prefers the turns' own index). The
+    server of this suite offers `pg_trgm`; one without it keeps the scan."""
+    with psycopg.connect(turns_url, autocommit=True) as db:
+        made = db.execute("SELECT 1 FROM pg_indexes WHERE indexname = 'events_turn_text'")
+        if made.fetchone() is None:
+            offered = db.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'pg_trgm'")
+            assert offered.fetchone() is None, "pg_trgm is offered but m011 made no index"
+            pytest.skip("this PostgreSQL server does not offer pg_trgm: q scans, as designed")
+        sql = pg_reads.SEARCH_TEXT_SQL
+        (rows,) = db.execute(  # type: ignore[misc]
+            f"EXPLAIN (FORMAT JSON) {sql}", ("turn.submitted", "%question 7.151 of%")
+        ).fetchone()
+    plan = indexes((rows if isinstance(rows, list) else json.loads(rows))[0]["Plan"])
+    assert any(i == "events_turn_text" for _, _, i in plan), plan
+
+    async def found() -> list[set[str]]:
+        store = PostgresEventStore(
+            turns_url, index_fold=lambda state, event: {}, index_version="plans-1"
+        )
+        try:
+            return [await store.search_text(q) for q in ("QUESTION 7.151 OF", "7.15_", "day")]
+        finally:
+            await store.aclose()
+
+    first, escaped, everywhere = asyncio.run(found())
+    assert first == {"s7"}
+    assert escaped == set()  # `_` is text: no turn has "7.15_"
+    assert len(everywhere) == TURN_SESSIONS

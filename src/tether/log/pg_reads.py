@@ -6,6 +6,7 @@ against its row's version in the database on every read (`index_states`)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import psycopg
@@ -39,6 +40,11 @@ _OPEN_RUN_SQL = (
     "WHERE s.session_id = %s AND t.type = %s"
 )
 
+
+_LIKE_SPECIAL = re.compile(r"[%_\\]")
+SEARCH_TEXT_SQL = (  # lower(search_text): the expression of m011's trigram index
+    "SELECT DISTINCT session_id FROM events WHERE type=%s AND lower(search_text) LIKE lower(%s)"
+)
 
 RowVersion = tuple[int, str]  # a sessions row's (state_seq, xmin)
 
@@ -126,11 +132,10 @@ class PostgresReads:
         return {sid: cache[sid][1] for sid, _, _ in versions if sid in cache}
 
     async def search_text(self, needle: str) -> set[str]:
-        rows = await self._rows(
-            "SELECT DISTINCT session_id FROM events WHERE type=%s "
-            "AND strpos(lower(search_text), lower(%s)) > 0",
-            (TURN_SUBMITTED, needle.replace("\x00", "")),
-        )
+        """By the trigram index of migration m011 where the server has `pg_trgm` (a LIKE
+        pattern it can read; the needle's own `%`, `_` and `\\` escaped), else by a scan."""
+        pattern = "%" + _LIKE_SPECIAL.sub(r"\\\g<0>", needle.replace("\x00", "")) + "%"
+        rows = await self._rows(SEARCH_TEXT_SQL, (TURN_SUBMITTED, pattern))
         return {row[0] for row in rows}
 
     async def unfinished_streams(self) -> list[OpenStream]:

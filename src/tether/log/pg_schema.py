@@ -261,6 +261,23 @@ def m010_events_by_stream(db: psycopg.Connection) -> None:
     db.execute("CREATE INDEX events_by_stream ON events (stream_id) WHERE stream_id IS NOT NULL")
 
 
+@migration
+def m011_turn_text_trigrams(db: psycopg.Connection) -> None:
+    """The session list's `q` (log/pg_reads.py, `search_text`) through a trigram index over
+    the turns' text, when the server offers `pg_trgm` (tried in a savepoint, as `unaccent` in
+    m004; without it `q` reads every turn's text, as before). A plain CREATE INDEX (the
+    migration is a transaction): writes wait while it is built."""
+    try:
+        with db.transaction():
+            db.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+            db.execute(
+                "CREATE INDEX events_turn_text ON events USING GIN "
+                "(lower(search_text) gin_trgm_ops) WHERE type = 'turn.submitted'"
+            )
+    except psycopg.Error:
+        pass
+
+
 def apply_migrations(db: psycopg.Connection) -> list[str]:
     """Apply what is missing, each in its own transaction; return the names applied.
     `db` is in autocommit mode: transactions are explicit."""

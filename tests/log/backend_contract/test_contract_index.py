@@ -163,6 +163,9 @@ def test_event_queries_answer_what_a_scan_of_the_logs_answers(backend: Backend) 
         assert await store.search_text("INVOICE") == {"s1", "s2"}
         assert await store.search_text("receipt") == {"s1"}
         assert await store.search_text("queue") == set()  # titles are the row's, not text
+        assert await store.search_text("n t") == {"s1"}  # a piece of text, spaces included
+        for literal in ("n_t", "%", "_", "\\"):  # pattern characters are text, not wildcards
+            assert await store.search_text(literal) == set(), literal
         assert await store.queue_session("q1") == "s2"
         assert await store.queue_session("q2") == "s3"
         assert await store.queue_session("q3") is None

@@ -119,3 +119,64 @@ def test_a_pass_the_agent_defers_is_taken_at_the_next_interval(tmp_path: Path) -
     deferred, after = asyncio.run(main())
     assert deferred == ["session.created"]
     assert after == ["session.created", "agent.imported"]
+
+
+def test_a_bounded_pass_that_left_rows_is_continued_at_the_next_interval(tmp_path: Path) -> None:
+    """A pass reads a bounded number of the agent's rows: when it says more remain, the
+    session is read again at the next interval, though nothing moved since."""
+
+    class ChunkedRuntime(SharedAgentRuntime):
+        examined = 0  # how far it looked: kept by the runtime when it imports nothing
+
+        async def agent_news(self, session_id: str, watermark: int) -> AgentNews:
+            self.reads.append(session_id)
+            start = max(watermark, self.examined)
+            if not self.cli_wrote or start >= 4:
+                return AgentNews(start)
+            if start < 2:  # the first chunk: rows of no turn yet, more to come
+                self.examined = 2
+                return AgentNews(2, [], more=True)
+            return AgentNews(4, [CLI_TURN])
+
+    async def main() -> tuple[list[str], list[str]]:
+        runtime = ChunkedRuntime()
+        async with harness(tmp_path, runtime) as h:
+            syncer = AgentSync(h.sessions, runtime)
+            sid = (await h.sessions.create(None))["session_id"]
+            runtime.cli_wrote, runtime.moved = True, [sid]
+            await syncer.sync_moved()
+            first = await h.types(sid)
+            await syncer.sync_moved()
+            return first, await h.types(sid)
+
+    first, after = asyncio.run(main())
+    assert first == ["session.created"]
+    assert after == ["session.created", "agent.imported"]
+
+
+def test_a_session_whose_pass_fails_does_not_hold_up_the_others(tmp_path: Path) -> None:
+    """One session's failing pass (a damaged row, a bug) is logged and retried later; the
+    sessions after it are still read in the same interval."""
+
+    class OneBrokenRuntime(SharedAgentRuntime):
+        broken: str = ""
+
+        async def agent_news(self, session_id: str, watermark: int) -> AgentNews:
+            if session_id == self.broken:
+                raise ValueError("a row this pass cannot read")
+            return await super().agent_news(session_id, watermark)
+
+    async def main() -> tuple[list[str], list[str], set[str]]:
+        runtime = OneBrokenRuntime()
+        async with harness(tmp_path, runtime) as h:
+            syncer = AgentSync(h.sessions, runtime)
+            sids = sorted([(await h.sessions.create(None))["session_id"] for _ in range(2)])
+            runtime.broken = sids[0]  # sorted first: read before the other
+            runtime.cli_wrote, runtime.moved = True, list(sids)
+            await syncer.sync_moved()
+            return await h.types(sids[0]), await h.types(sids[1]), set(syncer.unread)
+
+    broken, other, unread = asyncio.run(main())
+    assert broken == ["session.created"]
+    assert other == ["session.created", "agent.imported"]
+    assert len(unread) == 1  # the broken one waits for the next interval

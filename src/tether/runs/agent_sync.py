@@ -72,13 +72,22 @@ class AgentSync:
 
     async def sync_moved(self) -> None:
         """One interval's work: adopt what was started elsewhere, then a pass for each session
-        whose agent rows moved, this time or earlier without a pass since."""
+        whose agent rows moved, this time or earlier without a whole pass since. A session
+        whose pass fails stays for the next interval and does not hold up the others."""
         await adopt_sessions_started_elsewhere(self.sessions, self.agent)
         self.unread.update(await self.agent.agent_changed())
         for session_id in sorted(self.unread):
-            async with self.sessions.locks(session_id):
-                if await sync_locked(self.sessions, self.agent, session_id):
-                    self.unread.discard(session_id)
+            try:
+                async with self.sessions.locks(session_id):
+                    done = await sync_locked(self.sessions, self.agent, session_id)
+            except (StorageError, SessionNotFound) as exc:
+                log.warning("agent sync skipped session %s: %s", session_id, exc)
+                continue
+            except Exception:  # a bug for one session must not stop the others' passes
+                log.exception("agent sync failed for session %s", session_id)
+                continue
+            if done:
+                self.unread.discard(session_id)
 
     async def _look_again(self) -> None:
         """A runtime that skips passes when nothing moved must not skip the retry of one
@@ -122,7 +131,8 @@ async def adopt_sessions_started_elsewhere(sessions: SessionService, agent: Agen
 
 async def sync_locked(sessions: SessionService, agent: AgentHistory, session_id: str) -> bool:
     """One pass for one session; the caller holds the session's lock. False when a run, or
-    a turn the agent is still writing, occupies the session: no pass ran, try again later."""
+    a turn the agent is still writing, occupies the session (no pass ran), or when the
+    bounded pass left rows to read: try again later."""
     state = await sessions.store.index_state(session_id)
     if state is None or state["continuation_session_id"]:
         return True  # gone, or continued elsewhere: nothing more to read for it
@@ -149,7 +159,7 @@ async def sync_locked(sessions: SessionService, agent: AgentHistory, session_id:
         )
     if news.continuation is not None:
         await _continue(sessions, agent, session_id, news.continuation)
-    return True
+    return not news.more
 
 
 async def _continue(

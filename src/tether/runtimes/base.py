@@ -348,6 +348,7 @@ class AgentNews:
     watermark: int
     entries: list[dict[str, Any]] = field(default_factory=list)
     continuation: str | None = None  # the agent's session id that continues this one
+    more: bool = False  # a bounded pass stopped short: rows after `watermark` remain
 
 
 class AgentHistory(Protocol):

@@ -240,7 +240,7 @@ def agent_news(
     continuation = continuation_of(state_db, agents[-1], profile)
     if continuation is not None and ledger.tether_session_of(continuation) == session_id:
         continuation = None  # Tether's own turn rotated into it: the same conversation
-    return AgentNews(next_watermark, entries, continuation)
+    return AgentNews(next_watermark, entries, continuation, more=len(rows) >= limit)
 
 
 def changes(state_db: Path, bindings: dict[str, list[str]], seen: dict[str, tuple]) -> list[str]:

@@ -69,3 +69,31 @@ def test_q_reads_the_compact_copy_never_the_events() -> None:
     assert sessions_with_text(query, "ab") == set()
     assert plans and not any("events" in step for step in plans), plans
     assert any("VIRTUAL TABLE" in step for step in plans), plans  # the trigram index
+
+
+def test_a_nul_in_q_is_left_out_and_a_library_without_trigrams_scans(tmp_path: Path) -> None:
+    """FTS5 reads a NUL as the end of its query ("unterminated string"): it is left out, as
+    the PostgreSQL log does. A SQLite older than 3.34 has no trigram tokenizer: m006 keeps
+    the copy without the index, and `q` scans it with the same answers."""
+
+    async def nul() -> set[str]:
+        store = SQLiteEventStore(tmp_path / "log.db", index_fold=probe_fold, index_version="p1")
+        await store.create_session("s1", [Draft("session.created", {})])
+        await store.append("s1", [submit(1, "abc and more")])
+        try:
+            return await store.search_text("a\x00bc")
+        finally:
+            await store.aclose()
+
+    assert asyncio.run(nul()) == {"s1"}
+
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    apply_migrations(db)
+    db.execute("INSERT INTO turn_texts (session_id, text) VALUES ('s1', 'Find the Invoice')")
+
+    def query(sql: str, params: tuple) -> list[tuple]:
+        assert "MATCH" not in sql
+        return db.execute(sql, params).fetchall()
+
+    assert sessions_with_text(query, "INVOICE", trigrams=False) == {"s1"}
+    assert sessions_with_text(query, "receipt", trigrams=False) == set()

@@ -168,19 +168,20 @@ def m006_turn_texts(db: sqlite3.Connection) -> None:
         "text TEXT NOT NULL)"
     )
     db.execute("CREATE INDEX turn_texts_by_session ON turn_texts(session_id)")
-    db.execute(
-        "CREATE VIRTUAL TABLE turn_texts_fts USING fts5(text, content='turn_texts', "
-        "content_rowid='id', tokenize='trigram')"
-    )
-    db.execute(
-        "CREATE TRIGGER turn_texts_added AFTER INSERT ON turn_texts BEGIN "
-        "INSERT INTO turn_texts_fts(rowid, text) VALUES (new.id, new.text); END"
-    )
-    db.execute(
-        "CREATE TRIGGER turn_texts_removed AFTER DELETE ON turn_texts BEGIN "
-        "INSERT INTO turn_texts_fts(turn_texts_fts, rowid, text) "
-        "VALUES ('delete', old.id, old.text); END"
-    )
+    if sqlite3.sqlite_version_info >= (3, 34, 0):  # FTS5's trigram tokenizer (sqlite_search)
+        db.execute(
+            "CREATE VIRTUAL TABLE turn_texts_fts USING fts5(text, content='turn_texts', "
+            "content_rowid='id', tokenize='trigram')"
+        )
+        db.execute(
+            "CREATE TRIGGER turn_texts_added AFTER INSERT ON turn_texts BEGIN "
+            "INSERT INTO turn_texts_fts(rowid, text) VALUES (new.id, new.text); END"
+        )
+        db.execute(
+            "CREATE TRIGGER turn_texts_removed AFTER DELETE ON turn_texts BEGIN "
+            "INSERT INTO turn_texts_fts(turn_texts_fts, rowid, text) "
+            "VALUES ('delete', old.id, old.text); END"
+        )
     db.execute(
         "INSERT INTO turn_texts (session_id, text) SELECT session_id, "
         "json_extract(data, '$.text') FROM events WHERE type = 'turn.submitted' "

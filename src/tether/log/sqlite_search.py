@@ -56,6 +56,9 @@ def forget(db: sqlite3.Connection, session_id: str) -> None:
 
 # -- the session list's `q`: the text of submitted turns (migration m006) ------------------
 TRIGRAM = 3  # characters: a shorter needle has no trigram to look up
+# FTS5's trigram tokenizer came with SQLite 3.34; an older library keeps the compact copy
+# without the index (m006) and scans it.
+TRIGRAMS = sqlite3.sqlite_version_info >= (3, 34, 0)
 
 
 def record_turn_text(db: sqlite3.Connection, session_id: str, event: Event) -> None:
@@ -65,11 +68,15 @@ def record_turn_text(db: sqlite3.Connection, session_id: str, event: Event) -> N
         db.execute("INSERT INTO turn_texts (session_id, text) VALUES (?, ?)", (session_id, text))
 
 
-def sessions_with_text(query: Callable[[str, tuple], list[tuple]], needle: str) -> set[str]:
+def sessions_with_text(
+    query: Callable[[str, tuple], list[tuple]], needle: str, *, trigrams: bool = TRIGRAMS
+) -> set[str]:
     """Sessions with a submitted turn whose text holds `needle`, ignoring case: through the
     trigram index from three characters on (any letter's case), by a scan of the compact
-    copy below that (ASCII case, as SQLite's `lower`)."""
-    if len(needle) >= TRIGRAM:
+    copy below that or without the index (ASCII case, as SQLite's `lower`). A NUL, which no
+    stored text keeps and FTS5 reads as the query's end, is left out, as PostgreSQL does."""
+    needle = needle.replace("\x00", "")
+    if trigrams and len(needle) >= TRIGRAM:
         rows = query(
             "SELECT DISTINCT t.session_id FROM turn_texts_fts f JOIN turn_texts t "
             "ON t.id = f.rowid WHERE turn_texts_fts MATCH ?",

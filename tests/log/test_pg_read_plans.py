@@ -202,7 +202,7 @@ def test_the_session_lists_q_reads_the_trigram_index(turns_url: str) -> None:
             pytest.skip("this PostgreSQL server does not offer pg_trgm: q scans, as designed")
         sql = pg_reads.SEARCH_TEXT_SQL
         (rows,) = db.execute(  # type: ignore[misc]
-            f"EXPLAIN (FORMAT JSON) {sql}", ("turn.submitted", "%question 7.151 of%")
+            f"EXPLAIN (FORMAT JSON) {sql}", ("%question 7.151 of%",)
         ).fetchone()
     plan = indexes((rows if isinstance(rows, list) else json.loads(rows))[0]["Plan"])
     assert any(i == "events_turn_text" for _, _, i in plan), plan

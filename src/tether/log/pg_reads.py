@@ -42,8 +42,9 @@ _OPEN_RUN_SQL = (
 
 
 _LIKE_SPECIAL = re.compile(r"[%_\\]")
-SEARCH_TEXT_SQL = (  # lower(search_text): the expression of m011's trigram index
-    "SELECT DISTINCT session_id FROM events WHERE type=%s AND lower(search_text) LIKE lower(%s)"
+SEARCH_TEXT_SQL = (  # m011's trigram index: its expression, and its predicate as a literal
+    "SELECT DISTINCT session_id FROM events WHERE type = 'turn.submitted' "  # (a generic plan
+    "AND lower(search_text) LIKE lower(%s)"  # must be able to use the partial index)
 )
 
 RowVersion = tuple[int, str]  # a sessions row's (state_seq, xmin)
@@ -135,7 +136,7 @@ class PostgresReads:
         """By the trigram index of migration m011 where the server has `pg_trgm` (a LIKE
         pattern it can read; the needle's own `%`, `_` and `\\` escaped), else by a scan."""
         pattern = "%" + _LIKE_SPECIAL.sub(r"\\\g<0>", needle.replace("\x00", "")) + "%"
-        rows = await self._rows(SEARCH_TEXT_SQL, (TURN_SUBMITTED, pattern))
+        rows = await self._rows(SEARCH_TEXT_SQL, (pattern,))
         return {row[0] for row in rows}
 
     async def unfinished_streams(self) -> list[OpenStream]:

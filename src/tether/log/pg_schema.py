@@ -15,10 +15,13 @@ The shape, and why:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
 import psycopg
+
+log = logging.getLogger("tether.log")
 
 Migration = Callable[[psycopg.Connection], None]
 MIGRATIONS: list[tuple[str, Migration]] = []
@@ -30,6 +33,26 @@ SCHEMA_LOCK = 0x746574686572
 def migration(fn: Migration) -> Migration:
     MIGRATIONS.append((fn.__name__, fn))
     return fn
+
+
+def with_extension(db: psycopg.Connection, extension: str, *statements: str) -> None:
+    """Create a contrib extension and what uses it, in a savepoint: a server without it, or
+    a role that may not create it, goes on without them, and the log says what to run by
+    hand (docs/operations.md)."""
+    try:
+        with db.transaction():
+            db.execute(f"CREATE EXTENSION IF NOT EXISTS {extension}")
+            for statement in statements:
+                db.execute(statement)
+    except psycopg.Error as exc:
+        log.warning(
+            "PostgreSQL extension %s not set up (%s); Tether works without it. To add it "
+            "later, as a role that may: CREATE EXTENSION %s; %s",
+            extension,
+            str(exc).strip(),
+            extension,
+            "; ".join(statements),
+        )
 
 
 @migration
@@ -132,15 +155,12 @@ def m004_owners_and_search(db: psycopg.Connection) -> None:
     gets `simple` alone, where accents count)."""
     db.execute("CREATE TABLE session_owners (session_id TEXT PRIMARY KEY, owner TEXT NOT NULL)")
     db.execute("CREATE TEXT SEARCH CONFIGURATION tether_search (COPY = simple)")
-    try:
-        with db.transaction():
-            db.execute("CREATE EXTENSION IF NOT EXISTS unaccent")
-            db.execute(
-                "ALTER TEXT SEARCH CONFIGURATION tether_search ALTER MAPPING FOR "
-                "hword, hword_part, word WITH unaccent, simple"
-            )
-    except psycopg.Error:
-        pass
+    with_extension(
+        db,
+        "unaccent",
+        "ALTER TEXT SEARCH CONFIGURATION tether_search ALTER MAPPING FOR "
+        "hword, hword_part, word WITH unaccent, simple",
+    )
     db.execute(
         """
         CREATE TABLE search_rows (
@@ -267,15 +287,12 @@ def m011_turn_text_trigrams(db: psycopg.Connection) -> None:
     the turns' text, when the server offers `pg_trgm` (tried in a savepoint, as `unaccent` in
     m004; without it `q` reads every turn's text, as before). A plain CREATE INDEX (the
     migration is a transaction): writes wait while it is built."""
-    try:
-        with db.transaction():
-            db.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
-            db.execute(
-                "CREATE INDEX events_turn_text ON events USING GIN "
-                "(lower(search_text) gin_trgm_ops) WHERE type = 'turn.submitted'"
-            )
-    except psycopg.Error:
-        pass
+    with_extension(
+        db,
+        "pg_trgm",
+        "CREATE INDEX events_turn_text ON events USING GIN "
+        "(lower(search_text) gin_trgm_ops) WHERE type = 'turn.submitted'",
+    )
 
 
 def apply_migrations(db: psycopg.Connection) -> list[str]:

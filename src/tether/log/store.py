@@ -204,9 +204,12 @@ class EventStore(Protocol):
     async def unfinished_stream(
         self, *, stream_id: str | None = None, session_id: str | None = None
     ) -> OpenStream | None:
-        """The unfinished stream `stream_id`, or the newest of `session_id`: the run a Stop, a
-        steer or an answer through a replica that does not run it acts on. By the indexes,
-        at the cost of one session's turns at most, never of the whole log."""
+        """The unfinished stream `stream_id`, or the run `session_id` has open: the run a Stop,
+        a steer or an answer through a replica that does not run it acts on. By the indexes,
+        at the cost of one session's turns at most, never of the whole log. A session's open
+        run is its newest unfinished stream; a backend that records the run it admitted
+        (PostgreSQL's counter row) answers that one, and an older stray, which no replica
+        runs, is left to recovery."""
 
     async def queue_session(self, queue_id: str) -> str | None:
         """The session whose `queue.added` carries `queue_id` (None: no such item)."""

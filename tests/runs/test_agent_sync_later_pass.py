@@ -121,22 +121,25 @@ def test_a_pass_the_agent_defers_is_taken_at_the_next_interval(tmp_path: Path) -
     assert after == ["session.created", "agent.imported"]
 
 
+class ChunkedRuntime(SharedAgentRuntime):
+    """Its agent reads a bounded number of rows a pass: the CLI's turn comes in the second."""
+
+    examined = 0  # how far it looked: kept by the runtime when it imports nothing
+
+    async def agent_news(self, session_id: str, watermark: int) -> AgentNews:
+        self.reads.append(session_id)
+        start = max(watermark, self.examined)
+        if not self.cli_wrote or start >= 4:
+            return AgentNews(start)
+        if start < 2:  # the first chunk: rows of no turn yet, more to come
+            self.examined = 2
+            return AgentNews(2, [], more=True)
+        return AgentNews(4, [CLI_TURN])
+
+
 def test_a_bounded_pass_that_left_rows_is_continued_at_the_next_interval(tmp_path: Path) -> None:
     """A pass reads a bounded number of the agent's rows: when it says more remain, the
     session is read again at the next interval, though nothing moved since."""
-
-    class ChunkedRuntime(SharedAgentRuntime):
-        examined = 0  # how far it looked: kept by the runtime when it imports nothing
-
-        async def agent_news(self, session_id: str, watermark: int) -> AgentNews:
-            self.reads.append(session_id)
-            start = max(watermark, self.examined)
-            if not self.cli_wrote or start >= 4:
-                return AgentNews(start)
-            if start < 2:  # the first chunk: rows of no turn yet, more to come
-                self.examined = 2
-                return AgentNews(2, [], more=True)
-            return AgentNews(4, [CLI_TURN])
 
     async def main() -> tuple[list[str], list[str]]:
         runtime = ChunkedRuntime()
@@ -180,3 +183,21 @@ def test_a_session_whose_pass_fails_does_not_hold_up_the_others(tmp_path: Path) 
     assert broken == ["session.created"]
     assert other == ["session.created", "agent.imported"]
     assert len(unread) == 1  # the broken one waits for the next interval
+
+
+def test_before_a_turn_every_row_the_agent_holds_is_imported(tmp_path: Path) -> None:
+    """Invariant 1: the model gets what the user is shown. Before a turn, passes follow one
+    another while the agent says rows remain, so the turn comes after all of them."""
+
+    async def main() -> list[str]:
+        runtime = ChunkedRuntime()
+        runtime.gate.set()
+        async with harness(tmp_path, runtime) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            runtime.cli_wrote = True
+            await h.engine.start(sid, "from tether")
+            await h.wait_idle(sid)
+            return await h.types(sid)
+
+    types = asyncio.run(main())
+    assert types[:3] == ["session.created", "agent.imported", "turn.submitted"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from enum import Enum
 
 from tether import events as ev
 from tether.events import new_id
@@ -32,6 +33,18 @@ from tether.runtimes.base import AgentHistory
 from tether.sessions.service import TITLE_MAX_CHARS, SessionService
 
 log = logging.getLogger("tether.runs")
+
+# Before a turn, passes follow one another while the agent has rows left, up to this many
+# (each reads a bounded number of rows: 100,000 with Hermes); the interval passes go on.
+MAX_PASSES_BEFORE_TURN = 50
+
+
+class Pass(Enum):
+    """How one pass for one session went."""
+
+    DONE = "done"  # read up to what the agent holds
+    MORE = "more"  # read a bounded part: rows remain
+    DEFERRED = "deferred"  # a run, or a turn the agent still writes, occupies it: no pass
 
 
 class AgentSync:
@@ -49,11 +62,11 @@ class AgentSync:
         """The engine calls this under the session's lock, before it admits a turn. When the
         session turns out to continue elsewhere (the start will get 409), the continuation
         is brought up to date too: whoever follows the 409 finds its whole history."""
-        await sync_locked(self.sessions, self.agent, session_id)
+        await sync_through(self.sessions, self.agent, session_id)
         newest = await self.sessions.newest_continuation(session_id)
         if newest is not None and await self.sessions.store.last_seq(newest) is not None:
             async with self.sessions.locks(newest):  # locks go parent -> child only
-                await sync_locked(self.sessions, self.agent, newest)
+                await sync_through(self.sessions, self.agent, newest)
 
     async def forever(self, interval: float) -> None:
         """Every `interval` seconds, a pass for each session whose agent rows moved. The
@@ -79,7 +92,7 @@ class AgentSync:
         for session_id in sorted(self.unread):
             try:
                 async with self.sessions.locks(session_id):
-                    done = await sync_locked(self.sessions, self.agent, session_id)
+                    done = await sync_locked(self.sessions, self.agent, session_id) is Pass.DONE
             except (StorageError, SessionNotFound) as exc:
                 log.warning("agent sync skipped session %s: %s", session_id, exc)
                 continue
@@ -123,26 +136,32 @@ async def adopt_sessions_started_elsewhere(sessions: SessionService, agent: Agen
             ],
         )
         async with sessions.locks(session_id):
-            await sync_locked(sessions, agent, session_id)
+            await sync_through(sessions, agent, session_id)
         log.info(
             "the agent's session %s, started elsewhere, is Tether session %s", agent_id, session_id
         )
 
 
-async def sync_locked(sessions: SessionService, agent: AgentHistory, session_id: str) -> bool:
-    """One pass for one session; the caller holds the session's lock. False when a run, or
-    a turn the agent is still writing, occupies the session (no pass ran), or when the
-    bounded pass left rows to read: try again later."""
+async def sync_through(sessions: SessionService, agent: AgentHistory, session_id: str) -> None:
+    """Passes while the agent has rows left (at most MAX_PASSES_BEFORE_TURN): before a turn,
+    so that the model gets all that was shown; the caller holds the session's lock."""
+    for _ in range(MAX_PASSES_BEFORE_TURN):
+        if await sync_locked(sessions, agent, session_id) is not Pass.MORE:
+            return
+
+
+async def sync_locked(sessions: SessionService, agent: AgentHistory, session_id: str) -> Pass:
+    """One pass for one session; the caller holds the session's lock."""
     state = await sessions.store.index_state(session_id)
     if state is None or state["continuation_session_id"]:
-        return True  # gone, or continued elsewhere: nothing more to read for it
+        return Pass.DONE  # gone, or continued elsewhere: nothing more to read for it
     if sessions.occupancy(state).busy:
-        return False
+        return Pass.DEFERRED
     fold = await sessions.folds.get(session_id)
     watermark = fold.transcript.agent_watermark
     news = await agent.agent_news(session_id, watermark)
     if news is None:
-        return False
+        return Pass.DEFERRED
     if news.entries:  # nothing imported: no event (the runtime keeps how far it looked)
         await sessions.store.append(
             session_id,
@@ -159,7 +178,7 @@ async def sync_locked(sessions: SessionService, agent: AgentHistory, session_id:
         )
     if news.continuation is not None:
         await _continue(sessions, agent, session_id, news.continuation)
-    return not news.more
+    return Pass.MORE if news.more else Pass.DONE
 
 
 async def _continue(
@@ -180,7 +199,7 @@ async def _continue(
         sessions, session_id, child_id, create=True, agent_session_id=agent_session_id
     )
     async with sessions.locks(child_id):  # locks go parent -> child only
-        await sync_locked(sessions, agent, child_id)  # whoever follows the 409 finds its history
+        await sync_through(sessions, agent, child_id)  # whoever follows the 409 finds its history
     log.info(
         "the agent continued %s in its session %s: Tether session %s",
         session_id,

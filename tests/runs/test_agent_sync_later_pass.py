@@ -8,6 +8,7 @@ pass had skipped as busy and never read)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,22 @@ class SharedAgentRuntime(NothingElsewhere, GatedRuntime):
         return AgentNews(4, [CLI_TURN])
 
 
+async def two_intervals(
+    tmp_path: Path, runtime: SharedAgentRuntime, between: Callable[[], None]
+) -> tuple[list[str], list[str]]:
+    """A session whose agent rows moved once (the CLI wrote a turn): its log after one
+    interval's pass and after the next, `between` called in between."""
+    async with harness(tmp_path, runtime) as h:
+        syncer = AgentSync(h.sessions, runtime)
+        sid = (await h.sessions.create(None))["session_id"]
+        runtime.cli_wrote, runtime.moved = True, [sid]
+        await syncer.sync_moved()
+        first = await h.types(sid)
+        between()
+        await syncer.sync_moved()
+        return first, await h.types(sid)
+
+
 def test_rows_that_moved_during_a_run_are_read_by_a_later_pass(tmp_path: Path) -> None:
     async def main() -> tuple[list[str], list[str], dict[str, Any], list[str]]:
         runtime = SharedAgentRuntime()
@@ -104,19 +121,12 @@ def test_a_pass_the_agent_defers_is_taken_at_the_next_interval(tmp_path: Path) -
                 return None
             return await super().agent_news(session_id, watermark)
 
-    async def main() -> tuple[list[str], list[str]]:
-        runtime = WritingRuntime()
-        async with harness(tmp_path, runtime) as h:
-            syncer = AgentSync(h.sessions, runtime)
-            sid = (await h.sessions.create(None))["session_id"]
-            runtime.cli_wrote, runtime.moved = True, [sid]
-            await syncer.sync_moved()
-            deferred = await h.types(sid)
-            runtime.still_writing = False
-            await syncer.sync_moved()
-            return deferred, await h.types(sid)
+    runtime = WritingRuntime()
 
-    deferred, after = asyncio.run(main())
+    def written() -> None:
+        runtime.still_writing = False
+
+    deferred, after = asyncio.run(two_intervals(tmp_path, runtime, written))
     assert deferred == ["session.created"]
     assert after == ["session.created", "agent.imported"]
 
@@ -141,18 +151,7 @@ def test_a_bounded_pass_that_left_rows_is_continued_at_the_next_interval(tmp_pat
     """A pass reads a bounded number of the agent's rows: when it says more remain, the
     session is read again at the next interval, though nothing moved since."""
 
-    async def main() -> tuple[list[str], list[str]]:
-        runtime = ChunkedRuntime()
-        async with harness(tmp_path, runtime) as h:
-            syncer = AgentSync(h.sessions, runtime)
-            sid = (await h.sessions.create(None))["session_id"]
-            runtime.cli_wrote, runtime.moved = True, [sid]
-            await syncer.sync_moved()
-            first = await h.types(sid)
-            await syncer.sync_moved()
-            return first, await h.types(sid)
-
-    first, after = asyncio.run(main())
+    first, after = asyncio.run(two_intervals(tmp_path, ChunkedRuntime(), lambda: None))
     assert first == ["session.created"]
     assert after == ["session.created", "agent.imported"]
 

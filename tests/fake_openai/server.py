@@ -149,7 +149,9 @@ class FakeOpenAI(ChatCompletions):
     def start(self, timeout: float = 10.0) -> FakeOpenAI:
         if self._thread is not None:
             raise RuntimeError("FakeOpenAI already started")
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that name it, and a
+        # model server people run (uvloop, Go) sends each chunk at once.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]

@@ -1,0 +1,108 @@
+"""The PostgreSQL writer's transaction, sent as statements of its pipeline (layer: the log;
+contract invariants 3 and 5, named as invariant 8 asks: a batch is durable whole or not at
+all, so seqs stay contiguous and a replay never meets half a batch; what a refused operation
+wrote inside its batch goes with it). BEGIN, COMMIT and the import's savepoint are plain
+statements there (log/postgres.py), so these tests hold what psycopg's `transaction()` did:
+a batch the database refuses leaves nothing and no open transaction behind, and a refused
+import leaves none of its rows in a batch that commits."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from pg import database
+
+from tether.log import Draft
+from tether.log.errors import SessionExists, StorageError
+from tether.log.postgres import PostgresEventStore
+
+pytestmark = pytest.mark.slow
+
+REFUSE = "refused-by-the-database"
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    with database() as made:
+        yield made
+
+
+def _store(url: str) -> PostgresEventStore:
+    return PostgresEventStore(url, index_fold=lambda state, event: {}, index_version="t1")
+
+
+def _created() -> list[Draft]:
+    return [Draft("session.created", {})]
+
+
+def _refuse_marked_events(url: str) -> None:
+    """A trigger that fails any event carrying REFUSE: a failure of the database itself,
+    in the middle of a batch, after the writer has sent its statements."""
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute(
+            "CREATE FUNCTION refuse_marked() RETURNS trigger AS $$ BEGIN "
+            "RAISE EXCEPTION 'refused'; END $$ LANGUAGE plpgsql"
+        )
+        db.execute(
+            "CREATE TRIGGER refuse_marked BEFORE INSERT ON events FOR EACH ROW "
+            f"WHEN (NEW.data LIKE '%{REFUSE}%') EXECUTE FUNCTION refuse_marked()"
+        )
+
+
+def _open_transactions(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as db:
+        row = db.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state LIKE 'idle in transaction%'"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def test_a_batch_the_database_refuses_leaves_nothing_and_the_writer_goes_on(url: str) -> None:
+    async def main() -> None:
+        store = _store(url)  # its migrations make the tables
+        _refuse_marked_events(url)
+        await store.create_session("s1", _created())
+        await store.create_session("s2", _created())
+        outcomes = await asyncio.gather(  # queued together: one batch
+            store.append("s1", [Draft("note", {"text": "fine"})]),
+            store.append("s2", [Draft("note", {"text": REFUSE})]),
+            return_exceptions=True,
+        )
+        assert all(isinstance(o, StorageError) for o in outcomes), outcomes
+        assert await store.last_seq("s1") == 1 and await store.last_seq("s2") == 1
+        assert _open_transactions(url) == 0
+        for _ in range(3):  # the next batches are written as before
+            events = await store.append("s1", [Draft("note", {"text": "after"})])
+            assert [e.seq for e in events] == [await store.last_seq("s1")]
+        assert [e.seq for e in await store.read("s1")] == [1, 2, 3, 4]
+        assert [e.seq for e in await store.read("s2")] == [1]
+        await store.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_refused_import_leaves_none_of_its_rows_in_a_batch_that_commits(url: str) -> None:
+    async def main() -> None:
+        store = _store(url)
+        await store.create_session("old", _created())
+        await store.create_session("s1", _created())
+        imported, appended = await asyncio.gather(  # queued together: one batch
+            store.create_sessions([("n1", _created()), ("old", _created())], owner="alice"),
+            store.append("s1", [Draft("note", {"text": "kept"})]),
+            return_exceptions=True,
+        )
+        assert isinstance(imported, SessionExists)
+        assert isinstance(appended, list) and [e.seq for e in appended] == [2]
+        assert await store.last_seq("n1") is None
+        await store.aclose()
+
+    asyncio.run(main())
+    with psycopg.connect(url, autocommit=True) as db:  # n1's owner row went with it
+        row = db.execute("SELECT count(*) FROM session_owners WHERE session_id='n1'").fetchone()
+        assert row == (0,)
+        assert _open_transactions(url) == 0

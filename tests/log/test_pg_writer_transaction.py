@@ -3,21 +3,25 @@ contract invariants 3 and 5, named as invariant 8 asks: a batch is durable whole
 all, so seqs stay contiguous and a replay never meets half a batch; what a refused operation
 wrote inside its batch goes with it). BEGIN, COMMIT and the import's savepoint are plain
 statements there (log/postgres.py), so these tests hold what psycopg's `transaction()` did:
-a batch the database refuses leaves nothing and no open transaction behind, and a refused
-import leaves none of its rows in a batch that commits."""
+a batch the database refuses, or one a bug stops after its first writes were sent, commits
+nothing and the writer goes on; a refused import leaves none of its rows in a batch that
+commits."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
 from pg import database
 
+from tether.events import Event
 from tether.log import Draft
 from tether.log.errors import SessionExists, StorageError
 from tether.log.postgres import PostgresEventStore
+from tether.log.store import IndexFold
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +34,8 @@ def url() -> Iterator[str]:
         yield made
 
 
-def _store(url: str) -> PostgresEventStore:
-    return PostgresEventStore(url, index_fold=lambda state, event: {}, index_version="t1")
+def _store(url: str, fold: IndexFold = lambda state, event: {}) -> PostgresEventStore:
+    return PostgresEventStore(url, index_fold=fold, index_version="t1")
 
 
 def _created() -> list[Draft]:
@@ -52,16 +56,6 @@ def _refuse_marked_events(url: str) -> None:
         )
 
 
-def _open_transactions(url: str) -> int:
-    with psycopg.connect(url, autocommit=True) as db:
-        row = db.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND state LIKE 'idle in transaction%'"
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
-
-
 def test_a_batch_the_database_refuses_leaves_nothing_and_the_writer_goes_on(url: str) -> None:
     async def main() -> None:
         store = _store(url)  # its migrations make the tables
@@ -75,7 +69,6 @@ def test_a_batch_the_database_refuses_leaves_nothing_and_the_writer_goes_on(url:
         )
         assert all(isinstance(o, StorageError) for o in outcomes), outcomes
         assert await store.last_seq("s1") == 1 and await store.last_seq("s2") == 1
-        assert _open_transactions(url) == 0
         for _ in range(3):  # the next batches are written as before
             events = await store.append("s1", [Draft("note", {"text": "after"})])
             assert [e.seq for e in events] == [await store.last_seq("s1")]
@@ -105,4 +98,36 @@ def test_a_refused_import_leaves_none_of_its_rows_in_a_batch_that_commits(url: s
     with psycopg.connect(url, autocommit=True) as db:  # n1's owner row went with it
         row = db.execute("SELECT count(*) FROM session_owners WHERE session_id='n1'").fetchone()
         assert row == (0,)
-        assert _open_transactions(url) == 0
+
+
+def _exploding(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
+    """A fold with a bug: it raises on one event type, in the writer, mid-batch."""
+    if event.type == "explode":
+        raise RuntimeError("a bug in a fold")
+    return {}
+
+
+def test_a_batch_a_bug_stops_after_its_first_writes_were_sent_commits_none_of_them(
+    url: str,
+) -> None:
+    """The new session's counter row is inserted (sent and answered) before the second
+    operation's fold raises: the pipeline's exit then syncs what was sent, and only the
+    open transaction (BEGIN) keeps that sync from committing it."""
+
+    async def main() -> None:
+        store = _store(url, _exploding)
+        await store.create_session("s1", _created())
+        outcomes = await asyncio.gather(  # queued together: one batch
+            store.create_session("n1", _created()),
+            store.append("s1", [Draft("explode", {})]),
+            return_exceptions=True,
+        )
+        assert all(isinstance(o, StorageError) for o in outcomes), outcomes
+        assert await store.last_seq("n1") is None and await store.last_seq("s1") == 1
+        assert [e.seq for e in await store.append("s1", [Draft("note", {})])] == [2]
+        await store.aclose()
+
+    asyncio.run(main())
+    with psycopg.connect(url, autocommit=True) as db:
+        row = db.execute("SELECT count(*) FROM sessions WHERE session_id='n1'").fetchone()
+        assert row == (0,)

@@ -226,31 +226,34 @@ class PostgresEventStore(PostgresReads):
         durable = False
         try:
             # One pipeline: BEGIN, the locking SELECT and the read of finished streams in one
-            # round trip, everything else and COMMIT in a second. BEGIN, COMMIT and the
-            # savepoint are statements of the pipeline: psycopg's `transaction()` syncs the
-            # pipeline at both ends, which was a third of a batch's CPU (bench/README.md). On
-            # a failure the connection's context rolls the transaction back as it exits.
-            async with self._pool.connection() as conn, conn.pipeline() as pipe:
-                await conn.execute("BEGIN")
-                await pg_counters.lock(conn, batch, work, self._load_closed(conn, batch))
-                for op in batch:
-                    try:
-                        if op.kind in ("delete", "delete_idle"):
-                            idle = op.kind == "delete_idle"
-                            await self._delete(conn, op.session_id, work, only_idle=idle)
-                            outcomes.append((op, []))
-                        elif op.kind == "create_many":
-                            outcomes.append((op, await self._insert_many(conn, op, work)))
-                        else:
-                            outcomes.append((op, await self._insert(conn, op, work)))
-                    except LogError as exc:
-                        outcomes.append((op, exc))
-                events, work.rows = work.rows, []  # the last events go in with the
-                await self._flush(conn, work)  # counter rows, in one statement
-                announced = await pg_counters.write(conn, work, events)
-                await conn.execute("COMMIT")
-                await pipe.sync()  # COMMIT returned: the batch is durable
-                durable = True
+            # round trip, everything else and COMMIT in a second, which the pipeline's exit
+            # syncs. BEGIN, COMMIT and the savepoint are statements of the pipeline: psycopg's
+            # `transaction()` syncs the pipeline at both ends, which was a third of a batch's
+            # CPU (bench/README.md). On a failure, before or at COMMIT, nothing is committed:
+            # the connection's context rolls the open transaction back as it exits.
+            async with self._pool.connection() as conn:
+                async with conn.pipeline():
+                    await conn.execute("BEGIN")
+                    await pg_counters.lock(conn, batch, work, self._load_closed(conn, batch))
+                    for op in batch:
+                        try:
+                            if op.kind in ("delete", "delete_idle"):
+                                idle = op.kind == "delete_idle"
+                                await self._delete(conn, op.session_id, work, only_idle=idle)
+                                outcomes.append((op, []))
+                            elif op.kind == "create_many":
+                                outcomes.append((op, await self._insert_many(conn, op, work)))
+                            else:
+                                outcomes.append((op, await self._insert(conn, op, work)))
+                        except LogError as exc:
+                            outcomes.append((op, exc))
+                    events, work.rows = work.rows, []  # the last events go in with the
+                    await self._flush(conn, work)  # counter rows, in one statement
+                    announced = await pg_counters.write(conn, work, events)
+                    commit = await conn.execute("COMMIT")
+                if commit.statusmessage != "COMMIT":  # a failed transaction ends as ROLLBACK
+                    raise RuntimeError(f"COMMIT answered {commit.statusmessage}")
+                durable = True  # COMMIT returned
         except Exception as exc:
             if not durable:  # anything: the batch is rolled back whole, the writer lives on
                 if not isinstance(exc, psycopg.Error):
@@ -409,6 +412,7 @@ class PostgresEventStore(PostgresReads):
             ]
         except LogError:
             await conn.execute("ROLLBACK TO SAVEPOINT create_many")
+            await conn.execute("RELEASE SAVEPOINT create_many")
             restore(work, saved)
             raise
         await conn.execute("RELEASE SAVEPOINT create_many")

@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 
 import httpx
 import openai
@@ -268,15 +269,20 @@ def test_closing_a_hanging_stream_counts_as_disconnect(
     assert fake.disconnect_times[0] - closed_at < 1.0
 
 
+def _streamed(http: httpx.Client, fake: FakeOpenAI) -> AbstractContextManager[httpx.Response]:
+    """A streamed chat completion, read as raw HTTP."""
+    return http.stream(
+        "POST",
+        f"{fake.base_url}/chat/completions",
+        json={"model": "m", "messages": MESSAGES, "stream": True},
+    )
+
+
 def test_disconnect_while_blocked_on_barrier_with_httpx(fake: FakeOpenAI) -> None:
     fake.script(reply(barrier("never"), text("x")))
     with (
         httpx.Client(timeout=5) as http,
-        http.stream(
-            "POST",
-            f"{fake.base_url}/chat/completions",
-            json={"model": "m", "messages": MESSAGES, "stream": True},
-        ) as r,
+        _streamed(http, fake) as r,
     ):
         assert r.status_code == 200
         assert fake.wait_reached("never", timeout=5)
@@ -293,11 +299,7 @@ def test_responses_are_sent_without_nagle_delay(fake: FakeOpenAI) -> None:
     fake.script(reply(text("held"), hang()))
     with (
         httpx.Client(timeout=5) as http,
-        http.stream(
-            "POST",
-            f"{fake.base_url}/chat/completions",
-            json={"model": "m", "messages": MESSAGES, "stream": True},
-        ) as r,
+        _streamed(http, fake) as r,
     ):
         assert r.status_code == 200
         assert fake._server is not None

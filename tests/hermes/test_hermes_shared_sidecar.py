@@ -306,6 +306,11 @@ def finished(client: httpx.Client, sid: str) -> list[dict[str, Any]]:
     return [f.json["data"] for f in frames if f.event == "run.finished"]
 
 
+def streamed(client: httpx.Client, sid: str) -> str:
+    frames = read_events(client, sid, after="0", stop_on="heartbeat")
+    return "".join(f.json["data"]["text"] for f in frames if f.event == "text.delta")
+
+
 def test_a_killed_sidecar_ends_every_run_interrupted_and_the_next_turns_work(
     server: ServerProcess, fake: FakeOpenAI
 ) -> None:
@@ -319,6 +324,9 @@ def test_a_killed_sidecar_ends_every_run_interrupted_and_the_next_turns_work(
         assert fake.wait_reached("one", 90)
         start_turn(client, two, "go")
         assert fake.wait_reached("two", 90)
+        for sid, partial in ((one, "first partial"), (two, "second partial")):
+            # the fake has written it: wait until the log holds it, so the kill comes after
+            wait_until(lambda sid=sid, p=partial: p in streamed(client, sid), 60, partial)
         running = wait_until(lambda: sidecars(server), 30, "the sidecar")
         assert len(running) == 1  # both sessions' agents in one process
         os.kill(running[0], signal.SIGKILL)

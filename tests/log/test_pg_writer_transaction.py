@@ -5,7 +5,9 @@ wrote inside its batch goes with it). BEGIN, COMMIT and the import's savepoint a
 statements there (log/postgres.py), so these tests hold what psycopg's `transaction()` did:
 a batch the database refuses, or one a bug stops after its first writes were sent, commits
 nothing and the writer goes on; a refused import leaves none of its rows in a batch that
-commits."""
+commits. The other replicas' wake-up (NOTIFY) rides in the same pipeline behind COMMIT: when
+the database refuses it, the batch is durable all the same, is reported as written, and
+reaches the other replicas through their slow poll."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import pytest
 from pg import database
 
 from tether.events import Event
-from tether.log import Draft
+from tether.log import Draft, Hub
 from tether.log.errors import SessionExists, StorageError
 from tether.log.postgres import PostgresEventStore
 from tether.log.store import IndexFold
@@ -131,3 +133,46 @@ def test_a_batch_a_bug_stops_after_its_first_writes_were_sent_commits_none_of_th
     with psycopg.connect(url, autocommit=True) as db:
         row = db.execute("SELECT count(*) FROM sessions WHERE session_id='n1'").fetchone()
         assert row == (0,)
+
+
+def _refuse_wake_ups(url: str) -> None:
+    """A `pg_notify` the writer's unqualified call resolves to, which fails: the database
+    refusing the wake-up after the batch's COMMIT answered (new connections only)."""
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute(
+            "CREATE FUNCTION public.pg_notify(text, text) RETURNS void AS $$ BEGIN "
+            "RAISE EXCEPTION 'no wake-ups'; END $$ LANGUAGE plpgsql"
+        )
+        name = db.info.dbname
+        db.execute(f'ALTER DATABASE "{name}" SET search_path = public, pg_catalog')
+
+
+def test_a_refused_wake_up_after_commit_leaves_the_batch_written_and_published(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        await _store(url).aclose()  # its migrations make the tables
+        _refuse_wake_ups(url)
+        writer = _store(url)
+        follower = PostgresEventStore(
+            url, index_fold=lambda s, e: {}, index_version="t1", poll_seconds=0.5
+        )
+        hub = Hub(asyncio.get_running_loop())
+        follower.attach_hub(hub)
+        await follower.wait_listening()
+        with hub.subscribe("s1") as heard:
+            await writer.create_session("s1", _created())
+            for n in range(3):  # reported written, every time: the connection is fine after
+                events = await writer.append("s1", [Draft("note", {"n": n})])
+                assert [e.seq for e in events] == [n + 2]
+            seqs: list[int] = []
+            async with asyncio.timeout(10):  # the slow poll publishes what no wake-up named
+                while len(seqs) < 4:
+                    seqs.extend(e.seq for e in await heard.next_batch(10))
+        assert seqs == [1, 2, 3, 4]
+        assert [e.seq for e in await writer.read("s1")] == [1, 2, 3, 4]
+        await writer.aclose()
+        await follower.aclose()
+
+    asyncio.run(main())
+    assert "could not notify" in caplog.text

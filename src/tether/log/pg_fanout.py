@@ -63,67 +63,18 @@ def payloads(replica: str, seqs: dict[str, int], deleted: list[str]) -> list[str
     return out
 
 
-class Notifier:
-    """Sends this replica's wake-ups, off the writer's path, on a connection of its own.
-
-    Not inside the batch's transaction: PostgreSQL holds one database-wide lock from a
-    notifying transaction's commit until its WAL flush is done, which would serialise every
-    replica's commits. Not in the writer's round trips either: the writer hands the new last
-    seqs over and goes on, and announcements made while one NOTIFY is on its way are merged
-    into the next. The wake-up need not be durable (a lost one costs the slow poll's latency),
-    so its transaction skips the WAL flush."""
-
-    def __init__(self, conninfo: str, replica: str):
-        self._conninfo = conninfo
-        self._replica = replica
-        self._seqs: dict[str, int] = {}
-        self._deleted: list[str] = []
-        self._woken = asyncio.Event()
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._send_forever())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
-
-    def announce(self, seqs: dict[str, int], deleted: list[str]) -> None:
-        for sid, seq in seqs.items():
-            self._seqs[sid] = max(seq, self._seqs.get(sid, 0))
-        self._deleted.extend(deleted)
-        if seqs or deleted:
-            self._woken.set()
-
-    async def _send_forever(self) -> None:
-        while True:
-            try:
-                async with await psycopg.AsyncConnection.connect(
-                    self._conninfo, autocommit=True
-                ) as conn:
-                    await conn.execute("SET synchronous_commit = off")  # this connection's
-                    while True:
-                        await self._woken.wait()
-                        self._woken.clear()
-                        seqs, deleted = self._seqs, self._deleted
-                        self._seqs, self._deleted = {}, []
-                        try:  # one statement, its own transaction: one round trip
-                            await conn.execute(
-                                "SELECT pg_notify(%s, p) FROM unnest(%b::text[]) AS p",
-                                (CHANNEL, payloads(self._replica, seqs, deleted)),
-                            )
-                        except BaseException:
-                            self.announce(seqs, deleted)  # sent with the next one
-                            raise
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("log fan-out: could not notify (%s); retrying", exc)
-                await asyncio.sleep(0.5)
+# One commit's wake-up, sent by the writer in its pipeline right after the batch's COMMIT
+# (log/postgres.py): the statement is the implicit transaction the pipeline's Sync ends, so it
+# costs no round trip of its own. Not inside the batch's transaction: PostgreSQL holds one
+# database-wide lock from a notifying transaction's commit until its WAL flush is done, which
+# would serialise every replica's commits. The wake-up need not be durable (a lost one costs
+# the slow poll's latency), so its own commit never waits for a WAL flush (`set_config(...,
+# true)`: for this transaction only; PostgreSQL 15 writes none for a notify-only transaction
+# anyway, the setting keeps it so where a server would).
+NOTIFY_SQL = (
+    "SELECT set_config('synchronous_commit', 'off', true), pg_notify(%s, p) "
+    "FROM unnest(%b::text[]) AS p"
+)
 
 
 class Fanout:

@@ -6,8 +6,9 @@ per-session counter row (`sessions.last_seq`, log/pg_schema.py), locked with
 `SELECT ... FOR UPDATE` in the transaction that inserts the events, so they are contiguous
 whatever the number of writers and replicas. A batch locks its sessions in one fixed order
 (by session id), so two replicas' batches never deadlock. The index fold state is updated in
-the same row and transaction. The commit sends a NOTIFY naming the sessions and their new last
-seqs; publication to the Hub goes through log/pg_fanout.py, with the log as the only source.
+the same row and transaction. Right behind the COMMIT, in the same round trip, the writer sends a
+NOTIFY naming the sessions and their new last seqs; publication to the Hub goes through
+log/pg_fanout.py, with the log as the only source.
 
 Durability: PostgreSQL's default `synchronous_commit=on`, so COMMIT returns once the WAL is
 flushed: an acknowledged append survives `kill -9` of the replica and of the database server.
@@ -58,7 +59,7 @@ from tether.log.errors import (
     StorageError,
     StreamClosed,
 )
-from tether.log.pg_fanout import Fanout, Notifier
+from tether.log.pg_fanout import CHANNEL, NOTIFY_SQL, Fanout, payloads
 from tether.log.pg_reads import PostgresReads
 from tether.log.pg_rows import (
     INSERT_EVENTS_SQL,
@@ -129,7 +130,6 @@ class PostgresEventStore(PostgresReads):
             kwargs={"autocommit": True},
         )
         self._fanout = Fanout(url, self._read_after, self._all_last_seqs, cursors, poll_seconds)
-        self._notifier = Notifier(url, self.replica_id)
         self._queue: asyncio.Queue[Op | None] | None = None
         self._writer: asyncio.Task | None = None
         self._start_lock: asyncio.Lock | None = None
@@ -150,7 +150,6 @@ class PostgresEventStore(PostgresReads):
             if self._writer is not None:
                 return
             await self._pool.open(wait=False)
-            self._notifier.start()
             self._queue = asyncio.Queue()
             self._writer = asyncio.get_running_loop().create_task(self._writer_loop())
 
@@ -224,36 +223,34 @@ class PostgresEventStore(PostgresReads):
         outcomes: list[tuple[Op, list[Any] | LogError]] = []
         work = Batch()
         durable = False
+        commit: psycopg.AsyncCursor | None = None
         try:
             # One pipeline: BEGIN, the locking SELECT and the read of finished streams in one
-            # round trip, everything else and COMMIT in a second, which the pipeline's exit
-            # syncs. BEGIN, COMMIT and the savepoint are statements of the pipeline: psycopg's
-            # `transaction()` syncs the pipeline at both ends, which was a third of a batch's
-            # CPU (bench/README.md). On a failure, before or at COMMIT, nothing is committed:
-            # the connection's context rolls the open transaction back as it exits.
+            # round trip, everything else, COMMIT and the wake-up of the other replicas in a
+            # second, which the pipeline's exit syncs. BEGIN, COMMIT and the savepoint are
+            # statements of the pipeline: psycopg's `transaction()` syncs the pipeline at both
+            # ends, which was a third of a batch's CPU (bench/README.md). On a failure, before
+            # or at COMMIT, nothing is committed: the connection's context rolls the open
+            # transaction back as it exits. A failure after COMMIT answered is the wake-up's
+            # alone: the batch is durable, and the other replicas' slow poll publishes it.
             async with self._pool.connection() as conn:
-                async with conn.pipeline():
-                    await conn.execute("BEGIN")
-                    await pg_counters.lock(conn, batch, work, self._load_closed(conn, batch))
-                    for op in batch:
-                        try:
-                            if op.kind in ("delete", "delete_idle"):
-                                idle = op.kind == "delete_idle"
-                                await self._delete(conn, op.session_id, work, only_idle=idle)
-                                outcomes.append((op, []))
-                            elif op.kind == "create_many":
-                                outcomes.append((op, await self._insert_many(conn, op, work)))
-                            else:
-                                outcomes.append((op, await self._insert(conn, op, work)))
-                        except LogError as exc:
-                            outcomes.append((op, exc))
-                    events, work.rows = work.rows, []  # the last events go in with the
-                    await self._flush(conn, work)  # counter rows, in one statement
-                    announced = await pg_counters.write(conn, work, events)
-                    commit = await conn.execute("COMMIT")
-                if commit.statusmessage != "COMMIT":  # a failed transaction ends as ROLLBACK
-                    raise RuntimeError(f"COMMIT answered {commit.statusmessage}")
-                durable = True  # COMMIT returned
+                try:
+                    async with conn.pipeline():
+                        commit, announced, gone = await self._transaction(
+                            conn, batch, work, outcomes
+                        )
+                        if announced or gone:
+                            await conn.execute(
+                                NOTIFY_SQL, (CHANNEL, payloads(self.replica_id, announced, gone))
+                            )
+                except psycopg.Error as exc:
+                    if not _committed(commit):
+                        raise
+                    log.warning("log fan-out: could not notify (%s); the slow poll will", exc)
+                if not _committed(commit):  # a failed transaction ends as ROLLBACK
+                    status = None if commit is None else commit.statusmessage
+                    raise RuntimeError(f"COMMIT answered {status}")
+                durable = True
         except Exception as exc:
             if not durable:  # anything: the batch is rolled back whole, the writer lives on
                 if not isinstance(exc, psycopg.Error):
@@ -263,7 +260,6 @@ class PostgresEventStore(PostgresReads):
                     if not op.future.done():
                         op.future.set_exception(error)
                 return
-        self._notifier.announce(announced, [sid for sid in work.deleted if work.last[sid] is None])
         for stream_id, _ in work.closing_written:
             if len(self._closed_streams) > _CLOSED_STREAM_CACHE:
                 self._closed_streams.clear()
@@ -282,6 +278,36 @@ class PostgresEventStore(PostgresReads):
                 op.future.set_exception(result)
             else:
                 op.future.set_result(result)
+
+    async def _transaction(
+        self,
+        conn: psycopg.AsyncConnection,
+        batch: list[Op],
+        work: Batch,
+        outcomes: list[tuple[Op, list[Any] | LogError]],
+    ) -> tuple[psycopg.AsyncCursor, dict[str, int], list[str]]:
+        """The batch's transaction, sent in the open pipeline: its COMMIT's cursor, the new
+        last seqs and the deleted sessions to announce."""
+        await conn.execute("BEGIN")
+        await pg_counters.lock(conn, batch, work, self._load_closed(conn, batch))
+        for op in batch:
+            try:
+                if op.kind in ("delete", "delete_idle"):
+                    await self._delete(
+                        conn, op.session_id, work, only_idle=op.kind == "delete_idle"
+                    )
+                    outcomes.append((op, []))
+                elif op.kind == "create_many":
+                    outcomes.append((op, await self._insert_many(conn, op, work)))
+                else:
+                    outcomes.append((op, await self._insert(conn, op, work)))
+            except LogError as exc:
+                outcomes.append((op, exc))
+        events, work.rows = work.rows, []  # the last events go in with the
+        await self._flush(conn, work)  # counter rows, in one statement
+        announced = await pg_counters.write(conn, work, events)
+        commit = await conn.execute("COMMIT")
+        return commit, announced, [sid for sid in work.deleted if work.last[sid] is None]
 
     async def _load_closed(self, conn: psycopg.AsyncConnection, batch: list[Op]) -> None:
         """Which of the batch's streams are finished, read after the sessions were locked (a
@@ -511,6 +537,10 @@ class PostgresEventStore(PostgresReads):
             self._queue.put_nowait(None)
             with contextlib.suppress(Exception):
                 await self._writer
-        await self._notifier.stop()
         await self._fanout.stop()
         await self._pool.close()
+
+
+def _committed(commit: psycopg.AsyncCursor | None) -> bool:
+    """Whether the batch's COMMIT answered COMMIT (a failed transaction answers ROLLBACK)."""
+    return commit is not None and commit.pgresult is not None and commit.statusmessage == "COMMIT"

@@ -2,8 +2,8 @@
 
 Stop, shutdown and the runtime's own end are signals in the same inbox, so output received
 before a Stop is always logged before the terminal event. Deltas that arrive while an append
-is in flight, or within one coalescing window of the last flush, become one event per item;
-an idle stream is flushed at once.
+is in flight, or within one coalescing window of the last flush's start, become one event per
+item; an idle stream is flushed at once.
 """
 
 from __future__ import annotations
@@ -61,8 +61,11 @@ async def pump(
                 break
             drafts.extend(normalizer.feed(item))
         if drafts:
-            await append(coalesce(drafts))
+            # The window runs from the flush's start: what arrives during a slow append is
+            # merged anyway, and timing it from the append's end would hold the next delta
+            # back by the append's own duration (bench/README.md, pg_replicas).
             last_flush = time.monotonic()
+            await append(coalesce(drafts))
         if signal is None and normalizer.finished is not None:
             signal = END
         if signal is not None:

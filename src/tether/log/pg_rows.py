@@ -38,6 +38,23 @@ class Op:
         return [sid for sid, _ in self.many] if self.kind == "create_many" else [self.session_id]
 
 
+def take_runnable(waiting: list[Op], held: set[str], limit: int) -> tuple[list[Op], list[Op]]:
+    """The next batch from `waiting` (in queue order) and what stays waiting: an operation
+    on a session `held` by a batch in flight waits, and so does every later one on a session
+    of a waiting operation, so each session's operations keep their order."""
+    batch: list[Op] = []
+    rest: list[Op] = []
+    blocked = set(held)
+    for op in waiting:
+        sids = op.sids()
+        if len(batch) >= limit or not blocked.isdisjoint(sids):
+            rest.append(op)
+            blocked.update(sids)
+        else:
+            batch.append(op)
+    return batch, rest
+
+
 dumps = compact_json.dumps
 
 

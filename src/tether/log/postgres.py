@@ -1,7 +1,8 @@
 """The PostgreSQL event log, shared by any number of replicas (docs/operations.md).
 
 Writes keep the SQLite backend's shape per replica: every write is a message to one writer
-task, which drains whatever is queued into one transaction (group commit). Seqs come from the
+task, which drains whatever is queued into one transaction (group commit); a second batch may
+be written while the first waits for its commit, on sessions the first does not hold. Seqs come from the
 per-session counter row (`sessions.last_seq`, log/pg_schema.py), locked with
 `SELECT ... FOR UPDATE` in the transaction that inserts the events, so they are contiguous
 whatever the number of writers and replicas. A batch locks its sessions in one fixed order
@@ -72,6 +73,7 @@ from tether.log.pg_rows import (
     restore,
     snapshot,
     storage_error,
+    take_runnable,
 )
 from tether.log.pg_schema import apply_migrations
 from tether.log.store import Draft, IndexFold, OpenStream, SearchFold
@@ -80,6 +82,7 @@ from tether.log.subscriptions import Hub
 log = logging.getLogger("tether.log")
 
 _MAX_BATCH = 1000
+_IN_FLIGHT = 2  # batches being written at once, each on its own connection
 _CLOSED_STREAM_CACHE = 50_000
 _ANSWERS = {APPROVAL_ANSWERED: "approval_id", CLARIFY_ANSWERED: "question_id"}
 
@@ -202,22 +205,52 @@ class PostgresEventStore(PostgresReads):
         await self._submit("delete_idle" if only_idle else "delete", session_id, [])
 
     async def _writer_loop(self) -> None:
+        """Group commit, with up to `_IN_FLIGHT` batches at once on sessions no other batch
+        in flight holds: a burst that arrives while one batch waits for its WAL flush starts
+        its own instead of waiting behind it (bench/README.md). A session's operations still
+        run one batch after another, in the order they were queued (`take_runnable`)."""
         assert self._queue is not None
-        stop = False
-        while not stop:
-            op = await self._queue.get()
-            if op is None:
-                break
-            batch = [op]
-            while len(batch) < _MAX_BATCH and not self._queue.empty():
-                nxt = self._queue.get_nowait()
-                if nxt is None:
-                    stop = True
-                    break
-                batch.append(nxt)
-            batch = [op for op in batch if not op.future.cancelled()]  # the caller gave up
-            if batch:  # before its batch began: nothing of it is written (as with SQLite)
-                await self._write_batch(batch)
+        waiting: list[Op] = []  # taken from the queue, not yet in a batch
+        flying: dict[asyncio.Task, set[str]] = {}  # batches in flight and their sessions
+        stopping = False
+        while waiting or flying or not stopping:
+            while not stopping and not self._queue.empty():
+                op = self._queue.get_nowait()
+                if op is None:
+                    stopping = True
+                else:
+                    waiting.append(op)
+            if waiting and len(flying) < _IN_FLIGHT:
+                held = {sid for sessions in flying.values() for sid in sessions}
+                batch, waiting = take_runnable(waiting, held, _MAX_BATCH)
+                batch = [op for op in batch if not op.future.cancelled()]  # the caller gave up
+                if batch:  # before its batch began: nothing of it is written (as with SQLite)
+                    task = asyncio.get_running_loop().create_task(self._write_batch(batch))
+                    flying[task] = {sid for op in batch for sid in op.sids()}
+                    continue
+                if waiting and not flying:
+                    continue
+            getter = None if stopping else asyncio.ensure_future(self._queue.get())
+            wakers = {*flying, *([getter] if getter else [])}
+            try:
+                await asyncio.wait(wakers, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:  # the batches in flight finish and answer
+                if getter is not None:
+                    getter.cancel()
+                raise
+            for task in [task for task in flying if task.done()]:
+                del flying[task]
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("log writer: a batch failed", exc_info=task.exception())
+            if getter is not None:
+                if getter.done():  # not `in` wait's answer: it may have finished since
+                    op = getter.result()
+                    if op is None:
+                        stopping = True
+                    else:
+                        waiting.append(op)
+                else:  # a cancelled get leaves its item in the queue
+                    getter.cancel()
 
     async def _write_batch(self, batch: list[Op]) -> None:
         outcomes: list[tuple[Op, list[Any] | LogError]] = []

@@ -1,0 +1,91 @@
+"""The PostgreSQL writer's batches in flight (layer: the log; contract invariants 3 and 5, as
+invariant 8 asks: each session's events keep the order they were appended in and get
+contiguous seqs, whatever else is being written). Up to two batches are written at once, on
+sessions no other batch in flight holds (log/postgres.py `_writer_loop`): a session's next
+operations wait for its batch, another session's go ahead without waiting for that batch's
+WAL flush."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from pg import database
+
+from tether.log import Draft
+from tether.log.pg_rows import Op, take_runnable
+from tether.log.postgres import PostgresEventStore
+
+STALL = "stalled-by-the-database"
+
+
+def _op(sid: str, kind: str = "append", many: tuple[str, ...] = ()) -> Op:
+    future = concurrent.futures.Future()  # never awaited: only the sessions count here
+    return Op(kind, sid, [], future, many=[(m, []) for m in many])  # type: ignore[arg-type]
+
+
+def test_an_operation_on_a_session_in_flight_waits_and_so_do_the_later_ones_on_it() -> None:
+    a1, b1, a2, c1, b2 = _op("a"), _op("b"), _op("a"), _op("c"), _op("b")
+    batch, rest = take_runnable([a1, b1, a2, c1, b2], held={"a"}, limit=10)
+    assert batch == [b1, c1, b2]
+    assert rest == [a1, a2]
+
+
+def test_an_import_waits_while_any_of_its_sessions_is_in_flight_and_holds_them_all() -> None:
+    imported = _op("n1", "create_many", ("n1", "n2"))
+    later_n2, other = _op("n2"), _op("x")
+    batch, rest = take_runnable([imported, later_n2, other], held={"n2"}, limit=10)
+    assert batch == [other]
+    assert rest == [imported, later_n2]
+
+
+def test_a_batch_stops_at_its_limit_and_what_is_left_keeps_its_order() -> None:
+    ops = [_op(f"s{n}") for n in range(5)]
+    more_s1 = _op("s1")
+    batch, rest = take_runnable([*ops, more_s1], held=set(), limit=3)
+    assert batch == ops[:3]
+    assert rest == [ops[3], ops[4], more_s1]
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    with database() as made:
+        yield made
+
+
+def _stall_marked_events(url: str, seconds: float) -> None:
+    """A trigger that holds any event carrying STALL in the database for `seconds`: a batch
+    whose commit is slow, as under a slow disk."""
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute(
+            "CREATE FUNCTION stall_marked() RETURNS trigger AS $$ BEGIN "
+            f"PERFORM pg_sleep({seconds}); RETURN NEW; END $$ LANGUAGE plpgsql"
+        )
+        db.execute(
+            "CREATE TRIGGER stall_marked BEFORE INSERT ON events FOR EACH ROW "
+            f"WHEN (NEW.data LIKE '%{STALL}%') EXECUTE FUNCTION stall_marked()"
+        )
+
+
+@pytest.mark.slow
+def test_a_slow_batch_holds_back_its_own_session_but_not_another(url: str) -> None:
+    async def main() -> None:
+        store = PostgresEventStore(url, index_fold=lambda state, event: {}, index_version="t1")
+        _stall_marked_events(url, 1.5)
+        await store.create_session("s1", [Draft("session.created", {})])
+        await store.create_session("s2", [Draft("session.created", {})])
+        slow = asyncio.create_task(store.append("s1", [Draft("note", {"text": STALL})]))
+        await asyncio.sleep(0.3)  # its batch is in the database, stalled
+        next_on_s1 = asyncio.create_task(store.append("s1", [Draft("note", {"n": 1})]))
+        other = await asyncio.wait_for(store.append("s2", [Draft("note", {"n": 2})]), 1.0)
+        assert [e.seq for e in other] == [2]
+        assert not slow.done() and not next_on_s1.done()  # s1's next one waits its turn
+        assert [e.seq for e in await slow] == [2]
+        assert [e.seq for e in await next_on_s1] == [3]
+        assert [e.data.get("n") for e in await store.read("s1", after=1)] == [None, 1]
+        await store.aclose()
+
+    asyncio.run(main())

@@ -15,9 +15,11 @@ import psycopg
 import pytest
 from pg import database
 
-from tether.log import Draft
+from tether.log import Draft, StorageError, postgres
+from tether.log.errors import StreamClosed
 from tether.log.pg_rows import Op, take_runnable
-from tether.log.postgres import PostgresEventStore
+
+PostgresEventStore = postgres.PostgresEventStore
 
 STALL = "stalled-by-the-database"
 
@@ -86,6 +88,61 @@ def test_a_slow_batch_holds_back_its_own_session_but_not_another(url: str) -> No
         assert [e.seq for e in await slow] == [2]
         assert [e.seq for e in await next_on_s1] == [3]
         assert [e.data.get("n") for e in await store.read("s1", after=1)] == [None, 1]
+        await store.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_a_finished_stream_stays_finished_for_a_batch_while_another_clears_the_cache(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch 2 finds the stream finished in the replica's cache, then waits for its session's
+    lock (held here by another transaction, as another replica would); batch 1 commits
+    meanwhile and, past the cache's bound, clears it. Batch 2 must still refuse the append."""
+
+    async def main() -> None:
+        store = PostgresEventStore(url, index_fold=lambda state, event: {}, index_version="t1")
+        for sid in ("sa", "sb"):
+            await store.create_session(sid, [Draft("session.created", {})])
+        await store.append(
+            "sb", [Draft("note", {}, stream_id="rb"), Draft("run.finished", {}, stream_id="rb")]
+        )
+        monkeypatch.setattr(postgres, "_CLOSED_STREAM_CACHE", 0)  # every commit clears it
+        async with await psycopg.AsyncConnection.connect(url) as other:  # holds sb's row
+            await other.execute("SELECT 1 FROM sessions WHERE session_id='sb' FOR UPDATE")
+            late = asyncio.create_task(store.append("sb", [Draft("note", {}, stream_id="rb")]))
+            await asyncio.sleep(0.3)  # batch 2 has read the cache and waits for the lock
+            await store.append("sa", [Draft("run.finished", {}, stream_id="ra")])
+            await other.commit()
+        with pytest.raises(StreamClosed):
+            await late
+        assert [e.type for e in await store.read("sb")][-1] == "run.finished"
+        await store.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_a_cancelled_writer_answers_every_append_it_took_or_that_was_queued(url: str) -> None:
+    async def main() -> None:
+        store = PostgresEventStore(url, index_fold=lambda state, event: {}, index_version="t1")
+        _stall_marked_events(url, 1.0)
+        await store.create_session("s1", [Draft("session.created", {})])
+        slow = asyncio.create_task(store.append("s1", [Draft("note", {"text": STALL})]))
+        await asyncio.sleep(0.3)
+        behind = [
+            asyncio.create_task(store.append("s1", [Draft("note", {"n": n})])) for n in range(3)
+        ]
+        await asyncio.sleep(0.1)  # taken by the writer, held back behind s1's batch
+        assert store._writer is not None
+        store._writer.cancel()  # as a loop torn down under it would
+        outcomes = await asyncio.wait_for(asyncio.gather(*behind, return_exceptions=True), 5)
+        assert all(isinstance(o, StorageError) for o in outcomes), outcomes
+        assert [e.seq for e in await slow] == [2]  # the batch in flight finished and answered
+        with pytest.raises(StorageError):
+            await store.append("s1", [Draft("note", {})])
+        assert [e.seq for e in await store.read("s1")] == [1, 2]
         await store.aclose()
 
     asyncio.run(main())

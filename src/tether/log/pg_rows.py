@@ -91,6 +91,12 @@ def as_columns(rows: list[tuple]) -> list[list]:
     return [list(column) for column in zip(*rows, strict=True)]
 
 
+def was_committed(commit: psycopg.AsyncCursor | None) -> bool:
+    """Whether a batch's COMMIT answered COMMIT (a failed transaction answers ROLLBACK; one
+    the pipeline skipped after an error has no result)."""
+    return commit is not None and commit.pgresult is not None and commit.statusmessage == "COMMIT"
+
+
 def row_to_event(row: tuple) -> Event:
     session_id, seq, type_, at, stream_id, turn_id, data = row
     return Event(session_id, seq, type_, at, json.loads(data), stream_id, turn_id)
@@ -112,6 +118,7 @@ class Batch:
         self.closing: list[tuple[str, str]] = []  # (stream, session) not written yet
         self.closing_written: list[tuple[str, str]] = []
         self.closed: set[str] = set()
+        self.finished_before: set[str] = set()  # the batch's streams finished before it began
         self.open: dict[str, str | None] = {}  # each session's unfinished run (admission)
         self.cancel: dict[str, str | None] = {}  # the run its Stop was recorded for
         self.answered: dict[str, list[str]] = {}  # the open run's prompts that have an answer

@@ -2,8 +2,8 @@
 
 Writes keep the SQLite backend's shape per replica: every write is a message to one writer
 task, which drains whatever is queued into one transaction (group commit); a second batch may
-be written while the first waits for its commit, on sessions the first does not hold. Seqs come from the
-per-session counter row (`sessions.last_seq`, log/pg_schema.py), locked with
+be written while the first waits for its commit, on sessions the first does not hold. Seqs
+come from the per-session counter row (`sessions.last_seq`, log/pg_schema.py), locked with
 `SELECT ... FOR UPDATE` in the transaction that inserts the events, so they are contiguous
 whatever the number of writers and replicas. A batch locks its sessions in one fixed order
 (by session id), so two replicas' batches never deadlock. The index fold state is updated in
@@ -74,6 +74,7 @@ from tether.log.pg_rows import (
     snapshot,
     storage_error,
     take_runnable,
+    was_committed,
 )
 from tether.log.pg_schema import apply_migrations
 from tether.log.store import Draft, IndexFold, OpenStream, SearchFold
@@ -232,11 +233,12 @@ class PostgresEventStore(PostgresReads):
                     continue
             getter = None if stopping else asyncio.ensure_future(self._queue.get())
             wakers = {*flying, *([getter] if getter else [])}
+            if not wakers:  # stopping, and what waited was given up by its callers
+                continue
             try:
                 await asyncio.wait(wakers, return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:  # the batches in flight finish and answer
-                if getter is not None:
-                    getter.cancel()
+            except asyncio.CancelledError:  # the batches in flight finish and answer; the
+                self._refuse_unwritten(waiting, getter)  # rest is told, never left waiting
                 raise
             for task in [task for task in flying if task.done()]:
                 del flying[task]
@@ -251,6 +253,23 @@ class PostgresEventStore(PostgresReads):
                         waiting.append(op)
                 else:  # a cancelled get leaves its item in the queue
                     getter.cancel()
+
+    def _refuse_unwritten(self, waiting: list[Op], getter: asyncio.Future | None) -> None:
+        """The writer is cancelled: every operation it took or that is still queued fails
+        with "the log is closed" (nothing of them was written)."""
+        assert self._queue is not None
+        self._stopped = True
+        if getter is not None and not getter.done():
+            getter.cancel()
+        elif getter is not None and not getter.cancelled() and getter.result() is not None:
+            waiting.append(getter.result())
+        while not self._queue.empty():
+            op = self._queue.get_nowait()
+            if op is not None:
+                waiting.append(op)
+        for op in waiting:
+            if not op.future.done():
+                op.future.set_exception(StorageError("the log is closed"))
 
     async def _write_batch(self, batch: list[Op]) -> None:
         outcomes: list[tuple[Op, list[Any] | LogError]] = []
@@ -277,10 +296,10 @@ class PostgresEventStore(PostgresReads):
                                 NOTIFY_SQL, (CHANNEL, payloads(self.replica_id, announced, gone))
                             )
                 except psycopg.Error as exc:
-                    if not _committed(commit):
+                    if not was_committed(commit):
                         raise
                     log.warning("log fan-out: could not notify (%s); the slow poll will", exc)
-                if not _committed(commit):  # a failed transaction ends as ROLLBACK
+                if not was_committed(commit):  # a failed transaction ends as ROLLBACK
                     status = None if commit is None else commit.statusmessage
                     raise RuntimeError(f"COMMIT answered {status}")
                 durable = True
@@ -322,7 +341,7 @@ class PostgresEventStore(PostgresReads):
         """The batch's transaction, sent in the open pipeline: its COMMIT's cursor, the new
         last seqs and the deleted sessions to announce."""
         await conn.execute("BEGIN")
-        await pg_counters.lock(conn, batch, work, self._load_closed(conn, batch))
+        await pg_counters.lock(conn, batch, work, self._load_closed(conn, batch, work))
         for op in batch:
             try:
                 if op.kind in ("delete", "delete_idle"):
@@ -342,22 +361,23 @@ class PostgresEventStore(PostgresReads):
         commit = await conn.execute("COMMIT")
         return commit, announced, [sid for sid in work.deleted if work.last[sid] is None]
 
-    async def _load_closed(self, conn: psycopg.AsyncConnection, batch: list[Op]) -> None:
+    async def _load_closed(
+        self, conn: psycopg.AsyncConnection, batch: list[Op], work: Batch
+    ) -> None:
         """Which of the batch's streams are finished, read after the sessions were locked (a
         stream is finished in its session's transaction, so this cannot change under us):
         sent behind the locking SELECT in the pipeline, so PostgreSQL runs it once the locks
-        are held, and both come back in one round trip."""
-        wanted = {
-            d.stream_id
-            for op in batch
-            for d in op.drafts
-            if d.stream_id is not None and d.stream_id not in self._closed_streams
-        }
+        are held, and both come back in one round trip. The answer is the batch's own
+        (`work.finished_before`): another batch in flight may clear the shared cache meanwhile."""
+        streams = {d.stream_id for op in batch for d in op.drafts if d.stream_id is not None}
+        work.finished_before = streams & self._closed_streams
+        wanted = streams - work.finished_before
         if wanted:
             cur = await conn.execute(
                 "SELECT stream_id FROM closed_streams WHERE stream_id = ANY(%b)", (list(wanted),)
             )
             for (stream_id,) in await cur.fetchall():
+                work.finished_before.add(stream_id)
                 self._closed_streams.add(stream_id)
 
     async def _insert(self, conn: psycopg.AsyncConnection, op: Op, work: Batch) -> list[Event]:
@@ -379,7 +399,7 @@ class PostgresEventStore(PostgresReads):
                 raise SessionOccupied(sid, open_stream)
             if draft.stream_id is not None:
                 stream = draft.stream_id
-                if stream in finishing or stream in work.closed or stream in self._closed_streams:
+                if stream in finishing or stream in work.closed or stream in work.finished_before:
                     raise StreamClosed(stream)
                 if (  # the fence: once taken over, only the new owner writes the run (a Stop
                     # comes from anywhere): the old owner's late appends are refused
@@ -566,14 +586,9 @@ class PostgresEventStore(PostgresReads):
 
     async def aclose(self) -> None:
         self._stopped = True
-        if self._writer is not None and self._queue is not None:
+        if self._writer is not None and self._queue is not None and not self._writer.done():
             self._queue.put_nowait(None)
-            with contextlib.suppress(Exception):
-                await self._writer
+            with contextlib.suppress(Exception):  # shielded: a caller's deadline leaves the
+                await asyncio.shield(self._writer)  # writer to answer what it took
         await self._fanout.stop()
         await self._pool.close()
-
-
-def _committed(commit: psycopg.AsyncCursor | None) -> bool:
-    """Whether the batch's COMMIT answered COMMIT (a failed transaction answers ROLLBACK)."""
-    return commit is not None and commit.pgresult is not None and commit.statusmessage == "COMMIT"

@@ -6,22 +6,14 @@ appended at once through three replicas the log keeps one, whatever their choice
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
-from pg import database
 
 from tether.log import Draft
 from tether.log.errors import PromptAnswered
 from tether.log.postgres import PostgresEventStore
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def url() -> Iterator[str]:
-    with database() as made:
-        yield made
 
 
 def _store(url: str, replica: str) -> PostgresEventStore:

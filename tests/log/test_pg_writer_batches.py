@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Iterator
 
 import psycopg
 import pytest
-from pg import database
 
 from tether.log import Draft, StorageError, postgres
 from tether.log.errors import StreamClosed
@@ -50,12 +48,6 @@ def test_a_batch_stops_at_its_limit_and_what_is_left_keeps_its_order() -> None:
     batch, rest = take_runnable([*ops, more_s1], held=set(), limit=3)
     assert batch == ops[:3]
     assert rest == [ops[3], ops[4], more_s1]
-
-
-@pytest.fixture
-def url() -> Iterator[str]:
-    with database() as made:
-        yield made
 
 
 def _stall_marked_events(url: str, seconds: float) -> None:

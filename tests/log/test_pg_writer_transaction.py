@@ -12,12 +12,10 @@ reaches the other replicas through their slow poll."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from pg import database
 
 from tether.events import Event
 from tether.log import Draft, Hub
@@ -28,12 +26,6 @@ from tether.log.store import IndexFold
 pytestmark = pytest.mark.slow
 
 REFUSE = "refused-by-the-database"
-
-
-@pytest.fixture
-def url() -> Iterator[str]:
-    with database() as made:
-        yield made
 
 
 def _store(url: str, fold: IndexFold = lambda state, event: {}) -> PostgresEventStore:

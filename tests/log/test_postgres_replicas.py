@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pg import database, private_server
+from pg import private_server
 
 from tether.events import Event
 from tether.log import Draft, Hub, StorageError
@@ -34,12 +33,6 @@ def open_store(url: str, replica: str) -> PostgresEventStore:
     return PostgresEventStore(
         url, index_fold=probe, index_version="p1", replica_id=replica, poll_seconds=1.0
     )
-
-
-@pytest.fixture
-def url() -> Iterator[str]:
-    with database() as made:
-        yield made
 
 
 async def collect(hub: Hub, sid: str, count: int, timeout: float = 20) -> list[int]:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tether.runs.agent_sync import AgentSync
+from tether.runs.agent_sync import RETRY_FIRST_SECONDS, AgentSync
 from tether.runtimes.base import AgentHistory, AgentNews, Capabilities
 
 from engine_harness import GatedRuntime, NothingElsewhere, harness, until
@@ -200,3 +200,44 @@ def test_before_a_turn_every_row_the_agent_holds_is_imported(tmp_path: Path) -> 
 
     types = asyncio.run(main())
     assert types[:3] == ["session.created", "agent.imported", "turn.submitted"]
+
+
+def test_a_failing_session_is_tried_again_later_and_later_and_then_read(tmp_path: Path) -> None:
+    """A session whose interval pass keeps failing is tried again after RETRY_FIRST_SECONDS,
+    then after twice as long each time (one warning a try, not one every interval); once it
+    can be read, its rows are imported and it is tried at every interval again."""
+
+    class HealingRuntime(SharedAgentRuntime):
+        healed = False
+
+        async def agent_news(self, session_id: str, watermark: int) -> AgentNews:
+            if not self.healed:
+                self.reads.append(session_id)
+                raise ValueError("a row this pass cannot read")
+            return await super().agent_news(session_id, watermark)  # notes the read too
+
+    now = [1000.0]
+
+    async def main() -> tuple[list[int], list[str], dict[str, tuple[int, float]]]:
+        runtime = HealingRuntime()
+        async with harness(tmp_path, runtime) as h:
+            syncer = AgentSync(h.sessions, runtime, clock=lambda: now[0])
+            sid = (await h.sessions.create(None))["session_id"]
+            runtime.cli_wrote, runtime.moved = True, [sid]
+            tries = []
+            for step in (0, 1, RETRY_FIRST_SECONDS, 1, 2 * RETRY_FIRST_SECONDS, 1):
+                now[0] += step
+                await syncer.sync_moved()
+                tries.append(len(runtime.reads))
+            runtime.healed = True
+            now[0] += 4 * RETRY_FIRST_SECONDS
+            await syncer.sync_moved()
+            tries.append(len(runtime.reads))
+            return tries, await h.types(sid), dict(syncer.failing)
+
+    tries, types, failing = asyncio.run(main())
+    # tried at once, not 1 s later, again after 5 s, not 1 s later, again after 10 s, not 1 s
+    # later; healed, read after 20 s
+    assert tries == [1, 1, 2, 2, 3, 3, 4]
+    assert types == ["session.created", "agent.imported"]
+    assert failing == {}

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from enum import Enum
 
 from tether import events as ev
@@ -37,6 +39,11 @@ log = logging.getLogger("tether.runs")
 # Before a turn, passes follow one another while the agent has rows left, up to this many
 # (each reads a bounded number of rows: 100,000 with Hermes); the interval passes go on.
 MAX_PASSES_BEFORE_TURN = 50
+# A session whose interval pass fails is tried again after RETRY_FIRST_SECONDS, then after
+# twice as long each time, at most RETRY_MAX_SECONDS: a damaged row must not fill the log
+# every interval. A turn's own pass (`before_start`) is never held back.
+RETRY_FIRST_SECONDS = 5.0
+RETRY_MAX_SECONDS = 300.0
 
 
 class Pass(Enum):
@@ -51,12 +58,20 @@ class AgentSync:
     """Wired only for a runtime that keeps the agent's history (runtimes/base.py,
     `AgentHistory`)."""
 
-    def __init__(self, sessions: SessionService, agent: AgentHistory):
+    def __init__(
+        self,
+        sessions: SessionService,
+        agent: AgentHistory,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.sessions = sessions
         self.agent = agent
+        self._clock = clock
         # Sessions whose agent rows moved and that no pass has read since: the runtime says
         # "moved" once, so one a run occupied (or a failed pass left) waits here.
         self.unread: set[str] = set()
+        # Sessions whose last interval pass failed: (failures in a row, when to try again).
+        self.failing: dict[str, tuple[int, float]] = {}
 
     async def before_start(self, session_id: str) -> None:
         """The engine calls this under the session's lock, before it admits a turn. When the
@@ -86,19 +101,31 @@ class AgentSync:
     async def sync_moved(self) -> None:
         """One interval's work: adopt what was started elsewhere, then a pass for each session
         whose agent rows moved, this time or earlier without a whole pass since. A session
-        whose pass fails stays for the next interval and does not hold up the others."""
+        whose pass fails does not hold up the others and stays for a later interval, tried
+        again after RETRY_FIRST_SECONDS, then after twice as long each time."""
         await adopt_sessions_started_elsewhere(self.sessions, self.agent)
         self.unread.update(await self.agent.agent_changed())
+        now = self._clock()
         for session_id in sorted(self.unread):
+            failures, retry_at = self.failing.get(session_id, (0, now))
+            if now < retry_at:
+                continue
             try:
                 async with self.sessions.locks(session_id):
                     done = await sync_locked(self.sessions, self.agent, session_id) is Pass.DONE
-            except (StorageError, SessionNotFound) as exc:
-                log.warning("agent sync skipped session %s: %s", session_id, exc)
+            except Exception as exc:  # a bug for one session must not stop the others' passes
+                delay = min(RETRY_FIRST_SECONDS * 2**failures, RETRY_MAX_SECONDS)
+                self.failing[session_id] = (failures + 1, now + delay)
+                log.warning(
+                    "agent sync skipped session %s: %s (%d failed passes in a row; next in %.0f s)",
+                    session_id,
+                    exc,
+                    failures + 1,
+                    delay,
+                    exc_info=not isinstance(exc, StorageError | SessionNotFound),  # a bug
+                )
                 continue
-            except Exception:  # a bug for one session must not stop the others' passes
-                log.exception("agent sync failed for session %s", session_id)
-                continue
+            self.failing.pop(session_id, None)
             if done:
                 self.unread.discard(session_id)
 

@@ -64,13 +64,19 @@ def _stall_marked_events(url: str, seconds: float) -> None:
         )
 
 
+async def _stalled_store(url: str, seconds: float, *sids: str) -> postgres.PostgresEventStore:
+    """A store with `sids` created, whose events carrying STALL then wait `seconds`."""
+    store = PostgresEventStore(url, index_fold=lambda state, event: {}, index_version="t1")
+    _stall_marked_events(url, seconds)
+    for sid in sids:
+        await store.create_session(sid, [Draft("session.created", {})])
+    return store
+
+
 @pytest.mark.slow
 def test_a_slow_batch_holds_back_its_own_session_but_not_another(url: str) -> None:
     async def main() -> None:
-        store = PostgresEventStore(url, index_fold=lambda state, event: {}, index_version="t1")
-        _stall_marked_events(url, 1.5)
-        await store.create_session("s1", [Draft("session.created", {})])
-        await store.create_session("s2", [Draft("session.created", {})])
+        store = await _stalled_store(url, 1.5, "s1", "s2")
         slow = asyncio.create_task(store.append("s1", [Draft("note", {"text": STALL})]))
         await asyncio.sleep(0.3)  # its batch is in the database, stalled
         next_on_s1 = asyncio.create_task(store.append("s1", [Draft("note", {"n": 1})]))
@@ -118,9 +124,7 @@ def test_a_finished_stream_stays_finished_for_a_batch_while_another_clears_the_c
 @pytest.mark.slow
 def test_a_cancelled_writer_answers_every_append_it_took_or_that_was_queued(url: str) -> None:
     async def main() -> None:
-        store = PostgresEventStore(url, index_fold=lambda state, event: {}, index_version="t1")
-        _stall_marked_events(url, 1.0)
-        await store.create_session("s1", [Draft("session.created", {})])
+        store = await _stalled_store(url, 1.0, "s1")
         slow = asyncio.create_task(store.append("s1", [Draft("note", {"text": STALL})]))
         await asyncio.sleep(0.3)
         behind = [

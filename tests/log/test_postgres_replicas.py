@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from pg import private_server
 
@@ -102,6 +103,51 @@ def test_batches_locking_many_sessions_in_any_order_never_deadlock(url: str) -> 
             assert [e.seq for e in await stores[1].read(sid)] == list(range(1, 38))
         for store in stores:
             await store.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_batch_creating_a_session_takes_its_locks_in_one_order_with_other_replicas(
+    url: str,
+) -> None:
+    """Layer: the log (invariant 5 across replicas; issue 17's fixed lock order). This
+    replica's batch creates `a` and appends to `m`, which another transaction holds. Another
+    replica's batch, taking its locks in session-id order too, inserts `a` and then waits for
+    `m`. Had this batch locked `m` before inserting `a` (existing rows first, new ones
+    after), the two would wait for each other until PostgreSQL broke the deadlock by failing
+    one of them."""
+
+    async def main() -> None:
+        store = open_store(url, "r1")
+        await store.create_session("m", [Draft("session.created", {})])
+        async with (
+            await psycopg.AsyncConnection.connect(url) as holder,
+            await psycopg.AsyncConnection.connect(url) as other_replica,
+        ):
+            await holder.execute("SELECT 1 FROM sessions WHERE session_id='m' FOR UPDATE")
+            create = asyncio.create_task(store.create_session("a", [Draft("session.created", {})]))
+            append = asyncio.create_task(store.append("m", [Draft("note", {})]))
+            await asyncio.sleep(0.3)
+            assert not create.done()  # one batch with the append, waiting for `m`
+
+            async def other_batch() -> None:
+                await other_replica.execute(
+                    "INSERT INTO sessions (session_id, last_seq) VALUES ('a', 0) "
+                    "ON CONFLICT DO NOTHING"
+                )
+                await other_replica.execute(
+                    "SELECT 1 FROM sessions WHERE session_id = ANY('{a,m}') "
+                    "ORDER BY session_id FOR UPDATE"
+                )
+                await other_replica.commit()
+
+            other = asyncio.create_task(other_batch())
+            await asyncio.sleep(0.3)
+            await holder.commit()
+            await asyncio.wait_for(asyncio.gather(create, append, other), 10)
+        assert [e.type for e in await store.read("a")] == ["session.created"]
+        assert [e.seq for e in await store.read("m")] == [1, 2]
+        await store.aclose()
 
     asyncio.run(main())
 

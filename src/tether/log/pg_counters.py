@@ -1,8 +1,9 @@
 """The per-session counter row of the PostgreSQL log (log/pg_schema.py `sessions`), as one
-batch of the writer (log/postgres.py) reads and writes it: locked `FOR UPDATE` in session-id
-order at the start of the transaction (no deadlock with another replica's batch), written back
-at its end with the batch's last seqs, index states and what the database decides (the open
-run, its Stop, its owner and epoch, its answered prompts)."""
+batch of the writer (log/postgres.py) reads and writes it: locked `FOR UPDATE` (or inserted,
+for a new session) in session-id order at the start of the transaction (no deadlock with
+another replica's batch), written back at its end with the batch's last seqs, index states
+and what the database decides (the open run, its Stop, its owner and epoch, its answered
+prompts)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ import psycopg
 
 from tether.log.pg_rows import INSERT_EVENTS_SQL, Batch, Op, as_columns, dumps
 
+_LOCK_SQL = (
+    "SELECT session_id, last_seq, state, open_stream, cancel_stream, open_owner, open_epoch, "
+    "answered FROM sessions WHERE session_id = ANY(%b) ORDER BY session_id FOR UPDATE"
+)
+
 
 async def lock(
     conn: psycopg.AsyncConnection,
@@ -21,28 +27,45 @@ async def lock(
     work: Batch,
     then: Coroutine[Any, Any, None],
 ) -> None:
-    """Lock every counter row the batch touches, in session-id order (no deadlock with
-    another replica's batch), run `then` (queued behind the lock in the same round trip),
-    then insert the rows of new sessions, in the same order."""
+    """Lock every counter row the batch touches, all in one session-id order (no deadlock with
+    another replica's batch), then run `then`. A batch without creates takes them all in one
+    statement, with `then` queued behind it in the same round trip; a batch with creates
+    walks the ids in order, inserting the row of a new session where its turn comes."""
     sids = sorted({sid for op in batch for sid in op.sids()})
-    cur = await conn.execute(
-        "SELECT session_id, last_seq, state, open_stream, cancel_stream, open_owner, "
-        "open_epoch, answered FROM sessions WHERE session_id = ANY(%b) "
-        "ORDER BY session_id FOR UPDATE",
-        (sids,),
-    )
-    await then
-    for sid, last, state, open_stream, cancel, owner, epoch, answered in await cur.fetchall():
-        work.last[sid] = last
-        work.state[sid] = None if state is None else json.loads(state)
-        work.open[sid] = open_stream
-        work.cancel[sid] = cancel
-        work.owner[sid] = (owner, epoch)
-        work.answered[sid] = json.loads(answered)
-    creating = sorted(
-        {sid for op in batch if op.kind.startswith("create") for sid in op.sids()} - set(work.last)
-    )
-    for sid in creating:
+    creating = {sid for op in batch if op.kind.startswith("create") for sid in op.sids()}
+    if not creating:
+        cur = await conn.execute(_LOCK_SQL, (sids,))
+        await then
+        _read(work, await cur.fetchall())
+    else:
+        await _lock_in_order(conn, sids, creating, work)
+        await then
+    for sid in sids:
+        work.last.setdefault(sid, None)
+        work.state.setdefault(sid, None)
+        work.open.setdefault(sid, None)
+        work.cancel.setdefault(sid, None)
+        work.owner.setdefault(sid, (None, 0))
+        work.answered.setdefault(sid, [])
+
+
+async def _lock_in_order(
+    conn: psycopg.AsyncConnection, sids: list[str], creating: set[str], work: Batch
+) -> None:
+    """Existing rows locked and new ones inserted strictly in `sids`' order. Locking every
+    existing row first and inserting the new ones after could deadlock: another
+    replica's batch that had inserted a lower id this batch creates, and then waited for a
+    higher row this batch held, waited in a cycle with it."""
+    run: list[str] = []  # ids between two creates, locked together in one statement
+    for sid in [*sids, None]:
+        if sid is not None and sid not in creating:
+            run.append(sid)
+            continue
+        if run:
+            _read(work, await (await conn.execute(_LOCK_SQL, (run,))).fetchall())
+            run = []
+        if sid is None:
+            break
         cur = await conn.execute(
             "INSERT INTO sessions (session_id, last_seq) VALUES (%s, 0) "
             "ON CONFLICT DO NOTHING RETURNING session_id",
@@ -52,26 +75,18 @@ async def lock(
             work.placeholders.add(sid)  # the session exists once its create succeeds
             work.last[sid] = None
             work.state[sid] = None
-        else:  # another replica created it meanwhile (and has committed by now)
-            cur = await conn.execute(
-                "SELECT last_seq, state, open_stream, cancel_stream, open_owner, "
-                "open_epoch, answered FROM sessions WHERE session_id=%s FOR UPDATE",
-                (sid,),
-            )
-            row = await cur.fetchone()
-            work.last[sid] = None if row is None else row[0]
-            work.state[sid] = None if row is None or row[1] is None else json.loads(row[1])
-            work.open[sid] = None if row is None else row[2]
-            work.cancel[sid] = None if row is None else row[3]
-            work.owner[sid] = (None, 0) if row is None else (row[4], row[5])
-            work.answered[sid] = [] if row is None else json.loads(row[6])
-    for sid in sids:
-        work.last.setdefault(sid, None)
-        work.state.setdefault(sid, None)
-        work.open.setdefault(sid, None)
-        work.cancel.setdefault(sid, None)
-        work.owner.setdefault(sid, (None, 0))
-        work.answered.setdefault(sid, [])
+        else:  # it exists: created earlier, or by another replica that has committed by now
+            _read(work, await (await conn.execute(_LOCK_SQL, ([sid],))).fetchall())
+
+
+def _read(work: Batch, rows: list[tuple]) -> None:
+    for sid, last, state, open_stream, cancel, owner, epoch, answered in rows:
+        work.last[sid] = last
+        work.state[sid] = None if state is None else json.loads(state)
+        work.open[sid] = open_stream
+        work.cancel[sid] = cancel
+        work.owner[sid] = (owner, epoch)
+        work.answered[sid] = json.loads(answered)
 
 
 async def write(conn: psycopg.AsyncConnection, work: Batch, events: list[tuple]) -> dict[str, int]:

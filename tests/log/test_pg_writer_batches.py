@@ -142,3 +142,27 @@ def test_a_cancelled_writer_answers_every_append_it_took_or_that_was_queued(url:
         await store.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_a_close_cancelled_while_a_batch_is_in_flight_still_closes_the_pool_and_listener(
+    url: str,
+) -> None:
+    """A shutdown whose deadline cancels `aclose` while it waits for the writer: the batch in
+    flight still finishes and answers, and the replica's connections are closed all the same
+    (none left open on the database)."""
+
+    async def main() -> None:
+        store = await _stalled_store(url, 1.0, "s1")
+        slow = asyncio.create_task(store.append("s1", [Draft("note", {"text": STALL})]))
+        await asyncio.sleep(0.3)
+        closing = asyncio.create_task(store.aclose())
+        await asyncio.sleep(0.1)  # waiting for the writer's batch
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        assert store._pool.closed
+        assert store._fanout._task is None  # the listener was stopped
+        assert [e.seq for e in await slow] == [2]
+
+    asyncio.run(main())

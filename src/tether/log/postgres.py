@@ -586,9 +586,11 @@ class PostgresEventStore(PostgresReads):
 
     async def aclose(self) -> None:
         self._stopped = True
-        if self._writer is not None and self._queue is not None and not self._writer.done():
-            self._queue.put_nowait(None)
-            with contextlib.suppress(Exception):  # shielded: a caller's deadline leaves the
-                await asyncio.shield(self._writer)  # writer to answer what it took
-        await self._fanout.stop()
-        await self._pool.close()
+        try:
+            if self._writer is not None and self._queue is not None and not self._writer.done():
+                self._queue.put_nowait(None)
+                with contextlib.suppress(Exception):  # shielded: a caller's deadline leaves
+                    await asyncio.shield(self._writer)  # the writer to answer what it took
+        finally:  # also when the caller is cancelled: the listener and the pool still close
+            await self._fanout.stop()
+            await self._pool.close()

@@ -20,7 +20,8 @@ Admission is the database's too: the counter row names the session's unfinished 
 replica sends it, in the same locked transaction. Stop is recorded once per run the same way
 (`cancel_stream`): a second `run.cancel_requested` of the run is refused with CancelRequested;
 and an answer once per prompt (`answered`): a second `approval.answered` / `clarify.answered`
-of the same prompt is refused with PromptAnswered.
+of the same prompt is refused with PromptAnswered. (The batch's transaction and these rules:
+log/pg_batch.py.)
 
 Reads go to the database (a connection pool), never to process memory: another replica may
 have written since. The only cache is of streams known to be finished, which stays true.
@@ -38,40 +39,17 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from tether.events import (
-    APPROVAL_ANSWERED,
-    CLARIFY_ANSWERED,
-    QUEUE_ADDED,
-    RUN_CANCEL_REQUESTED,
-    RUN_FINISHED,
-    TURN_SUBMITTED,
-    Event,
-    new_id,
-)
-from tether.log import owners, pg_counters, pg_leases, pg_owners, pg_rows, pg_search
-from tether.log.errors import (
-    CancelRequested,
-    LogError,
-    PromptAnswered,
-    RunTakenOver,
-    SessionExists,
-    SessionNotFound,
-    SessionOccupied,
-    StorageError,
-    StreamClosed,
-)
+from tether.events import Event, new_id
+from tether.log import pg_leases, pg_owners, pg_rows, pg_search
+from tether.log.errors import LogError, StorageError
+from tether.log.pg_batch import BatchTransaction
 from tether.log.pg_fanout import CHANNEL, NOTIFY_SQL, Fanout, payloads
 from tether.log.pg_reads import PostgresReads
 from tether.log.pg_rows import (
-    INSERT_EVENTS_SQL,
     Batch,
     Op,
-    as_columns,
-    encode,
     flat,
     redact,
-    restore,
-    snapshot,
     storage_error,
     take_runnable,
     was_committed,
@@ -85,7 +63,6 @@ log = logging.getLogger("tether.log")
 _MAX_BATCH = 1000
 _IN_FLIGHT = 2  # batches being written at once, each on its own connection
 _CLOSED_STREAM_CACHE = 50_000
-_ANSWERS = {APPROVAL_ANSWERED: "approval_id", CLARIFY_ANSWERED: "question_id"}
 
 
 class PostgresEventStore(PostgresReads):
@@ -134,6 +111,9 @@ class PostgresEventStore(PostgresReads):
             kwargs={"autocommit": True},
         )
         self._fanout = Fanout(url, self._read_after, self._all_last_seqs, cursors, poll_seconds)
+        self._transactions = BatchTransaction(
+            self.replica_id, clock, index_fold, search_fold, self._closed_streams
+        )
         self._queue: asyncio.Queue[Op | None] | None = None
         self._writer: asyncio.Task | None = None
         self._start_lock: asyncio.Lock | None = None
@@ -288,7 +268,7 @@ class PostgresEventStore(PostgresReads):
             async with self._pool.connection() as conn:
                 try:
                     async with conn.pipeline():
-                        commit, announced, gone = await self._transaction(
+                        commit, announced, gone = await self._transactions.run(
                             conn, batch, work, outcomes
                         )
                         if announced or gone:
@@ -330,239 +310,6 @@ class PostgresEventStore(PostgresReads):
                 op.future.set_exception(result)
             else:
                 op.future.set_result(result)
-
-    async def _transaction(
-        self,
-        conn: psycopg.AsyncConnection,
-        batch: list[Op],
-        work: Batch,
-        outcomes: list[tuple[Op, list[Any] | LogError]],
-    ) -> tuple[psycopg.AsyncCursor, dict[str, int], list[str]]:
-        """The batch's transaction, sent in the open pipeline: its COMMIT's cursor, the new
-        last seqs and the deleted sessions to announce."""
-        await conn.execute("BEGIN")
-        await pg_counters.lock(conn, batch, work, self._load_closed(conn, batch, work))
-        for op in batch:
-            try:
-                if op.kind in ("delete", "delete_idle"):
-                    await self._delete(
-                        conn, op.session_id, work, only_idle=op.kind == "delete_idle"
-                    )
-                    outcomes.append((op, []))
-                elif op.kind == "create_many":
-                    outcomes.append((op, await self._insert_many(conn, op, work)))
-                else:
-                    outcomes.append((op, await self._insert(conn, op, work)))
-            except LogError as exc:
-                outcomes.append((op, exc))
-        events, work.rows = work.rows, []  # the last events go in with the
-        await self._flush(conn, work)  # counter rows, in one statement
-        announced = await pg_counters.write(conn, work, events)
-        commit = await conn.execute("COMMIT")
-        return commit, announced, [sid for sid in work.deleted if work.last[sid] is None]
-
-    async def _load_closed(
-        self, conn: psycopg.AsyncConnection, batch: list[Op], work: Batch
-    ) -> None:
-        """Which of the batch's streams are finished, read after the sessions were locked (a
-        stream is finished in its session's transaction, so this cannot change under us):
-        sent behind the locking SELECT in the pipeline, so PostgreSQL runs it once the locks
-        are held, and both come back in one round trip. The answer is the batch's own
-        (`work.finished_before`): another batch in flight may clear the shared cache meanwhile."""
-        streams = {d.stream_id for op in batch for d in op.drafts if d.stream_id is not None}
-        work.finished_before = streams & self._closed_streams
-        wanted = streams - work.finished_before
-        if wanted:
-            cur = await conn.execute(
-                "SELECT stream_id FROM closed_streams WHERE stream_id = ANY(%b)", (list(wanted),)
-            )
-            for (stream_id,) in await cur.fetchall():
-                work.finished_before.add(stream_id)
-                self._closed_streams.add(stream_id)
-
-    async def _insert(self, conn: psycopg.AsyncConnection, op: Op, work: Batch) -> list[Event]:
-        sid = op.session_id
-        last = work.last[sid]
-        if op.kind == "create":
-            if last is not None:
-                raise SessionExists(sid)
-            last = 0
-        elif last is None:
-            raise SessionNotFound(sid)
-        finishing: set[str] = set()
-        open_stream = work.open.get(sid)
-        cancel_stream = work.cancel.get(sid)
-        owner, epoch = work.owner.get(sid, (None, 0))
-        answered = work.answered.get(sid, [])
-        for draft in op.drafts:
-            if draft.needs_no_run and open_stream is not None:  # a run of another replica
-                raise SessionOccupied(sid, open_stream)
-            if draft.stream_id is not None:
-                stream = draft.stream_id
-                if stream in finishing or stream in work.closed or stream in work.finished_before:
-                    raise StreamClosed(stream)
-                if (  # the fence: once taken over, only the new owner writes the run (a Stop
-                    # comes from anywhere): the old owner's late appends are refused
-                    stream == open_stream
-                    and epoch > 0
-                    and owner != self.replica_id
-                    and draft.type != RUN_CANCEL_REQUESTED
-                ):
-                    raise RunTakenOver(stream)
-                if draft.type == RUN_FINISHED:
-                    finishing.add(stream)
-                    if stream == open_stream:
-                        open_stream, owner, epoch, answered = None, None, 0, []
-                elif draft.type == TURN_SUBMITTED and open_stream != stream:
-                    if draft.admits_run and open_stream is not None:  # one run per session
-                        raise SessionOccupied(sid, open_stream)
-                    open_stream, answered = stream, []
-                    owner, epoch = (self.replica_id if draft.admits_run else None), 0
-                elif draft.type == RUN_CANCEL_REQUESTED:
-                    if stream == cancel_stream:  # Stop, once per run, from any replica
-                        raise CancelRequested(stream)
-                    cancel_stream = stream
-                elif draft.type in _ANSWERS:  # an answer, once per prompt, from any replica
-                    prompt = f"{stream}/{draft.type}/{draft.data[_ANSWERS[draft.type]]}"
-                    if prompt in answered:
-                        raise PromptAnswered(stream, prompt)
-                    answered = [*answered, prompt]
-        payloads_ = [encode(sid, draft) for draft in op.drafts]  # refuse before writing
-        uploads = [await self._uploads(conn, sid, d, work) for d in op.drafts]
-        now = self._clock()
-        state = work.state[sid]
-        events = []
-        for draft, payload in zip(op.drafts, payloads_, strict=True):
-            last += 1
-            at = now if draft.at is None else draft.at
-            event = Event(sid, last, draft.type, at, draft.data, draft.stream_id, draft.turn_id)
-            queue_id = draft.data.get("queue_id") if draft.type == QUEUE_ADDED else None
-            text = draft.data.get("text") if draft.type == TURN_SUBMITTED else None
-            work.rows.append(
-                (
-                    sid,
-                    last,
-                    draft.type,
-                    float(at),
-                    draft.stream_id,
-                    draft.turn_id,
-                    payload,
-                    queue_id if isinstance(queue_id, str) else None,
-                    text.replace("\x00", "") if isinstance(text, str) else None,
-                )
-            )
-            if self._search_fold is not None:
-                change = await pg_search.fold_change(
-                    conn, self._search_fold, state, event, lambda: self._flush(conn, work)
-                )
-                await pg_search.apply_change(conn, sid, change)
-            state = self._fold(state, event)
-            events.append(event)
-        if op.kind == "create":
-            await pg_owners.record(conn, sid, op.owner)
-        for rows in uploads:
-            work.uploads.update(rows)
-        for stream_id in finishing:
-            work.closing.append((stream_id, sid))
-            work.closed.add(stream_id)
-        work.last[sid] = last
-        work.state[sid] = state
-        work.open[sid] = open_stream
-        work.cancel[sid] = cancel_stream
-        work.owner[sid] = (owner, epoch)
-        work.answered[sid] = answered
-        work.touched.add(sid)
-        return events
-
-    async def _insert_many(
-        self, conn: psycopg.AsyncConnection, op: Op, work: Batch
-    ) -> list[list[Event]]:
-        """Every session of an import in a savepoint: a refusal of any rolls back what the
-        others wrote (and the batch's memory of it), so it writes none of them."""
-        if len(set(op.sids())) != len(op.many):
-            raise SessionExists("the same session twice in one creation")
-        await self._flush(conn, work)  # what came before stays out of the savepoint
-        saved = snapshot(work)
-        await conn.execute("SAVEPOINT create_many")
-        try:
-            created = [
-                await self._insert(conn, Op("create", sid, drafts, op.future, op.owner), work)
-                for sid, drafts in op.many
-            ]
-        except LogError:
-            await conn.execute("ROLLBACK TO SAVEPOINT create_many")
-            await conn.execute("RELEASE SAVEPOINT create_many")
-            restore(work, saved)
-            raise
-        await conn.execute("RELEASE SAVEPOINT create_many")
-        return created
-
-    async def _uploads(
-        self, conn: psycopg.AsyncConnection, sid: str, draft: Draft, work: Batch
-    ) -> dict[tuple[str, str], tuple]:
-        """The attachment rows (log/owners.py) the draft brings: a new upload with its blob; a
-        reference moved from elsewhere takes the blob of the upload it names."""
-        if draft.type not in owners.CARRIERS:
-            return {}
-        out: dict[tuple[str, str], tuple] = {}
-        for ref in draft.data.get("attachments") or []:
-            blob = draft.blobs.get(ref["id"])
-            if blob is None:
-                blob = next((r[2] for k, r in work.uploads.items() if k[1] == ref["id"]), None)
-            if blob is None:
-                cur = await conn.execute(
-                    "SELECT blob FROM attachments WHERE id=%s LIMIT 1", (ref["id"],)
-                )
-                found = await cur.fetchone()
-                blob = found[0] if found else ref["id"]
-            key = (sid, ref["id"])
-            if key not in work.uploads:
-                out[key] = (sid, ref["id"], blob, ref["name"], ref["mime"], ref["size"])
-        return out
-
-    async def _flush(self, conn: psycopg.AsyncConnection, work: Batch) -> None:
-        """Write what the batch gathered so far: before a delete, a savepoint or a stream
-        read, everything; at the end, all but the events, which go in with the counter rows
-        (`pg_counters.write`)."""
-        async with conn.cursor() as cur:
-            if work.rows:
-                await cur.execute(INSERT_EVENTS_SQL, as_columns(work.rows))
-            if work.uploads:
-                await cur.executemany(
-                    "INSERT INTO attachments (session_id, id, blob, name, mime, size) "
-                    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                    list(work.uploads.values()),
-                )
-            if work.closing:
-                await cur.executemany(
-                    "INSERT INTO closed_streams (stream_id, session_id) VALUES (%s, %s)",
-                    work.closing,
-                )
-        work.rows, work.uploads = [], {}
-        work.closing_written.extend(work.closing)
-        work.closing = []
-
-    async def _delete(
-        self, conn: psycopg.AsyncConnection, sid: str, work: Batch, *, only_idle: bool
-    ) -> None:
-        if work.last[sid] is None:
-            raise SessionNotFound(sid)
-        running = work.open[sid]
-        if only_idle and running is not None:  # another replica's run needs its log
-            raise SessionOccupied(sid, running)
-        await self._flush(conn, work)
-        for table in ("events", "attachments", "closed_streams", "session_owners", "search_rows"):
-            await conn.execute(f"DELETE FROM {table} WHERE session_id=%s", (sid,))
-        work.closed -= {stream for stream, owner in work.closing_written if owner == sid}
-        work.closing_written = [(s, owner) for s, owner in work.closing_written if owner != sid]
-        work.last[sid] = None
-        work.state[sid] = None
-        work.open[sid] = None
-        work.cancel[sid] = None
-        work.owner[sid] = (None, 0)
-        work.answered[sid] = []
-        work.touched.add(sid)
-        work.deleted.append(sid)
 
     async def claim_unowned(self, owner: str) -> int:
         await self._start()

@@ -163,7 +163,9 @@ def load_index(db: psycopg.Connection, fold: IndexFold, version: str) -> dict[st
         stale_sql = "SELECT session_id FROM sessions"
         if same:
             stale_sql += " WHERE state_seq <> last_seq"
-        stale = [sid for (sid,) in db.execute(stale_sql)]
+        # locked in session-id order, as every writer's batch locks them (pg_counters.py):
+        # in any other order, a replica starting while another writes could deadlock with it
+        stale = [sid for (sid,) in db.execute(stale_sql + " ORDER BY session_id")]
         for sid in stale:
             locked = db.execute(
                 "SELECT last_seq FROM sessions WHERE session_id=%s FOR UPDATE", (sid,)

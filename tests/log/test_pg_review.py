@@ -1,0 +1,84 @@
+"""Defects found reviewing the PostgreSQL backend (layer: the log, several replicas on one
+database). Each test is deterministic: another connection holds the row locks that decide
+the interleaving, as tests/log/test_pg_writer_batches.py does."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+
+from tether.events import Event
+from tether.log import Draft, StorageError
+from tether.log.postgres import PostgresEventStore
+
+pytestmark = pytest.mark.slow
+
+
+def probe(state: dict | None, event: Event) -> dict:
+    return {"n": (state or {"n": 0})["n"] + 1}
+
+
+def open_store(
+    url: str, replica: str, version: str = "p1", poll: float = 1.0
+) -> PostgresEventStore:
+    return PostgresEventStore(
+        url, index_fold=probe, index_version=version, replica_id=replica, poll_seconds=poll
+    )
+
+
+async def _lock_waiters(admin: psycopg.AsyncConnection, count: int) -> None:
+    """Until `count` backends of this database wait for a lock (10 s at most)."""
+    for _ in range(200):
+        cur = await admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'"
+        )
+        row = await cur.fetchone()
+        if row is not None and row[0] >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"fewer than {count} backends waiting for a lock")
+
+
+def test_a_replica_rebuilding_index_states_at_start_never_deadlocks_with_a_writer(
+    url: str,
+) -> None:
+    """A rolling upgrade with a new index version: the starting replica rebuilds every
+    session's index state, locking their counter rows. A running replica's batch locks its
+    sessions in session-id order; the rebuild must take them in the same order, or the two
+    wait for each other (PostgreSQL then aborts one of them: an append, or the start)."""
+
+    async def main() -> None:
+        running = open_store(url, "running")
+        for sid in ("s1", "s2", "s3"):
+            await running.create_session(sid, [Draft("session.created", {})])
+        await running.append("s1", [Draft("note", {})])  # s1's row version moves to the end
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+            cur = await admin.execute("SELECT session_id FROM sessions")
+            assert [r[0] for r in await cur.fetchall()] == ["s2", "s3", "s1"]  # heap order
+            async with await psycopg.AsyncConnection.connect(url) as other:
+                await other.execute("SELECT 1 FROM sessions WHERE session_id='s3' FOR UPDATE")
+                # the new replica starts: it rebuilds the states (another index version)
+                starting = asyncio.create_task(asyncio.to_thread(open_store, url, "starting", "p2"))
+                await _lock_waiters(admin, 1)  # it holds s2, waits for s3
+                batch = asyncio.gather(
+                    running.append("s1", [Draft("note", {"n": 1})]),
+                    running.append("s2", [Draft("note", {"n": 2})]),
+                    return_exceptions=True,
+                )  # one batch: it locks s1, then waits for s2
+                await _lock_waiters(admin, 2)
+                await other.commit()  # the rebuild takes s3, then waits for s1
+            outcomes = await asyncio.wait_for(batch, 15)
+            try:
+                started = await asyncio.wait_for(starting, 15)
+            except StorageError as exc:
+                started = exc
+        assert not isinstance(started, Exception), started
+        assert not any(isinstance(o, Exception) for o in outcomes), outcomes
+        assert [[e.seq for e in o] for o in outcomes] == [[3], [2]]
+        await started.aclose()
+        await running.aclose()
+
+    asyncio.run(main())

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from tether.events import Event
-from tether.log import Draft, StorageError
+from tether.log import Draft, Hub, StorageError
 from tether.log.postgres import PostgresEventStore
 
 pytestmark = pytest.mark.slow
@@ -80,5 +80,94 @@ def test_a_replica_rebuilding_index_states_at_start_never_deadlocks_with_a_write
         assert [[e.seq for e in o] for o in outcomes] == [[3], [2]]
         await started.aclose()
         await running.aclose()
+
+    asyncio.run(main())
+
+
+def _record(hub: Hub) -> list[tuple]:
+    """What `hub` publishes of session "s", in order: ("event", seq) and ("deleted", "s")."""
+    heard: list = []
+    hub.on_batch(
+        lambda events: heard.extend(("event", e.seq) for e in events if e.session_id == "s")
+    )
+    hub.on_deleted(lambda sid: heard.append(("deleted", sid)))
+    return heard
+
+
+async def _heard_until(heard: list, wanted: tuple, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if wanted in heard:
+            return
+        await asyncio.sleep(0.05)
+
+
+def _notes(count: int) -> list[Draft]:
+    return [Draft("note", {"n": n}) for n in range(count)]
+
+
+def test_a_session_deleted_and_created_again_in_one_batch_reaches_another_replica_whole(
+    url: str,
+) -> None:
+    """One batch deletes a session and creates it again with the same id (the store allows
+    it): every replica's hub, the writer's own too, must hear the deletion, then the new
+    session from seq 1, each event once."""
+
+    async def main() -> None:
+        writer = open_store(url, "writer", poll=60)
+        follower = open_store(url, "follower", poll=60)
+        hub, own = Hub(asyncio.get_running_loop()), Hub(asyncio.get_running_loop())
+        heard, heard_own = _record(hub), _record(own)
+        follower.attach_hub(hub)
+        writer.attach_hub(own)
+        await follower.wait_listening()
+        await writer.wait_listening()
+        await writer.create_session("s", [Draft("session.created", {}), *_notes(4)])
+        await _heard_until(heard, ("event", 5))
+        heard.clear()
+        heard_own.clear()
+        await asyncio.gather(  # queued together: one batch
+            writer.delete_session("s"),
+            writer.create_session("s", [Draft("session.created", {}), *_notes(2)]),
+        )
+        await writer.append("s", _notes(4))  # the new session: seqs 1..7
+        await _heard_until(heard, ("event", 7))
+        assert [e.seq for e in await follower.read("s")] == list(range(1, 8))
+        await asyncio.sleep(0.5)
+        assert heard == [("deleted", "s"), *(("event", n) for n in range(1, 8))]
+        assert heard_own == heard
+        await writer.aclose()
+        await follower.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_deletion_and_a_creation_again_in_one_wake_up_reach_another_replica_whole(
+    url: str,
+) -> None:
+    """The follower's worker is busy while another replica deletes a session and creates it
+    again (two commits, two notifications): both come to it in one wake-up. Its hub must
+    hear the deletion and the new session from seq 1, each event once."""
+
+    async def main() -> None:
+        writer, follower = open_store(url, "writer"), open_store(url, "follower", poll=60)
+        hub = Hub(asyncio.get_running_loop())
+        heard = _record(hub)
+        follower.attach_hub(hub)
+        await follower.wait_listening()
+        await writer.create_session("busy", [Draft("session.created", {})])
+        await writer.create_session("s", [Draft("session.created", {}), *_notes(4)])
+        await _heard_until(heard, ("event", 5))
+        heard.clear()
+        async with follower._fanout._lock:  # its worker is held in a catch-up ...
+            await writer.append("busy", _notes(1))
+            await asyncio.sleep(0.5)  # ... of `busy`'s notification
+            await writer.delete_session("s")
+            await writer.create_session("s", [Draft("session.created", {}), *_notes(6)])
+            await asyncio.sleep(0.5)  # both notifications are in, waiting for the worker
+        await _heard_until(heard, ("event", 7))
+        await asyncio.sleep(0.5)
+        assert heard == [("deleted", "s"), *(("event", n) for n in range(1, 8))]
+        await writer.aclose()
+        await follower.aclose()
 
     asyncio.run(main())

@@ -84,7 +84,9 @@ class BatchTransaction:
         await self._flush(conn, work)  # counter rows, in one statement
         announced = await pg_counters.write(conn, work, events)
         commit = await conn.execute("COMMIT")
-        return commit, announced, [sid for sid in work.deleted if work.last[sid] is None]
+        # every deletion, also of a session created again in the batch (then in `announced`
+        # too): another replica's cursor of the deleted session means nothing for the new one
+        return commit, announced, list(dict.fromkeys(work.deleted))
 
     async def _load_closed(
         self, conn: psycopg.AsyncConnection, batch: list[Op], work: Batch

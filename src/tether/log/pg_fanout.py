@@ -87,8 +87,10 @@ class Fanout:
         last_seqs: LastSeqs,
         cursors: dict[str, int],
         poll_seconds: float,
+        replica: str | None = None,
     ):
         self._conninfo = conninfo
+        self._replica = replica  # its own commits are published by its writer (`committed`)
         self._read = reader
         self._last_seqs = last_seqs
         self._published = cursors  # sid -> highest seq handed to the hub
@@ -115,45 +117,60 @@ class Fanout:
 
     # -- publication ------------------------------------------------------------------------
     async def committed(self, events: list[Event], deleted: list[str]) -> None:
-        """This replica's own commit: publish it after whatever committed before it."""
+        """This replica's own commit: publish it after whatever committed before it. A
+        session the commit deleted is announced deleted first; what exists of it now (created
+        again, in the same batch or since) is read from the log, from seq 1."""
         async with self._lock:
+            dropped = dict.fromkeys(deleted)
+            self._emit([], list(dropped))
             by_session: dict[str, list[Event]] = {}
             for event in events:
-                by_session.setdefault(event.session_id, []).append(event)
+                if event.session_id not in dropped:
+                    by_session.setdefault(event.session_id, []).append(event)
             gaps = {  # another replica committed in between
                 sid: self._published.get(sid, 0)
                 for sid, mine in by_session.items()
                 if mine[0].seq > self._published.get(sid, 0) + 1
             }
+            gaps.update(dict.fromkeys(dropped, 0))
             before: dict[str, list[Event]] = {}
             for event in await self._read(gaps) if gaps else []:
                 before.setdefault(event.session_id, []).append(event)
             out: list[Event] = []
+            for sid in dropped:
+                again = before.get(sid, [])
+                out.extend(again)
+                if again:
+                    self._published[sid] = again[-1].seq
             for sid, mine in by_session.items():
                 done = self._published.get(sid, 0)
                 out.extend(e for e in before.get(sid, ()) if done < e.seq < mine[0].seq)
                 out.extend(e for e in mine if e.seq > done)
                 self._published[sid] = max(done, mine[-1].seq)
-            self._emit(out, deleted)
+            self._emit(out, [])
 
     async def catch_up(self, seqs: dict[str, int] | None, deleted: list[str]) -> None:
         """Read what another replica committed: the sessions `seqs` names, or (None) every
-        session, whose committed last seq is past this replica's cursor."""
+        session, whose committed last seq is past this replica's cursor. A session `deleted`
+        names is announced deleted first, and read again from seq 1: it may have been created
+        again since (a cursor of the deleted session means nothing for the new one)."""
         async with self._lock:
             complete = seqs is None
             if seqs is None:
                 seqs = await self._last_seqs()
                 deleted = [sid for sid in self._published if sid not in seqs]
-            behind = {
-                sid: self._published.get(sid, 0)
-                for sid, last in seqs.items()
-                if last > self._published.get(sid, 0)
-            }
+            dropped = dict.fromkeys(deleted)
+
+            def cursor(sid: str) -> int:
+                return 0 if sid in dropped else self._published.get(sid, 0)
+
+            behind = {sid: cursor(sid) for sid, last in seqs.items() if last > cursor(sid)}
             out = await self._read(behind) if behind else []  # one query, in seq order per session
+            gone = [sid for sid in dropped if sid in self._published or complete]
+            self._emit([], gone)
             for event in out:
                 self._published[event.session_id] = event.seq
-            gone = [sid for sid in deleted if sid in self._published or complete]
-            self._emit(out, gone)
+            self._emit(out, [])
 
     def _emit(self, events: list[Event], deleted: list[str]) -> None:
         for sid in deleted:
@@ -162,10 +179,10 @@ class Fanout:
         if hub is None:
             return
         try:
-            if events:
-                hub.publish(events)
             for sid in deleted:
                 hub.publish_deleted(sid)
+            if events:
+                hub.publish(events)
         except RuntimeError:  # the loop is gone: the server is shutting down
             pass
 
@@ -184,7 +201,7 @@ class Fanout:
                         backoff = 0.1
                         self._wake(None, [])  # whatever was missed while not listening
                         async for note in conn.notifies():
-                            self._wake(*_parse(note.payload))
+                            self._wake(*_parse(note.payload, self._replica))
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # the server restarted, the connection was killed
@@ -231,9 +248,15 @@ class Fanout:
                 await asyncio.sleep(0.2)
 
 
-def _parse(payload: str) -> tuple[dict[str, int] | None, list[str]]:
+def _parse(payload: str, own: str | None = None) -> tuple[dict[str, int] | None, list[str]]:
+    """A notification's sessions and deletions; nothing for this replica's own (`own`): its
+    writer publishes them (`Fanout.committed`), or, if that failed, the slow poll does. Read
+    here as well, a deletion would be published twice, and a session created again in the
+    same commit read once from the old cursor, once from seq 1."""
     try:
         body = json.loads(payload)
+        if own is not None and body.get("r") == own:
+            return {}, []
         return {str(k): int(v) for k, v in body["s"].items()}, [str(s) for s in body["d"]]
     except (ValueError, KeyError, AttributeError, TypeError):
         return None, []  # not ours, or damaged: read everything

@@ -110,7 +110,9 @@ class PostgresEventStore(PostgresReads):
             timeout=10,
             kwargs={"autocommit": True},
         )
-        self._fanout = Fanout(url, self._read_after, self._all_last_seqs, cursors, poll_seconds)
+        self._fanout = Fanout(
+            url, self._read_after, self._all_last_seqs, cursors, poll_seconds, self.replica_id
+        )
         self._transactions = BatchTransaction(
             self.replica_id, clock, index_fold, search_fold, self._closed_streams
         )

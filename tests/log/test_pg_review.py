@@ -5,6 +5,7 @@ the interleaving, as tests/log/test_pg_writer_batches.py does."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import psycopg
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from tether.events import Event
 from tether.log import Draft, Hub, StorageError
 from tether.log.postgres import PostgresEventStore
+from tether.runs import leases
 
 pytestmark = pytest.mark.slow
 
@@ -169,5 +171,59 @@ def test_a_deletion_and_a_creation_again_in_one_wake_up_reach_another_replica_wh
         assert heard == [("deleted", "s"), *(("event", n) for n in range(1, 8))]
         await writer.aclose()
         await follower.aclose()
+
+    asyncio.run(main())
+
+
+def _turn(n: int) -> Draft:
+    data = {"turn_id": f"u{n}", "stream_id": f"r{n}", "text": f"turn {n}", "attachments": []}
+    return Draft("turn.submitted", data, f"r{n}", f"u{n}", admits_run=True)
+
+
+def test_a_run_taken_over_whose_settling_failed_once_is_settled_on_a_later_round(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Layer: runs ownership across replicas (runs/leases.py, log/pg_leases.py). A survivor
+    takes a dead replica's run over, and the database refuses its `run.finished` once (a
+    transient failure). The lease loop goes on: the run must still be settled, not left open
+    (its session refusing every new turn as busy) for as long as the survivor lives."""
+    monkeypatch.setattr(leases, "RENEW_SECONDS", 0.1)
+
+    async def main() -> None:
+        dead, survivor = open_store(url, "dead"), open_store(url, "survivor")
+        await dead.renew_lease()
+        await dead.create_session("s1", [Draft("session.created", {})])
+        await dead.append("s1", [_turn(1)])
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+            await admin.execute("UPDATE replica_leases SET expires_at = 0")  # it died
+            await admin.execute("CREATE SEQUENCE refused")
+            await admin.execute(
+                "CREATE FUNCTION refuse() RETURNS trigger AS $$ BEGIN "
+                "PERFORM nextval('refused'); RAISE EXCEPTION 'the disk is full'; END $$ "
+                "LANGUAGE plpgsql"
+            )
+            await admin.execute(
+                "CREATE TRIGGER refuse BEFORE INSERT ON events FOR EACH ROW "
+                "WHEN (NEW.type = 'run.finished') EXECUTE FUNCTION refuse()"
+            )
+            registry = SimpleNamespace(get=lambda stream_id: None, runs=lambda: [])
+            engine = SimpleNamespace(shared=survivor, store=survivor, registry=registry)
+            loop = asyncio.create_task(leases.lease_forever(engine))  # type: ignore[arg-type]
+            for _ in range(100):  # until the takeover's run.finished was refused once
+                cur = await admin.execute("SELECT is_called FROM refused")
+                if (await cur.fetchone()) == (True,):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the run was never taken over")
+            await admin.execute("DROP TRIGGER refuse ON events")  # the failure is over
+            await asyncio.sleep(2.0)  # twenty rounds of the lease loop
+            loop.cancel()
+            cur = await admin.execute("SELECT open_stream, open_owner, open_epoch FROM sessions")
+            row = await cur.fetchone()
+        assert row is not None and row[0] is None, f"the run is still open: {row}"
+        assert [e.type for e in await survivor.read("s1")][-1] == "run.finished"
+        await dead.aclose()
+        await survivor.aclose()
 
     asyncio.run(main())

@@ -59,13 +59,16 @@ async def claim(
 ) -> list[OpenStream]:
     """Take over the open runs whose owner has no live lease (and those without an owner);
     with `mine`, this replica's own too (shutdown); with `strays`, add the unfinished streams
-    no counter row names (history without a run). The caller settles what is returned."""
+    no counter row names (history without a run). The caller settles what is returned. Runs
+    this replica took over before (epoch > 0) and has not settled yet are returned again: a
+    settling that failed is retried on the next round, not left open while this one lives."""
     try:
         async with pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
                 "SELECT s.session_id, s.open_stream FROM sessions s "
                 "WHERE s.open_stream IS NOT NULL AND (s.open_owner IS NULL "
-                "OR (s.open_owner = %s AND %s) OR (s.open_owner <> %s AND NOT EXISTS ("
+                "OR (s.open_owner = %s AND (%s OR s.open_epoch > 0)) "
+                "OR (s.open_owner <> %s AND NOT EXISTS ("
                 "SELECT 1 FROM replica_leases l WHERE l.replica_id = s.open_owner "
                 f"AND l.expires_at > {_NOW}))) "
                 "ORDER BY s.session_id FOR UPDATE SKIP LOCKED",

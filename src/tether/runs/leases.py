@@ -37,12 +37,16 @@ async def lease_forever(engine: RunEngine, clock: Callable[[], float] = time.mon
         try:
             await shared.renew_lease()
             renewed = clock()
+        except StorageError as exc:
+            log.error("could not renew this replica's lease: %s", exc)
+            continue
+        try:  # a run whose settling fails is claimed again next round (log/pg_leases.py)
             taken = await shared.claim_orphans()
             if taken:
                 count = await settle(engine, taken)
                 log.warning("took over %d run(s) of replicas whose lease expired", count)
         except StorageError as exc:
-            log.error("could not renew this replica's lease: %s", exc)
+            log.error("could not take over the runs of replicas whose lease expired: %s", exc)
 
 
 def stop_own_runs(engine: RunEngine) -> None:

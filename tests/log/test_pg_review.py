@@ -5,10 +5,12 @@ the interleaving, as tests/log/test_pg_writer_batches.py does."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from types import SimpleNamespace
 
 import psycopg
 import pytest
+from pg import private_server
 
 from tether.events import Event
 from tether.log import Draft, Hub, StorageError
@@ -227,3 +229,32 @@ def test_a_run_taken_over_whose_settling_failed_once_is_settled_on_a_later_round
         await survivor.aclose()
 
     asyncio.run(main())
+
+
+def test_appends_and_reads_made_once_the_database_is_back_after_a_restart_succeed(
+    tmp_path: Path,
+) -> None:
+    """PostgreSQL restarted while the replica was idle (fast shutdown: every connection cut):
+    what the replica does once the database is back up must not fail on a connection the
+    restart cut (the pool kept them; nothing of the operation was sent)."""
+    with private_server(tmp_path) as server:
+
+        async def main() -> None:
+            store = open_store(server.url, "r0")
+            await store.create_session("s1", [Draft("session.created", {})])
+            await asyncio.gather(*(store.read("s1") for _ in range(4)))  # pooled connections
+            await asyncio.to_thread(server.restart)  # back up when it returns
+            failed = []
+            for n in range(4):
+                try:
+                    await store.append("s1", [Draft("note", {"n": n})])
+                except StorageError as exc:
+                    failed.append(f"append: {exc}")
+                try:
+                    await store.read("s1")
+                except StorageError as exc:
+                    failed.append(f"read: {exc}")
+            assert failed == []
+            await store.aclose()
+
+        asyncio.run(main())

@@ -109,7 +109,9 @@ class PostgresEventStore(PostgresReads):
             open=False,
             timeout=10,
             kwargs={"autocommit": True},
+            check=self._usable,
         )
+        self._sweeping = False
         self._fanout = Fanout(
             url, self._read_after, self._all_last_seqs, cursors, poll_seconds, self.replica_id
         )
@@ -120,6 +122,27 @@ class PostgresEventStore(PostgresReads):
         self._writer: asyncio.Task | None = None
         self._start_lock: asyncio.Lock | None = None
         self._stopped = False
+
+    async def _usable(self, conn: psycopg.AsyncConnection) -> None:
+        """The pool's check as it lends a connection, without a round trip: one the server
+        closed while it sat idle (a restart, a terminated backend) has the server's goodbye
+        or its EOF waiting on the socket, which reading finds. The pool then lends another
+        instead of failing the operation with it; the other idle ones are checked at once (a
+        restart cut them all: found one by one, each would cost the pool's back-off)."""
+        try:  # twice: a first read may get the goodbye, only the next one the EOF
+            conn.pgconn.consume_input()
+            conn.pgconn.consume_input()
+            if conn.pgconn.status == psycopg.pq.ConnStatus.OK:
+                return
+        except psycopg.OperationalError:
+            pass
+        if not self._sweeping:
+            self._sweeping = True
+            try:
+                await self._pool.check()
+            finally:
+                self._sweeping = False
+        raise psycopg.OperationalError("the server closed this idle connection")
 
     # -- start-up ---------------------------------------------------------------------------
     def _load_index(self, db: psycopg.Connection, version: str) -> dict[str, int]:

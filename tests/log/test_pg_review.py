@@ -258,3 +258,43 @@ def test_appends_and_reads_made_once_the_database_is_back_after_a_restart_succee
             await store.aclose()
 
         asyncio.run(main())
+
+
+def test_a_create_racing_another_replicas_deletion_of_the_same_id_leaves_no_orphan_events(
+    url: str,
+) -> None:
+    """Replica B deletes session s (its batch holds s's counter row) while replica A creates s
+    again: A's insert finds the row still there, then waits for its lock, which B releases
+    with the row deleted. A must either create s whole (counter row and events) or refuse;
+    never commit events for a session without a counter row."""
+
+    async def main() -> None:
+        a, b = open_store(url, "a"), open_store(url, "b")
+        await b.create_session("s", [Draft("session.created", {})])
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+            await admin.execute(  # B's deletion is slow, as under a slow disk
+                "CREATE FUNCTION stall() RETURNS trigger AS $$ BEGIN "
+                "PERFORM pg_sleep(1.5); RETURN NULL; END $$ LANGUAGE plpgsql"
+            )
+            await admin.execute(
+                "CREATE TRIGGER stall BEFORE DELETE ON events "
+                "FOR EACH STATEMENT EXECUTE FUNCTION stall()"
+            )
+            deleting = asyncio.create_task(b.delete_session("s"))
+            await asyncio.sleep(0.5)  # B holds s's row, stalled in its deletion
+            try:
+                created = [e.seq for e in await a.create_session("s", _notes(2))]
+            except Exception as exc:  # a refusal would do too
+                created = [repr(exc)]
+            await deleting
+            cur = await admin.execute("SELECT last_seq FROM sessions WHERE session_id='s'")
+            counter = await cur.fetchone()
+            cur = await admin.execute("SELECT seq FROM events WHERE session_id='s' ORDER BY seq")
+            events = [r[0] for r in await cur.fetchall()]
+        whole = created == [1, 2] and counter == (2,) and events == [1, 2]
+        refused = isinstance(created[0], str) and counter is None and events == []
+        assert whole or refused, (created, counter, events)
+        await a.aclose()
+        await b.aclose()
+
+    asyncio.run(main())

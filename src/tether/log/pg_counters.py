@@ -66,17 +66,24 @@ async def _lock_in_order(
             run = []
         if sid is None:
             break
-        cur = await conn.execute(
-            "INSERT INTO sessions (session_id, last_seq) VALUES (%s, 0) "
-            "ON CONFLICT DO NOTHING RETURNING session_id",
-            (sid,),
-        )
-        if await cur.fetchone() is not None:
-            work.placeholders.add(sid)  # the session exists once its create succeeds
-            work.last[sid] = None
-            work.state[sid] = None
-        else:  # it exists: created earlier, or by another replica that has committed by now
-            _read(work, await (await conn.execute(_LOCK_SQL, ([sid],))).fetchall())
+        while True:
+            cur = await conn.execute(
+                "INSERT INTO sessions (session_id, last_seq) VALUES (%s, 0) "
+                "ON CONFLICT DO NOTHING RETURNING session_id",
+                (sid,),
+            )
+            if await cur.fetchone() is not None:
+                work.placeholders.add(sid)  # the session exists once its create succeeds
+                work.last[sid] = None
+                work.state[sid] = None
+                break
+            # it exists: created earlier, or by another replica that has committed by now
+            rows = await (await conn.execute(_LOCK_SQL, ([sid],))).fetchall()
+            if rows:
+                _read(work, rows)
+                break
+            # deleted by another replica between the insert and the lock: insert again (the
+            # batch must hold a counter row for every session it writes)
 
 
 def _read(work: Batch, rows: list[tuple]) -> None:

@@ -14,6 +14,7 @@ from pg import private_server
 
 from tether.events import Event
 from tether.log import Draft, Hub, StorageError
+from tether.log.errors import InvalidEvent
 from tether.log.postgres import PostgresEventStore
 from tether.runs import leases
 
@@ -296,5 +297,27 @@ def test_a_create_racing_another_replicas_deletion_of_the_same_id_leaves_no_orph
         assert whole or refused, (created, counter, events)
         await a.aclose()
         await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_an_id_a_postgresql_text_cannot_hold_fails_only_its_own_append(url: str) -> None:
+    """Unstorable data fails only its own append (backend contract), and says so: a stream
+    id or a session id with a NUL (which the writer checks for, log/pg_rows.py `encode`) is
+    refused as InvalidEvent, and the appends batched with it are written."""
+
+    async def main() -> None:
+        store = open_store(url, "r0")
+        await store.create_session("s1", [Draft("session.created", {})])
+        good, bad_stream, bad_session = await asyncio.gather(  # one batch
+            store.append("s1", [Draft("note", {})]),
+            store.append("s1", [Draft("note", {}, stream_id="r\x00")]),
+            store.append("s\x00", [Draft("note", {})]),
+            return_exceptions=True,
+        )
+        assert isinstance(good, list) and [e.seq for e in good] == [2], good
+        assert isinstance(bad_stream, InvalidEvent), bad_stream
+        assert isinstance(bad_session, InvalidEvent), bad_session
+        await store.aclose()
 
     asyncio.run(main())

@@ -154,7 +154,7 @@ class BatchTransaction:
                     if prompt in answered:
                         raise PromptAnswered(stream, prompt)
                     answered = [*answered, prompt]
-        payloads_ = [encode(sid, draft) for draft in op.drafts]  # refuse before writing
+        payloads_ = [encode(draft) for draft in op.drafts]  # refuse before writing
         uploads = [await self._uploads(conn, sid, d, work) for d in op.drafts]
         now = self._clock()
         state = work.state[sid]

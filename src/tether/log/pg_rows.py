@@ -63,21 +63,28 @@ def check_text(what: str, value: Any) -> None:
         raise InvalidEvent(f"{what} contains a NUL character")
 
 
-def encode(session_id: str, draft: Draft) -> str:
+def check_ids(session_ids: list[str], drafts: list[Draft]) -> None:
+    """InvalidEvent for an id a PostgreSQL text cannot carry (a NUL). Checked before the
+    operation is queued: a batch's statements take the ids as parameters (the lock, the
+    finished streams) before any row is built, and one that fails there fails every
+    operation of the batch."""
+    for sid in session_ids:
+        check_text("the session id", sid)
+    for draft in drafts:
+        check_text("the event type", draft.type)
+        check_text("the stream id", draft.stream_id)
+        check_text("the turn id", draft.turn_id)
+
+
+def encode(draft: Draft) -> str:
     """The row's JSON, or InvalidEvent for what JSON, UTF-8 or a PostgreSQL text column cannot
-    carry (refused before anything of the batch is written, so it fails only its own append)."""
+    carry (refused before anything of the batch is written, so it fails only its own append;
+    the ids were checked as it was queued: `check_ids`)."""
     try:
         payload = dumps(draft.data)
         payload.encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:  # a UnicodeEncodeError is a ValueError
         raise InvalidEvent(f"{draft.type}: {exc}") from exc
-    for what, value in (
-        ("the session id", session_id),
-        ("the event type", draft.type),
-        ("the stream id", draft.stream_id),
-        ("the turn id", draft.turn_id),
-    ):
-        check_text(what, value)
     refs = (draft.data.get("attachments") or []) if draft.type in owners.CARRIERS else []
     for ref in refs:
         for key in ("id", "name", "mime"):

@@ -41,7 +41,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from tether.events import Event, new_id
 from tether.log import pg_leases, pg_owners, pg_rows, pg_search
-from tether.log.errors import LogError, StorageError
+from tether.log.errors import InvalidEvent, LogError, SessionNotFound, StorageError
 from tether.log.pg_batch import BatchTransaction
 from tether.log.pg_fanout import CHANNEL, NOTIFY_SQL, Fanout, payloads
 from tether.log.pg_reads import PostgresReads
@@ -185,6 +185,12 @@ class PostgresEventStore(PostgresReads):
         assert self._queue is not None
         if self._stopped:
             raise StorageError("the log is closed")
+        try:
+            pg_rows.check_ids([session_id, *(sid for sid, _ in many or [])], drafts)
+        except InvalidEvent:
+            if kind.startswith("delete"):  # no session can have such an id
+                raise SessionNotFound(session_id) from None
+            raise
         future = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(Op(kind, session_id, list(drafts), future, owner, list(many or [])))
         return await future

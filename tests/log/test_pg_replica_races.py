@@ -1,5 +1,9 @@
-"""Defects found reviewing the PostgreSQL backend (layer: the log, several replicas on one
-database). Each test is deterministic: another connection holds the row locks that decide
+"""Races and failures between replicas and their database (layer: the log, several replicas
+on one PostgreSQL database; contract invariants 3 and 5 as invariant 8 asks: every committed
+event published once per replica, in seq order, after a deletion of its session it follows;
+contiguous seqs with a counter row per session; lock orders without cycles; a run taken over
+settled; a refusal failing only its own operation). Each test is deterministic where it can
+be: another connection holds the row locks, or a trigger stalls a statement, that decide
 the interleaving, as tests/log/test_pg_writer_batches.py does."""
 
 from __future__ import annotations

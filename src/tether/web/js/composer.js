@@ -231,7 +231,11 @@ export class Composer {
     const span = el.querySelector(".queued-text");
     const area = h("textarea", { rows: 2, "aria-label": "Edit queued message" });
     area.value = q.text;
+    let finished = false;
     const done = (save) => {
+      // the box leaving the page blurs it: Esc's discard must not become a save
+      if (finished) return;
+      finished = true;
       this.editing = null;
       area.replaceWith(span);
       if (save && area.value.trim() && area.value !== q.text) {

@@ -1,0 +1,52 @@
+"""Defects a demanding user met on the page (review-page): each test drives the real page in
+headless Chromium against the real server and failed before its fix."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from playwright.sync_api import BrowserContext, expect
+
+from fake_openai import FakeOpenAI, barrier, reply, text
+from helpers import ServerProcess, session_body
+from pagekit import open_app, send, session_id_of, wait_settled
+
+pytestmark = pytest.mark.slow
+
+
+def test_esc_in_a_queued_messages_editor_discards_the_edit(
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """Esc closes the editor of a queued message without saving: removing the box blurred
+    it, and the blur saved what Esc was meant to throw away."""
+    page = context.new_page()
+    open_app(page, openai_web.base_url)
+    fake.script(reply(text("working"), barrier("hold")))
+    send(page, "first")
+    expect(page.get_by_role("button", name="Stop")).to_be_visible()
+    box = page.get_by_role("textbox", name="Message")
+    box.fill("queued words")
+    box.press("Enter")  # queued while the run goes
+    queued = page.locator("#queue li")
+    expect(queued).to_contain_text("queued words")
+    sid = session_id_of(page)
+
+    queued.get_by_role("button", name="Edit").click()
+    area = page.get_by_role("textbox", name="Edit queued message")
+    area.fill("changed my mind")
+    area.press("Escape")
+    expect(area).to_have_count(0)
+    page.wait_for_timeout(500)  # a PATCH, had one gone, has landed and come back as events
+    expect(queued.locator(".queued-text")).to_have_text("queued words")
+    with httpx.Client(base_url=openai_web.base_url) as client:
+        assert [q["text"] for q in session_body(client, sid)["queued"]] == ["queued words"]
+
+    # Enter still saves, once.
+    queued.get_by_role("button", name="Edit").click()
+    area.fill("edited for real")
+    area.press("Enter")
+    expect(queued.locator(".queued-text")).to_have_text("edited for real")
+    with httpx.Client(base_url=openai_web.base_url) as client:
+        assert [q["text"] for q in session_body(client, sid)["queued"]] == ["edited for real"]
+    fake.release("hold")
+    wait_settled(page)

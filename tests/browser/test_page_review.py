@@ -50,3 +50,33 @@ def test_esc_in_a_queued_messages_editor_discards_the_edit(
         assert [q["text"] for q in session_body(client, sid)["queued"]] == ["edited for real"]
     fake.release("hold")
     wait_settled(page)
+
+
+def test_enter_in_message_search_opens_the_first_result_of_what_was_typed(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Enter in the search box opens the first result of the words in the box: typed quickly
+    after changing the words, it opened the first result of the previous words, still shown
+    while the new search waited out its debounce."""
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    send(page, "alpha apples")
+    wait_settled(page)
+    apples = session_id_of(page)
+    page.get_by_role("button", name="New chat").click()
+    send(page, "bravo bananas")
+    page.wait_for_url(lambda url: "/s/" in url and apples not in url)
+    wait_settled(page)
+    bananas = session_id_of(page)
+    page.get_by_role("button", name="New chat").click()
+
+    page.keyboard.press("Control+k")
+    box = page.get_by_role("searchbox", name="Search messages")
+    box.fill("apples")
+    results = page.locator("#search-results button")
+    expect(results.first).to_contain_text("alpha apples")
+    box.fill("bananas")
+    box.press("Enter")  # at once, as a fast typist does
+    page.wait_for_url(lambda url: url.endswith(f"/s/{apples}") or url.endswith(f"/s/{bananas}"))
+    assert page.url.endswith(f"/s/{bananas}"), "Enter opened the previous words' result"
+    expect(page.locator(".row.search-hit")).to_contain_text("bravo bananas")

@@ -41,12 +41,14 @@ export class MessageSearch {
       if (e.key === "Escape") {
         e.preventDefault(); // a search field would clear itself first: close at once
         this.dialog.close();
-      } else if (e.key === "ArrowDown" || (e.key === "Enter" && !e.isComposing)) {
+      } else if (e.key === "Enter" && !e.isComposing) {
+        e.preventDefault();
+        this.openFirst();
+      } else if (e.key === "ArrowDown") {
         const first = this.results.querySelector("button");
         if (first) {
           e.preventDefault();
-          if (e.key === "Enter") first.click();
-          else first.focus();
+          first.focus();
         }
       }
     });
@@ -66,6 +68,18 @@ export class MessageSearch {
     this.input.select();
   }
 
+  /** Enter in the box: the first result of the text in the box, not of an earlier text
+   *  whose results are still shown while the new search waits out its debounce. */
+  async openFirst() {
+    if (this.shownFor !== this.input.value.trim()) {
+      clearTimeout(this.timer);
+      await this.run();
+    }
+    if (this.dialog.open && this.shownFor === this.input.value.trim()) {
+      this.results.querySelector("button")?.click();
+    }
+  }
+
   onKey(e) {
     const buttons = [...this.results.querySelectorAll("button")];
     const at = buttons.indexOf(document.activeElement);
@@ -79,6 +93,7 @@ export class MessageSearch {
   async run() {
     const text = this.input.value.trim();
     const asked = ++this.asked;
+    this.shownFor = null; // what the results shown are for, once they are
     if (!text) {
       this.results.replaceChildren();
       this.status.textContent = "";
@@ -98,6 +113,7 @@ export class MessageSearch {
       ? `${results.length} ${results.length === 1 ? "match" : "matches"}`
       : "No messages match.";
     this.results.replaceChildren(...results.map((r) => this.item(r)));
+    this.shownFor = text;
   }
 
   item(result) {

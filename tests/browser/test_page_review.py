@@ -8,7 +8,7 @@ import pytest
 from playwright.sync_api import BrowserContext, expect
 
 from fake_openai import FakeOpenAI, barrier, reply, text
-from helpers import ServerProcess, session_body
+from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle
 from pagekit import open_app, send, session_id_of, wait_settled
 
 pytestmark = pytest.mark.slow
@@ -80,3 +80,49 @@ def test_enter_in_message_search_opens_the_first_result_of_what_was_typed(
     page.wait_for_url(lambda url: url.endswith(f"/s/{apples}") or url.endswith(f"/s/{bananas}"))
     assert page.url.endswith(f"/s/{bananas}"), "Enter opened the previous words' result"
     expect(page.locator(".row.search-hit")).to_contain_text("bravo bananas")
+
+
+def test_a_sidebar_row_that_moves_keeps_its_rename_box_and_keyboard_focus(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """A session renamed while activity elsewhere (another tab, the agent's CLI) moves its
+    row to the top: moving the row blurred the box, which saved the half-typed title and
+    closed it; a row reached with the arrow keys lost the focus the same way."""
+    client = httpx.Client(base_url=web_server.base_url)
+    older = new_session(client, "older one")
+    start_turn(client, older, "hello older")
+    wait_idle(client, older)
+    newer = new_session(client, "newer one")
+    start_turn(client, newer, "hello newer")
+    wait_idle(client, newer)
+    page = context.new_page()
+    page.goto(web_server.base_url + "/")
+    names = page.locator(".session-row .session-name")
+    expect(names).to_have_text(["newer one", "older one"])
+
+    # A keyboard user on the second row: it moves up, the focus stays on it.
+    page.locator(".session-link").first.focus()
+    page.keyboard.press("ArrowDown")
+    expect(page.locator(".session-link").nth(1)).to_be_focused()
+    start_turn(client, older, "activity elsewhere")
+    expect(names).to_have_text(["older one", "newer one"])
+    expect(page.locator(".session-link").first).to_be_focused()
+    wait_idle(client, older)
+
+    # Renaming the second row (now "newer one") while it moves up.
+    expect(names).to_have_text(["older one", "newer one"])
+    page.get_by_role("button", name="Actions for newer one").click()
+    page.get_by_role("menuitem", name="Rename").click()
+    box = page.get_by_role("textbox", name="New title")
+    box.fill("Trip pl")
+    start_turn(client, newer, "more activity elsewhere")
+    expect(names.first).to_have_text("newer one")  # moved (the link is hidden: its old title)
+    page.wait_for_timeout(300)  # a blur's PATCH, had one gone, has landed
+    assert session_body(client, newer)["title"] == "newer one", "a half-typed title was saved"
+    expect(box).to_be_focused()
+    box.press("End")
+    box.type("ans")
+    box.press("Enter")
+    expect(names.first).to_have_text("Trip plans")
+    assert session_body(client, newer)["title"] == "Trip plans"
+    wait_idle(client, newer)

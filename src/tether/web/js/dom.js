@@ -34,7 +34,17 @@ export function patchChildren(parent, specs, build, update) {
     }
     update(el, spec);
     if (el === cursor) cursor = cursor.nextElementSibling;
-    else parent.insertBefore(el, cursor);
+    else if (el.parentNode === parent && el.contains(document.activeElement)) {
+      // Moving an element blurs what has focus in it (a rename box, an editor, a row reached
+      // by the keyboard), and a blur may save half-typed text: the ones before it move instead.
+      const after = el.nextSibling;
+      while (cursor && cursor !== el) {
+        const next = cursor.nextElementSibling;
+        parent.insertBefore(cursor, after);
+        cursor = next;
+      }
+      cursor = el.nextElementSibling;
+    } else parent.insertBefore(el, cursor);
   }
   for (const el of existing.values()) el.remove();
 }

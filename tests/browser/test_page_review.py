@@ -126,3 +126,35 @@ def test_a_sidebar_row_that_moves_keeps_its_rename_box_and_keyboard_focus(
     expect(names.first).to_have_text("Trip plans")
     assert session_body(client, newer)["title"] == "Trip plans"
     wait_idle(client, newer)
+
+
+def test_a_system_prompt_the_server_did_not_take_stays_in_its_dialog(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Save in the System prompt dialog while the server is unreachable: the dialog closed,
+    the typed prompt was gone, and the error's notice was replaced by the offline banner,
+    which cleared itself once the server was back: nothing said the prompt was not saved."""
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    send(page, "hi")
+    wait_settled(page)
+    sid = session_id_of(page)
+    prompt = "You are a careful reviewer. Answer in short sentences."
+    page.get_by_role("button", name="System prompt (none)").click()
+    dialog = page.get_by_role("dialog", name="System prompt")
+    area = dialog.get_by_role("textbox", name="System prompt text")
+    area.fill(prompt)
+    web_server.stop()
+    expect(page.locator("#conn")).to_have_text("Reconnecting…")
+    dialog.get_by_role("button", name="Save").click()
+    expect(dialog.locator("#system-prompt-note")).to_contain_text("Not saved")
+    expect(dialog).to_be_visible()
+    expect(area).to_have_value(prompt)
+
+    web_server.start()
+    expect(page.locator("#conn")).to_have_text("Live", timeout=15_000)
+    dialog.get_by_role("button", name="Save").click()
+    expect(dialog).to_be_hidden()
+    expect(page.get_by_role("button", name="System prompt (this session's)")).to_be_visible()
+    with httpx.Client(base_url=web_server.base_url) as client:
+        assert session_body(client, sid)["system_prompt"] == prompt

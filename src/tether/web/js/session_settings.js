@@ -66,35 +66,49 @@ export class SessionSettings {
   }
 
   /** The dialog shows the prompt in effect; Save makes it the session's own, Use default
-   *  clears the session's own (`null`). */
+   *  clears the session's own (`null`). A change the server did not take opens the dialog
+   *  again with what was typed, saying why: the text is not lost with the dialog. */
   async editPrompt() {
     const dialog = $("system-prompt-dialog");
     const own = this.row?.system_prompt ?? null;
     const fallback = this.models.default_system_prompt ?? null;
-    $("system-prompt-text").value = own ?? fallback ?? "";
-    $("system-prompt-note").textContent =
+    let text = own ?? fallback ?? "";
+    let note =
       own !== null
         ? "This session's own system prompt: the first message of every model request."
         : fallback
           ? "The server's default system prompt. Save to give this session its own."
           : "No system prompt. Anything saved here is sent first in every model request.";
-    dialog.returnValue = "";
-    dialog.showModal();
-    const answer = await new Promise((resolve) =>
-      dialog.addEventListener("close", () => resolve(dialog.returnValue), { once: true }),
-    );
-    if (answer === "save") await this.change({ system_prompt: $("system-prompt-text").value });
-    else if (answer === "default" && own !== null) await this.change({ system_prompt: null });
+    for (;;) {
+      $("system-prompt-text").value = text;
+      $("system-prompt-note").textContent = note;
+      dialog.returnValue = "";
+      dialog.showModal();
+      const answer = await new Promise((resolve) =>
+        dialog.addEventListener("close", () => resolve(dialog.returnValue), { once: true }),
+      );
+      text = $("system-prompt-text").value;
+      let failed = null;
+      if (answer === "save") failed = await this.change({ system_prompt: text });
+      else if (answer === "default" && own !== null) {
+        failed = await this.change({ system_prompt: null });
+      }
+      if (!failed) return;
+      note = `Not saved: ${failed.message} Your text is still here: try again, or Cancel.`;
+    }
   }
 
+  /** PATCH the open session (creating it in a new chat); the error when it failed. */
   async change(changes) {
     try {
       const sid = await this.ensureSession();
       const sent = this.stamp();
       const { session } = await patch("/api/session", { session_id: sid, ...changes });
       this.onRow(session, sent);
+      return null;
     } catch (err) {
       this.notify(err.message);
+      return err;
     }
   }
 }

@@ -8,7 +8,7 @@ import pytest
 from playwright.sync_api import BrowserContext, expect
 
 from fake_openai import FakeOpenAI, barrier, reply, text
-from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle
+from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle, wait_until
 from pagekit import open_app, send, session_id_of, wait_settled
 
 pytestmark = pytest.mark.slow
@@ -158,3 +158,34 @@ def test_a_system_prompt_the_server_did_not_take_stays_in_its_dialog(
     expect(page.get_by_role("button", name="System prompt (this session's)")).to_be_visible()
     with httpx.Client(base_url=web_server.base_url) as client:
         assert session_body(client, sid)["system_prompt"] == prompt
+
+
+def test_a_default_system_prompt_the_server_did_not_take_stays_in_settings(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Save in Settings while the server is unreachable: the dialog closed and the typed
+    default system prompt was gone (the next open read the server's again)."""
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    page.get_by_role("button", name="Settings").click()
+    dialog = page.get_by_role("dialog", name="Settings")
+    prompt = dialog.get_by_label("Default system prompt")
+    expect(prompt).to_be_enabled()
+    prompt.fill("Be brief.")
+    web_server.stop()
+    dialog.get_by_role("button", name="Save").click()
+    expect(dialog.get_by_role("alert")).to_contain_text("Not saved")
+    expect(dialog).to_be_visible()
+    expect(prompt).to_have_value("Be brief.")
+
+    web_server.start()
+    dialog.get_by_role("button", name="Save").click()
+    with httpx.Client(base_url=web_server.base_url) as client:
+        wait_until(  # the PATCH goes once the dialog has closed
+            lambda: client.get("/api/settings").json()["default_system_prompt"] == "Be brief.",
+            what="the default system prompt saved",
+        )
+    expect(dialog).to_be_hidden()
+    page.get_by_role("button", name="Settings").click()
+    expect(prompt).to_have_value("Be brief.")
+    expect(dialog.get_by_role("alert")).to_be_hidden()

@@ -73,6 +73,7 @@ export class SettingsPanel {
       });
     }
     this.resetPrompt = false;
+    $("settings-save-error").hidden = true;
     const theme = localStorage.getItem(THEME_KEY);
     $("settings-theme").value = theme === "light" || theme === "dark" ? theme : "system";
     $("settings-view").value = $("display-mode").value;
@@ -115,7 +116,13 @@ export class SettingsPanel {
     try {
       this.server = await patch("/api/settings", changes);
     } catch (err) {
+      // what was typed is not lost with the dialog: it opens again, with it, saying why
       this.notify(err.message);
+      const note = $("settings-save-error");
+      note.textContent = `Not saved: ${err.message} Save again, or Cancel.`;
+      note.hidden = false;
+      this.dialog.returnValue = "";
+      this.dialog.showModal();
       return;
     }
     await this.sessionSettings.load(); // "Default (model)" and the prompt button follow

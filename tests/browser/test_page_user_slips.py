@@ -1,5 +1,6 @@
-"""Defects a demanding user met on the page (review-page): each test drives the real page in
-headless Chromium against the real server and failed before its fix."""
+"""What a user's slips and bad luck must not cost on the page: an Esc, an Enter typed before
+the results caught up, a row moving under a rename, a Save the server did not take. Each test
+drives the real page in headless Chromium against the real server."""
 
 from __future__ import annotations
 

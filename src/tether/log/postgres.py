@@ -203,7 +203,8 @@ class PostgresEventStore(PostgresReads):
     async def create_sessions(
         self, sessions: list[tuple[str, list[Draft]]], owner: str | None = None
     ) -> list[list[Event]]:
-        """All in the writer's transaction, all or none (a savepoint: see `_insert_many`)."""
+        """All in the writer's transaction, all or none (a savepoint: log/pg_batch.py
+        `_insert_many`)."""
         many = [(sid, list(drafts)) for sid, drafts in sessions]
         if not many:
             return []

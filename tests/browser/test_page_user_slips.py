@@ -190,3 +190,59 @@ def test_a_default_system_prompt_the_server_did_not_take_stays_in_settings(
     page.get_by_role("button", name="Settings").click()
     expect(prompt).to_have_value("Be brief.")
     expect(dialog.get_by_role("alert")).to_be_hidden()
+
+
+def test_a_queued_message_edit_the_server_did_not_take_stays_in_its_editor(
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """Enter in a queued message's editor while the server is unreachable: the editor closed,
+    the queue showed the old text again and the edit was gone, with nothing to say it was not
+    saved. And an edit that came too late (the message was sent or removed meanwhile: 404)
+    went the same way."""
+    page = context.new_page()
+    open_app(page, openai_web.base_url)
+    fake.script(reply(text("working"), barrier("hold")))
+    send(page, "first")
+    expect(page.get_by_role("button", name="Stop")).to_be_visible()
+    box = page.get_by_role("textbox", name="Message")
+    box.fill("queued words")
+    box.press("Enter")
+    queued = page.locator("#queue li")
+    expect(queued).to_contain_text("queued words")
+    sid = session_id_of(page)
+
+    queued.get_by_role("button", name="Edit").click()
+    area = page.get_by_role("textbox", name="Edit queued message")
+    area.fill("edited while offline")
+    openai_web.stop()
+    expect(page.locator("#conn")).to_have_text("Reconnecting…")
+    area.press("Enter")
+    expect(queued.get_by_role("alert")).to_contain_text("Not saved")
+    expect(area).to_have_value("edited while offline")
+    expect(area).to_be_focused()
+
+    openai_web.start()
+    expect(page.locator("#conn")).to_have_text("Live", timeout=15_000)
+    area.press("Enter")
+    expect(queued.locator(".queued-text")).to_have_text("edited while offline")
+    expect(queued.get_by_role("alert")).to_have_count(0)
+    client = httpx.Client(base_url=openai_web.base_url)
+    assert [q["text"] for q in session_body(client, sid)["queued"]] == ["edited while offline"]
+
+    # Removed elsewhere while the PATCH is on its way: the server answers 404, and the edit
+    # goes to the composer rather than nowhere.
+    [item] = session_body(client, sid)["queued"]
+
+    def remove_first(route) -> None:
+        client.delete("/api/chat/queue", params={"queue_id": item["queue_id"]})
+        route.continue_()
+
+    page.route("**/api/chat/queue?*", remove_first)
+    queued.get_by_role("button", name="Edit").click()
+    area.fill("too late")
+    area.press("Enter")
+    expect(queued).to_have_count(0)
+    expect(box).to_have_value("too late")
+    expect(page.locator("#notice-bar")).to_contain_text("Not saved")
+    client.close()
+    fake.release("hold")

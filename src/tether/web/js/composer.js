@@ -14,7 +14,8 @@ const readBase64 = (file) =>
 
 export class Composer {
   /** actions: send(text, files), stop(), steer(text), queue(text, files),
-   *  editQueued(id, text), removeQueued(id). */
+   *  editQueued(id, text) (the error when the server did not take it), removeQueued(id),
+   *  sendQueued(id), notify(message). */
   constructor(actions) {
     this.actions = actions;
     this.form = document.getElementById("composer");
@@ -226,21 +227,33 @@ export class Composer {
     );
   }
 
-  editQueued(el, q) {
+  /** An edit the server did not take is not lost: its editor opens again with it, saying
+   *  why; or, the message no longer queued (sent or removed meanwhile), it goes to the composer. */
+  editQueued(el, q, text = q.text, why = "") {
     this.editing = q.queue_id;
     const span = el.querySelector(".queued-text");
     const area = h("textarea", { rows: 2, "aria-label": "Edit queued message" });
-    area.value = q.text;
+    area.value = text;
+    const note = why ? h("span", { class: "queued-note", role: "alert", text: why }) : null;
     let finished = false;
-    const done = (save) => {
+    const done = async (save) => {
       // the box leaving the page blurs it: Esc's discard must not become a save
       if (finished) return;
       finished = true;
       this.editing = null;
+      note?.remove();
       area.replaceWith(span);
-      if (save && area.value.trim() && area.value !== q.text) {
-        this.actions.editQueued(q.queue_id, area.value);
+      const edited = area.value;
+      if (!save || !edited.trim() || edited === q.text) return;
+      const failed = await this.actions.editQueued(q.queue_id, edited);
+      if (!failed) return;
+      const gone = failed.code === "queue_item_not_found" || !el.isConnected || this.editing;
+      if (!gone) {
+        this.editQueued(el, q, edited, `Not saved: ${failed.message} Enter to try again.`);
+        return;
       }
+      this.restore(edited);
+      this.actions.notify(`Not saved: ${failed.message} Your edit is in the composer.`);
     };
     area.addEventListener("keydown", (e) => {
       if (e.key === "Enter" && !e.shiftKey) {
@@ -251,6 +264,7 @@ export class Composer {
     });
     area.addEventListener("blur", () => done(true));
     span.replaceWith(area);
+    if (note) area.after(note);
     area.focus();
   }
 }

@@ -59,10 +59,15 @@ class App {
       stop: () => this.stop(),
       steer: (text) => this.steer(text),
       queue: (text, files) => this.queue(text, files),
+      // the error, not a notice: the composer keeps the edit and says why (composer.js)
       editQueued: (id, text) =>
-        this.call(() => patch(`/api/chat/queue?${q({ queue_id: id })}`, { text })),
+        patch(`/api/chat/queue?${q({ queue_id: id })}`, { text }).then(
+          () => null,
+          (err) => err,
+        ),
       removeQueued: (id) => this.call(() => del(`/api/chat/queue?${q({ queue_id: id })}`)),
       sendQueued: (id) => this.call(() => post("/api/chat/queue/start", { queue_id: id })),
+      notify: (msg) => this.notify(msg),
     });
     this.search = new MessageSearch({
       onPick: (sid, rowId, shown) => this.openAt(sid, rowId, shown),

@@ -246,3 +246,34 @@ def test_a_queued_message_edit_the_server_did_not_take_stays_in_its_editor(
     expect(page.locator("#notice-bar")).to_contain_text("Not saved")
     client.close()
     fake.release("hold")
+
+
+def test_a_model_the_server_did_not_take_is_not_shown_as_picked(
+    context: BrowserContext, openai_web: ServerProcess
+) -> None:
+    """A model picked while the server is unreachable: the PATCH failed, yet the picker kept
+    showing the new model while the next turn would use the one in effect, and the error's
+    notice was soon replaced by the offline banner."""
+    page = context.new_page()
+    open_app(page, openai_web.base_url)
+    send(page, "hi")
+    wait_settled(page)
+    sid = session_id_of(page)
+    picker = page.get_by_role("combobox", name="Model")
+    expect(picker).to_have_value("")  # Default (fake)
+    openai_web.stop()
+    expect(page.locator("#conn")).to_have_text("Reconnecting…")
+    picker.select_option("fake-model")
+    expect(picker).to_have_value("")
+    expect(page.locator("#model-note")).to_contain_text("Not saved")
+
+    openai_web.start()
+    expect(page.locator("#conn")).to_have_text("Live", timeout=15_000)
+    expect(picker).to_have_value("")
+    expect(page.locator("#model-note")).to_contain_text("Not saved")
+    with httpx.Client(base_url=openai_web.base_url) as client:
+        assert session_body(client, sid)["model"] is None
+        picker.select_option("fake-model")
+        expect(page.locator("#model-note")).to_be_hidden()
+        wait_until(lambda: session_body(client, sid)["model"] == "fake-model", what="saved")
+    expect(picker).to_have_value("fake-model")

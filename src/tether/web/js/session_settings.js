@@ -21,7 +21,7 @@ export class SessionSettings {
       this.markLoaded = resolve;
     });
     this.picker = $("model-picker");
-    this.picker.addEventListener("change", () => this.change({ model: this.picker.value || null }));
+    this.picker.addEventListener("change", () => this.pickModel(this.picker.value || null));
     this.row = null;
     this.promptButton = $("system-prompt-btn");
     this.promptButton.addEventListener("click", () => this.editPrompt());
@@ -52,6 +52,7 @@ export class SessionSettings {
       this.picker.append(new Option(model, model)); // not (or no longer) in the list
     }
     this.picker.value = model;
+    if (row?.session_id !== this.row?.session_id) $("model-note").hidden = true; // another session
     this.row = row ?? null;
     const own = row?.system_prompt ?? null;
     const effective = own ?? this.models.default_system_prompt ?? null;
@@ -63,6 +64,18 @@ export class SessionSettings {
         : "System prompt (none)",
     );
     this.promptButton.title = effective ?? "No system prompt";
+  }
+
+  /** A model the server did not take is not shown as picked: the picker goes back to the
+   *  model in effect (what the next turn uses), and a note beside it says it was not saved. */
+  async pickModel(model) {
+    const note = $("model-note");
+    note.hidden = true;
+    const failed = await this.change({ model });
+    if (!failed) return;
+    this.show(this.row);
+    note.textContent = `Not saved: ${failed.message}`;
+    note.hidden = false;
   }
 
   /** The dialog shows the prompt in effect; Save makes it the session's own, Use default

@@ -277,3 +277,35 @@ def test_a_model_the_server_did_not_take_is_not_shown_as_picked(
         expect(page.locator("#model-note")).to_be_hidden()
         wait_until(lambda: session_body(client, sid)["model"] == "fake-model", what="saved")
     expect(picker).to_have_value("fake-model")
+
+
+def test_a_queued_message_that_leaves_the_queue_while_edited_leaves_the_edit_in_the_composer(
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """The queued message being edited leaves the queue (sent as it was when the run ended)
+    before the edit is saved: its row goes, and what was typed in its editor must not go with
+    it. It holds through the editor's blur as its row is removed (a save, refused with 404
+    `queue_item_not_found`, which puts the edit in the composer)."""
+    page = context.new_page()
+    open_app(page, openai_web.base_url)
+    fake.script(reply(text("working"), barrier("hold")))
+    send(page, "first")
+    expect(page.get_by_role("button", name="Stop")).to_be_visible()
+    box = page.get_by_role("textbox", name="Message")
+    box.fill("queued words")
+    box.press("Enter")
+    queued = page.locator("#queue li")
+    expect(queued).to_contain_text("queued words")
+    sid = session_id_of(page)
+
+    queued.get_by_role("button", name="Edit").click()
+    area = page.get_by_role("textbox", name="Edit queued message")
+    area.fill("queued words, and a second thought")
+    fake.script(reply(text("answered the queued one")))
+    fake.release("hold")  # the run ends and the queue sends its message as it was
+    expect(queued).to_have_count(0)
+    expect(box).to_have_value("queued words, and a second thought")
+    expect(page.locator("#notice-bar")).to_contain_text("Not saved")
+    wait_settled(page)
+    with httpx.Client(base_url=openai_web.base_url) as client:
+        assert session_body(client, sid)["queued"] == []

@@ -325,3 +325,36 @@ def test_an_id_a_postgresql_text_cannot_hold_fails_only_its_own_append(url: str)
         await store.aclose()
 
     asyncio.run(main())
+
+
+def test_a_claim_of_unowned_sessions_racing_a_deletion_leaves_no_owner_row_behind(
+    url: str,
+) -> None:
+    """A replica starting in accounts mode gives every unowned session to the first admin
+    while another replica deletes one of them. The deletion removed the session's owner row
+    before the claim's insert was committed, so the claim then left an owner row for a
+    session that no longer exists (ownership the next session of that id would inherit)."""
+
+    async def main() -> None:
+        store = open_store(url, "deleting")
+        await store.create_session("s", [Draft("session.created", {})])
+        with psycopg.connect(url, autocommit=True) as db:  # a claim slow to insert its rows
+            db.execute(
+                "CREATE FUNCTION slow_owner() RETURNS trigger AS $$ BEGIN "
+                "PERFORM pg_sleep(1); RETURN NEW; END $$ LANGUAGE plpgsql"
+            )
+            db.execute(
+                "CREATE TRIGGER slow_owner BEFORE INSERT ON session_owners "
+                "FOR EACH ROW EXECUTE FUNCTION slow_owner()"
+            )
+        claimer = open_store(url, "claiming")
+        claim = asyncio.create_task(claimer.claim_unowned("alice"))
+        await asyncio.sleep(0.3)  # the claim has read the sessions and is inserting
+        await store.delete_session("s")
+        assert await claim in (0, 1)
+        with psycopg.connect(url) as db:
+            assert db.execute("SELECT session_id, owner FROM session_owners").fetchall() == []
+        for replica in (store, claimer):
+            await replica.aclose()
+
+    asyncio.run(main())

@@ -26,12 +26,17 @@ async def forget(conn: psycopg.AsyncConnection, session_id: str) -> None:
 
 
 async def claim(conn: psycopg.AsyncConnection, owner: str) -> int:
-    """Give every committed, unowned session to `owner`; how many were given."""
+    """Give every committed, unowned session to `owner`; how many were given. The counter
+    rows of the sessions given are locked `FOR SHARE`, in session-id order as every writer
+    locks them: a deletion (which holds its row `FOR UPDATE`) then either waits for the
+    claim and removes its owner row, or commits first and the claim skips the session.
+    Without it, a deletion could miss the claim's uncommitted row and leave it behind."""
     async with conn.transaction():
         cur = await conn.execute(
             "INSERT INTO session_owners (session_id, owner) SELECT s.session_id, %s "
             "FROM sessions s WHERE s.last_seq > 0 AND NOT EXISTS "
             "(SELECT 1 FROM session_owners o WHERE o.session_id = s.session_id) "
+            "ORDER BY s.session_id FOR SHARE OF s "
             "ON CONFLICT (session_id) DO NOTHING RETURNING session_id",
             (owner.replace("\x00", ""),),
         )

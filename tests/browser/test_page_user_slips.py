@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from playwright.sync_api import BrowserContext, expect
+from playwright.sync_api import BrowserContext, Locator, Page, expect
 
 from fake_openai import FakeOpenAI, barrier, reply, text
 from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle, wait_until
@@ -15,11 +15,11 @@ from pagekit import open_app, send, session_id_of, wait_settled
 pytestmark = pytest.mark.slow
 
 
-def test_esc_in_a_queued_messages_editor_discards_the_edit(
+def _queued_behind_a_held_run(
     context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
-) -> None:
-    """Esc closes the editor of a queued message without saving: removing the box blurred
-    it, and the blur saved what Esc was meant to throw away."""
+) -> tuple[Page, Locator, Locator, str]:
+    """A page whose run is held at the barrier "hold", with "queued words" queued behind it:
+    the page, its message box, the queue's rows and the session id."""
     page = context.new_page()
     open_app(page, openai_web.base_url)
     fake.script(reply(text("working"), barrier("hold")))
@@ -30,7 +30,15 @@ def test_esc_in_a_queued_messages_editor_discards_the_edit(
     box.press("Enter")  # queued while the run goes
     queued = page.locator("#queue li")
     expect(queued).to_contain_text("queued words")
-    sid = session_id_of(page)
+    return page, box, queued, session_id_of(page)
+
+
+def test_esc_in_a_queued_messages_editor_discards_the_edit(
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """Esc closes the editor of a queued message without saving: removing the box blurred
+    it, and the blur saved what Esc was meant to throw away."""
+    page, _, queued, sid = _queued_behind_a_held_run(context, openai_web, fake)
 
     queued.get_by_role("button", name="Edit").click()
     area = page.get_by_role("textbox", name="Edit queued message")
@@ -199,17 +207,7 @@ def test_a_queued_message_edit_the_server_did_not_take_stays_in_its_editor(
     the queue showed the old text again and the edit was gone, with nothing to say it was not
     saved. And an edit that came too late (the message was sent or removed meanwhile: 404)
     went the same way."""
-    page = context.new_page()
-    open_app(page, openai_web.base_url)
-    fake.script(reply(text("working"), barrier("hold")))
-    send(page, "first")
-    expect(page.get_by_role("button", name="Stop")).to_be_visible()
-    box = page.get_by_role("textbox", name="Message")
-    box.fill("queued words")
-    box.press("Enter")
-    queued = page.locator("#queue li")
-    expect(queued).to_contain_text("queued words")
-    sid = session_id_of(page)
+    page, box, queued, sid = _queued_behind_a_held_run(context, openai_web, fake)
 
     queued.get_by_role("button", name="Edit").click()
     area = page.get_by_role("textbox", name="Edit queued message")
@@ -286,17 +284,7 @@ def test_a_queued_message_that_leaves_the_queue_while_edited_leaves_the_edit_in_
     before the edit is saved: its row goes, and what was typed in its editor must not go with
     it. It holds through the editor's blur as its row is removed (a save, refused with 404
     `queue_item_not_found`, which puts the edit in the composer)."""
-    page = context.new_page()
-    open_app(page, openai_web.base_url)
-    fake.script(reply(text("working"), barrier("hold")))
-    send(page, "first")
-    expect(page.get_by_role("button", name="Stop")).to_be_visible()
-    box = page.get_by_role("textbox", name="Message")
-    box.fill("queued words")
-    box.press("Enter")
-    queued = page.locator("#queue li")
-    expect(queued).to_contain_text("queued words")
-    sid = session_id_of(page)
+    page, box, queued, sid = _queued_behind_a_held_run(context, openai_web, fake)
 
     queued.get_by_role("button", name="Edit").click()
     area = page.get_by_role("textbox", name="Edit queued message")

@@ -55,8 +55,10 @@ class OpenAIEndpoint(Runtime):
         self._max_tokens_key = "max_tokens"  # or max_completion_tokens, once a server asks
         self._models: tuple[float, list[dict[str, Any]]] | None = None  # (when, cards)
         # The SDK's own HTTP client (its trust store, redirects, pool limits), which the
-        # streamed turn also uses without the SDK's request building: one pool.
-        self._http = openai.DefaultAsyncHttpxClient()
+        # streamed turn also uses without the SDK's request building: one pool. Its aiohttp
+        # transport (the SDK's `aiohttp` extra) reads a streamed body for less than half the
+        # CPU per chunk of its default one, which parses HTTP in Python (bench/README.md).
+        self._http = openai.DefaultAioHttpClient()
         self._client = openai.AsyncOpenAI(
             base_url=settings.base_url,
             api_key=os.environ.get(settings.api_key_env) or PLACEHOLDER_API_KEY,

@@ -20,6 +20,7 @@ import json
 import re
 from typing import Any
 
+import aiohttp
 import httpx
 import openai
 
@@ -77,6 +78,18 @@ def _detail(exc: openai.APIError) -> str:
     return exc.message
 
 
+def _transport_cause(exc: openai.APIConnectionError) -> BaseException | None:
+    """What failed under the SDK's error. The SDK's aiohttp transport raises httpx's
+    ConnectTimeout for every aiohttp connection error, a refused connection included (the SDK
+    then says "timed out"), with aiohttp's own error as its cause: that one is the failure,
+    unless it is itself a timeout."""
+    cause = exc.__cause__ or exc.__context__
+    inner = cause.__cause__ if cause is not None else None
+    if isinstance(inner, aiohttp.ClientError):
+        return None if isinstance(inner, TimeoutError) else inner
+    return cause
+
+
 def classify(
     exc: Exception,
     *,
@@ -90,13 +103,13 @@ def classify(
     """The ProviderError for `exc`, or `exc` itself if it is not a provider failure."""
     if isinstance(exc, ProviderError):
         return exc
-    if isinstance(exc, openai.APITimeoutError):
-        return ProviderError(
-            "network",
-            f"The model provider at {where} did not answer in time (the request timed out).",
-        )
     if isinstance(exc, openai.APIConnectionError):
-        cause = exc.__cause__ or exc.__context__
+        cause = _transport_cause(exc)
+        if isinstance(exc, openai.APITimeoutError) and not isinstance(cause, aiohttp.ClientError):
+            return ProviderError(
+                "network",
+                f"The model provider at {where} did not answer in time (the request timed out).",
+            )
         reason = f"{type(cause).__name__}: {cause}" if cause and str(cause) else exc.message
         what = (
             "The connection to the model provider at {} was lost mid-answer"
@@ -123,10 +136,11 @@ def classify(
             f"The model provider at {where} sent data that is not valid JSON ({exc}).",
         )
     if isinstance(exc, (*_TRANSPORT_ERRORS, OSError)):
+        failure = exc.__cause__ if isinstance(exc.__cause__, aiohttp.ClientError) else exc
         return ProviderError(
             "network",
             f"The connection to the model provider at {where} "
-            f"failed ({type(exc).__name__}: {exc}).",
+            f"failed ({type(failure).__name__}: {failure}).",
         )
     if isinstance(exc, httpx.HTTPError):
         return ProviderError(

@@ -78,16 +78,20 @@ def _detail(exc: openai.APIError) -> str:
     return exc.message
 
 
-def _transport_cause(exc: openai.APIConnectionError) -> BaseException | None:
-    """What failed under the SDK's error. The SDK's aiohttp transport raises httpx's
-    ConnectTimeout for every aiohttp connection error, a refused connection included (the SDK
-    then says "timed out"), with aiohttp's own error as its cause: that one is the failure,
-    unless it is itself a timeout."""
+def connection_failure(exc: openai.APIConnectionError) -> str | None:
+    """What failed under the SDK's connection error, in words; None when it timed out. The
+    SDK's aiohttp transport raises httpx's ConnectTimeout for every aiohttp connection error,
+    a refused connection included (the SDK then says "timed out"), with aiohttp's own error
+    as its cause: that one is the failure, unless it is itself a timeout."""
     cause = exc.__cause__ or exc.__context__
     inner = cause.__cause__ if cause is not None else None
     if isinstance(inner, aiohttp.ClientError):
-        return None if isinstance(inner, TimeoutError) else inner
-    return cause
+        if isinstance(inner, TimeoutError):
+            return None
+        cause = inner
+    elif isinstance(exc, openai.APITimeoutError):
+        return None
+    return f"{type(cause).__name__}: {cause}" if cause and str(cause) else exc.message
 
 
 def classify(
@@ -104,13 +108,12 @@ def classify(
     if isinstance(exc, ProviderError):
         return exc
     if isinstance(exc, openai.APIConnectionError):
-        cause = _transport_cause(exc)
-        if isinstance(exc, openai.APITimeoutError) and not isinstance(cause, aiohttp.ClientError):
+        reason = connection_failure(exc)
+        if reason is None:
             return ProviderError(
                 "network",
                 f"The model provider at {where} did not answer in time (the request timed out).",
             )
-        reason = f"{type(cause).__name__}: {cause}" if cause and str(cause) else exc.message
         what = (
             "The connection to the model provider at {} was lost mid-answer"
             if streaming

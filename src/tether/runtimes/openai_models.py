@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import openai
 
+from tether.runtimes.openai_errors import connection_failure
+
 WINDOW_KEYS = ("context_length", "context_window", "max_context_length", "max_model_len")
 TIMEOUT = httpx.Timeout(15.0, connect=5.0)
 
@@ -124,7 +126,7 @@ async def discover_window(client: openai.AsyncOpenAI, model: str) -> Window | No
         if (tokens := window_of_card(await ask.models.retrieve(model))) is not None:
             return Window(tokens, "/v1/models")
     except openai.APIConnectionError as exc:
-        raise Unreachable(str(exc)) from exc
+        raise Unreachable(connection_failure(exc) or "the request timed out") from exc
     except (openai.APIError, ValueError, TypeError):
         pass
     try:
@@ -134,7 +136,7 @@ async def discover_window(client: openai.AsyncOpenAI, model: str) -> Window | No
                     return Window(tokens, "/v1/models")
                 break
     except openai.APIConnectionError as exc:
-        raise Unreachable(str(exc)) from exc
+        raise Unreachable(connection_failure(exc) or "the request timed out") from exc
     except (openai.APIError, ValueError, TypeError):
         pass
     return await _native(client, model)
@@ -155,7 +157,7 @@ async def list_models(client: openai.AsyncOpenAI) -> list[dict[str, Any]]:
                 entry["context_window"] = tokens
             cards.append(entry)
     except openai.APIConnectionError as exc:
-        raise Unreachable(str(exc)) from exc
+        raise Unreachable(connection_failure(exc) or "the request timed out") from exc
     return cards
 
 

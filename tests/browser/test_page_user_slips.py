@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from playwright.sync_api import BrowserContext, Locator, Page, expect
+from playwright.sync_api import BrowserContext, Locator, Page, Route, expect
 
 from fake_openai import FakeOpenAI, barrier, reply, text
 from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle, wait_until
@@ -275,6 +275,40 @@ def test_a_model_the_server_did_not_take_is_not_shown_as_picked(
         expect(page.locator("#model-note")).to_be_hidden()
         wait_until(lambda: session_body(client, sid)["model"] == "fake-model", what="saved")
     expect(picker).to_have_value("fake-model")
+
+
+def test_a_picked_model_stays_shown_while_its_change_is_on_its_way(
+    context: BrowserContext, openai_web: ServerProcess
+) -> None:
+    """Every redraw of the header before the PATCH answered (a run starting or ending, a
+    rename in another tab) put the model in effect back in the picker, and the answer the
+    picked one again: the picker flickered between the two while the server was slow."""
+    page = context.new_page()
+    open_app(page, openai_web.base_url)
+    send(page, "hi")
+    wait_settled(page)
+    sid = session_id_of(page)
+    held: list[Route] = []
+    page.route(
+        "**/api/session",
+        lambda route: held.append(route) if route.request.method == "PATCH" else route.continue_(),
+    )
+    picker = page.get_by_role("combobox", name="Model")
+    picker.select_option("fake-model")
+    for _ in range(100):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held, "the PATCH never left the page"
+    with httpx.Client(base_url=openai_web.base_url) as client:
+        renamed = client.patch("/api/session", json={"session_id": sid, "title": "Elsewhere"})
+        assert renamed.status_code == 200
+        expect(page.locator("#session-title")).to_have_text("Elsewhere")  # the header redrawn
+        expect(picker).to_have_value("fake-model")
+        held[0].continue_()
+        wait_until(lambda: session_body(client, sid)["model"] == "fake-model", what="saved")
+    expect(picker).to_have_value("fake-model")
+    expect(page.locator("#model-note")).to_be_hidden()
 
 
 def test_a_queued_message_that_leaves_the_queue_while_edited_leaves_the_edit_in_the_composer(

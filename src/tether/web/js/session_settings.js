@@ -23,6 +23,10 @@ export class SessionSettings {
     this.picker = $("model-picker");
     this.picker.addEventListener("change", () => this.pickModel(this.picker.value || null));
     this.row = null;
+    /** `{sid, model}` while a picked model's PATCH is on its way: the header is redrawn with
+     *  rows read before it (a run starting, a rename elsewhere), which must not show the
+     *  model in effect until the server has answered. */
+    this.picking = null;
     this.promptButton = $("system-prompt-btn");
     this.promptButton.addEventListener("click", () => this.editPrompt());
   }
@@ -47,7 +51,9 @@ export class SessionSettings {
 
   /** Show the open session's row (or none: a new chat starts on the default). */
   show(row) {
-    const model = row?.model ?? "";
+    const pick = this.picking;
+    const picked = pick && (pick.sid === null || pick.sid === row?.session_id);
+    const model = picked ? pick.model : (row?.model ?? "");
     if (model && ![...this.picker.options].some((o) => o.value === model)) {
       this.picker.append(new Option(model, model)); // not (or no longer) in the list
     }
@@ -71,9 +77,15 @@ export class SessionSettings {
   async pickModel(model) {
     const note = $("model-note");
     note.hidden = true;
-    const failed = await this.change({ model });
-    if (!failed) return;
+    this.picking = { sid: this.row?.session_id ?? null, model: model ?? "" };
+    let failed;
+    try {
+      failed = await this.change({ model });
+    } finally {
+      this.picking = null;
+    }
     this.show(this.row);
+    if (!failed) return;
     note.textContent = `Not saved: ${failed.message}`;
     note.hidden = false;
   }

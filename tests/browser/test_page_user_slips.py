@@ -246,6 +246,31 @@ def test_a_queued_message_edit_the_server_did_not_take_stays_in_its_editor(
     fake.release("hold")
 
 
+def test_a_queued_edit_saved_by_clicking_away_reopens_without_taking_the_focus(
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """A queued message's edit saved by clicking into the message box, while the server is
+    unreachable: its editor opens again with the edit (not lost), and it took the focus back
+    from the box, so what the user went on typing landed in the editor."""
+    page, _, queued, _ = _queued_behind_a_held_run(context, openai_web, fake)
+    box = page.get_by_role("textbox", name="Message", exact=True)
+    queued.get_by_role("button", name="Edit").click()
+    area = page.get_by_role("textbox", name="Edit queued message")
+    area.fill("edited while offline")
+    openai_web.stop()
+    expect(page.locator("#conn")).to_have_text("Reconnecting…")
+    box.click()  # the editor's blur saves, and the save fails
+    expect(queued.get_by_role("alert")).to_contain_text("Not saved")
+    expect(area).to_have_value("edited while offline")
+    expect(box).to_be_focused()
+    page.keyboard.type("next thought")
+    expect(box).to_have_value("next thought")
+    expect(area).to_have_value("edited while offline")
+    openai_web.start()
+    expect(page.locator("#conn")).to_have_text("Live", timeout=15_000)
+    fake.release("hold")
+
+
 def test_a_model_the_server_did_not_take_is_not_shown_as_picked(
     context: BrowserContext, openai_web: ServerProcess
 ) -> None:

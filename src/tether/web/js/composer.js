@@ -228,8 +228,9 @@ export class Composer {
   }
 
   /** An edit the server did not take is not lost: its editor opens again with it, saying
-   *  why; or, the message no longer queued (sent or removed meanwhile), it goes to the composer. */
-  editQueued(el, q, text = q.text, why = "") {
+   *  why (without taking the focus from where the user went meanwhile); or, the message no
+   *  longer queued (sent or removed meanwhile), it goes to the composer. */
+  editQueued(el, q, text = q.text, why = "", focus = true) {
     this.editing = q.queue_id;
     const span = el.querySelector(".queued-text");
     const area = h("textarea", { rows: 2, "aria-label": "Edit queued message" });
@@ -249,7 +250,10 @@ export class Composer {
       if (!failed) return;
       const gone = failed.code === "queue_item_not_found" || !el.isConnected || this.editing;
       if (!gone) {
-        this.editQueued(el, q, edited, `Not saved: ${failed.message} Enter to try again.`);
+        const active = document.activeElement;
+        const elsewhere = active !== null && active !== document.body; // clicked away
+        const why = `Not saved: ${failed.message} Enter to try again.`;
+        this.editQueued(el, q, edited, why, !elsewhere);
         return;
       }
       this.restore(edited);
@@ -265,6 +269,6 @@ export class Composer {
     area.addEventListener("blur", () => done(true));
     span.replaceWith(area);
     if (note) area.after(note);
-    area.focus();
+    if (focus) area.focus();
   }
 }

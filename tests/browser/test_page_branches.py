@@ -173,3 +173,48 @@ def test_an_edit_keeps_or_drops_the_messages_attachments(
     row.get_by_role("button", name="Previous branch").click()
     expect(row.get_by_label("Branch 2 of 3")).to_be_visible()
     expect(row.locator(".file-chip")).to_have_text("notes.txt")
+
+
+def test_an_edit_whose_message_leaves_the_branch_shown_goes_to_the_composer(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """The message being edited stops being shown before the edit is saved (another tab
+    regenerated an earlier answer, hiding it with the rest of its branch): its row goes, and
+    what was typed in its box must not go with it. It lands in the composer, unsent."""
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    send(page, "first question")
+    wait_settled(page)
+    send(page, "second question")
+    wait_settled(page)
+    sid = session_id_of(page)
+
+    second = page.locator("#transcript .rows > .row.user").nth(1)
+    second.get_by_role("button", name="Edit").click()
+    second.get_by_role("textbox", name="Edit message").fill("second, on second thought")
+    with httpx.Client(base_url=web_server.base_url) as client:  # another tab
+        first_answer = session_body(client, sid)["messages"][1]["id"]
+        response = client.post(
+            "/api/chat/regenerate", json={"session_id": sid, "row_id": first_answer}
+        )
+        assert response.status_code == 200, response.text
+        wait_idle(client, sid)
+    expect(page.locator("#transcript .rows > .row.user")).to_have_count(1)
+    expect(page.get_by_role("textbox", name="Message")).to_have_value("second, on second thought")
+    expect(page.locator("#notice-bar")).to_contain_text("Your edit is in the composer")
+    with httpx.Client(base_url=web_server.base_url) as client:  # nothing was sent
+        users = [m for m in session_body(client, sid)["messages"] if m["role"] == "user"]
+        assert [m["content"] for m in users] == ["first question"]
+
+    # An edit saved here also removes its row, often before the POST answers: it was sent,
+    # so nothing goes to the composer.
+    page.get_by_role("textbox", name="Message").fill("")
+    page.get_by_role("button", name="Dismiss").click()
+    first = page.locator("#transcript .rows > .row.user").first
+    first.get_by_role("button", name="Edit").click()
+    first.get_by_role("textbox", name="Edit message").fill("first, edited")
+    first.get_by_role("button", name="Save and send").click()
+    expect(first.locator(".user-text")).to_have_text("first, edited")
+    wait_settled(page)
+    expect(page.get_by_role("textbox", name="Message")).to_have_value("")
+    expect(page.locator("#notice-bar")).to_be_hidden()

@@ -51,6 +51,16 @@ export function updateRowActions(el, row, { running }) {
   for (const b of actions.querySelectorAll(".edit-message, .regenerate")) b.disabled = running;
 }
 
+/** The text typed in the open editors of rows not in `keys` (their message is no longer
+ *  shown: another tab switched, edited or regenerated above it): the render about to remove
+ *  those rows must not take what was typed with them. */
+export function editsLeaving(rowsEl, keys) {
+  return [...rowsEl.querySelectorAll(":scope > .row.editing:not([data-saving])")]
+    .filter((row) => !keys.has(row.dataset.key))
+    .map((row) => row.querySelector(".edit-box textarea")?.value ?? "")
+    .filter((text) => text.trim());
+}
+
 export class BranchActions {
   /** `app` gives `openId`, `call(fn)`, `refused(err, text, files)` and `notify(msg)`. */
   constructor(root, app) {
@@ -179,17 +189,21 @@ export class BranchActions {
         (li) => li.dataset.id,
       );
     }
+    row.dataset.saving = ""; // its own events may remove the row before the answer comes
     try {
       await post("/api/chat/start", body);
       row.querySelector(".edit-box")?.remove();
       row.classList.remove("editing");
     } catch (err) {
       for (const b of row.querySelectorAll(".edit-box button")) b.disabled = false;
-      if (err instanceof ApiError && err.code === "session_rotated") {
-        this.app.refused(err, text, []); // in the continuation's composer, never resent
+      if ((err instanceof ApiError && err.code === "session_rotated") || !row.isConnected) {
+        // in the continuation's composer, or in this one when the row went meanwhile
+        this.app.refused(err, text, []);
       } else {
         this.app.notify(err.message); // the text stays in the box
       }
+    } finally {
+      delete row.dataset.saving;
     }
   }
 }

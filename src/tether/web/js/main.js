@@ -104,6 +104,13 @@ class App {
     $("transcript").addEventListener("click", (event) => this.onClarifyChoice(event));
     $("transcript").addEventListener("submit", (event) => this.onClarifySubmit(event));
     this.branches = new BranchActions($("transcript"), this); // Edit, Regenerate, ‹ 2/3 ›
+    this.transcript.onEditLost = (text) => {
+      this.composer.restore(text); // never sent by itself: the user decides where it goes
+      this.notify(
+        "Not sent: the message you were editing is no longer shown (another branch is). " +
+          "Your edit is in the composer.",
+      );
+    };
     await this.route();
   }
 

@@ -1,7 +1,7 @@
 // The conversation view: rows keyed by message id, blocks keyed by item id, each patched in
 // place when its content changes. Untrusted text only ever goes through textContent; the only
 // HTML inserted is sanitised Markdown (markdown.js).
-import { buildRowActions, updateRowActions } from "./branches.js";
+import { buildRowActions, editsLeaving, updateRowActions } from "./branches.js";
 import { activityParts, blocksFor } from "./blocks.js";
 import { formatDuration, h, patchChildren } from "./dom.js";
 import { MarkdownView } from "./markdown.js";
@@ -408,6 +408,7 @@ export class TranscriptView {
     });
     this.excluded = new Map();
     this.compressedAt = null;
+    this.onEditLost = null; // (text): an edit whose row the render removed (main.js)
     this.rowsEl = h("div", { class: "rows" });
     root.append(this.inheritedEl, this.dividerEl, this.rowsEl);
     this.dividerEl.hidden = true;
@@ -487,7 +488,9 @@ export class TranscriptView {
         timeline: view.live.timeline,
       });
     }
+    const lost = editsLeaving(this.rowsEl, new Set(rows.map((row) => row.key)));
     patchChildren(this.rowsEl, rows, buildRow, (el, row) => this.updateRow(el, row));
+    for (const text of lost) this.onEditLost?.(text);
     const old = inherited.map((m) => ({ ...m, key: `inh:${m.session_id}:${m.id}` }));
     patchChildren(this.inheritedEl, old, buildRow, (el, row) => this.updateRow(el, row));
     this.dividerEl.hidden = old.length === 0;

@@ -218,3 +218,36 @@ def test_an_edit_whose_message_leaves_the_branch_shown_goes_to_the_composer(
     wait_settled(page)
     expect(page.get_by_role("textbox", name="Message")).to_have_value("")
     expect(page.locator("#notice-bar")).to_be_hidden()
+
+
+def test_two_quick_clicks_on_a_switcher_show_the_branch_two_steps_on(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """ "›" clicked twice before the first switch's events arrived: the second click named the
+    row the first one had just hidden, and the server's 404 `row_not_found` told the user to
+    reload. The clicks go one after the other, each from where the one before left the fork."""
+    with httpx.Client(base_url=web_server.base_url) as client:
+        sid = client.post("/api/sessions", json={}).json()["session"]["session_id"]
+        client.post("/api/chat/start", json={"session_id": sid, "message": "pick one"})
+        wait_idle(client, sid)
+        for _ in range(2):
+            client.post("/api/chat/regenerate", json={"session_id": sid}).raise_for_status()
+            wait_idle(client, sid)
+        answer = session_body(client, sid)["messages"][1]
+        shown = client.post(
+            "/api/session/branch", json={"session_id": sid, "row_id": answer["id"], "index": 1}
+        )
+        assert shown.json()["session"]["messages"][1]["branch"] == {"index": 1, "count": 3}
+    page = context.new_page()
+    open_app(page, web_server.base_url, f"/s/{sid}")
+    wait_settled(page)
+    row = page.locator("#transcript .rows > .row.assistant")
+    expect(row.get_by_label("Branch 1 of 3")).to_be_visible()
+
+    # Both clicks land before anything comes back.
+    row.get_by_role("button", name="Next branch").evaluate("(b) => { b.click(); b.click(); }")
+    expect(row.get_by_label("Branch 3 of 3")).to_be_visible()
+    expect(page.locator("#notice-bar")).to_be_hidden()
+    with httpx.Client(base_url=web_server.base_url) as client:
+        body = session_body(client, sid)
+    assert body["messages"][1]["branch"] == {"index": 3, "count": 3}

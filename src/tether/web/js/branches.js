@@ -46,7 +46,6 @@ export function updateRowActions(el, row, { running }) {
     count.setAttribute("aria-label", `Branch ${branch.index} of ${branch.count}`);
     actions.querySelector(".branch-prev").disabled = running || branch.index <= 1;
     actions.querySelector(".branch-next").disabled = running || branch.index >= branch.count;
-    switcher.dataset.index = String(branch.index);
   }
   for (const b of actions.querySelectorAll(".edit-message, .regenerate")) b.disabled = running;
 }
@@ -65,6 +64,8 @@ export class BranchActions {
   /** `app` gives `openId`, `call(fn)`, `refused(err, text, files)` and `notify(msg)`. */
   constructor(root, app) {
     this.app = app;
+    this.switching = Promise.resolve(); // ‹ › switches, one at a time (switchFrom)
+    this.lastSwitch = null; // what the last one left shown at its fork, from its answer
     root.addEventListener("click", (event) => this.onClick(event));
     root.addEventListener("keydown", (event) => this.onKey(event));
   }
@@ -100,11 +101,7 @@ export class BranchActions {
     const sid = this.app.openId;
     const rowId = row.dataset.rowId;
     if (target.matches(".branch-prev, .branch-next")) {
-      const index = Number(target.parentElement.dataset.index);
-      const next = target.matches(".branch-next") ? index + 1 : index - 1;
-      this.app.call(() =>
-        post("/api/session/branch", { session_id: sid, row_id: rowId, index: next }),
-      );
+      this.switchFrom(row, target.matches(".branch-next") ? 1 : -1);
     } else if (target.matches(".regenerate")) {
       this.app.call(() => post("/api/chat/regenerate", { session_id: sid, row_id: rowId }));
     } else if (target.matches(".edit-message")) {
@@ -114,6 +111,33 @@ export class BranchActions {
     } else {
       this.save(row, sid, rowId);
     }
+  }
+
+  /** ‹ (`step` -1) or › (+1) on `row`. Switches go one at a time, each from where the one
+   *  before left that fork: its answer says, until its events have been folded here. A
+   *  second click before then named the row the first one hid, and the server's 404 told
+   *  the user to reload. */
+  switchFrom(row, step) {
+    const sid = this.app.openId;
+    const position = [...row.parentElement.children].filter((el) => el.dataset.rowId).indexOf(row);
+    this.switching = this.switching.then(async () => {
+      const state = this.app.sessions.get(sid)?.state;
+      const last = this.lastSwitch;
+      const shown = state?.messages[position];
+      const from =
+        last?.sid === sid && last.position === position && last.seq > (state?.lastSeq ?? 0)
+          ? last
+          : shown?.branch && { rowId: shown.id, ...shown.branch };
+      const index = from ? from.index + step : 0;
+      if (index < 1 || index > from.count) return;
+      const answer = await this.app.call(() =>
+        post("/api/session/branch", { session_id: sid, row_id: from.rowId, index }),
+      );
+      const now = answer?.session.messages[position];
+      this.lastSwitch = now?.branch
+        ? { sid, position, rowId: now.id, ...now.branch, seq: answer.session.last_seq }
+        : null;
+    });
   }
 
   onKey(event) {

@@ -328,6 +328,7 @@ def test_bad_requests_change_nothing(openai_server: ServerProcess, fake: FakeOpe
         for path, extra in [
             ("/api/chat/regenerate", {}),
             ("/api/session/branch", {"row_id": user["id"], "index": 1}),
+            ("/api/chat/start", {"message": "x", "keep_attachments": []}),
         ]:
             response = client.post(path, json={"session_id": "s_nope", **extra})
             assert response.status_code == 404 and response.json()["code"] == "session_not_found"
@@ -499,6 +500,8 @@ def test_a_rotated_session_refuses_edit_regenerate_and_switch_before_any_write(
             ("/api/chat/regenerate", {"row_id": answer["id"]}),
             ("/api/session/branch", {"row_id": user["id"], "index": 1}),
             ("/api/session/branch", {"row_id": "u_nope", "index": 9}),
+            # docs/api.md §10: keep_attachments without edit_of is refused after the 409s
+            ("/api/chat/start", {"message": "stale tab", "keep_attachments": []}),
         ]
         for path, extra in attempts:
             response = client.post(path, json={"session_id": parent, **extra})

@@ -56,8 +56,6 @@ async def start_turn(app: App, body: StartTurn) -> dict:
     uploads = decode_uploads(
         [a.model_dump() for a in body.attachments], app.settings, app.engine.runtime
     )
-    if body.keep_attachments is not None and body.edit_of is None:
-        raise InvalidRequest("keep_attachments goes with edit_of.")
     return await app.engine.start(
         body.session_id,
         text,

@@ -109,6 +109,8 @@ class RunEngine:
         when given)."""
         async with self.sessions.locks(session_id):
             row = await self._admissible(session_id)
+            if keep_attachments is not None and edit_of is None:  # after the 404 and 409s
+                raise InvalidRequest("keep_attachments goes with edit_of.")
             refs: list[dict[str, Any]] = []
             if queue_id is not None:
                 item = (await self.sessions.folds.get(session_id)).transcript.queued.get(queue_id)

@@ -7,12 +7,13 @@ context (invariant 1: the page shows the branch the model gets), the sidebar row
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import httpx
 import pytest
 from playwright.sync_api import BrowserContext, Page, expect
 
-from helpers import ServerProcess, session_body, wait_idle
+from helpers import ServerProcess, running_server, session_body, wait_idle, wait_until
 from pagekit import open_app, send, session_id_of, wait_settled
 
 pytestmark = pytest.mark.slow
@@ -180,14 +181,20 @@ def test_an_edit_whose_message_leaves_the_branch_shown_goes_to_the_composer(
 ) -> None:
     """The message being edited stops being shown before the edit is saved (another tab
     regenerated an earlier answer, hiding it with the rest of its branch): its row goes, and
-    what was typed in its box must not go with it. It lands in the composer, unsent."""
+    what was typed in its box must not go with it. It lands in the composer, unsent, with the
+    files the edit kept."""
     page = context.new_page()
     open_app(page, web_server.base_url)
     send(page, "first question")
     wait_settled(page)
-    send(page, "second question")
-    wait_settled(page)
     sid = session_id_of(page)
+    with httpx.Client(base_url=web_server.base_url) as client:
+        data = base64.b64encode(b"ZEBRA-42").decode()
+        attachment = {"name": "notes.txt", "mime": "text/plain", "data_base64": data}
+        start_turn = {"session_id": sid, "message": "second question", "attachments": [attachment]}
+        client.post("/api/chat/start", json=start_turn).raise_for_status()
+    expect(page.locator("#transcript .rows > .row.user")).to_have_count(2)
+    wait_settled(page)
 
     second = page.locator("#transcript .rows > .row.user").nth(1)
     second.get_by_role("button", name="Edit").click()
@@ -201,6 +208,7 @@ def test_an_edit_whose_message_leaves_the_branch_shown_goes_to_the_composer(
         wait_idle(client, sid)
     expect(page.locator("#transcript .rows > .row.user")).to_have_count(1)
     expect(page.get_by_role("textbox", name="Message")).to_have_value("second, on second thought")
+    expect(page.locator("#attachment-chips .chip-name")).to_have_text(["notes.txt"])
     expect(page.locator("#notice-bar")).to_contain_text("Your edit is in the composer")
     with httpx.Client(base_url=web_server.base_url) as client:  # nothing was sent
         users = [m for m in session_body(client, sid)["messages"] if m["role"] == "user"]
@@ -209,6 +217,7 @@ def test_an_edit_whose_message_leaves_the_branch_shown_goes_to_the_composer(
     # An edit saved here also removes its row, often before the POST answers: it was sent,
     # so nothing goes to the composer.
     page.get_by_role("textbox", name="Message").fill("")
+    page.locator("#attachment-chips").get_by_role("button", name="Remove attachment").click()
     page.get_by_role("button", name="Dismiss").click()
     first = page.locator("#transcript .rows > .row.user").first
     first.get_by_role("button", name="Edit").click()
@@ -251,3 +260,52 @@ def test_two_quick_clicks_on_a_switcher_show_the_branch_two_steps_on(
     with httpx.Client(base_url=web_server.base_url) as client:
         body = session_body(client, sid)
     assert body["messages"][1]["branch"] == {"index": 3, "count": 3}
+
+
+def test_an_edit_refused_on_a_rotated_session_brings_its_attachments_to_the_continuation(
+    context: BrowserContext, tmp_path: Path
+) -> None:
+    """A stale tab edits a message with a file on a session that continues in a newer one:
+    409 `session_rotated` puts the edit in the continuation's composer, and the files it kept
+    must come with it as draft chips (they came back without them, and the notice said the
+    message was there to send again)."""
+    rotating = ("--context-window", "256", "--compression-mode", "rotate")
+    with running_server(tmp_path / "data", *rotating, env={"TETHER_DEMO_DELAY": "0.002"}) as srv:
+        with httpx.Client(base_url=srv.base_url) as client:
+            parent = client.post("/api/sessions", json={}).json()["session"]["session_id"]
+        stale = context.new_page()
+        open_app(stale, srv.base_url, f"/s/{parent}")
+        with httpx.Client(base_url=srv.base_url) as client:
+            data = base64.b64encode(b"ZEBRA-42").decode()
+            client.post(
+                "/api/chat/start",
+                json={
+                    "session_id": parent,
+                    "message": "hello " * 150,  # the demo's usage then crosses 80% of 256
+                    "attachments": [
+                        {"name": "notes.txt", "mime": "text/plain", "data_base64": data}
+                    ],
+                },
+            ).raise_for_status()
+            child = wait_until(
+                lambda: session_body(client, parent)["continuation_session_id"], what="rotation"
+            )
+            wait_idle(client, parent)
+            before_child = session_body(client, child)["last_seq"]
+        wait_settled(stale)
+        stale.evaluate("window.tether.stream.stop()")  # a tab that missed it all
+        row = stale.locator("#transcript .rows > .row.user").first
+        row.get_by_role("button", name="Edit").click()
+        row.get_by_role("textbox", name="Edit message").fill("hello, shorter")
+        row.get_by_role("button", name="Save and send").click()
+        expect(stale).to_have_url(f"{srv.base_url}/s/{child}")
+        expect(stale.get_by_role("textbox", name="Message")).to_have_value("hello, shorter")
+        expect(stale.locator("#attachment-chips .chip-name")).to_have_text(["notes.txt"])
+        with httpx.Client(base_url=srv.base_url) as client:
+            assert session_body(client, child)["last_seq"] == before_child  # never resent
+        stale.get_by_role("textbox", name="Message").press("Enter")  # sent by the user
+        with httpx.Client(base_url=srv.base_url) as client:
+            wait_until(lambda: session_body(client, child)["messages"], what="the sent turn")
+            [user] = [m for m in wait_idle(client, child)["messages"] if m["role"] == "user"]
+            assert [a["name"] for a in user["attachments"]] == ["notes.txt"]
+            assert client.get(user["attachments"][0]["url"]).content == b"ZEBRA-42"

@@ -3,6 +3,7 @@
 // What the page shows then comes back as events through the reducer (reducer_branches.js),
 // like every other change, so this tab, another tab and a reload agree.
 import { ApiError, post } from "./api.js";
+import { readBase64 } from "./composer.js";
 import { h } from "./dom.js";
 import { switchesToShow } from "./reducer_branches.js";
 
@@ -50,14 +51,39 @@ export function updateRowActions(el, row, { running }) {
   for (const b of actions.querySelectorAll(".edit-message, .regenerate")) b.disabled = running;
 }
 
-/** The text typed in the open editors of rows not in `keys` (their message is no longer
+/** The open edits (`{text, kept}`) of rows not in `keys` (their message is no longer
  *  shown: another tab switched, edited or regenerated above it): the render about to remove
  *  those rows must not take what was typed with them. */
 export function editsLeaving(rowsEl, keys) {
   return [...rowsEl.querySelectorAll(":scope > .row.editing:not([data-saving])")]
     .filter((row) => !keys.has(row.dataset.key))
-    .map((row) => row.querySelector(".edit-box textarea")?.value ?? "")
-    .filter((text) => text.trim());
+    .map((row) => ({ text: row.querySelector(".edit-box textarea")?.value ?? "", kept: kept(row) }))
+    .filter((edit) => edit.text.trim());
+}
+
+/** The attachments still listed under a row's edit box: what its edit keeps. */
+function kept(row) {
+  const ids = new Set([...row.querySelectorAll(".edit-attachments li")].map((li) => li.dataset.id));
+  return (row.attachmentList || []).filter((a) => ids.has(a.id));
+}
+
+/** Attachments an edit kept, read back as the composer's drafts (`{name, mime, data_base64,
+ *  size}`) for an edit that goes to the composer: a continuation cannot name another
+ *  session's uploads, so they are sent anew. One that cannot be read is left out. */
+export async function asDrafts(attachments) {
+  const drafts = [];
+  for (const a of attachments) {
+    const response = await fetch(a.url).catch(() => null);
+    if (!response?.ok) continue;
+    const blob = await response.blob();
+    drafts.push({
+      name: a.name,
+      mime: a.mime,
+      data_base64: await readBase64(blob),
+      size: blob.size,
+    });
+  }
+  return drafts;
 }
 
 export class BranchActions {
@@ -208,11 +234,8 @@ export class BranchActions {
     }
     for (const b of row.querySelectorAll(".edit-box button")) b.disabled = true;
     const body = { session_id: sid, message: text, edit_of: rowId };
-    if ((row.attachmentList || []).length) {
-      body.keep_attachments = [...row.querySelectorAll(".edit-attachments li")].map(
-        (li) => li.dataset.id,
-      );
-    }
+    const files = kept(row);
+    if ((row.attachmentList || []).length) body.keep_attachments = files.map((a) => a.id);
     row.dataset.saving = ""; // its own events may remove the row before the answer comes
     try {
       await post("/api/chat/start", body);
@@ -222,7 +245,7 @@ export class BranchActions {
       for (const b of row.querySelectorAll(".edit-box button")) b.disabled = false;
       if ((err instanceof ApiError && err.code === "session_rotated") || !row.isConnected) {
         // in the continuation's composer, or in this one when the row went meanwhile
-        this.app.refused(err, text, []);
+        this.app.refused(err, text, await asDrafts(files));
       } else {
         this.app.notify(err.message); // the text stays in the box
       }

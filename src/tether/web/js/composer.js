@@ -4,7 +4,7 @@
 import { h, patchChildren } from "./dom.js";
 import { sendKey } from "./settings.js";
 
-const readBase64 = (file) =>
+export const readBase64 = (file) =>
   new Promise((resolve, reject) => {
     const reader = new FileReader();
     reader.onload = () => resolve(String(reader.result).split(",", 2)[1] || "");

@@ -3,7 +3,7 @@
 // go through it, so a reload, a reconnect and a session switch show the same rows.
 import "./session_auth.js";
 import { ApiError, del, get, patch, post, q } from "./api.js";
-import { BranchActions } from "./branches.js";
+import { asDrafts, BranchActions } from "./branches.js";
 import { Composer } from "./composer.js";
 import { setText } from "./dom.js";
 import { applyEvent, applySnapshot, createSession, view } from "./reducer.js";
@@ -104,8 +104,9 @@ class App {
     $("transcript").addEventListener("click", (event) => this.onClarifyChoice(event));
     $("transcript").addEventListener("submit", (event) => this.onClarifySubmit(event));
     this.branches = new BranchActions($("transcript"), this); // Edit, Regenerate, ‹ 2/3 ›
-    this.transcript.onEditLost = (text) => {
-      this.composer.restore(text); // never sent by itself: the user decides where it goes
+    this.transcript.onEditLost = async ({ text, kept }) => {
+      // never sent by itself: the user decides where it goes
+      this.composer.restore(text, await asDrafts(kept));
       this.notify(
         "Not sent: the message you were editing is no longer shown (another branch is). " +
           "Your edit is in the composer.",

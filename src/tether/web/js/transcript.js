@@ -408,7 +408,7 @@ export class TranscriptView {
     });
     this.excluded = new Map();
     this.compressedAt = null;
-    this.onEditLost = null; // (text): an edit whose row the render removed (main.js)
+    this.onEditLost = null; // ({text, kept}): an edit whose row a render removed (main.js)
     this.rowsEl = h("div", { class: "rows" });
     root.append(this.inheritedEl, this.dividerEl, this.rowsEl);
     this.dividerEl.hidden = true;
@@ -490,7 +490,7 @@ export class TranscriptView {
     }
     const lost = editsLeaving(this.rowsEl, new Set(rows.map((row) => row.key)));
     patchChildren(this.rowsEl, rows, buildRow, (el, row) => this.updateRow(el, row));
-    for (const text of lost) this.onEditLost?.(text);
+    for (const edit of lost) this.onEditLost?.(edit);
     const old = inherited.map((m) => ({ ...m, key: `inh:${m.session_id}:${m.id}` }));
     patchChildren(this.inheritedEl, old, buildRow, (el, row) => this.updateRow(el, row));
     this.dividerEl.hidden = old.length === 0;

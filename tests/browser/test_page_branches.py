@@ -309,3 +309,31 @@ def test_an_edit_refused_on_a_rotated_session_brings_its_attachments_to_the_cont
             [user] = [m for m in wait_idle(client, child)["messages"] if m["role"] == "user"]
             assert [a["name"] for a in user["attachments"]] == ["notes.txt"]
             assert client.get(user["attachments"][0]["url"]).content == b"ZEBRA-42"
+
+
+def test_an_edit_saved_twice_in_a_row_is_sent_once_without_a_false_error(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Ctrl+Enter pressed twice in an edit box (a key repeat, an impatient hand): the second
+    save went out too, and its refusal (409 `session_busy` behind the first one's run, or 404
+    once that run hid the row) said the edit failed, or put the sent text in the composer."""
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    send(page, "first question")
+    wait_settled(page)
+    sid = session_id_of(page)
+    row = page.locator("#transcript .rows > .row.user").first
+    row.get_by_role("button", name="Edit").click()
+    area = row.get_by_role("textbox", name="Edit message")
+    area.fill("first, edited")
+    area.evaluate(
+        """(a) => { for (let i = 0; i < 2; i++) a.dispatchEvent(new KeyboardEvent("keydown",
+        { key: "Enter", ctrlKey: true, bubbles: true })); }"""
+    )
+    expect(row.locator(".user-text")).to_have_text("first, edited")
+    wait_settled(page)
+    with httpx.Client(base_url=web_server.base_url) as client:
+        body = wait_idle(client, sid)
+    assert body["messages"][0]["branch"] == {"index": 2, "count": 2}
+    expect(page.locator("#notice-bar")).to_be_hidden()
+    expect(page.get_by_role("textbox", name="Message")).to_have_value("")

@@ -226,6 +226,7 @@ export class BranchActions {
 
   /** The edited message becomes a new branch; the old one stays. A refusal keeps the text. */
   async save(row, sid, rowId) {
+    if (row.dataset.saving !== undefined) return; // sent already (a second Ctrl+Enter)
     const area = row.querySelector(".edit-box textarea");
     const text = area?.value ?? "";
     if (!text.trim()) {

@@ -337,3 +337,23 @@ def test_an_edit_saved_twice_in_a_row_is_sent_once_without_a_false_error(
     assert body["messages"][0]["branch"] == {"index": 2, "count": 2}
     expect(page.locator("#notice-bar")).to_be_hidden()
     expect(page.get_by_role("textbox", name="Message")).to_have_value("")
+
+
+def test_regenerate_clicked_twice_in_a_row_starts_one_run_without_a_false_error(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Regenerate double-clicked: the second POST went out behind the first one's run and
+    its 409 `session_busy` said "A run is still using this session" while the new answer came."""
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    send(page, "first question")
+    wait_settled(page)
+    sid = session_id_of(page)
+    answer = page.locator("#transcript .rows > .row.assistant").first
+    answer.get_by_role("button", name="Regenerate").evaluate("(b) => { b.click(); b.click(); }")
+    with httpx.Client(base_url=web_server.base_url) as client:
+        wait_until(lambda: session_body(client, sid)["messages"][-1].get("branch"), what="run")
+        body = wait_idle(client, sid)
+    assert body["messages"][1]["branch"] == {"index": 2, "count": 2}
+    wait_settled(page)
+    expect(page.locator("#notice-bar")).to_be_hidden()

@@ -129,7 +129,11 @@ export class BranchActions {
     if (target.matches(".branch-prev, .branch-next")) {
       this.switchFrom(row, target.matches(".branch-next") ? 1 : -1);
     } else if (target.matches(".regenerate")) {
-      this.app.call(() => post("/api/chat/regenerate", { session_id: sid, row_id: rowId }));
+      if (target.dataset.sending !== undefined) return; // a double click starts one run
+      target.dataset.sending = "";
+      this.app
+        .call(() => post("/api/chat/regenerate", { session_id: sid, row_id: rowId }))
+        .finally(() => delete target.dataset.sending);
     } else if (target.matches(".edit-message")) {
       this.openEditor(row);
     } else if (target.matches(".edit-cancel")) {

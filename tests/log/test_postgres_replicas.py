@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,13 @@ from pg import private_server
 
 from tether.events import Event
 from tether.log import Draft, Hub, StorageError
-from tether.log.errors import CancelRequested, RunTakenOver, SessionOccupied, StreamClosed
+from tether.log.errors import (
+    CancelRequested,
+    RunTakenOver,
+    SessionOccupied,
+    StreamClosed,
+    TranscriptMoved,
+)
 from tether.log.pg_fanout import PAYLOAD_LIMIT, Fanout, payloads
 from tether.log.pg_leases import LEASE_SECONDS, RENEW_SECONDS
 from tether.log.postgres import PostgresEventStore
@@ -377,6 +384,51 @@ def test_a_truncate_a_branch_switch_or_a_deletion_waits_for_another_replicas_run
         await b.append("s1", [cut])
         await b.delete_session("s1", only_idle=True)
         assert await a.last_seq("s1") is None
+        for store in (a, b):
+            await store.aclose()
+
+    asyncio.run(main())
+
+
+def test_an_edit_or_switch_checked_before_another_replica_wrote_is_refused_not_misplaced(
+    url: str,
+) -> None:
+    """Layer: the log, for edit, regenerate and branch switch across replicas (docs/api.md
+    §10; contract invariant 1: the model gets the branch the user saw). They name rows by
+    position in the transcript their replica read: a switch through another replica that
+    lands between that read and the write moves those positions onto another branch, and
+    the edit was applied there (both answered 200, the edited message on a branch the user
+    never saw). The database refuses a draft whose `after_seq` is no longer the session's
+    last seq (404 `row_not_found`, as a stale tab), writing nothing of its append."""
+
+    async def main() -> None:
+        a, b = open_store(url, "ra"), open_store(url, "rb")
+        await a.create_session("s1", [Draft("session.created", {})])
+        read = await a.last_seq("s1")  # what replica a checked its edit against
+        assert read is not None
+        switch = Draft(
+            "branch.switched",
+            {"row_id": "r1", "index": 1, "message_count": 2, "transcript_generation": 1},
+            needs_no_run=True,
+            after_seq=read,
+        )
+        await b.append("s1", [switch])  # replica b's switch lands first
+        cut = Draft(
+            "transcript.truncated",
+            {"keep_count": 0, "transcript_generation": 1},
+            needs_no_run=True,
+            after_seq=read,
+        )
+        with pytest.raises(TranscriptMoved) as refused:
+            await a.append("s1", [cut, turn(1)])
+        assert refused.value.code == "row_not_found" and refused.value.status == 404
+        assert [e.type for e in await a.read("s1")] == ["session.created", "branch.switched"]
+        again = replace(cut, after_seq=await a.last_seq("s1"))  # checked against what is there
+        await a.append("s1", [again, turn(1)])
+        assert [e.type for e in await b.read("s1")][-2:] == [
+            "transcript.truncated",
+            "turn.submitted",
+        ]
         for store in (a, b):
             await store.aclose()
 

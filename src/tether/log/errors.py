@@ -1,7 +1,7 @@
 """Errors the log raises. The ones a client can meet are in the API's error family
 (`tether.errors`), with their code and status; the others stay inside the server."""
 
-from tether.errors import ApiError, InvalidRequest, SessionBusy
+from tether.errors import ApiError, InvalidRequest, RowNotFound, SessionBusy
 
 
 class LogError(Exception):
@@ -32,6 +32,21 @@ class SessionOccupied(LogError, SessionBusy):
     def __init__(self, session_id: str, stream_id: str):
         SessionBusy.__init__(self, "A run is still using this session.", active_stream_id=stream_id)
         self.session_id, self.stream_id = session_id, stream_id
+
+
+class TranscriptMoved(LogError, RowNotFound):
+    """An edit, a regenerate or a branch switch (`Draft.after_seq`) checked against a
+    transcript another replica changed before it was written: the rows it names by position
+    may be on another branch by now, so it is refused like the stale tab it is (404
+    `row_not_found`), never applied there (log/postgres.py)."""
+
+    def __init__(self, session_id: str):
+        RowNotFound.__init__(
+            self,
+            "The transcript changed meanwhile (another tab switched branch, edited or sent "
+            "something); reload the session and try again.",
+        )
+        self.session_id = session_id
 
 
 class CancelRequested(LogError):

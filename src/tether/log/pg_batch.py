@@ -31,6 +31,7 @@ from tether.log.errors import (
     SessionNotFound,
     SessionOccupied,
     StreamClosed,
+    TranscriptMoved,
 )
 from tether.log.pg_rows import INSERT_EVENTS_SQL, Batch, Op, as_columns, encode, restore, snapshot
 from tether.log.store import Draft, IndexFold, SearchFold
@@ -121,9 +122,11 @@ class BatchTransaction:
         cancel_stream = work.cancel.get(sid)
         owner, epoch = work.owner.get(sid, (None, 0))
         answered = work.answered.get(sid, [])
-        for draft in op.drafts:
+        for n, draft in enumerate(op.drafts):
             if draft.needs_no_run and open_stream is not None:  # a run of another replica
                 raise SessionOccupied(sid, open_stream)
+            if draft.after_seq is not None and draft.after_seq != last + n:
+                raise TranscriptMoved(sid)  # another replica wrote since it was checked
             if draft.stream_id is not None:
                 stream = draft.stream_id
                 if stream in finishing or stream in work.closed or stream in work.finished_before:

@@ -50,6 +50,11 @@ class Draft:
     # refused with SessionOccupied, like `admits_run`, while the session has an unfinished
     # run. SQLite's one process checks its registry under the session lock first.
     needs_no_run: bool = False
+    # The session's last seq when the command that wrote it read the transcript it checked
+    # (an edit's or a regenerate's truncate, a branch switch: they name rows by position):
+    # a backend shared by several processes refuses it with TranscriptMoved when another
+    # process appended to the session since. SQLite's one process checks under the lock.
+    after_seq: int | None = None
 
 
 class SearchDoc(NamedTuple):

@@ -36,6 +36,7 @@ def _hide_from(fold: SessionFold, keep: int) -> Draft:
         ev.TRANSCRIPT_TRUNCATED,
         {"keep_count": keep, "transcript_generation": fold.row["transcript_generation"] + 1},
         needs_no_run=True,
+        after_seq=fold.last_seq,  # several replicas: not if another one wrote since
     )
 
 
@@ -105,4 +106,5 @@ def switch_draft(fold: SessionFold, row_id: str, index: int) -> Draft | None:
             "transcript_generation": fold.row["transcript_generation"] + 1,
         },
         needs_no_run=True,
+        after_seq=fold.last_seq,
     )

@@ -86,6 +86,15 @@ def _chatgpt_with_a_cycle() -> bytes:
     return json.dumps([conversation.data]).encode()
 
 
+def _chatgpt_with_children_not_a_list() -> bytes:
+    """Without `current_node` the branch shown is found by walking `children`."""
+    conversation = Conversation("x", 1_700_000_000)
+    conversation.add("user", "hi")
+    conversation.mapping[conversation.root]["children"] = 5
+    del conversation.data["current_node"]
+    return json.dumps([conversation.data]).encode()
+
+
 def _lines_with_a_bad_third(export: dict) -> bytes:
     good = json.dumps(export)
     return "\n".join([good, good.replace('"kept"', '"other"'), "{not json"]).encode()
@@ -198,6 +207,13 @@ CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
         400,
         "import_invalid",
         "own ancestor",
+    ),
+    (
+        "ChatGPT children that are not a list",
+        lambda e: _chatgpt_with_children_not_a_list(),
+        400,
+        "import_invalid",
+        "children",
     ),
     ("JSON lines, line 3 broken", _lines_with_a_bad_third, 400, "import_not_json", "Line 3"),
     (

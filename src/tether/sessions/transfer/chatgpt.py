@@ -86,6 +86,8 @@ def _nodes(conversation: dict[str, Any], where: str) -> dict[str, dict[str, Any]
             raise invalid(path, "is not an object")
         if node.get("parent") is not None and not isinstance(node["parent"], str):
             raise invalid(f"{path}.parent", "is not a node id")
+        if node.get("children") is not None and not isinstance(node["children"], list):
+            raise invalid(f"{path}.children", "is not a list")  # walked to find the branch shown
         message = node.get("message")
         if message is not None and not isinstance(message, dict):
             raise invalid(f"{path}.message", "is not an object")

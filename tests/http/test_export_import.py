@@ -224,6 +224,26 @@ def test_export_all_streams_json_lines_that_import_every_session_once(tmp_path: 
         assert len(b.get("/api/sessions").json()["sessions"]) == 3
 
 
+def test_the_all_sessions_file_imports_when_messages_hold_unicode_line_breaks(
+    server: ServerProcess,
+) -> None:
+    """The file's lines are split at newlines only: U+2028, U+2029 and U+0085 are line
+    breaks to `str.splitlines` but plain characters inside a JSON string, and the export
+    writes them as they are."""
+    text = "one\u2028two\u2029three\u0085four"
+    with server.client() as client:
+        sid = new_session(client, "breaks")
+        start_turn(client, sid, text)
+        wait_idle(client, sid)
+        new_session(client, "second")
+        export = client.get("/api/export").content
+        assert text.encode() in export and export.count(b"\n") == 2
+        body = imported(client, export)
+        assert body["created"] == 2
+        copy = next(r["session_id"] for r in body["sessions"] if r["title"] == "breaks")
+        assert visible(session_body(client, copy)) == visible(session_body(client, sid))
+
+
 def test_markdown_export_is_the_visible_transcript_as_a_download(server: ServerProcess) -> None:
     with server.client() as client:
         sid = a_session_with_everything(client)

@@ -53,9 +53,11 @@ def _load(raw: bytes) -> Any:
 
 
 def _json_lines(text: str) -> list[Any]:
-    """Tether's all-sessions file: one session per line."""
+    """Tether's all-sessions file: one session per line. Lines end at `\n` only (a `\r`
+    before it is JSON whitespace): `splitlines` would also cut at U+2028, U+0085 and the
+    like, which the export writes unescaped inside a message's text."""
     out = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:

@@ -16,7 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tether.log.sqlite_search import RANKED_MAX
+
 from accounts_kit import add_user, bearer, new_token, sign_in
+from chatgpt_kit import Conversation
 from helpers import ServerProcess, new_session, running_server, start_turn, wait_idle
 
 pytestmark = pytest.mark.slow
@@ -76,6 +79,20 @@ def test_search_finds_only_the_searchers_own_rows(people: People) -> None:
         for q in ("alice marmalade", "nobody wrote this"):
             response = client.get("/api/search", params={"q": q})
             assert response.status_code == 200 and response.json() == {"results": []}
+
+
+def test_another_persons_many_matches_do_not_hide_the_searchers_own(people: People) -> None:
+    """A query matching more rows than are ranked (docs/api.md §13) ranks the newest of the
+    searcher's own rows: another person's newer matches, however many, take none of her
+    results away."""
+    hers = _session_with(people.alice, "hers", "periwinkle lantern of alice")
+    conversation = Conversation("his many", 1_700_000_000)
+    for n in range(RANKED_MAX + 5):
+        conversation.add("user", f"periwinkle lantern number {n}")
+    _import(people.bob, json.dumps([conversation.data]).encode(), 201)
+    response = people.alice.get("/api/search", params={"q": "periwinkle lantern"}, timeout=60)
+    assert response.status_code == 200, response.text
+    assert {hit["session_id"] for hit in response.json()["results"]} == {hers}
 
 
 def test_export_holds_only_the_callers_sessions(people: People) -> None:

@@ -71,8 +71,10 @@ class CheckedStore:
     async def search_text(self, needle: str) -> set[str]:
         return await self.backend.search_text(needle)
 
-    async def search(self, terms: list[str], limit: int) -> list[SearchHit]:
-        return await self.backend.search(terms, limit)
+    async def search(
+        self, terms: list[str], limit: int, owner: str | None = None
+    ) -> list[SearchHit]:
+        return await self.backend.search(terms, limit, owner)
 
     async def unfinished_streams(self) -> list[OpenStream]:
         return await self.backend.unfinished_streams()

@@ -109,18 +109,19 @@ class OwnedStore:
     async def search_text(self, needle: str) -> set[str]:
         return {sid for sid in await self.inner.search_text(needle) if await self.visible(sid)}
 
-    async def search(self, terms: list[str], limit: int) -> list[SearchHit]:
-        """The viewer's best `limit` matches: the backend ranks everyone's rows, so ask it
-        for more until enough of them are the viewer's or there are no more."""
-        if VIEWER.get() is EVERYONE:
-            return await self.inner.search(terms, limit)
-        want = limit
-        while True:
-            hits = await self.inner.search(terms, want)
-            mine = [hit for hit in hits if await self.visible(hit.session_id)]
-            if len(mine) >= limit or len(hits) < want:
-                return mine[:limit]
-            want *= 4
+    async def search(
+        self, terms: list[str], limit: int, owner: str | None = None
+    ) -> list[SearchHit]:
+        """The viewer's best `limit` matches, ranked among the viewer's rows only: the
+        backend ranks a bounded window of the newest matches, which another person's rows
+        must not fill."""
+        viewer = VIEWER.get()
+        if viewer is EVERYONE:
+            return await self.inner.search(terms, limit, owner)
+        if viewer == NOBODY:
+            return []
+        hits = await self.inner.search(terms, limit, viewer)
+        return [hit for hit in hits if await self.visible(hit.session_id)]
 
     async def unfinished_streams(self) -> list[OpenStream]:
         return [s for s in await self.inner.unfinished_streams() if await self.visible(s[0])]

@@ -62,10 +62,13 @@ class PostgresReads:
     async def _start(self) -> None:
         raise NotImplementedError  # PostgresEventStore._start opens the pool and the writer
 
-    async def search(self, terms: list[str], limit: int) -> list[SearchHit]:
+    async def search(
+        self, terms: list[str], limit: int, owner: str | None = None
+    ) -> list[SearchHit]:
         if not terms or self._search_fold is None:
             return []
-        rows = await self._rows(pg_search.SEARCH_SQL, pg_search.search_params(terms, limit))
+        sql = pg_search.SEARCH_SQL if owner is None else pg_search.OWNED_SEARCH_SQL
+        rows = await self._rows(sql, pg_search.search_params(terms, limit, owner))
         return search_hits(rows)
 
     async def session_owner(self, session_id: str) -> str | None:

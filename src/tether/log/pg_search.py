@@ -151,16 +151,23 @@ _OPTIONS = (
     f'StartSel="{_OPEN}", StopSel="{_CLOSE}", MaxWords={SNIPPET_WORDS}, '
     f"MinWords={SNIPPET_WORDS // 2}, ShortWord=0, HighlightAll=false"
 )
-SEARCH_SQL = (
+_SEARCH = (
     f"WITH q AS (SELECT to_tsquery('{CONFIG}', %s) AS q), "
     "m AS (SELECT r.id, r.session_id, r.row_id, r.role, r.at, r.text, "
-    "ts_rank(r.tsv, q.q) AS rank FROM search_rows r, q WHERE r.tsv @@ q.q "
+    "ts_rank(r.tsv, q.q) AS rank FROM search_rows r{join}, q WHERE r.tsv @@ q.q "
     "ORDER BY r.id DESC LIMIT %s), "
     "top AS (SELECT * FROM m ORDER BY rank DESC, id DESC LIMIT %s) "
     f"SELECT top.session_id, top.row_id, top.role, top.at, "
     f"ts_headline('{CONFIG}', top.text, q.q, %s) FROM top, q ORDER BY rank DESC, id DESC"
 )
+SEARCH_SQL = _SEARCH.format(join="")
+# With an owner (accounts, docs/api.md §15) the RANKED_MAX newest matches are that person's:
+# another person's newer matches would otherwise fill the window and leave them nothing.
+OWNED_SEARCH_SQL = _SEARCH.format(
+    join=" JOIN session_owners o ON o.session_id = r.session_id AND o.owner = %s"
+)
 
 
-def search_params(terms: list[str], limit: int) -> tuple:
-    return (query_text(terms), RANKED_MAX, limit, _OPTIONS)
+def search_params(terms: list[str], limit: int, owner: str | None = None) -> tuple:
+    owned = () if owner is None else (owner,)
+    return (query_text(terms), *owned, RANKED_MAX, limit, _OPTIONS)

@@ -83,10 +83,12 @@ class SQLiteReads:
     async def search_text(self, needle: str) -> set[str]:
         return await asyncio.to_thread(sqlite_search.sessions_with_text, self._query, needle)
 
-    async def search(self, terms: list[str], limit: int) -> list[SearchHit]:
+    async def search(
+        self, terms: list[str], limit: int, owner: str | None = None
+    ) -> list[SearchHit]:
         if not terms or self._search_fold is None:
             return []
-        rows = await asyncio.to_thread(sqlite_search.search, self._query, terms, limit)
+        rows = await asyncio.to_thread(sqlite_search.search, self._query, terms, limit, owner)
         return search_hits(rows)
 
     async def unfinished_streams(self) -> list[OpenStream]:

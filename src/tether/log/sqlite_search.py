@@ -143,21 +143,39 @@ def match_expression(terms: list[str]) -> str:
 # BM25 ranks every row it is given before the best `limit` are kept, so a word in most rows
 # (or a one-letter prefix, typed on the way to a word) would cost hundreds of ms at a million
 # events. Only the newest RANKED_MAX matching rows are ranked: for such a word, the best
-# matches among the most recent ones (rowids grow with the log's append order).
+# matches among the most recent ones (rowids grow with the log's append order). With an
+# owner (accounts, docs/api.md §15) they are the newest of that person's rows: another
+# person's newer matches would otherwise fill the window and leave the searcher nothing.
 RANKED_MAX = 2000
+_ROWS = " JOIN search_rows r ON r.id = search_fts.rowid"
+_OWNED = " JOIN session_owners o ON o.session_id = r.session_id AND o.owner = ?"
 CUTOFF_SQL = (
-    "SELECT rowid FROM search_fts WHERE search_fts MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?"
+    "SELECT search_fts.rowid FROM search_fts{join} WHERE search_fts MATCH ? "
+    "ORDER BY search_fts.rowid DESC LIMIT 1 OFFSET ?"
 )
 SEARCH_SQL = (
     "SELECT r.session_id, r.row_id, r.role, r.at, "
     f"snippet(search_fts, 0, char(2), char(3), '…', {SNIPPET_TOKENS}) "
-    "FROM search_fts JOIN search_rows r ON r.id = search_fts.rowid "
+    "FROM search_fts{join} "
     "WHERE search_fts MATCH ? AND search_fts.rowid >= ? ORDER BY search_fts.rank LIMIT ?"
 )
 
 
-def search(query: Callable[[str, tuple], list[tuple]], terms: list[str], limit: int) -> list[tuple]:
-    """The rows of `SEARCH_SQL` for `terms`, through `query` (a reader's)."""
+def search(
+    query: Callable[[str, tuple], list[tuple]],
+    terms: list[str],
+    limit: int,
+    owner: str | None = None,
+) -> list[tuple]:
+    """The rows of `SEARCH_SQL` for `terms`, through `query` (a reader's); with `owner`,
+    only that person's sessions'."""
     expression = match_expression(terms)
-    cutoff = query(CUTOFF_SQL, (expression, RANKED_MAX - 1))
-    return query(SEARCH_SQL, (expression, cutoff[0][0] if cutoff else 0, limit))
+    cutoff_join, join = "", _ROWS
+    first: tuple[str, ...] = ()
+    if owner is not None:
+        cutoff_join = join = _ROWS + _OWNED
+        first = (owner,)
+    cutoff = query(CUTOFF_SQL.format(join=cutoff_join), (*first, expression, RANKED_MAX - 1))
+    return query(
+        SEARCH_SQL.format(join=join), (*first, expression, cutoff[0][0] if cutoff else 0, limit)
+    )

@@ -196,11 +196,14 @@ class EventStore(Protocol):
     async def search_text(self, needle: str) -> set[str]:
         """Sessions with a `turn.submitted` whose `text` contains `needle`, ignoring case."""
 
-    async def search(self, terms: list[str], limit: int) -> list[SearchHit]:
+    async def search(
+        self, terms: list[str], limit: int, owner: str | None = None
+    ) -> list[SearchHit]:
         """Rows (from the `SearchFold`) whose text holds every term as a word, the last term
         also as a word prefix when it has 3 characters or more, ignoring case and accents;
         best matches first, at most `limit`. Terms are plain words (no query syntax reaches
-        the backend); a backend without a search fold finds nothing."""
+        the backend); a backend without a search fold finds nothing. With `owner`, only the
+        rows of that person's sessions are matched and ranked (`None`: everyone's)."""
 
     async def unfinished_streams(self) -> list[OpenStream]:
         """Every `turn.submitted` stream without a `run.finished`, in append order: the runs a

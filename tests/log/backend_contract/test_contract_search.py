@@ -306,3 +306,26 @@ def test_after_sigkill_the_index_holds_exactly_the_committed_rows(backend: Backe
         await store.aclose()
 
     asyncio.run(main())
+
+
+def test_an_owners_search_ranks_the_newest_of_their_own_rows(backend: Backend) -> None:
+    """With an owner, the bounded window of newest matches that is ranked (RANKED_MAX) is
+    that person's: another person's newer matches, however many, do not push theirs out,
+    and are never found for them."""
+
+    async def main() -> None:
+        store = await open_store(backend)
+        await store.create_session("hers", [Draft("session.created", {})], owner="usr_a")
+        await store.append("hers", [submitted("h_t1", "h_st1", "a kestrel over the dunes")])
+        await store.create_session("his", [Draft("session.created", {})], owner="usr_b")
+        many = []
+        for n in range(2005):  # more than either backend ranks
+            many += [submitted(f"t{n}", f"st{n}", f"kestrel {n}"), finished(f"st{n}")]
+        await store.append("his", many)
+        assert found(await store.search(["kestrel"], 10, "usr_a")) == [("hers", "h_t1", "user")]
+        assert {h.session_id for h in await store.search(["kestrel"], 10, "usr_b")} == {"his"}
+        assert await store.search(["kestrel"], 10, "usr_c") == []
+        assert len(await store.search(["kestrel"], 10)) == 10  # everyone's, as before
+        await store.aclose()
+
+    asyncio.run(main())

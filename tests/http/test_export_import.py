@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from markdown_it import MarkdownIt
 
 from helpers import (
     ServerProcess,
@@ -257,6 +258,26 @@ def test_markdown_export_is_the_visible_transcript_as_a_download(server: ServerP
         assert text.index("look at this") < text.index("and <script>alert(1)</script> this")
         assert "- Attachment: dot.png" in text and text.count("## User") == 2
         assert text.count("## Assistant") == 2
+
+
+def test_a_message_with_an_unclosed_code_fence_stays_under_its_own_heading(
+    server: ServerProcess,
+) -> None:
+    """Each message of the Markdown export is under its own heading: a fence a message opens
+    and never closes (a paste cut short, an answer stopped mid-code) is closed at its end,
+    so it does not swallow the headings and messages after it."""
+    with server.client() as client:
+        sid = new_session(client, "fences")
+        start_turn(client, sid, "see:\n````python\nprint(1)\n```\nstill code")
+        wait_idle(client, sid)
+        start_turn(client, sid, "~~~\nand a tilde fence")
+        wait_idle(client, sid)
+        text = client.get(f"/api/sessions/{sid}/export", params={"format": "markdown"}).text
+    tokens = MarkdownIt("commonmark").parse(text)
+    headings = [t for t in tokens if t.type == "heading_open" and t.tag == "h2"]
+    assert len(headings) == 4, text
+    fences = [t.content for t in tokens if t.type == "fence"]
+    assert "print(1)\n```\nstill code\n" in fences and "and a tilde fence\n" in fences
 
 
 @pytest.mark.parametrize("fmt", ["json", "markdown"])

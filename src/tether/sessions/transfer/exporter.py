@@ -83,7 +83,7 @@ async def session_markdown(sessions: SessionService, sid: str) -> tuple[str, str
             who += f" ({row['model']})"
         lines += [f"## {who} · {_when(row.get('created_at'))}", ""]
         if row.get("content"):
-            lines += [row["content"], ""]
+            lines += [fences_closed(row["content"]), ""]
         for attachment in row.get("attachments") or []:
             lines += [f"- Attachment: {attachment['name']} ({attachment['size']:,} bytes)"]
         for item in row.get("timeline") or []:
@@ -94,6 +94,31 @@ async def session_markdown(sessions: SessionService, sid: str) -> tuple[str, str
         if lines[-1] != "":
             lines.append("")
     return title, "\n".join(lines)
+
+
+# Code fences (CommonMark): 3 or more backticks or tildes. An opening one is looked for at
+# the line's start only: one indented by 1-3 spaces may be inside a list item, which closes
+# it, and a fence appended for it would then open one of its own.
+_OPENING = re.compile(r"(`{3,}|~{3,})(.*)")
+_CLOSING = re.compile(r" {0,3}(`{3,}|~{3,})[ \t]*")
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+def fences_closed(text: str) -> str:
+    """`text` with a code fence it opens and never closes closed at its end. The page
+    renders each message apart, so such a fence ends with its message there; in one file
+    it would swallow the headings and messages after it."""
+    opened = ""
+    for line in _LINE_END.split(text):
+        if not opened:
+            match = _OPENING.fullmatch(line)
+            if match and (line[0] == "~" or "`" not in match[2]):  # no backtick in its info
+                opened = match[1]
+        elif (match := _CLOSING.fullmatch(line)) and match[1][0] == opened[0]:
+            opened = "" if len(match[1]) >= len(opened) else opened
+    if not opened:
+        return text
+    return text + opened if text.endswith("\n") else f"{text}\n{opened}"
 
 
 def attachment_header(title: str, extension: str) -> str:

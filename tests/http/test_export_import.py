@@ -343,6 +343,37 @@ def test_an_upload_cut_short_fails_its_import_and_writes_nothing(tmp_path: Path)
         assert client.get("/api/sessions").json() == rows
 
 
+def test_each_session_of_a_rotated_conversation_exports_and_imports_alone(
+    tmp_path: Path,
+) -> None:
+    """A conversation that continued in a child (`--compression-mode rotate`) is two
+    sessions; each one's own export imports. Its lineage points at a session the file does
+    not hold, so the copy has none: the parent's copy is not rotated into a session that is
+    not there (it takes new turns), the child's copy has no parent."""
+    rotating = ("--context-window", "256", "--compression-mode", "rotate")
+    with (
+        running_server(tmp_path / "data", *rotating, env={"TETHER_DEMO_DELAY": "0.002"}) as srv,
+        srv.client() as client,
+    ):
+        parent = new_session(client, "Long talk")
+        start_turn(client, parent, "hello " * 150)  # the demo's usage crosses 80% of 256
+        child = wait_until(
+            lambda: session_body(client, parent)["continuation_session_id"], what="a rotation"
+        )
+        wait_idle(client, parent)
+        wait_idle(client, child)
+        copies = {}
+        for sid in (parent, child):
+            body = imported(client, client.get(f"/api/sessions/{sid}/export").content)
+            copies[sid] = body["sessions"][0]["session_id"]
+        parent_copy, child_copy = (session_body(client, copies[s]) for s in (parent, child))
+        assert visible(parent_copy) == visible(session_body(client, parent))
+        assert parent_copy["continuation_session_id"] is None
+        assert child_copy["parent_session_id"] is None
+        start_turn(client, copies[parent], "going on in the copy")
+        wait_idle(client, copies[parent])
+
+
 def test_branches_round_trip_through_the_json_export(tmp_path: Path) -> None:
     """Edit and regenerate (docs/api.md §10) are events of the log, so the export carries
     them: the copy shows the same branch, hides the same rows, and switches like the

@@ -247,7 +247,7 @@ def _plan(
         for value in (event.stream_id, event.turn_id, *(event.data.get(k) for k in _REKEYED)):
             if isinstance(value, str) and value not in ids:
                 ids[value] = new_id(value.partition("_")[0] if "_" in value else "x")
-    drafts = [_draft(event, ids, sessions) for event in entry.events]
+    drafts = [_draft(event, ids, sessions) for event in entry.events if _kept(event, sessions)]
     drafts[0] = Draft(
         ev.SESSION_CREATED,
         {
@@ -264,6 +264,13 @@ def _plan(
     drafts += _close_open_runs(drafts)
     _fold(sid, drafts, where)
     return SessionPlan(content_key(raw), "tether", drafts, uploads, session_id=sid)
+
+
+def _kept(event: EventIn, sessions: dict[str, str]) -> bool:
+    """Not a rotation into a session the file does not hold: the copy is not rotated into
+    nothing (it would refuse new turns, pointing at no continuation)."""
+    link = event.data.get("continuation_session_id")
+    return not (event.type == ev.SESSION_ROTATED and isinstance(link, str) and link not in sessions)
 
 
 def _titles(event: EventIn, path: str) -> None:
@@ -298,7 +305,13 @@ def _uploads(items: list[AttachmentIn], where: str) -> tuple[list[Upload], dict[
 
 def _rekey(value: Any, ids: dict[str, str], sessions: dict[str, str], key: str = "") -> Any:
     if isinstance(value, dict):
-        return {k: _rekey(v, ids, sessions, k) for k, v in value.items()}
+        return {
+            k: _rekey(v, ids, sessions, k)
+            for k, v in value.items()
+            # a link to a session the file does not hold is left out, not made null: the
+            # events' definitions have such links as strings or not at all
+            if not (isinstance(v, str) and k.endswith("session_id") and v not in sessions)
+        }
     if isinstance(value, list):
         return [_rekey(v, ids, sessions, key) for v in value]
     if isinstance(value, str) and key.endswith("session_id"):

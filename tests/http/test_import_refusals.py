@@ -122,6 +122,13 @@ CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
         "version 99",
     ),
     (
+        "a version before the first",
+        edited(lambda d: d.update(version=0)),
+        400,
+        "import_unsupported_version",
+        "version 0",
+    ),
+    (
         "a time that is text",
         edited(lambda d: d["events"][1].update(at="yesterday")),
         400,

@@ -207,11 +207,12 @@ def plan_sessions(
 
 def _parse(raw: Any, where: str) -> tuple[str | None, SessionIn]:
     version = raw.get("version") if isinstance(raw, dict) else None
-    if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version != VERSION:
+        later = "Import it with a newer Tether." if version > VERSION else "No Tether writes it."
         raise Refusal(
             "import_unsupported_version",
             f"{where or 'The file'}: this is version {version} of Tether's export; this "
-            f"server reads version {VERSION}. Import it with a newer Tether.",
+            f"server reads version {VERSION}. {later}",
             path=where,
         )
     try:

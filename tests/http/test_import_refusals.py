@@ -192,6 +192,17 @@ CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
         "does not hold",
     ),
     (
+        "an attachment no event refers to",
+        edited(
+            lambda d: d["attachments"].append(
+                {**d["attachments"][0], "id": "a_stray", "data_base64": "c3RyYXkK"}
+            )
+        ),
+        400,
+        "import_invalid",
+        "attachments[1].id",
+    ),
+    (
         "a path as a file name",
         edited(lambda d: d["attachments"][0].update(name="../../etc/passwd")),
         400,

@@ -334,15 +334,24 @@ def _draft(event: EventIn, ids: dict[str, str], sessions: dict[str, str]) -> Dra
 
 def _refs_known(drafts: list[Draft], uploads: dict[str, str], where: str) -> None:
     """Every attachment an event refers to is in the file: a reference to bytes the file
-    does not carry would otherwise name an upload of another session."""
+    does not carry would otherwise name an upload of another session. And every attachment
+    of the file is referred to: bytes no event names would be stored with no row to show
+    them or to release them when the session is deleted."""
     mine = set(uploads.values())
+    named: set[str] = set()
     for i, draft in enumerate(drafts):
+        if draft.type not in (ev.TURN_SUBMITTED, ev.QUEUE_ADDED):
+            continue
         for j, ref in enumerate(draft.data.get("attachments") or []):
-            if draft.type in (ev.TURN_SUBMITTED, ev.QUEUE_ADDED) and ref["id"] not in mine:
+            if ref["id"] not in mine:
                 raise invalid(
                     join(where, f"events[{i}].data.attachments[{j}].id"),
                     "names an attachment the file does not hold",
                 )
+            named.add(ref["id"])
+    for i, attachment_id in enumerate(uploads.values()):
+        if attachment_id not in named:
+            raise invalid(join(where, f"attachments[{i}].id"), "no event refers to it")
 
 
 def _close_open_runs(drafts: list[Draft]) -> list[Draft]:

@@ -192,6 +192,20 @@ CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
         "does not hold",
     ),
     (
+        "a reference whose size is not its bytes'",
+        edited(lambda d: _first(d, "turn.submitted")["data"]["attachments"][0].update(size=999)),
+        400,
+        "import_invalid",
+        "data.attachments[0].size",
+    ),
+    (
+        "a reference whose name is a path",
+        edited(lambda d: _first(d, "turn.submitted")["data"]["attachments"][0].update(name="a/b")),
+        400,
+        "import_invalid",
+        "data.attachments[0].name",
+    ),
+    (
         "an attachment no event refers to",
         edited(
             lambda d: d["attachments"].append(
@@ -289,10 +303,13 @@ def test_a_stored_attachment_is_released_when_its_import_is_refused(tmp_path: Pa
         assert everything(server)[3] == []
         fresh = base64.b64encode(b"never stored\n").decode()
         export["attachments"][0].update(data_base64=fresh, size=13)
-        export["events"][0]["data"]["lone"] = "\ud800"  # JSON can say it; UTF-8 cannot store it
+        turn = _first(export, "turn.submitted")["data"]
+        turn["attachments"][0].update(size=13)
+        turn["text"] = "lone \ud800"  # JSON can say it; UTF-8 cannot store it
         response = client.post(
             "/api/sessions/import", content=json.dumps(export).encode("utf-8", "surrogatepass")
         )
         assert response.status_code == 400, response.text
         assert response.json()["code"] == "import_invalid"
+        assert "cannot store" in response.json()["message"]  # refused by the log, not before
         assert everything(server)[3] == [] and client.get("/api/sessions").json()["sessions"] == []

@@ -261,7 +261,7 @@ def _plan(
         },
         at=drafts[0].at,
     )
-    _refs_known(drafts, attachment_ids, where)
+    _refs_known(drafts, {upload.id: upload for upload in uploads}, where)
     drafts += _close_open_runs(drafts)
     _fold(sid, drafts, where)
     return SessionPlan(content_key(raw), "tether", drafts, uploads, session_id=sid)
@@ -332,24 +332,29 @@ def _draft(event: EventIn, ids: dict[str, str], sessions: dict[str, str]) -> Dra
     )
 
 
-def _refs_known(drafts: list[Draft], uploads: dict[str, str], where: str) -> None:
-    """Every attachment an event refers to is in the file: a reference to bytes the file
-    does not carry would otherwise name an upload of another session. And every attachment
-    of the file is referred to: bytes no event names would be stored with no row to show
-    them or to release them when the session is deleted."""
-    mine = set(uploads.values())
+def _refs_known(drafts: list[Draft], uploads: dict[str, Upload], where: str) -> None:
+    """Every attachment an event refers to is in the file, as the file has it: a reference
+    to bytes the file does not carry would otherwise name an upload of another session, and
+    the reference's name, type and size are what the server keeps and shows (and exports
+    again), so they must be the bytes' own. And every attachment of the file is referred to:
+    bytes no event names would be stored with no row to show them or to release them when
+    the session is deleted."""
     named: set[str] = set()
     for i, draft in enumerate(drafts):
         if draft.type not in (ev.TURN_SUBMITTED, ev.QUEUE_ADDED):
             continue
         for j, ref in enumerate(draft.data.get("attachments") or []):
-            if ref["id"] not in mine:
-                raise invalid(
-                    join(where, f"events[{i}].data.attachments[{j}].id"),
-                    "names an attachment the file does not hold",
-                )
+            path = join(where, f"events[{i}].data.attachments[{j}]")
+            upload = uploads.get(ref["id"])
+            if upload is None:
+                raise invalid(f"{path}.id", "names an attachment the file does not hold")
+            own = {"name": upload.name, "mime": upload.mime, "size": len(upload.data)}
+            for key, value in own.items():
+                if ref[key] != value:
+                    said = f"is {ref[key]!r}; the attachment's is {value!r}"
+                    raise invalid(f"{path}.{key}", said)
             named.add(ref["id"])
-    for i, attachment_id in enumerate(uploads.values()):
+    for i, attachment_id in enumerate(uploads):
         if attachment_id not in named:
             raise invalid(join(where, f"attachments[{i}].id"), "no event refers to it")
 

@@ -23,7 +23,8 @@ from tether.log import StorageError
 from tether.log.dirlock import lock_data_dir
 from tether.runtimes import load_runtime, registered, runtime_class
 from tether.runtimes.base import RuntimeUnavailable
-from tether.settings import SYSTEM_PROMPT_MAX_CHARS, Settings, is_loopback
+from tether.sessions.defaults import SYSTEM_PROMPT_MAX_CHARS
+from tether.settings import Settings, is_loopback
 
 # Each knob's default lives in Settings only; the flags show it.
 _DEFAULTS = {f.name: f.default for f in fields(Settings) if f.default is not MISSING}

@@ -37,12 +37,12 @@ from tether.runs.registry import RunRegistry
 from tether.runs.rotation import Rotator
 from tether.runtimes import load_runtime
 from tether.runtimes.base import Runtime
-from tether.sessions.defaults import KEYS, ServerDefaults
+from tether.sessions.defaults import KEYS, SYSTEM_PROMPT_MAX_CHARS, ServerDefaults
 from tether.sessions.feed import SidebarFeed
 from tether.sessions.search import SEARCH_FOLD_VERSION, search_change
 from tether.sessions.service import SessionService
 from tether.sessions.transfer.importer import Importer
-from tether.settings import SYSTEM_PROMPT_MAX_CHARS, Settings
+from tether.settings import Settings
 
 
 @dataclass

@@ -25,9 +25,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-SYSTEM_PROMPT_MAX_CHARS = 20_000  # a session's or the default system prompt (docs/api.md)
-
-
 @dataclass
 class Settings:
     host: str = "127.0.0.1"

@@ -71,6 +71,13 @@ def _first(doc: dict, type_: str) -> dict:
     return next(e for e in doc["events"] if e["type"] == type_)
 
 
+def _updated(doc: dict, **data: Any) -> None:
+    """A `session.updated` at the end of the log."""
+    last = doc["events"][-1]
+    event = {"seq": last["seq"] + 1, "type": "session.updated", "at": last["at"], "data": data}
+    doc["events"].append(event)
+
+
 def _chatgpt_with_a_bad_node() -> bytes:
     conversation = Conversation("x", 1_700_000_000)
     node = conversation.add("user", "hi")
@@ -169,6 +176,27 @@ CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
         400,
         "import_invalid",
         "data.title",
+    ),
+    (
+        "a system prompt longer than a session's may be",
+        edited(lambda d: _updated(d, system_prompt="x" * 20_001)),
+        400,
+        "import_invalid",
+        "data.system_prompt",
+    ),
+    (
+        "a model id longer than one may be",
+        edited(lambda d: _updated(d, model="m" * 201)),
+        400,
+        "import_invalid",
+        "data.model",
+    ),
+    (
+        "an empty model id",
+        edited(lambda d: _updated(d, model=" ")),
+        400,
+        "import_invalid",
+        "data.model",
     ),
     (
         "bad base64",

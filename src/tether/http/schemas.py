@@ -18,7 +18,7 @@ from pydantic import (
 )
 
 from tether.events import ID_PATTERN
-from tether.settings import SYSTEM_PROMPT_MAX_CHARS
+from tether.sessions.defaults import SYSTEM_PROMPT_MAX_CHARS
 
 Id = Annotated[StrictStr, Field(pattern=ID_PATTERN)]
 # A transcript row's id: a turn or stream id, or an imported answer's `<turn id>.reply`.

@@ -20,6 +20,7 @@ from tether.errors import InvalidRequest
 from tether.log.shared import SavedSettings
 
 MODEL_MAX_CHARS = 200
+SYSTEM_PROMPT_MAX_CHARS = 20_000  # a session's or the default system prompt (docs/api.md)
 KEYS = ("default_model", "default_system_prompt")
 
 

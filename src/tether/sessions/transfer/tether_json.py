@@ -39,6 +39,7 @@ from tether.events import ID_PATTERN, Event, new_id
 from tether.log.store import Draft
 from tether.projections.sidebar import fold_row
 from tether.projections.transcript import TranscriptFold
+from tether.sessions.defaults import MODEL_MAX_CHARS, SYSTEM_PROMPT_MAX_CHARS
 from tether.sessions.service import clean_title
 from tether.sessions.transfer.plan import (
     MAX_EVENTS_PER_SESSION,
@@ -106,11 +107,14 @@ class _Created(_Strict):
 
 
 class _Updated(_Strict):
+    """What `PATCH /api/session` would accept (docs/api.md §3): a session imported holds
+    no model id or system prompt the server would refuse it."""
+
     title: str | None = None
     pinned: bool = False
     archived: bool = False
-    model: str | None = None
-    system_prompt: str | None = None
+    model: Annotated[str, Field(max_length=MODEL_MAX_CHARS, pattern=r"\S")] | None = None
+    system_prompt: Annotated[str, Field(max_length=SYSTEM_PROMPT_MAX_CHARS)] | None = None
 
 
 class _Submitted(_Strict):

@@ -280,6 +280,25 @@ def test_a_message_with_an_unclosed_code_fence_stays_under_its_own_heading(
     assert "print(1)\n```\nstill code\n" in fences and "and a tilde fence\n" in fences
 
 
+def test_a_message_opening_an_html_block_does_not_hide_the_rest_of_the_markdown(
+    server: ServerProcess,
+) -> None:
+    """A line that opens one of the HTML blocks that end only at their own end marker
+    (`<!--`, `<script`, `<pre`, ...) is text, as the page shows it: in the export it would
+    otherwise hide every heading and message after it."""
+    with server.client() as client:
+        sid = new_session(client, "html")
+        start_turn(client, sid, "<!-- a note\n<script>alert(1)")
+        wait_idle(client, sid)
+        start_turn(client, sid, "still here")
+        wait_idle(client, sid)
+        text = client.get(f"/api/sessions/{sid}/export", params={"format": "markdown"}).text
+    tokens = MarkdownIt("commonmark").parse(text)
+    assert len([t for t in tokens if t.type == "heading_open" and t.tag == "h2"]) == 4, text
+    assert not [t for t in tokens if t.type == "html_block" and t.level == 0], text
+    assert "still here" in [t.content for t in tokens if t.type == "inline"]
+
+
 @pytest.mark.parametrize("fmt", ["json", "markdown"])
 def test_exporting_an_unknown_session_is_404_and_a_bad_format_400(
     shared_server: ServerProcess, fmt: str

@@ -83,7 +83,7 @@ async def session_markdown(sessions: SessionService, sid: str) -> tuple[str, str
             who += f" ({row['model']})"
         lines += [f"## {who} · {_when(row.get('created_at'))}", ""]
         if row.get("content"):
-            lines += [fences_closed(row["content"]), ""]
+            lines += [contained(row["content"]), ""]
         for attachment in row.get("attachments") or []:
             lines += [f"- Attachment: {attachment['name']} ({attachment['size']:,} bytes)"]
         for item in row.get("timeline") or []:
@@ -101,24 +101,37 @@ async def session_markdown(sessions: SessionService, sid: str) -> tuple[str, str
 # it, and a fence appended for it would then open one of its own.
 _OPENING = re.compile(r"(`{3,}|~{3,})(.*)")
 _CLOSING = re.compile(r" {0,3}(`{3,}|~{3,})[ \t]*")
+# The HTML blocks that end only at their own end marker, never at a blank line (CommonMark's
+# kinds 1-5): `<script`, `<pre`, `<style`, `<textarea`, `<!--`, `<?`, `<!X`, `<![CDATA[`.
+_HTML_OPENING = re.compile(
+    r"( {0,3})(<(?:(?:script|pre|style|textarea)(?:[\s>]|$)|!--|\?|![A-Za-z]|!\[CDATA\[))",
+    re.IGNORECASE,
+)
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
-def fences_closed(text: str) -> str:
-    """`text` with a code fence it opens and never closes closed at its end. The page
-    renders each message apart, so such a fence ends with its message there; in one file
-    it would swallow the headings and messages after it."""
-    opened = ""
+def contained(text: str) -> str:
+    """`text` as blocks that end with it. The page renders each message apart, and raw HTML
+    as text, so what a message opens ends with it there; in one file a code fence it never
+    closes, or an HTML comment or `<script>` block, would swallow the headings and messages
+    after it. Such a fence is closed at its end, and such an HTML line's `<` escaped (text,
+    as the page shows it)."""
+    lines, opened = [], ""
     for line in _LINE_END.split(text):
         if not opened:
             match = _OPENING.fullmatch(line)
             if match and (line[0] == "~" or "`" not in match[2]):  # no backtick in its info
                 opened = match[1]
+            elif _HTML_OPENING.match(line):
+                line = _HTML_OPENING.sub(r"\1\\\2", line, count=1)
         elif (match := _CLOSING.fullmatch(line)) and match[1][0] == opened[0]:
             opened = "" if len(match[1]) >= len(opened) else opened
-    if not opened:
-        return text
-    return text + opened if text.endswith("\n") else f"{text}\n{opened}"
+        lines.append(line)
+    if opened and lines[-1] == "":  # the text ends with a line break
+        lines[-1] = opened
+    elif opened:
+        lines.append(opened)
+    return "\n".join(lines)
 
 
 def attachment_header(title: str, extension: str) -> str:

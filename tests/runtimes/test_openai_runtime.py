@@ -190,7 +190,9 @@ def test_request_cost_on_the_event_loop_does_not_grow_with_the_history(
     """Contract invariant 7 (ordinary requests do not stall behind runs): the SDK's recursive
     param transform cost ~13 ms of event loop per request for a 90-message history and was a
     third of the server's loop under load. The history goes out as it is, so a 600-message
-    turn costs about what a 2-message turn does (a ratio within one process)."""
+    turn costs a small multiple of a 2-message turn (a ratio within one process): about 3x on
+    a quiet machine, most of it the fake parsing the longer body in this process, against
+    about 50x with the transform. Under load the ratio wanders, hence 8x."""
     long_history = [
         {"role": "user" if k % 2 == 0 else "assistant", "content": f"line {k} " * 8}
         for k in range(599)
@@ -215,7 +217,7 @@ def test_request_cost_on_the_event_loop_does_not_grow_with_the_history(
 
     short, long = asyncio.run(main())
     assert fake.last_request["messages"] == long_history
-    assert long < 4 * short, f"600 messages {long * 1000:.1f} ms vs 1 message {short * 1000:.1f} ms"
+    assert long < 8 * short, f"600 messages {long * 1000:.1f} ms vs 1 message {short * 1000:.1f} ms"
 
 
 def test_no_tools_without_workspace_and_model_override(fake: FakeOpenAI, tmp_path: Path) -> None:

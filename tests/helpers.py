@@ -105,6 +105,26 @@ def running_server(data_dir: Path, *extra: str, **kwargs: Any) -> Iterator[Serve
 
 
 @contextmanager
+def rotated_conversation(data_dir: Path) -> Iterator[tuple[httpx.Client, str, str]]:
+    """A demo server (`--compression-mode rotate`, a 256-token window) whose first turn,
+    crossing 80% of the window, continued the conversation in a child: (a client, the
+    parent, the child), both idle."""
+    rotating = ("--context-window", "256", "--compression-mode", "rotate")
+    with (
+        running_server(data_dir, *rotating, env={"TETHER_DEMO_DELAY": "0.002"}) as srv,
+        srv.client() as client,
+    ):
+        parent = new_session(client, "Long talk")
+        start_turn(client, parent, "hello " * 150)
+        child = wait_until(
+            lambda: session_body(client, parent)["continuation_session_id"], what="a rotation"
+        )
+        wait_idle(client, parent)
+        wait_idle(client, child)
+        yield client, parent, child
+
+
+@contextmanager
 def replicas(
     tmp_path: Path, url: str, *envs: dict[str, str]
 ) -> Iterator[list[tuple[ServerProcess, httpx.Client]]]:

@@ -20,6 +20,7 @@ from markdown_it import MarkdownIt
 from helpers import (
     ServerProcess,
     new_session,
+    rotated_conversation,
     running_server,
     session_body,
     start_turn,
@@ -369,18 +370,7 @@ def test_each_session_of_a_rotated_conversation_exports_and_imports_alone(
     sessions; each one's own export imports. Its lineage points at a session the file does
     not hold, so the copy has none: the parent's copy is not rotated into a session that is
     not there (it takes new turns), the child's copy has no parent."""
-    rotating = ("--context-window", "256", "--compression-mode", "rotate")
-    with (
-        running_server(tmp_path / "data", *rotating, env={"TETHER_DEMO_DELAY": "0.002"}) as srv,
-        srv.client() as client,
-    ):
-        parent = new_session(client, "Long talk")
-        start_turn(client, parent, "hello " * 150)  # the demo's usage crosses 80% of 256
-        child = wait_until(
-            lambda: session_body(client, parent)["continuation_session_id"], what="a rotation"
-        )
-        wait_idle(client, parent)
-        wait_idle(client, child)
+    with rotated_conversation(tmp_path / "data") as (client, parent, child):
         copies = {}
         for sid in (parent, child):
             body = imported(client, client.get(f"/api/sessions/{sid}/export").content)

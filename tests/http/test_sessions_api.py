@@ -13,13 +13,9 @@ from tether.events import SUMMARY_PREFIX
 
 from helpers import (
     ServerProcess,
-    new_session,
     read_events,
-    running_server,
+    rotated_conversation,
     session_body,
-    start_turn,
-    wait_idle,
-    wait_until,
 )
 
 
@@ -245,17 +241,7 @@ def test_truncate_on_a_rotated_parent_is_refused_before_any_mutation(tmp_path: P
     silently retargeted, removed rows never reappear. A transcript-changing command on a
     rotated parent gets 409 `session_rotated` with the continuation, and nothing changes:
     not the parent's generation, rows or log, not the child's history or model context."""
-    rotating = ("--context-window", "256", "--compression-mode", "rotate")
-    with (
-        running_server(tmp_path / "data", *rotating, env={"TETHER_DEMO_DELAY": "0.002"}) as srv,
-        srv.client() as client,
-    ):
-        parent = new_session(client, "Long talk")
-        start_turn(client, parent, "hello " * 150)  # the demo's usage crosses 80% of 256
-        child = wait_until(
-            lambda: session_body(client, parent)["continuation_session_id"], what="a rotation"
-        )
-        wait_idle(client, parent)
+    with rotated_conversation(tmp_path / "data") as (client, parent, child):
 
         def observed() -> tuple:
             return (

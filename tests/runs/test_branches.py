@@ -22,6 +22,7 @@ from helpers import (
     live_timeline,
     new_session,
     read_events,
+    rotated_conversation,
     running_server,
     session_body,
     start_turn,
@@ -472,17 +473,7 @@ def test_a_rotated_session_refuses_edit_regenerate_and_switch_before_any_write(
 ) -> None:
     """Like truncate (tests/http/test_sessions_api.py): 409 `session_rotated` with the
     continuation, and nothing changes in the parent or the child."""
-    rotating = ("--context-window", "256", "--compression-mode", "rotate")
-    with (
-        running_server(tmp_path / "data", *rotating, env={"TETHER_DEMO_DELAY": "0.002"}) as srv,
-        srv.client() as client,
-    ):
-        parent = new_session(client, "Long talk")
-        start_turn(client, parent, "hello " * 150)  # the demo's usage crosses 80% of 256
-        child = wait_until(
-            lambda: session_body(client, parent)["continuation_session_id"], what="a rotation"
-        )
-        wait_idle(client, parent)
+    with rotated_conversation(tmp_path / "data") as (client, parent, child):
 
         def observed() -> tuple:
             return (

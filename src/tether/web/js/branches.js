@@ -3,7 +3,7 @@
 // What the page shows then comes back as events through the reducer (reducer_branches.js),
 // like every other change, so this tab, another tab and a reload agree.
 import { ApiError, post } from "./api.js";
-import { readBase64 } from "./composer.js";
+import { asDraft } from "./composer.js";
 import { h } from "./dom.js";
 import { switchesToShow } from "./reducer_branches.js";
 
@@ -67,21 +67,15 @@ function kept(row) {
   return (row.attachmentList || []).filter((a) => ids.has(a.id));
 }
 
-/** Attachments an edit kept, read back as the composer's drafts (`{name, mime, data_base64,
- *  size}`) for an edit that goes to the composer: a continuation cannot name another
- *  session's uploads, so they are sent anew. One that cannot be read is left out. */
+/** Attachments an edit kept, read back as the composer's drafts for an edit that goes to
+ *  the composer: a continuation cannot name another session's uploads, so they are sent
+ *  anew. One that cannot be read is left out. */
 export async function asDrafts(attachments) {
   const drafts = [];
   for (const a of attachments) {
     const response = await fetch(a.url).catch(() => null);
     if (!response?.ok) continue;
-    const blob = await response.blob();
-    drafts.push({
-      name: a.name,
-      mime: a.mime,
-      data_base64: await readBase64(blob),
-      size: blob.size,
-    });
+    drafts.push(await asDraft(await response.blob(), a.name, a.mime));
   }
   return drafts;
 }

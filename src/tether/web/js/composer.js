@@ -4,13 +4,18 @@
 import { h, patchChildren } from "./dom.js";
 import { sendKey } from "./settings.js";
 
-export const readBase64 = (file) =>
+const readBase64 = (file) =>
   new Promise((resolve, reject) => {
     const reader = new FileReader();
     reader.onload = () => resolve(String(reader.result).split(",", 2)[1] || "");
     reader.onerror = () => reject(reader.error);
     reader.readAsDataURL(file);
   });
+
+/** A file or blob as a draft attachment, in the shape the composer sends. */
+export async function asDraft(blob, name, mime) {
+  return { name, mime, data_base64: await readBase64(blob), size: blob.size };
+}
 
 export class Composer {
   /** actions: send(text, files), stop(), steer(text), queue(text, files),
@@ -86,13 +91,9 @@ export class Composer {
 
   async addFiles(files) {
     for (const file of files) {
-      const data_base64 = await readBase64(file);
-      this.files.push({
-        name: file.name || "pasted",
-        mime: file.type || "application/octet-stream",
-        data_base64,
-        size: file.size,
-      });
+      this.files.push(
+        await asDraft(file, file.name || "pasted", file.type || "application/octet-stream"),
+      );
     }
     this.renderChips();
     this.refresh();

@@ -148,3 +148,43 @@ def test_a_running_turn_leaves_the_title_its_room(
     assert width >= 75, width  # it was about 20 px ("Sh…") beside the word
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
     page.context.close()
+
+
+
+LINES_JS = """(e) => {
+  const lines = new Set();
+  const texts = document.createTreeWalker(e, NodeFilter.SHOW_TEXT);
+  while (texts.nextNode()) {
+    const range = document.createRange();
+    range.selectNodeContents(texts.currentNode);
+    for (const r of range.getClientRects()) if (r.width) lines.add(Math.round(r.top));
+  }
+  return lines.size;
+}"""
+
+
+@pytest.mark.parametrize("viewport", [{"width": 1280, "height": 800}, PHONE])
+def test_the_sidebars_foot_keeps_each_label_on_one_line(
+    browser: Browser, web_server: ServerProcess, viewport: dict[str, int]
+) -> None:
+    """The foot holds the Archived toggle, what answers (the demo's badge or the model's
+    name, which may be long) and Settings. The badge now has a line of its own, cut with
+    an ellipsis and whole in its tooltip; it used to break "Archived" and itself over two
+    lines each."""
+    page = browser.new_context(viewport=viewport, has_touch=True).new_page()
+    open_app(page, web_server.base_url)
+    if viewport is PHONE:
+        page.get_by_role("button", name="Sessions").click()
+        page.wait_for_function(  # the drawer slides in
+            "() => document.getElementById('sidebar').getBoundingClientRect().x >= 0"
+        )
+    badge = page.locator("#runtime-badge")
+    expect(badge).to_have_text("Demo runtime (offline)")
+    expect(badge).to_have_attribute("title", "Demo runtime (offline)")
+    drawer = page.locator("#sidebar").bounding_box()
+    assert drawer is not None
+    for element in (badge, page.locator("label.toggle"), page.locator("#settings-btn")):
+        assert element.evaluate(LINES_JS) == 1, element
+        box = element.bounding_box()
+        assert box is not None
+        assert drawer["x"] <= box["x"] and box["x"] + box["width"] <= drawer["x"] + drawer["width"]

@@ -176,6 +176,33 @@ def test_the_panel_works_on_a_phone(browser: Browser, server: ServerProcess) -> 
     expect(dialog).to_be_hidden()
 
 
+@pytest.mark.parametrize("viewport", [{"width": 1280, "height": 800}, PHONE])
+def test_save_and_cancel_are_on_screen_when_the_panel_opens(
+    browser: Browser, server: ServerProcess, viewport: dict[str, int]
+) -> None:
+    """The panel is taller than a laptop's window: its buttons stay in view at the bottom
+    while the groups above them scroll (they were below the window's edge), and each group's
+    title is one line (the server's ran over three lines and across its frame's border)."""
+    page = browser.new_context(viewport=viewport, has_touch=True).new_page()
+    open_app(page, server.base_url)
+    if viewport is PHONE:
+        page.get_by_role("button", name="Sessions").click()
+    dialog = open_settings(page)
+    frame = dialog.bounding_box()
+    assert frame is not None
+    for name in ("Save", "Cancel"):
+        button = dialog.get_by_role("button", name=name).bounding_box()
+        assert button is not None, name
+        assert 0 <= button["y"] and button["y"] + button["height"] <= viewport["height"], name
+        assert button["y"] + button["height"] <= frame["y"] + frame["height"], name
+    for legend in dialog.locator("legend").all():
+        height = legend.evaluate("e => e.getBoundingClientRect().height")
+        line = legend.evaluate("e => parseFloat(getComputedStyle(e).lineHeight) || 20")
+        assert height < 1.5 * line, legend.text_content()
+    dialog.get_by_role("button", name="Save").click()  # a real click: nothing covers it
+    expect(dialog).to_be_hidden()
+
+
 def test_with_the_server_away_the_panel_still_opens_for_this_browsers_part(
     browser: Browser, server: ServerProcess
 ) -> None:

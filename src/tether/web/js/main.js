@@ -91,6 +91,7 @@ class App {
     this.health = await get("/api/health");
     const badge = $("runtime-badge");
     badge.textContent = this.health.demo ? "Demo runtime (offline)" : this.health.model || "";
+    badge.title = badge.textContent; // whole, where its line cuts a long model name
     badge.classList.toggle("demo", !!this.health.demo);
     // the model itself is the per-session picker beside it (session_settings.js)
     $("model-label").textContent = this.health.demo ? "Demo runtime: no model is called" : "";

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +44,6 @@ def history(pairs: int = 2) -> list[dict[str, Any]]:
     for i in range(pairs):
         out += [user(f"question {i}"), {"role": "assistant", "content": f"answer {i}"}]
     return [*out, user("and now?")]
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
 
 
 def runtime(fake: FakeOpenAI, tmp_path: Path, **settings: Any) -> OpenAIRuntime:

@@ -1,5 +1,6 @@
 """The OpenAI runtime against a real (fake) OpenAI-compatible server on loopback: streaming,
-the tool loop, error mapping, cancellation and attachments, all over real HTTP."""
+the tool loop and attachments, all over real HTTP (errors and cancellation:
+test_openai_failures.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import asyncio
 import base64
 import contextlib
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,18 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runtimes.openai_kit import PNG, USER, content_events, make_runtime, run, turn
 
 from tether.runtimes.base import (
     AttachmentRef,
     Finished,
-    ProviderError,
     ReasoningDelta,
-    RuntimeEvent,
     RuntimeUnavailable,
     TextDelta,
     ToolCompleted,
     ToolStarted,
-    TurnInput,
     Usage,
 )
 from tether.runtimes.openai import MAX_TOOL_ITERATIONS, OpenAIRuntime
@@ -35,84 +33,11 @@ from tether.settings import Settings
 
 from fake_openai import (
     FakeOpenAI,
-    Text,
-    barrier,
-    drop_connection,
-    error,
-    hang,
-    malformed,
     reasoning,
     reply,
-    stream_error,
     text,
     tool_call,
 )
-
-USER = [{"role": "user", "content": "hi"}]
-PNG = base64.b64decode(
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
-)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
-@pytest.fixture
-def workspace(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    root.mkdir()
-    (root / "a.txt").write_text("hello tools")
-    (tmp_path / "secret.txt").write_text("TOPSECRET")
-    return root
-
-
-def make_runtime(
-    base_url: str, tmp_path: Path, workspace: Path | None, **kwargs: Any
-) -> OpenAIRuntime:
-    settings = Settings(
-        runtime="openai",
-        base_url=base_url,
-        model="fake-model",
-        workspace=workspace,
-        data_dir=tmp_path / "data",
-        api_key_env=kwargs.pop("api_key_env", "TETHER_TEST_OPENAI_KEY"),
-    )
-    return OpenAIRuntime(settings, **kwargs)
-
-
-@pytest.fixture
-def runtime(fake: FakeOpenAI, tmp_path: Path, workspace: Path) -> OpenAIRuntime:
-    return make_runtime(fake.base_url, tmp_path, workspace)
-
-
-def turn(messages: list[dict[str, Any]] | None = None, **kwargs: Any) -> TurnInput:
-    return TurnInput("s1", "st1", "t1", USER if messages is None else messages, **kwargs)
-
-
-def run(
-    rt: OpenAIRuntime, t: TurnInput | None = None, into: list[RuntimeEvent] | None = None
-) -> list[RuntimeEvent]:
-    """Drive `stream()` to the end in a fresh event loop; `into` keeps events seen before an
-    error."""
-    events: list[RuntimeEvent] = [] if into is None else into
-
-    async def main() -> None:
-        try:
-            async for event in rt.stream(t or turn()):
-                events.append(event)
-        finally:
-            await rt.aclose()
-
-    asyncio.run(main())
-    return events
-
-
-def content_events(events: list[RuntimeEvent]) -> list[RuntimeEvent]:
-    return [e for e in events if not isinstance(e, Usage)]
-
 
 # ---- construction and capabilities -----------------------------------------------------------
 
@@ -391,193 +316,6 @@ def test_tool_limit(fake: FakeOpenAI, tmp_path: Path, workspace: Path) -> None:
     assert last.state == "tool_limit_reached"
     assert last.reason and "3" in last.reason
     assert not any(isinstance(e, Finished) for e in events[:-1])
-
-
-# ---- errors ----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("scripted", "code", "says"),
-    [
-        (
-            error(401, "Incorrect API key provided", code="invalid_api_key"),
-            "auth",
-            "Incorrect API key provided",
-        ),
-        (error(403, "Project has no access"), "auth", "Project has no access"),
-        (
-            error(429, "Slow down please", code="rate_limit_exceeded"),
-            "rate_limit",
-            "Slow down please",
-        ),
-        (
-            error(404, "The model 'fake-model' does not exist", code="model_not_found"),
-            "model_not_found",
-            "does not exist",
-        ),
-        (
-            error(
-                400,
-                "This model's maximum context length is 4096 tokens",
-                code="context_length_exceeded",
-            ),
-            "context_overflow",
-            "maximum context length is 4096",
-        ),
-        (
-            error(400, "the request exceeds the available context size, try increasing it"),
-            "context_overflow",
-            "available context size",
-        ),
-        (
-            error(400, "tools are not supported by this model"),
-            "internal",
-            "tools are not supported",
-        ),
-        (error(500, "the GPU caught fire"), "bad_response", "the GPU caught fire"),
-        (error(503, {"detail": "overloaded"}), "bad_response", "overloaded"),
-        (malformed(), "bad_response", "not valid JSON"),
-        (
-            reply(text("a"), stream_error("upstream died", code="oops")),
-            "bad_response",
-            "upstream died",
-        ),
-        (drop_connection(text("half")), "network", "connection"),
-    ],
-)
-def test_errors_map_to_codes(
-    fake: FakeOpenAI, runtime: OpenAIRuntime, scripted: Any, code: str, says: str
-) -> None:
-    fake.script(scripted)
-    with pytest.raises(ProviderError) as info:
-        run(runtime)
-    assert info.value.code == code
-    assert says in info.value.message
-
-
-def test_auth_error_names_the_key_variable(
-    fake: FakeOpenAI, runtime: OpenAIRuntime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("TETHER_TEST_OPENAI_KEY", raising=False)
-    fake.script(error(401, "no key"))
-    with pytest.raises(ProviderError, match="Set TETHER_TEST_OPENAI_KEY"):
-        run(runtime)
-
-
-def test_text_before_a_dropped_connection_is_kept(fake: FakeOpenAI, runtime: OpenAIRuntime) -> None:
-    fake.script(drop_connection(reasoning("hmm"), text("half")))
-    seen: list[RuntimeEvent] = []
-    with pytest.raises(ProviderError) as info:
-        run(runtime, into=seen)
-    assert info.value.code == "network"
-    assert "ClientPayloadError" in info.value.message  # aiohttp's reason, not its httpx name
-    assert seen == [ReasoningDelta("hmm"), TextDelta("half")]
-
-
-def test_connection_refused_is_network(tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    rt = make_runtime(f"http://127.0.0.1:{port}/v1", tmp_path, None)
-    started = time.monotonic()
-    with pytest.raises(ProviderError) as info:
-        run(rt)
-    assert info.value.code == "network"
-    assert f"Could not reach the model provider at http://127.0.0.1:{port}" in info.value.message
-    assert "timed out" not in info.value.message  # the HTTP transport calls it ConnectTimeout
-    assert time.monotonic() - started < 5
-
-
-def test_error_in_the_second_request_of_a_tool_loop(
-    fake: FakeOpenAI, runtime: OpenAIRuntime
-) -> None:
-    fake.script(reply(tool_call("c1", "list_files", {})), error(429, "later"))
-    seen: list[RuntimeEvent] = []
-    with pytest.raises(ProviderError) as info:
-        run(runtime, into=seen)
-    assert info.value.code == "rate_limit"
-    assert [type(e) for e in content_events(seen)] == [ToolStarted, ToolCompleted]
-
-
-# ---- cancellation ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "steps",
-    [
-        pytest.param((text("partial"), hang()), id="mid-stream"),
-        pytest.param((barrier("never"), text("x")), id="before-content"),
-    ],
-)
-def test_cancelling_the_consumer_closes_the_request(
-    fake: FakeOpenAI, runtime: OpenAIRuntime, steps: tuple[Any, ...]
-) -> None:
-    fake.script(reply(*steps))
-
-    async def main() -> float:
-        seen: list[RuntimeEvent] = []
-
-        async def consume() -> None:
-            async for event in runtime.stream(turn()):
-                seen.append(event)
-
-        task = asyncio.create_task(consume())
-        if isinstance(steps[0], Text):
-            while not seen:
-                await asyncio.sleep(0.01)
-            assert seen == [TextDelta("partial")]
-        else:
-            assert await asyncio.to_thread(fake.wait_reached, "never", 5)
-        cancelled_at = time.monotonic()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert time.monotonic() - cancelled_at < 1.0
-        assert await asyncio.to_thread(fake.wait_disconnects, 1, 1.0)
-        await runtime.aclose()
-        return cancelled_at
-
-    cancelled_at = asyncio.run(main())
-    assert fake.disconnects == 1
-    assert fake.disconnect_times[0] - cancelled_at < 1.0
-
-
-def test_closing_the_stream_early_closes_the_request(
-    fake: FakeOpenAI, runtime: OpenAIRuntime
-) -> None:
-    fake.script(reply(text("partial"), hang()))
-
-    async def main() -> float:
-        async with contextlib.aclosing(runtime.stream(turn())) as events:
-            async for event in events:
-                assert event == TextDelta("partial")
-                break
-        closed_at = time.monotonic()
-        assert await asyncio.to_thread(fake.wait_disconnects, 1, 1.0)
-        await runtime.aclose()
-        return closed_at
-
-    closed_at = asyncio.run(main())
-    assert fake.disconnect_times[0] - closed_at < 1.0
-
-
-def test_cancelling_during_a_tool_stops_the_loop(
-    fake: FakeOpenAI, runtime: OpenAIRuntime, workspace: Path
-) -> None:
-    fake.script(reply(tool_call("c1", "list_files", {})), reply(text("never asked")))
-
-    async def main() -> None:
-        async def consume() -> None:
-            async for event in runtime.stream(turn()):
-                if isinstance(event, ToolStarted):
-                    asyncio.current_task().cancel()  # type: ignore[union-attr]
-
-        with pytest.raises(asyncio.CancelledError):
-            await asyncio.create_task(consume())
-        await runtime.aclose()
-
-    asyncio.run(main())
-    assert fake.requests_count == 1
 
 
 # ---- attachments -----------------------------------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +56,6 @@ def runtime_for(fake: FakeOpenAI, tmp_path: Path, **settings: Any) -> OpenAIRunt
             **settings,
         )
     )
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 transport raises httpx's ConnectTimeout for every aiohttp connection error, so a refused
 connection would read "timed out"; these check that the message names what happened (a closed port
 for real; the chains the transport builds, with aiohttp's own errors). A connection dropped
-mid-answer: `test_openai_runtime.py::test_text_before_a_dropped_connection_is_kept`."""
+mid-answer: `test_openai_failures.py::test_text_before_a_dropped_connection_is_kept`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
-from runtimes.test_openai_runtime import make_runtime
+from runtimes.openai_kit import make_runtime
 
 from tether.runtimes.base import ProviderError
 from tether.runtimes.openai_errors import classify

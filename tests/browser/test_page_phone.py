@@ -150,7 +150,6 @@ def test_a_running_turn_leaves_the_title_its_room(
     page.context.close()
 
 
-
 LINES_JS = """(e) => {
   const lines = new Set();
   const texts = document.createTreeWalker(e, NodeFilter.SHOW_TEXT);

@@ -193,7 +193,7 @@ def test_save_and_cancel_are_on_screen_when_the_panel_opens(
     for name in ("Save", "Cancel"):
         button = dialog.get_by_role("button", name=name).bounding_box()
         assert button is not None, name
-        assert 0 <= button["y"] and button["y"] + button["height"] <= viewport["height"], name
+        assert button["y"] >= 0 and button["y"] + button["height"] <= viewport["height"], name
         assert button["y"] + button["height"] <= frame["y"] + frame["height"], name
     for legend in dialog.locator("legend").all():
         height = legend.evaluate("e => e.getBoundingClientRect().height")

@@ -11,6 +11,7 @@ import re
 
 from playwright.sync_api import BrowserContext, expect
 
+from chatgpt_kit import Conversation
 from fake_openai import FakeOpenAI, delay, reply, text
 from helpers import ServerProcess, new_session
 from pagekit import open_app, send, wait_settled
@@ -175,3 +176,85 @@ def test_a_session_watched_to_its_end_stays_read_when_left_before_the_sidebar_dr
         row = page.locator(f'.session-row[data-key="{watched}"]')
         expect(row.locator(".unread-dot")).to_be_hidden()
         expect(row.get_by_role("link")).not_to_have_accessible_name(re.compile("unread"))
+
+
+def test_typing_resizes_the_message_box_only_when_its_lines_change(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """The box grows with its text, shrinks when text goes and stops at 40% of the window.
+    Typing within a line writes nothing to its size: collapsing the box to measure it on
+    every key resized the transcript above twice per key, and in an 800-message session each
+    resize repainted it whole (typing took three times as long; docs/page.md)."""
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    box = page.get_by_role("textbox", name="Message")
+    box.click()
+    page.evaluate("""() => {
+      window.sizeWrites = 0;
+      new MutationObserver((m) => { window.sizeWrites += m.length; })
+        .observe(document.getElementById('message'), { attributeFilter: ['style'] });
+    }""")
+    one_line = box.evaluate("e => e.offsetHeight")
+    page.keyboard.type("a few words on one line")
+    page.evaluate("() => new Promise(requestAnimationFrame)")
+    assert page.evaluate("window.sizeWrites") == 0
+    assert box.evaluate("e => e.offsetHeight") == one_line
+    for _ in range(3):
+        page.keyboard.press("Shift+Enter")
+        page.keyboard.type("another line")
+    four_lines = box.evaluate("e => e.offsetHeight")
+    assert four_lines > one_line * 2
+    assert box.evaluate("e => e.scrollHeight <= e.clientHeight")  # all of it shows
+    for _ in range(3 * len("another line") + 3):
+        page.keyboard.press("Backspace")
+    assert box.evaluate("e => e.offsetHeight") == one_line
+    page.keyboard.type("\n".join(["line"] * 40).replace("\n", ""))  # one long word: wraps
+    for _ in range(40):
+        page.keyboard.press("Shift+Enter")
+    height = box.evaluate("e => e.offsetHeight")
+    assert height <= page.evaluate("innerHeight * 0.4") + 1
+
+
+def task_ms(cdp) -> float:  # noqa: ANN001
+    metrics = cdp.send("Performance.getMetrics")["metrics"]
+    return 1000 * next(m["value"] for m in metrics if m["name"] == "TaskDuration")
+
+
+def test_typing_in_a_long_session_costs_about_what_it_does_in_an_empty_one(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """The transcript is painted apart from the composer (`contain` on it): each key typed
+    in a 1,200-message session repainted every row, 4-6 times the main thread's time per
+    key of an empty page; now 1.3-2 times. Three alternating rounds, the best ratio."""
+    chat = Conversation("long", 1_700_000_000.0)
+    for i in range(600):
+        chat.add("user", f"Question {i}: how do I write function {i}?")
+        chat.add(
+            "assistant", f"**Answer {i}**\n\n- one\n\n```python\ndef f{i}(x):\n    return x\n```\n"
+        )
+    with web_server.client(timeout=60) as client:
+        imported = client.post("/api/sessions/import", json=[chat.data])
+        assert imported.status_code == 201, imported.text
+        long_id = imported.json()["sessions"][0]["session_id"]
+    pages = []
+    for path in ("/", f"/s/{long_id}"):
+        page = context.new_page()
+        cdp = context.new_cdp_session(page)
+        cdp.send("Performance.enable")
+        open_app(page, web_server.base_url, path)
+        pages.append((page, cdp))
+    expect(pages[1][0].locator(".row")).to_have_count(1200, timeout=30_000)
+    ratios = []
+    for _ in range(3):
+        spent = []
+        for page, cdp in pages:
+            page.bring_to_front()
+            page.get_by_role("textbox", name="Message").click()
+            before = task_ms(cdp)
+            page.keyboard.type("typing a message of a few words, " * 2)
+            page.evaluate("() => new Promise(requestAnimationFrame)")
+            spent.append(task_ms(cdp) - before)
+            page.get_by_role("textbox", name="Message").fill("")
+        ratios.append(spent[1] / spent[0])
+    # measured: 1.3-2.0 with it, 4.4 and more without it
+    assert min(ratios) < 3, ratios

@@ -32,6 +32,7 @@ export class Composer {
     this.chips = document.getElementById("attachment-chips");
     this.fileInput = document.getElementById("file-input");
     this.files = [];
+    this.sizedLength = 0; // the text length autosize last saw: a shorter one may need fewer lines
     this.running = false;
     this.busy = false;
     this.editing = null;
@@ -84,9 +85,18 @@ export class Composer {
     return this.input.value.trim().length > 0 || this.files.length > 0;
   }
 
+  /** The box grows with its text up to 40% of the window and shrinks when text goes. A key
+   * that adds no line writes nothing: collapsing the box to measure it resized the
+   * transcript above twice per key, which a long session repainted whole each time. */
   autosize() {
-    this.input.style.height = "auto";
-    this.input.style.height = `${Math.min(this.input.scrollHeight, window.innerHeight * 0.4)}px`;
+    const box = this.input;
+    const shrank = box.value.length < this.sizedLength;
+    this.sizedLength = box.value.length;
+    if (!shrank && box.scrollHeight <= box.clientHeight) return;
+    if (shrank) box.style.height = "auto";
+    const border = box.offsetHeight - box.clientHeight;
+    const height = `${Math.min(box.scrollHeight + border, window.innerHeight * 0.4)}px`;
+    if (box.style.height !== height) box.style.height = height;
   }
 
   async addFiles(files) {

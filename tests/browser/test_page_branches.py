@@ -207,7 +207,9 @@ def test_an_edit_whose_message_leaves_the_branch_shown_goes_to_the_composer(
         assert response.status_code == 200, response.text
         wait_idle(client, sid)
     expect(page.locator("#transcript .rows > .row.user")).to_have_count(1)
-    expect(page.get_by_role("textbox", name="Message")).to_have_value("second, on second thought")
+    expect(page.get_by_role("textbox", name="Message", exact=True)).to_have_value(
+        "second, on second thought"
+    )
     expect(page.locator("#attachment-chips .chip-name")).to_have_text(["notes.txt"])
     expect(page.locator("#notice-bar")).to_contain_text("Your edit is in the composer")
     with httpx.Client(base_url=web_server.base_url) as client:  # nothing was sent
@@ -216,7 +218,7 @@ def test_an_edit_whose_message_leaves_the_branch_shown_goes_to_the_composer(
 
     # An edit saved here also removes its row, often before the POST answers: it was sent,
     # so nothing goes to the composer.
-    page.get_by_role("textbox", name="Message").fill("")
+    page.get_by_role("textbox", name="Message", exact=True).fill("")
     page.locator("#attachment-chips").get_by_role("button", name="Remove attachment").click()
     page.get_by_role("button", name="Dismiss").click()
     first = page.locator("#transcript .rows > .row.user").first
@@ -225,7 +227,7 @@ def test_an_edit_whose_message_leaves_the_branch_shown_goes_to_the_composer(
     first.get_by_role("button", name="Save and send").click()
     expect(first.locator(".user-text")).to_have_text("first, edited")
     wait_settled(page)
-    expect(page.get_by_role("textbox", name="Message")).to_have_value("")
+    expect(page.get_by_role("textbox", name="Message", exact=True)).to_have_value("")
     expect(page.locator("#notice-bar")).to_be_hidden()
 
 
@@ -299,11 +301,13 @@ def test_an_edit_refused_on_a_rotated_session_brings_its_attachments_to_the_cont
         row.get_by_role("textbox", name="Edit message").fill("hello, shorter")
         row.get_by_role("button", name="Save and send").click()
         expect(stale).to_have_url(f"{srv.base_url}/s/{child}")
-        expect(stale.get_by_role("textbox", name="Message")).to_have_value("hello, shorter")
+        expect(stale.get_by_role("textbox", name="Message", exact=True)).to_have_value(
+            "hello, shorter"
+        )
         expect(stale.locator("#attachment-chips .chip-name")).to_have_text(["notes.txt"])
         with httpx.Client(base_url=srv.base_url) as client:
             assert session_body(client, child)["last_seq"] == before_child  # never resent
-        stale.get_by_role("textbox", name="Message").press("Enter")  # sent by the user
+        stale.get_by_role("textbox", name="Message", exact=True).press("Enter")  # sent by the user
         with httpx.Client(base_url=srv.base_url) as client:
             wait_until(lambda: session_body(client, child)["messages"], what="the sent turn")
             [user] = [m for m in wait_idle(client, child)["messages"] if m["role"] == "user"]
@@ -336,7 +340,7 @@ def test_an_edit_saved_twice_in_a_row_is_sent_once_without_a_false_error(
         body = wait_idle(client, sid)
     assert body["messages"][0]["branch"] == {"index": 2, "count": 2}
     expect(page.locator("#notice-bar")).to_be_hidden()
-    expect(page.get_by_role("textbox", name="Message")).to_have_value("")
+    expect(page.get_by_role("textbox", name="Message", exact=True)).to_have_value("")
 
 
 def test_regenerate_clicked_twice_in_a_row_starts_one_run_without_a_false_error(
@@ -357,3 +361,81 @@ def test_regenerate_clicked_twice_in_a_row_starts_one_run_without_a_false_error(
     assert body["messages"][1]["branch"] == {"index": 2, "count": 2}
     wait_settled(page)
     expect(page.locator("#notice-bar")).to_be_hidden()
+
+
+def test_an_edit_left_open_for_another_session_is_open_again_on_coming_back(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """An edit of a message, half typed, then another session opened in the sidebar: coming
+    back, the box was closed and what was typed was gone. It is open again as it was left,
+    with the files it had dropped still dropped; one whose message was replaced meanwhile
+    (another tab edited it) goes to the composer, and one of a session deleted meanwhile
+    too."""
+    with httpx.Client(base_url=web_server.base_url) as client:
+        data = base64.b64encode(b"ZEBRA-42").decode()
+        attachment = {"name": "notes.txt", "mime": "text/plain", "data_base64": data}
+        sid = client.post("/api/sessions", json={"title": "Files"}).json()["session"]["session_id"]
+        turn = {"session_id": sid, "message": "see file", "attachments": [attachment]}
+        client.post("/api/chat/start", json=turn).raise_for_status()
+        wait_idle(client, sid)
+        other = client.post("/api/sessions", json={"title": "Other"}).json()["session"]
+        client.post(
+            "/api/chat/start", json={"session_id": other["session_id"], "message": "elsewhere"}
+        ).raise_for_status()
+        wait_idle(client, other["session_id"])
+    page = context.new_page()
+    open_app(page, web_server.base_url, f"/s/{sid}")
+    wait_settled(page)
+    row = page.locator("#transcript .rows > .row.user").first
+    area = row.get_by_role("textbox", name="Edit message")
+    link = page.locator(".session-link")
+
+    row.get_by_role("button", name="Edit").click()
+    area.fill("see file, and mind the second page")
+    row.get_by_role("button", name="Remove notes.txt").click()
+    link.filter(has_text="Other").click()
+    expect(page.locator("#transcript .rows > .row.user").first).to_contain_text("elsewhere")
+    link.filter(has_text="Files").click()
+    expect(area).to_have_value("see file, and mind the second page")
+    expect(row.get_by_role("button", name="Remove notes.txt")).to_have_count(0)
+    expect(page.get_by_role("textbox", name="Message", exact=True)).to_have_value("")
+
+    # New chat and back (the browser's Back), then saved: sent without the file.
+    page.get_by_role("button", name="New chat").click()
+    expect(row).to_have_count(0)
+    page.go_back()
+    expect(area).to_have_value("see file, and mind the second page")
+    row.get_by_role("button", name="Save and send").click()
+    expect(row.locator(".user-text")).to_have_text("see file, and mind the second page")
+    wait_settled(page)
+    with httpx.Client(base_url=web_server.base_url) as client:
+        assert session_body(client, sid)["messages"][0]["attachments"] == []
+
+        # Replaced while away (another tab edited it): back, the edit is in the composer.
+        row.get_by_role("button", name="Edit").click()
+        area.fill("a third version")
+        link.filter(has_text="Other").click()
+        expect(page.locator("#transcript .rows > .row.user").first).to_contain_text("elsewhere")
+        first = session_body(client, sid)["messages"][0]["id"]
+        edit = {"session_id": sid, "message": "edited in another tab", "edit_of": first}
+        client.post("/api/chat/start", json=edit).raise_for_status()
+        wait_idle(client, sid)
+        link.filter(has_text="Files").click()
+        expect(row.locator(".user-text")).to_have_text("edited in another tab")
+        box = page.get_by_role("textbox", name="Message", exact=True)
+        expect(box).to_have_value("a third version")
+        expect(page.locator("#notice-bar")).to_contain_text("Your edit is in the composer")
+        expect(area).to_have_count(0)
+        box.fill("")
+
+        # Deleted while away: the edit is in the composer.
+        row.get_by_role("button", name="Edit").click()
+        area.fill("a fourth version")
+        link.filter(has_text="Other").click()
+        expect(page.locator("#transcript .rows > .row.user").first).to_contain_text("elsewhere")
+        client.delete("/api/session", params={"session_id": sid}).raise_for_status()
+        expect(link.filter(has_text="Files")).to_have_count(0)
+        expect(box).to_have_value("a fourth version")
+        expect(page.locator("#notice-bar")).to_contain_text("your edit is in the composer")
+        shown = session_body(client, other["session_id"])["messages"]
+        assert [m["content"] for m in shown if m["role"] == "user"] == ["elsewhere"]  # unsent

@@ -51,14 +51,21 @@ export function updateRowActions(el, row, { running }) {
   for (const b of actions.querySelectorAll(".edit-message, .regenerate")) b.disabled = running;
 }
 
-/** The open edits (`{text, kept}`) of rows not in `keys` (their message is no longer
- *  shown: another tab switched, edited or regenerated above it): the render about to remove
- *  those rows must not take what was typed with them. */
+/** The open edits (`{key, text, kept}`: the row's key, the typed text, the files kept) in
+ *  `rowsEl`, but those on their way to the server. */
+export function openEdits(rowsEl) {
+  return [...rowsEl.querySelectorAll(":scope > .row.editing:not([data-saving])")].map((row) => ({
+    key: row.dataset.key,
+    text: row.querySelector(".edit-box textarea")?.value ?? "",
+    kept: kept(row),
+  }));
+}
+
+/** The open edits of rows not in `keys` (their message is no longer shown: another tab
+ *  switched, edited or regenerated above it): the render about to remove those rows must
+ *  not take what was typed with them. */
 export function editsLeaving(rowsEl, keys) {
-  return [...rowsEl.querySelectorAll(":scope > .row.editing:not([data-saving])")]
-    .filter((row) => !keys.has(row.dataset.key))
-    .map((row) => ({ text: row.querySelector(".edit-box textarea")?.value ?? "", kept: kept(row) }))
-    .filter((edit) => edit.text.trim());
+  return openEdits(rowsEl).filter((edit) => !keys.has(edit.key) && edit.text.trim());
 }
 
 /** The attachments still listed under a row's edit box: what its edit keeps. */
@@ -175,13 +182,28 @@ export class BranchActions {
     }
   }
 
-  openEditor(row) {
+  /** Open the edits `edits` (from `openEdits`) again as they were left, without taking the
+   *  focus: the user came back to their session. Returns those whose row is not shown. */
+  reopen(rowsEl, edits) {
+    const lost = [];
+    for (const edit of edits) {
+      const row = [...rowsEl.children].find((el) => el.dataset.key === edit.key);
+      if (row?.dataset.rowId) this.openEditor(row, edit);
+      else if (edit.text.trim()) lost.push(edit);
+    }
+    return lost;
+  }
+
+  /** The edit box in place of `row`'s message: the message and all its files, or an edit
+   *  left open earlier (`{text, kept}`, reopen). */
+  openEditor(row, edit = null) {
     if (row.querySelector(".edit-box")) return;
     const area = h("textarea", { rows: 3, "aria-label": "Edit message" });
-    area.value = row.copySource || "";
+    area.value = edit ? edit.text : row.copySource || "";
     // The message's attachments go with the edit, each removable (`keep_attachments`).
     const kept = h("ul", { class: "attachments edit-attachments", "aria-label": "Attachments" });
-    for (const a of row.attachmentList || []) {
+    const keeps = edit ? new Set(edit.kept.map((a) => a.id)) : null;
+    for (const a of (row.attachmentList || []).filter((a) => !keeps || keeps.has(a.id))) {
       const chip = h(
         "li",
         { dataset: { id: a.id } },
@@ -213,7 +235,7 @@ export class BranchActions {
     );
     row.classList.add("editing");
     row.querySelector(".user-bubble").after(box);
-    area.focus();
+    if (!edit) area.focus();
   }
 
   closeEditor(row) {

@@ -3,7 +3,7 @@
 // go through it, so a reload, a reconnect and a session switch show the same rows.
 import "./session_auth.js";
 import { ApiError, del, get, patch, post, q } from "./api.js";
-import { asDrafts, BranchActions } from "./branches.js";
+import { asDrafts, BranchActions, openEdits } from "./branches.js";
 import { Composer } from "./composer.js";
 import { setText } from "./dom.js";
 import { applyEvent, applySnapshot, createSession, view } from "./reducer.js";
@@ -105,15 +105,28 @@ class App {
     $("transcript").addEventListener("click", (event) => this.onClarifyChoice(event));
     $("transcript").addEventListener("submit", (event) => this.onClarifySubmit(event));
     this.branches = new BranchActions($("transcript"), this); // Edit, Regenerate, ‹ 2/3 ›
-    this.transcript.onEditLost = async ({ text, kept }) => {
-      // never sent by itself: the user decides where it goes
-      this.composer.restore(text, await asDrafts(kept));
-      this.notify(
+    this.transcript.onEditLost = (edit) =>
+      this.editsToComposer(
+        [edit],
         "Not sent: the message you were editing is no longer shown (another branch is). " +
           "Your edit is in the composer.",
       );
-    };
     await this.route();
+  }
+
+  /** Edits that can no longer be saved where they were typed go to the composer, never
+   *  sent by themselves: the user decides where they go. */
+  async editsToComposer(edits, notice) {
+    for (const { text, kept } of edits) this.composer.restore(text, await asDrafts(kept));
+    this.notify(notice);
+  }
+
+  /** The transcript is about to show another session (or none): the edits left open in the
+   *  one shown stay with it, opened again when it is shown next (renderNow). */
+  leaveTranscript() {
+    const entry = this.sessions.get(this.openId);
+    if (entry?.loaded) entry.edits = openEdits(this.transcript.rowsEl);
+    this.transcript.clear();
   }
 
   setupChrome() {
@@ -165,9 +178,9 @@ class App {
     this.stream?.retire(); // until the feed follows (sidebar_relay.js)
     this.stream = null;
     this.sidebar.connectFeed();
+    this.leaveTranscript();
     this.openId = null;
     this.sidebar.setActive(null);
-    this.transcript.clear();
     $("empty-state").hidden = false;
     this.running = false;
     this.showHeader();
@@ -200,11 +213,11 @@ class App {
     this.closeNav?.();
     this.stream?.retire(); // until the next stream follows (sidebar_relay.js)
     this.stream = null;
+    this.leaveTranscript();
     this.openId = sid;
     this.sidebar.setActive(sid);
     $("empty-state").hidden = true;
     const entry = this.entry(sid);
-    this.transcript.clear();
     if (entry.loaded) this.renderNow();
     let body;
     const sent = this.sidebar.stamp();
@@ -310,11 +323,21 @@ class App {
   }
 
   onDeleted(sid) {
+    const open = sid === this.openId;
+    const edits = open ? openEdits(this.transcript.rowsEl) : (this.sessions.get(sid)?.edits ?? []);
+    const typed = edits.filter((edit) => edit.text.trim());
     this.sessions.delete(sid);
-    if (sid === this.openId) {
+    if (open) {
       history.replaceState({}, "", "/");
       this.showEmpty();
       this.notify("This session was deleted.");
+    }
+    if (typed.length) {
+      this.editsToComposer(
+        typed,
+        "A session was deleted while you were editing one of its messages: " +
+          "your edit is in the composer, unsent.",
+      );
     }
   }
 
@@ -349,6 +372,19 @@ class App {
     if (!v.live) this.refreshContext(entry);
     this.transcript.setContext(entry.context);
     this.transcript.render(v, entry.inherited);
+    if (entry.edits) {
+      // back in a session with edits left open: as they were, or in the composer if their
+      // message is no longer shown (a switch or an edit elsewhere meanwhile)
+      const lost = this.branches.reopen(this.transcript.rowsEl, entry.edits);
+      entry.edits = null;
+      if (lost.length) {
+        this.editsToComposer(
+          lost,
+          "Not sent: a message you were editing is no longer shown (another branch is). " +
+            "Your edit is in the composer.",
+        );
+      }
+    }
     const live = v.live;
     if (this.running !== !!live) {
       this.running = !!live;

@@ -187,3 +187,31 @@ def test_the_sidebars_foot_keeps_each_label_on_one_line(
         box = element.bounding_box()
         assert box is not None
         assert drawer["x"] <= box["x"] and box["x"] + box["width"] <= drawer["x"] + drawer["width"]
+
+
+def test_an_answers_head_line_keeps_its_width_beside_its_controls(
+    browser: Browser, web_server: ServerProcess
+) -> None:
+    """An answer's head holds its activity summary ("Activity: Thought · 2 tools · Done in
+    1 s"), the model, Copy and its controls ("‹ 2/2 ›", Regenerate: 44 px each on a phone):
+    on one line, the summary was squeezed into a column a word wide, five lines tall. It
+    keeps at most two lines; the controls go under it."""
+    page = phone_page(browser, web_server.base_url)
+    send(page, "hello")
+    wait_settled(page)
+    answer = page.locator("#transcript .rows > .row.assistant").first
+    answer.get_by_role("button", name="Regenerate").click()
+    expect(answer.get_by_label("Branch 2 of 2")).to_be_visible()
+    wait_settled(page)
+    summary = answer.locator(".working")
+    expect(summary).to_contain_text("Activity:")
+    lines = summary.evaluate(
+        """(el) => el.getBoundingClientRect().height /
+                   parseFloat(getComputedStyle(el).lineHeight)"""
+    )
+    assert lines <= 2.05, f"the summary takes {lines:.1f} lines"
+    head = answer.locator(".assistant-head").bounding_box()
+    assert head is not None and head["x"] + head["width"] <= PHONE["width"]
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    assert page.evaluate(SMALL_TARGETS_JS) == []
+    page.context.close()

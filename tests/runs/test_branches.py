@@ -527,3 +527,64 @@ def test_a_regenerated_run_cut_by_a_crash_is_settled_on_its_branch(
         shown = switch(client, sid, cut["id"], 1).json()["session"]
         assert shown["messages"][1] == old | {"branch": {"index": 1, "count": 2}}
         assert "half" not in str(context_of(client, sid)["context_messages"])
+
+
+def test_the_automatic_title_follows_the_first_message_shown_never_a_title_set_by_hand(
+    openai_server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """A session named by its first message kept that name after the message was edited:
+    the sidebar and the header said "plan teh trip" over a conversation that now starts
+    "Plan the Lisbon trip". The first message shown names the session, on every branch;
+    an edit further down, and a title set by hand, are left alone. Layer: the sidebar row
+    fold (`projections/sidebar.py`), through the real API; keeps contract invariant 5 (the
+    title is folded from the log's branch events, the same on every replay)."""
+
+    def titles(client: httpx.Client, sid: str) -> tuple[str, str]:
+        listed = {
+            s["session_id"]: s["title"] for s in client.get("/api/sessions").json()["sessions"]
+        }
+        return session_body(client, sid)["title"], listed[sid]
+
+    with openai_server.client() as client:
+        sid = new_session(client)
+        answered(client, fake, sid, "plan teh trip\nto Lisbon", "Sure.")
+        answered(client, fake, sid, "in May", "Noted.")
+        assert titles(client, sid) == ("plan teh trip", "plan teh trip")
+        first = session_body(client, sid)["messages"][0]["id"]
+
+        fake.script(reply(text("Sure.")))
+        edit = {"session_id": sid, "message": "Plan the Lisbon trip", "edit_of": first}
+        assert client.post("/api/chat/start", json=edit).status_code == 200
+        body = wait_idle(client, sid)
+        assert titles(client, sid) == ("Plan the Lisbon trip", "Plan the Lisbon trip")
+        assert client.get("/api/sessions", params={"q": "Lisbon trip"}).json()["sessions"]
+
+        # A switch to the first branch shows its first message, and its name.
+        edited = body["messages"][0]["id"]
+        assert switch(client, sid, edited, 1).status_code == 200
+        assert titles(client, sid) == ("plan teh trip", "plan teh trip")
+        assert switch(client, sid, first, 2).status_code == 200
+        assert titles(client, sid) == ("Plan the Lisbon trip", "Plan the Lisbon trip")
+
+        # An edit further down names nothing.
+        answered(client, fake, sid, "in May", "Noted.")
+        fake.script(reply(text("Noted.")))
+        later = session_body(client, sid)["messages"][2]["id"]
+        edit = {"session_id": sid, "message": "in June", "edit_of": later}
+        assert client.post("/api/chat/start", json=edit).status_code == 200
+        wait_idle(client, sid)
+        assert titles(client, sid) == ("Plan the Lisbon trip", "Plan the Lisbon trip")
+
+        # A title set by hand stays through an edit of the first message and a switch.
+        renamed = client.patch("/api/session", json={"session_id": sid, "title": "Holidays"})
+        assert renamed.status_code == 200
+        fake.script(reply(text("Sure.")))
+        edit = {"session_id": sid, "message": "Plan the Porto trip", "edit_of": edited}
+        assert client.post("/api/chat/start", json=edit).status_code == 200
+        wait_idle(client, sid)
+        assert titles(client, sid) == ("Holidays", "Holidays")
+        assert (
+            switch(client, sid, session_body(client, sid)["messages"][0]["id"], 1).status_code
+            == 200
+        )
+        assert titles(client, sid) == ("Holidays", "Holidays")

@@ -22,7 +22,7 @@ from tether import events as ev
 from tether.events import Event
 
 # Bump when the fold changes: the store then rebuilds every persisted row from the log.
-SIDEBAR_FOLD_VERSION = "sidebar-7"
+SIDEBAR_FOLD_VERSION = "sidebar-8"
 
 DEFAULT_TITLE = "New chat"
 TITLE_MAX = 80
@@ -105,9 +105,15 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
         row["updated_at"] = row["last_message_at"] = event.at
         if data.get("regenerate"):  # a new answer to a turn already shown: no new row yet
             return row
-        row["message_count"] += 1
-        if row["title_from_message"] is None:
+        if row["message_count"] == 0:
+            # The first message shown names the session, an edit of it too; each first
+            # message is kept by its row id, for a switch back to its branch.
+            title = title_from_message(data.get("text", "")) or None
+            row["title_from_message"] = title
+            row["root_titles"] = {**row.get("root_titles", {}), data.get("turn_id"): title}
+        elif row["title_from_message"] is None:
             row["title_from_message"] = title_from_message(data.get("text", "")) or None
+        row["message_count"] += 1
     elif event.type == ev.RUN_FINISHED:
         if event.stream_id == row.get("open_stream"):
             row["open_stream"], row["stop_requested"] = None, False
@@ -131,6 +137,9 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
         # baseline is everything now shown, so no client marks the switch unread (inv. 4).
         row["message_count"] = data["message_count"]
         row["maintenance_rows"] = 0
+        root_titles = row.get("root_titles", {})
+        if data.get("row_id") in root_titles:  # another first message: it names the session
+            row["title_from_message"] = root_titles[data["row_id"]]
         row["transcript_generation"] = data["transcript_generation"]
         row["transcript_generation_baseline"] = data["message_count"]
     elif event.type == ev.SESSION_ROTATED:

@@ -351,6 +351,8 @@ class RunFinished(TypedDict):
 class TranscriptTruncated(TypedDict):
     keep_count: int
     transcript_generation: int
+    # how the last run of the rows kept ended (the sidebar's mark follows the rows shown)
+    last_run_state: NotRequired[str | None]
 
 
 class BranchSwitched(TypedDict):
@@ -361,6 +363,8 @@ class BranchSwitched(TypedDict):
     index: int
     message_count: int
     transcript_generation: int
+    # how the last run of the branch shown ended (the sidebar's mark follows the branch)
+    last_run_state: NotRequired[str | None]
 
 
 class AgentImported(TypedDict):

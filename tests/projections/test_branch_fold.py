@@ -80,7 +80,7 @@ def branchy_logs(draw: st.DrawFn) -> list[Event]:
                     {
                         "row_id": target,
                         "index": index,
-                        "message_count": fold.tree.count_if_shown(target),
+                        "message_count": len(fold.tree.path_if_shown(target)),
                         "transcript_generation": generation,
                     },
                 )
@@ -175,7 +175,7 @@ def test_a_switch_restores_the_branch_below_it_as_it_was_left() -> None:
     assert [r["id"] for r in visible] == ["u1", "a1", "u2", "a2b"]
     assert visible[3]["branch"] == {"index": 2, "count": 2}
     assert visible[2]["branch"] == {"index": 1, "count": 2}
-    assert tree.count_if_shown("u2b") == 4
+    assert len(tree.path_if_shown("u2b")) == 4
     tree.show("a2")
     assert [r["id"] for r in visible] == ["u1", "a1", "u2", "a2"]
     # a fork off the path changes only what it shows once it is on the path again

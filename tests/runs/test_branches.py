@@ -9,13 +9,14 @@ on every branch), sidebar row (invariant 4: switching is not activity), run admi
 from __future__ import annotations
 
 import base64
+import signal
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from fake_openai import FakeOpenAI, hang, reply, text
+from fake_openai import FakeOpenAI, error, hang, reply, text
 from helpers import (
     ServerProcess,
     fold_frames,
@@ -588,3 +589,64 @@ def test_the_automatic_title_follows_the_first_message_shown_never_a_title_set_b
             == 200
         )
         assert titles(client, sid) == ("Holidays", "Holidays")
+
+
+def test_the_sidebars_last_run_state_follows_the_branch_shown(
+    openai_server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """A failed answer, then a switch to the branch whose answer succeeded: the sidebar row
+    kept `last_run_state: "error"` (the failure mark) over a conversation that shows no
+    failure, and an undo that hid the failed answer kept it too. It is how the last answer
+    shown ended. Layer: the sidebar row fold (`projections/sidebar.py`), from
+    `branch.switched` and `transcript.truncated`, which now say it (`sessions/branching.py`);
+    invariant 4: the mark moves with the branch, `updated_at` and the order do not."""
+
+    def marks(client: httpx.Client, sid: str) -> tuple[Any, Any]:
+        listed = {s["session_id"]: s for s in client.get("/api/sessions").json()["sessions"]}
+        return session_body(client, sid)["last_run_state"], listed[sid]["last_run_state"]
+
+    with openai_server.client() as client:
+        sid = new_session(client)
+        answered(client, fake, sid, "one", "A1")
+        answer = session_body(client, sid)["messages"][1]
+        fake.script(error(401, "bad key"))
+        regenerated = client.post("/api/chat/regenerate", json={"session_id": sid})
+        assert regenerated.status_code == 200, regenerated.text
+        body = wait_idle(client, sid)
+        assert body["messages"][1]["state"] == "error"
+        assert marks(client, sid) == ("error", "error")
+        updated_at = body["updated_at"]
+
+        assert switch(client, sid, body["messages"][1]["id"], 1).status_code == 200
+        assert marks(client, sid) == ("completed", "completed")
+        assert switch(client, sid, answer["id"], 2).status_code == 200
+        assert marks(client, sid) == ("error", "error")
+        assert session_body(client, sid)["updated_at"] == updated_at  # not activity
+
+        # An undo that hides the failed answer: the mark goes with it.
+        undo = client.post("/api/session/truncate", json={"session_id": sid, "keep_count": 1})
+        assert undo.status_code == 200, undo.text
+        assert marks(client, sid) == (None, None)
+        fake.script(reply(text("A1 again")))
+        assert client.post("/api/chat/regenerate", json={"session_id": sid}).status_code == 200
+        body = wait_idle(client, sid)
+        assert marks(client, sid) == ("completed", "completed")
+        assert switch(client, sid, body["messages"][1]["id"], 2).status_code == 200
+        assert marks(client, sid) == ("error", "error")
+
+        # A run a crash cut (settled by recovery: maintenance) never sets the mark, on its
+        # branch either.
+        fake.script(reply(text("partial"), hang()))
+        start_turn(client, sid, "two")
+        wait_until(lambda: "partial" in str(live_timeline(client, sid)), what="partial output")
+    openai_server.stop(signal.SIGKILL)
+    openai_server.start()
+    with openai_server.client() as client:
+        body = wait_idle(client, sid)
+        assert body["messages"][-1]["state"] == "interrupted"
+        assert marks(client, sid) == ("error", "error")
+        assert switch(client, sid, body["messages"][1]["id"], 3).status_code == 200
+        assert marks(client, sid) == ("completed", "completed")
+        shown = switch(client, sid, session_body(client, sid)["messages"][1]["id"], 2)
+        assert [m["content"] for m in shown.json()["session"]["messages"]][2:] == ["two", "partial"]
+        assert marks(client, sid) == ("error", "error")

@@ -101,15 +101,15 @@ class BranchTree:
             return []
         return list(self.children.get(self.parent_of[row_id], []))
 
-    def count_if_shown(self, row_id: str) -> int:
-        """How many rows the visible transcript would have with `row_id` shown at its fork."""
+    def path_if_shown(self, row_id: str) -> list[Row]:
+        """The visible transcript as it would be with `row_id` shown at its fork."""
         start = self.position(self.parent_of[row_id]) or 0
-        length = 0
+        path = self.visible[:start]
         node: str | None = row_id
         while node is not None:
-            length += 1
+            path.append(self.rows[node])
             node = self.shown.get(node)
-        return start + length
+        return path
 
     def snapshot(self, copy: Any) -> dict[str, Any] | None:
         """What a reader needs to fold later events after a snapshot (`GET /api/session`'s

@@ -22,7 +22,7 @@ from tether import events as ev
 from tether.events import Event
 
 # Bump when the fold changes: the store then rebuilds every persisted row from the log.
-SIDEBAR_FOLD_VERSION = "sidebar-8"
+SIDEBAR_FOLD_VERSION = "sidebar-9"
 
 DEFAULT_TITLE = "New chat"
 TITLE_MAX = 80
@@ -120,6 +120,8 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
         row["message_count"] += 1
         if not data.get("maintenance"):
             row["last_run_state"] = data.get("state", "completed")  # shown, never sorted on
+        elif event.stream_id is not None:  # rare (a restart, a shutdown): a branch skips it
+            row["maintenance_runs"] = [*row.get("maintenance_runs", []), event.stream_id]
         if data.get("state") not in _MAINTENANCE_STATES and not data.get("maintenance"):
             row["updated_at"] = row["last_message_at"] = event.at
         else:
@@ -132,6 +134,8 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
         row["maintenance_rows"] = 0  # activity_count restarts at the baseline
         row["transcript_generation"] = data["transcript_generation"]
         row["transcript_generation_baseline"] = data["keep_count"]
+        if "last_run_state" in data:  # the last run of the rows kept (older logs: unsaid)
+            row["last_run_state"] = data["last_run_state"]
     elif event.type == ev.BRANCH_SWITCHED:
         # Like a truncate (the rows of the branch left are hidden), but not activity: the
         # baseline is everything now shown, so no client marks the switch unread (inv. 4).
@@ -140,6 +144,8 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
         root_titles = row.get("root_titles", {})
         if data.get("row_id") in root_titles:  # another first message: it names the session
             row["title_from_message"] = root_titles[data["row_id"]]
+        if "last_run_state" in data:  # the last run of the branch shown
+            row["last_run_state"] = data["last_run_state"]
         row["transcript_generation"] = data["transcript_generation"]
         row["transcript_generation_baseline"] = data["message_count"]
     elif event.type == ev.SESSION_ROTATED:

@@ -29,12 +29,29 @@ def _visible_index(fold: SessionFold, row_id: str) -> int:
     )
 
 
-def _hide_from(fold: SessionFold, keep: int) -> Draft:
-    """The truncate that starts a new branch at visible position `keep`."""
+def last_run_state(fold: SessionFold, rows: list[dict[str, Any]]) -> str | None:
+    """How the last run among `rows` ended, for the sidebar's mark (`last_run_state`, which
+    follows the rows shown): the state of the last answer, skipping those a restart or a
+    shutdown settled (maintenance, which never sets the mark); None without one."""
+    assert fold.row is not None
+    maintenance = set(fold.row.get("maintenance_runs", ()))
+    for row in reversed(rows):
+        if row["role"] == "assistant" and row.get("stream_id") not in maintenance:
+            return row.get("state", "completed")
+    return None
+
+
+def truncate_draft(fold: SessionFold, keep: int) -> Draft:
+    """The truncate that hides the visible rows from position `keep` on (a new branch
+    starts there)."""
     assert fold.row is not None
     return Draft(
         ev.TRANSCRIPT_TRUNCATED,
-        {"keep_count": keep, "transcript_generation": fold.row["transcript_generation"] + 1},
+        {
+            "keep_count": keep,
+            "transcript_generation": fold.row["transcript_generation"] + 1,
+            "last_run_state": last_run_state(fold, fold.transcript.messages[:keep]),
+        },
         needs_no_run=True,
         after_seq=fold.last_seq,  # several replicas: not if another one wrote since
     )
@@ -58,7 +75,7 @@ def edit_fork(
                 "message edited."
             )
         owned = [a for a in owned if a["id"] in keep_attachments]
-    return [_hide_from(fold, index)], owned
+    return [truncate_draft(fold, index)], owned
 
 
 def regenerate_fork(fold: SessionFold, row_id: str | None) -> tuple[list[Draft], str, str | None]:
@@ -80,7 +97,7 @@ def regenerate_fork(fold: SessionFold, row_id: str | None) -> tuple[list[Draft],
     asked = messages[index - 1] if index > 0 else None
     if asked is None or asked["role"] != "user" or asked["turn_id"] != row["turn_id"]:
         raise InvalidRequest("That answer has no message of yours before it to answer again.")
-    return [_hide_from(fold, index)], row["turn_id"], row_id
+    return [truncate_draft(fold, index)], row["turn_id"], row_id
 
 
 def switch_draft(fold: SessionFold, row_id: str, index: int) -> Draft | None:
@@ -97,13 +114,15 @@ def switch_draft(fold: SessionFold, row_id: str, index: int) -> Draft | None:
     target = siblings[index - 1]
     if target == row_id:
         return None
+    path = tree.path_if_shown(target)
     return Draft(
         ev.BRANCH_SWITCHED,
         {
             "row_id": target,
             "index": index,
-            "message_count": tree.count_if_shown(target),
+            "message_count": len(path),
             "transcript_generation": fold.row["transcript_generation"] + 1,
+            "last_run_state": last_run_state(fold, path),
         },
         needs_no_run=True,
         after_seq=fold.last_seq,

@@ -17,7 +17,7 @@ from tether.log.attachments import BlobStore
 from tether.log.completion import to_completion
 from tether.log.store import EventStore
 from tether.projections.sidebar import public_row, public_title, sort_key
-from tether.sessions.branching import switch_draft
+from tether.sessions.branching import last_run_state, switch_draft
 from tether.sessions.defaults import ServerDefaults
 from tether.sessions.folds import FoldCache
 from tether.sessions.row_texts import RowTexts
@@ -371,7 +371,13 @@ class SessionService:
                     [
                         Draft(
                             ev.TRANSCRIPT_TRUNCATED,
-                            {"keep_count": keep_count, "transcript_generation": generation},
+                            {
+                                "keep_count": keep_count,
+                                "transcript_generation": generation,
+                                "last_run_state": last_run_state(
+                                    fold, fold.transcript.messages[:keep_count]
+                                ),
+                            },
                             needs_no_run=True,
                         )
                     ],

@@ -356,3 +356,41 @@ def test_a_queued_message_that_leaves_the_queue_while_edited_leaves_the_edit_in_
     wait_settled(page)
     with httpx.Client(base_url=openai_web.base_url) as client:
         assert session_body(client, sid)["queued"] == []
+
+
+def test_a_message_queued_before_a_stop_waits_for_send_now_through_a_retry(
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """Queued while a run streamed, then Stop, then Retry (Regenerate on the stopped
+    answer): when the new answer came, the queued message went by itself after it, onto
+    the new branch, though after a Stop the queue waits for "Send now" (docs/api.md §4).
+    It waits through the retry; "Send now" sends it after the answer shown."""
+    page, _, queued, sid = _queued_behind_a_held_run(context, openai_web, fake)
+    page.get_by_role("button", name="Stop").click()
+    fake.release("hold")
+    wait_settled(page)
+    expect(queued.get_by_role("button", name="Send now")).to_be_visible()
+
+    fake.script(reply(text("retried answer")), reply(text("answer to the queued one")))
+    answer = page.locator("#transcript .rows > .row.assistant").first
+    answer.get_by_role("button", name="Regenerate").click()
+    expect(answer).to_contain_text("retried answer")
+    wait_settled(page)
+    page.wait_for_timeout(500)  # a queued start, had one gone, has come back as events
+    expect(page.locator("#transcript .rows > .row.user")).to_have_count(1)
+    expect(queued.locator(".queued-text")).to_have_text("queued words")
+    with httpx.Client(base_url=openai_web.base_url) as client:
+        body = session_body(client, sid)
+        assert [m["content"] for m in body["messages"]] == ["first", "retried answer"]
+        assert [q["text"] for q in body["queued"]] == ["queued words"]
+
+        queued.get_by_role("button", name="Send now").click()
+        expect(page.locator("#transcript .rows > .row.user")).to_have_count(2)
+        wait_settled(page)
+        expect(queued).to_have_count(0)
+        assert [m["content"] for m in session_body(client, sid)["messages"]] == [
+            "first",
+            "retried answer",
+            "queued words",
+            "answer to the queued one",
+        ]

@@ -5,6 +5,9 @@ next turn only after a completed run). No typed word is lost."""
 
 from __future__ import annotations
 
+import time
+
+import httpx
 import pytest
 
 from helpers import (
@@ -14,6 +17,7 @@ from helpers import (
     session_body,
     start_turn,
     wait_idle,
+    wait_until,
 )
 
 
@@ -204,3 +208,49 @@ def test_a_queued_message_waiting_after_a_stop_can_be_sent_now(
         ]
         gone = client.post("/api/chat/queue/start", json={"queue_id": queue_id})
         assert gone.status_code == 404 and gone.json()["code"] == "queue_item_not_found"
+
+
+def test_messages_queued_behind_a_stopped_run_wait_through_later_runs_until_sent(
+    demo_server: ServerProcess,
+) -> None:
+    """After a Stop the queue waits for `queue/start` (docs/api.md §4): a Retry that
+    completed sent what was queued behind the stopped run by itself, after the new answer
+    on its new branch. What was queued behind the stopped run now waits through later runs;
+    a message queued behind a later run goes when that run completes; starting one that
+    waits lets the queue go on. Layers: the transcript fold (which items wait) and the run
+    engine (`start_next` passes them by); keeps contract invariant 5 (which items wait is
+    folded from the log's run endings, so a restart or another replica decides the same)."""
+
+    def users(body: dict) -> list[str]:
+        return [m["content"] for m in body["messages"] if m["role"] == "user"]
+
+    def queue(client: httpx.Client, sid: str, text: str) -> str:
+        answer = client.post("/api/chat/queue", json={"session_id": sid, "message": text})
+        assert answer.status_code == 200, answer.text
+        return answer.json()["queue_id"]
+
+    with demo_server.client() as client:
+        sid = new_session(client)
+        run = start_turn(client, sid, "/slow first")
+        waiting = queue(client, sid, "A")
+        queue(client, sid, "C")
+        client.post("/api/chat/cancel", json={"stream_id": run["stream_id"]})
+        wait_idle(client, sid)
+
+        retry = client.post("/api/chat/regenerate", json={"session_id": sid})
+        assert retry.status_code == 200, retry.text
+        queue(client, sid, "B")  # behind the retry: it goes when the retry completes
+        body = wait_until(
+            lambda: (b := wait_idle(client, sid)) and len(b["messages"]) == 4 and b,
+            what="the retry and B answered, nothing else sent",
+        )
+        assert users(body) == ["/slow first", "B"]
+        assert [q["text"] for q in body["queued"]] == ["A", "C"]
+        time.sleep(0.5)  # B's completion started nothing either
+        assert [q["text"] for q in session_body(client, sid)["queued"]] == ["A", "C"]
+
+        started = client.post("/api/chat/queue/start", json={"queue_id": waiting})
+        assert started.status_code == 200, started.text
+        body = wait_until(lambda: (b := wait_idle(client, sid)) and len(b["messages"]) == 8 and b)
+        assert users(body) == ["/slow first", "B", "A", "C"]  # the queue went on
+        assert body["queued"] == []

@@ -117,6 +117,10 @@ class TranscriptFold:
         self.active: dict[str, RunScene] = {}
         self.users: dict[str, dict[str, Any]] = {}
         self.queued: dict[str, dict[str, Any]] = {}
+        # Queued messages whose run was stopped or failed (docs/api.md §4): they wait for the
+        # user (`queue/start`), and a later run that completes does not send them. Starting
+        # one of them resumes the queue. Server-side only: never part of `view()`.
+        self.held: set[str] = set()
         # Agent-facing only (invariant 6): never part of `view()`.
         self.compressions: list[dict[str, Any]] = []
         self.handoff: dict[str, Any] | None = None
@@ -353,6 +357,9 @@ class TranscriptFold:
             self.queued[queue_id] = {**self.queued[queue_id], "text": data.get("text", "")}
         elif event.type == ev.QUEUE_REMOVED:
             self.queued.pop(queue_id, None)
+            if data.get("reason") == "started" and queue_id in self.held:
+                self.held.clear()  # the user sent one that waited: the queue goes on
+            self.held.discard(queue_id)
 
     def _cancel_requested(self, event: Event) -> None:
         scene = self._scene(event)
@@ -360,6 +367,8 @@ class TranscriptFold:
             scene.phase = "cancelling"
 
     def _run_finished(self, event: Event) -> None:
+        if event.data.get("state", "completed") != "completed":
+            self.held.update(self.queued)  # what was queued behind it waits for the user
         scene = self.active.pop(event.stream_id or event.data.get("stream_id", ""), None)
         if scene is None:
             return

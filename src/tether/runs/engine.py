@@ -277,10 +277,12 @@ class RunEngine:
 
     # -- queued messages (runs.queue) -------------------------------------------------------
     async def start_next(self, session_id: str) -> str | None:
-        """Start the oldest queued message as the next turn; None when nothing is queued or
-        the session is taken. It stays queued if the start is refused."""
+        """Start the oldest queued message as the next turn, but those that wait for the
+        user since their run was stopped or failed (docs/api.md §4); None when there is none
+        or the session is taken. It stays queued if the start is refused."""
         fold = await self.sessions.folds.get(session_id)
-        item = next(iter(fold.transcript.queued.values()), None)
+        queue = fold.transcript
+        item = next((q for q in queue.queued.values() if q["queue_id"] not in queue.held), None)
         if item is None:
             return None
         try:

@@ -11,6 +11,7 @@ import { MessageSearch } from "./search.js";
 import { SessionSettings } from "./session_settings.js";
 import { SettingsPanel } from "./settings.js";
 import { Sidebar } from "./sidebar.js";
+import { RunPrompts } from "./run_prompts.js";
 import { SessionStream } from "./stream.js";
 import { ImportControl } from "./transfer.js";
 import { TranscriptView } from "./transcript.js";
@@ -20,7 +21,6 @@ const $ = (id) => document.getElementById(id);
 const LIVE_FRAME_MS = 100; // the live Markdown's own cadence (transcript.js)
 const DEFAULT_TITLE = "New chat"; // the server's name for a session its first message has not named
 // What Continue sends under an answer cut off at the token limit (a visible user turn).
-const CONTINUE_MESSAGE = "Continue from where your answer was cut off.";
 const CONN_TEXT = {
   connecting: "Connecting…",
   live: "Live",
@@ -100,10 +100,7 @@ class App {
     document.addEventListener("visibilitychange", () => this.sidebar.render());
     setInterval(() => this.transcript.tick(), 1000);
     setInterval(() => this.sidebar.render(), 60_000); // relative times ("2 h") stay true
-    $("transcript").addEventListener("click", (event) => this.onApprovalClick(event));
-    $("transcript").addEventListener("click", (event) => this.onContinueClick(event));
-    $("transcript").addEventListener("click", (event) => this.onClarifyChoice(event));
-    $("transcript").addEventListener("submit", (event) => this.onClarifySubmit(event));
+    this.prompts = new RunPrompts($("transcript"), this); // approvals, questions, Continue
     this.branches = new BranchActions($("transcript"), this); // Edit, Regenerate, ‹ 2/3 ›
     this.transcript.onEditLost = (edit) =>
       this.editsToComposer(
@@ -483,62 +480,6 @@ class App {
     });
     bar.append(" ", close);
     bar.hidden = false;
-  }
-
-  /** An answer to an approval prompt ("Allow once", "Deny", ...: transcript.js renders them). */
-  async onApprovalClick(event) {
-    const button = event.target.closest(".approval-actions button");
-    if (!button) return;
-    const actions = button.parentElement;
-    for (const b of actions.querySelectorAll("button")) b.disabled = true;
-    const res = await this.call(() =>
-      post("/api/chat/approve", {
-        stream_id: actions.dataset.stream,
-        approval_id: actions.dataset.approval,
-        choice: button.dataset.choice,
-      }),
-    );
-    for (const b of actions.querySelectorAll("button")) b.disabled = false;
-    if (res && !res.accepted) this.notify("That question is no longer open.");
-  }
-
-  /** "Continue" under an answer cut off at the token limit: a new turn asking for the rest. */
-  async onContinueClick(event) {
-    const button = event.target.closest("button.continue");
-    if (!button) return;
-    button.hidden = true;
-    await this.send(CONTINUE_MESSAGE, []);
-  }
-
-  /** One of the agent's choices on a question card (transcript.js renders them). */
-  onClarifyChoice(event) {
-    const button = event.target.closest(".clarify-choices button");
-    if (button) this.answerQuestion(button.closest("form"), button.dataset.answer);
-  }
-
-  /** Free text typed into a question card. */
-  onClarifySubmit(event) {
-    const form = event.target.closest(".clarify-actions");
-    if (!form) return;
-    event.preventDefault();
-    const input = form.querySelector(".clarify-input");
-    if (input.value.trim()) this.answerQuestion(form, input.value, input);
-  }
-
-  /** The answer goes to the run; typed text stays in the box unless it was taken. */
-  async answerQuestion(form, text, input = null) {
-    const buttons = form.querySelectorAll("button");
-    for (const b of buttons) b.disabled = true;
-    const res = await this.call(() =>
-      post("/api/chat/answer", {
-        stream_id: form.dataset.stream,
-        question_id: form.dataset.question,
-        text,
-      }),
-    );
-    for (const b of buttons) b.disabled = false;
-    if (res?.accepted && input) input.value = "";
-    if (res && !res.accepted) this.notify("That question is no longer open.");
   }
 
   async call(fn) {

@@ -35,9 +35,9 @@ class SessionOccupied(LogError, SessionBusy):
 
 
 class TranscriptMoved(LogError, RowNotFound):
-    """An edit, a regenerate or a branch switch (`Draft.after_seq`) checked against a
-    transcript another replica changed before it was written: the rows it names by position
-    may be on another branch by now, so it is refused like the stale tab it is (404
+    """A truncate, an edit, a regenerate or a branch switch (`Draft.after_seq`) checked
+    against a transcript another replica changed before it was written: the rows it names by
+    position may be others by now, so it is refused like the stale tab it is (404
     `row_not_found`), never applied there (log/postgres.py)."""
 
     def __init__(self, session_id: str):

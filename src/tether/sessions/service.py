@@ -351,6 +351,10 @@ class SessionService:
                 await self.attachments.remove(blob)
 
     async def truncate(self, session_id: str, keep_count: int) -> dict[str, Any]:
+        """Hide the visible rows from `keep_count` on (docs/api.md §3). `keep_count` counts
+        the rows of the transcript checked here: with several replicas, a write another one
+        made since is refused by the database (404 `row_not_found`, TranscriptMoved), never
+        cut at the same count of a transcript that moved (contract invariant 1)."""
         async with self.locks(session_id):
             state = await self.store.index_state(session_id)
             if state is None:
@@ -379,6 +383,9 @@ class SessionService:
                                 ),
                             },
                             needs_no_run=True,
+                            # several replicas: `keep_count` counts the rows of this fold;
+                            # refused (TranscriptMoved) if another replica wrote since
+                            after_seq=fold.last_seq,
                         )
                     ],
                 )

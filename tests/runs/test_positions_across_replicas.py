@@ -106,3 +106,33 @@ def test_a_truncate_checked_before_another_replica_wrote_is_refused_not_cut_else
 
     with database() as url:
         asyncio.run(main(url))
+
+
+def test_a_regenerate_of_the_last_unanswered_message_checked_before_another_replica_wrote(
+    tmp_path: Path,
+) -> None:
+    """Layer: runs/engine (`POST /api/chat/regenerate` without `row_id`, sessions/branching
+    `regenerate_fork` when the transcript ends with a message nobody answered); contract
+    invariant 1. Replica A finds "one" unanswered at the end and plans a new answer to it;
+    a turn sent through replica B completes first. The new answer to "one" was written after
+    B's answer, out of place ([one, two, answer, answer to one], 200). Now the database
+    refuses it (404 `row_not_found`): no run starts, nothing is written."""
+
+    async def main(url: str) -> None:
+        async with _replica(tmp_path / "a", url) as a, _replica(tmp_path / "b", url) as b:
+            sid = (await a.sessions.create(None))["session_id"]
+            await answered(a, sid, "one")
+            await a.sessions.truncate(sid, 1)  # "one" is unanswered at the end
+            assert await shown(a, sid) == [("user", "one")]
+            hold_append(a, has("turn.submitted", regenerate=True), lambda: answered(b, sid, "two"))
+            with pytest.raises(TranscriptMoved) as refused:
+                await a.engine.regenerate(sid)
+            assert (refused.value.code, refused.value.status) == ("row_not_found", 404)
+            assert not a.registry.busy(sid)
+            submitted = [e.data for e in await a.store.read(sid) if e.type == "turn.submitted"]
+            assert [d.get("regenerate", False) for d in submitted] == [False, False]
+            expected = [("user", "one"), ("user", "two"), ("assistant", "answer")]
+            assert await shown(a, sid) == expected == await shown(b, sid)
+
+    with database() as url:
+        asyncio.run(main(url))

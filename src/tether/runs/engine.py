@@ -161,7 +161,13 @@ class RunEngine:
                 "regenerate": True,
                 "regenerate_of": replaced,
             }
-            started = await self._record(run, before, submitted, (), (), row, model)
+            # A new answer to the unanswered message the transcript ends with hides nothing:
+            # its turn is the first draft, and names "the last message" of this fold itself
+            # (several replicas: refused, TranscriptMoved, if another one wrote since).
+            after_seq = None if before else fold.last_seq
+            started = await self._record(
+                run, before, submitted, (), (), row, model, after_seq=after_seq
+            )
         return started
 
     async def _admissible(self, session_id: str) -> dict[str, Any]:
@@ -178,10 +184,13 @@ class RunEngine:
         after: Sequence[Draft],
         row: dict[str, Any],
         model: str | None,
+        *,
+        after_seq: int | None = None,
     ) -> dict[str, Any]:
         """Store `uploads`, register `run` and append `before`, its `turn.submitted` and
         `after` in one append, then start its worker (`row`: the session's sidebar row,
-        `model`: the one the turn asked for); on any failure the run is
+        `model`: the one the turn asked for, `after_seq`: the turn's `Draft.after_seq`
+        when it comes first); on any failure the run is
         unregistered and new bytes are released.
 
         With a stateless runtime there is no handle to build, so the run is admitted here
@@ -213,6 +222,7 @@ class RunEngine:
                 turn_id=run.turn_id,
                 blobs=blobs,
                 admits_run=True,  # several replicas: the database admits (SessionOccupied)
+                after_seq=after_seq,
             )
             if opening:
                 self._admit_ready(run, StatelessHandle(self.runtime))

@@ -81,7 +81,8 @@ def edit_fork(
 def regenerate_fork(fold: SessionFold, row_id: str | None) -> tuple[list[Draft], str, str | None]:
     """For `chat/regenerate`: (the drafts before the new run, the turn it answers, the
     answer it replaces). Without `row_id`: the last answer, or, when the transcript ends
-    with a message nobody answered yet, that message (nothing is hidden then)."""
+    with a message nobody answered yet, that message (nothing is hidden then, and the new
+    turn itself carries the fold's `after_seq`: runs/engine.py `regenerate`)."""
     messages = fold.transcript.messages
     if row_id is None:
         if messages and messages[-1]["role"] == "user":

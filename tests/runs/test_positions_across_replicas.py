@@ -9,7 +9,7 @@ rows by position (a count, "the last message") is refused by the database then (
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 from pg import database
 
+from tether.events import SUMMARY_PREFIX
 from tether.log import Draft
 from tether.log.errors import TranscriptMoved
+from tether.runtimes.base import RuntimeEvent, TurnInput, Usage
 from tether.settings import Settings
 
 from engine_harness import GatedRuntime, Harness, harness
@@ -34,8 +36,44 @@ class Answering(GatedRuntime):
         self.gate.set()
 
 
+class Filling(Answering):
+    """Answers "answer"; with `full`, reports a context past 80% of the 1,000-token window
+    the rotating replicas are given. Its summaries are recorded, and one may wait for
+    `meanwhile` (another replica's command) before it is made."""
+
+    def __init__(self, full: bool) -> None:
+        super().__init__()
+        self.full = full
+        self.summarized: list[list[dict[str, Any]]] = []
+        self.meanwhile: Callable[[], Awaitable[Any]] | None = None
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        async for event in super().stream(turn):
+            yield event
+        if self.full:
+            yield Usage(prompt_tokens=850, completion_tokens=20)
+
+    async def summarize(self, messages: list[dict[str, Any]], model: str | None) -> str:
+        self.summarized.append(messages)
+        meanwhile, self.meanwhile = self.meanwhile, None
+        if meanwhile is not None:
+            await meanwhile()
+        return f"handoff #{len(self.summarized)}"
+
+
 def _replica(data: Path, url: str) -> AbstractAsyncContextManager[Harness]:
     return harness(data, Answering(), Settings(data_dir=data, database_url=url))
+
+
+def _rotating(data: Path, url: str, full: bool) -> AbstractAsyncContextManager[Harness]:
+    settings = Settings(
+        data_dir=data, database_url=url, context_window=1000, compression_mode="rotate"
+    )
+    return harness(data, Filling(full), settings)
+
+
+def said(messages: list[dict[str, Any]]) -> list[str]:
+    return [str(m["content"]) for m in messages]
 
 
 def hold_append(
@@ -133,6 +171,121 @@ def test_a_regenerate_of_the_last_unanswered_message_checked_before_another_repl
             assert [d.get("regenerate", False) for d in submitted] == [False, False]
             expected = [("user", "one"), ("user", "two"), ("assistant", "answer")]
             assert await shown(a, sid) == expected == await shown(b, sid)
+
+    with database() as url:
+        asyncio.run(main(url))
+
+
+async def sessions_listed(h: Harness) -> list[str]:
+    return sorted(await h.store.index_states())
+
+
+def test_a_rotation_summarized_before_another_replicas_turn_is_planned_again_not_written(
+    tmp_path: Path,
+) -> None:
+    """Layer: runs/rotation (`--compression-mode rotate`), across replicas; contract
+    invariant 1 (a visible turn enters the model context). Replica A's turn crossed the
+    threshold, and A summarizes the parent for the handoff; replica B sees the run finished
+    and runs a turn in the parent meanwhile (one that did not cross). A then rotated the
+    parent: B's turn stayed in the rotated parent, shown above the child, and no model
+    request of the child ever got it (its context is a summary of the turn before). Now A
+    looks again under the lock before it writes: the parent's context has moved, so the
+    rotation is left to a later turn, and that turn's handoff summarizes B's turn too."""
+
+    async def main(url: str) -> None:
+        async with (
+            _rotating(tmp_path / "a", url, full=True) as a,
+            _rotating(tmp_path / "b", url, full=False) as b,
+        ):
+            assert isinstance(a.engine.runtime, Filling)
+            sid = (await a.sessions.create(None))["session_id"]
+            a.engine.runtime.meanwhile = lambda: answered(b, sid, "two")
+            await answered(a, sid, "one")
+            assert len(a.engine.runtime.summarized) == 1
+            assert (await a.sessions.row(sid))["continuation_session_id"] is None
+            assert await sessions_listed(a) == [sid]  # no child was made
+            context = await a.sessions.context(sid, "gated")
+            assert said(context["context_messages"]) == ["one", "answer", "two", "answer"]
+            # the next turn that crosses rotates, with a handoff of everything shown
+            await answered(a, sid, "three")
+            child = (await a.sessions.row(sid))["continuation_session_id"]
+            assert child is not None
+            handoff = a.engine.runtime.summarized[-1]
+            assert said(handoff) == ["one", "answer", "two", "answer", "three", "answer"]
+            context = await b.sessions.context(child, "gated")
+            assert said(context["context_messages"]) == [SUMMARY_PREFIX + "handoff #2"]
+
+    with database() as url:
+        asyncio.run(main(url))
+
+
+def test_a_rotation_written_after_another_replicas_turn_is_refused_and_its_child_removed(
+    tmp_path: Path,
+) -> None:
+    """Layer: runs/rotation, across replicas; contract invariant 1. As above, but B's turn
+    completes between A's last look at the parent and its `session.rotated` (A's child is
+    made by then): the rotation was written after B's turn, which the child's context never
+    got. Now `session.rotated` carries the seq A looked at (`Draft.after_seq`): the database
+    refuses it, A removes the child it made, looks again and leaves the rotation to a later
+    turn. The parent goes on with both turns in its context."""
+
+    async def main(url: str) -> None:
+        async with (
+            _rotating(tmp_path / "a", url, full=True) as a,
+            _rotating(tmp_path / "b", url, full=False) as b,
+        ):
+            sid = (await a.sessions.create(None))["session_id"]
+            hold_append(a, has("session.rotated"), lambda: answered(b, sid, "two"))
+            await answered(a, sid, "one")
+            assert "session.rotated" not in await b.types(sid)
+            assert (await b.sessions.row(sid))["continuation_session_id"] is None
+            assert await sessions_listed(b) == [sid]  # the child made is gone
+            context = await b.sessions.context(sid, "gated")
+            assert said(context["context_messages"]) == ["one", "answer", "two", "answer"]
+            await answered(b, sid, "three")  # the parent takes turns as before
+            assert said((await b.sessions.view(sid))["messages"])[-2:] == ["three", "answer"]
+
+    with database() as url:
+        asyncio.run(main(url))
+
+
+def test_a_rotation_whose_child_is_made_as_another_replica_writes_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Layer: runs/rotation, across replicas; contract invariant 1. As above, with B's turn
+    completing while A creates the child, after A's last look at the parent: the fold A
+    looked at is the cached one, which the live tail advances in place as B's events arrive,
+    so a `session.rotated` whose seq was read from it after that await would name B's last
+    event and pass the database's check. What A checked is read before any await."""
+
+    async def main(url: str) -> None:
+        async with (
+            _rotating(tmp_path / "a", url, full=True) as a,
+            _rotating(tmp_path / "b", url, full=False) as b,
+        ):
+            sid = (await a.sessions.create(None))["session_id"]
+            real_create = a.store.create_session
+            held = False
+
+            async def create_session(session_id: str, *args: Any, **kwargs: Any) -> list:
+                nonlocal held
+                if session_id != sid and not held:  # the child, as the parent rotates
+                    held = True
+                    await answered(b, sid, "two")
+                    for _ in range(500):  # until A's live tail has B's turn
+                        fold = await a.sessions.folds.get(sid)
+                        if len(fold.transcript.messages) == 4:
+                            break
+                        await asyncio.sleep(0.01)
+                return await real_create(session_id, *args, **kwargs)
+
+            a.store.create_session = create_session  # type: ignore[method-assign]
+            await answered(a, sid, "one")
+            assert held
+            assert "session.rotated" not in await b.types(sid)
+            assert await sessions_listed(b) == [sid]  # the child made is gone
+            context = await b.sessions.context(sid, "gated")
+            assert said(context["context_messages"]) == ["one", "answer", "two", "answer"]
 
     with database() as url:
         asyncio.run(main(url))

@@ -30,6 +30,7 @@ from enum import Enum
 from tether import events as ev
 from tether.events import new_id
 from tether.log import Draft, SessionNotFound, StorageError
+from tether.log.errors import SessionOccupied, TranscriptMoved
 from tether.runs.rotation import continue_in
 from tether.runtimes.base import AgentHistory
 from tether.sessions.service import TITLE_MAX_CHARS, SessionService
@@ -216,15 +217,19 @@ async def _continue(
     owner = await agent.agent_owner(agent_session_id)
     if owner == session_id:
         return
-    if owner is not None and await sessions.store.last_seq(owner) is not None:
-        await continue_in(sessions, session_id, owner, create=False)  # it exists already
-        return
-    child_id = owner or new_id("s")
-    if owner is None and not await agent.bind(child_id, agent_session_id):
-        return  # bound elsewhere meanwhile: the next pass links to that session
-    await continue_in(
-        sessions, session_id, child_id, create=True, agent_session_id=agent_session_id
-    )
+    try:
+        if owner is not None and await sessions.store.last_seq(owner) is not None:
+            await continue_in(sessions, session_id, owner, create=False)  # it exists already
+            return
+        child_id = owner or new_id("s")
+        if owner is None and not await agent.bind(child_id, agent_session_id):
+            return  # bound elsewhere meanwhile: the next pass links to that session
+        await continue_in(
+            sessions, session_id, child_id, create=True, agent_session_id=agent_session_id
+        )
+    except (TranscriptMoved, SessionOccupied):  # another replica wrote to it, or runs a turn:
+        log.info("the continuation of %s waits for a later pass", session_id)  # bound, so the
+        return  # next pass completes it
     async with sessions.locks(child_id):  # locks go parent -> child only
         await sync_through(sessions, agent, child_id)  # whoever follows the 409 finds its history
     log.info(

@@ -2,11 +2,22 @@
 continues in a child session.
 
 The turn that crossed the threshold finishes in the parent (compressing in place if it had to).
-Then, while that finished run still holds the session (so no turn can slip in), one summary
-request produces the handoff, the child is created with it (`parent_session_id`, its model
-context starts from the summary; it shows the parent's history above its own, display only)
-and `session.rotated` is appended to the parent. Rotation is maintenance: the child inherits
-the parent's `updated_at`, and nothing moves in the sidebar order.
+Then, while that finished run still holds the session (so no turn can slip in through this
+replica), one summary request produces the handoff, the child is created with it
+(`parent_session_id`, its model context starts from the summary; it shows the parent's
+history above its own, display only) and `session.rotated` is appended to the parent.
+Rotation is maintenance: the child inherits the parent's `updated_at`, and nothing moves in
+the sidebar order.
+
+The handoff summarizes the parent as one fold saw it, so nothing may land in the parent
+between that fold and `session.rotated` that the child would not carry (contract invariant
+1: what is shown enters the model context). Through this replica, the session's lock is held
+from the last look at the parent to the write; through another replica sharing the database
+(which sees the run finished, so may take a turn meanwhile), the write carries the fold's last
+seq (`Draft.after_seq`) and is refused while a run is unfinished: the database refuses it when
+anything was written since. Either way the rotation is planned again on what is there, and
+skipped when the parent's model context has changed since the summary (the turn that changed
+it rotates in its turn if it crosses the threshold).
 """
 
 from __future__ import annotations
@@ -18,11 +29,18 @@ from tether import events as ev
 from tether.events import new_id
 from tether.ingest.normalizer import Normalizer
 from tether.log import Draft
+from tether.log.completion import to_completion
+from tether.log.errors import SessionOccupied, TranscriptMoved
 from tether.runtimes.base import ProviderError, Runtime
+from tether.sessions.folds import SessionFold
 from tether.sessions.service import SessionService
 from tether.settings import Settings
 
 log = logging.getLogger("tether.runs")
+
+# How many times a rotation is planned again when another replica wrote to the parent
+# between its last look and its write, before it is left to a later turn.
+PLANS = 3
 
 
 def estimate_tokens(messages: list[dict[str, Any]]) -> int:
@@ -66,31 +84,54 @@ class Rotator:
             return session_id
 
     async def rotate(self, parent_id: str) -> str:
-        fold = await self.sessions.folds.get(parent_id)
+        sessions = self.sessions
+        fold = await sessions.folds.get(parent_id)
         messages = fold.transcript.context()["context_messages"]
         summary = await self.runtime.summarize(messages, None)
-        return await continue_in(
-            self.sessions,
-            parent_id,
-            new_id("s"),
-            create=True,
-            handoff={
-                "summary": summary,
-                "tokens_before": estimate_tokens(messages),
-                "tokens_after": estimate_tokens([{"content": summary}]),
-            },
-        )
+        handoff = {
+            "summary": summary,
+            "tokens_before": estimate_tokens(messages),
+            "tokens_after": estimate_tokens([{"content": summary}]),
+        }
+        for _ in range(PLANS):
+            async with sessions.locks(parent_id):
+                fold = await sessions.folds.get(parent_id)
+                if fold.transcript.context()["context_messages"] != messages:
+                    break  # a turn, an edit or a switch since: the summary is not of it
+                try:
+                    return await continue_in(
+                        sessions, parent_id, new_id("s"), create=True, fold=fold, handoff=handoff
+                    )
+                except (TranscriptMoved, SessionOccupied):
+                    continue  # another replica wrote meanwhile: look again
+        log.info("rotation of %s skipped: the session moved on meanwhile", parent_id)
+        return parent_id
 
 
 async def continue_in(
-    sessions: SessionService, parent_id: str, child_id: str, *, create: bool, **created: object
+    sessions: SessionService,
+    parent_id: str,
+    child_id: str,
+    *,
+    create: bool,
+    fold: SessionFold | None = None,
+    **created: object,
 ) -> str:
     """Make `parent_id` continue in `child_id` (created here, or already there): the child
     takes the parent's place in the sidebar without looking newer, the parent records
     `session.rotated`, queued messages move along. `created` goes into the child's
-    `session.created` (its handoff, the agent session it drives)."""
+    `session.created` (its handoff, the agent session it drives). The caller holds the
+    parent's lock; `fold` is the parent as the caller checked it (default: read here).
+
+    `session.rotated` is refused (TranscriptMoved, SessionOccupied) when another replica
+    wrote to the parent since `fold`, or runs a turn in it: a child created here is deleted
+    again, and the error raised, nothing rotated."""
     store = sessions.store
-    fold = await sessions.folds.get(parent_id)
+    if fold is None:
+        fold = await sessions.folds.get(parent_id)
+    # A cached fold is advanced in place by the live tail (sessions/folds.py): what was
+    # checked is read now, before any await lets another replica's events into it.
+    seen, moved = fold.last_seq, list(fold.transcript.queued.values())
     parent = await sessions.row(parent_id)
     assert parent is not None and fold.row is not None
     if create:
@@ -110,12 +151,25 @@ async def continue_in(
             ],
             owner=await store.session_owner(parent_id),  # the parent's person
         )
-    moved = list(fold.transcript.queued.values())
-    await store.append(
-        parent_id,
-        [Draft(ev.SESSION_ROTATED, {"continuation_session_id": child_id})]
-        + [Draft(ev.QUEUE_REMOVED, {"queue_id": q["queue_id"], "reason": "moved"}) for q in moved],
+    rotated = Draft(
+        ev.SESSION_ROTATED,
+        {"continuation_session_id": child_id},
+        needs_no_run=True,  # several replicas: not under another one's turn,
+        after_seq=seen,  # nor after anything the child would not carry
     )
+    try:
+        await store.append(
+            parent_id,
+            [rotated]
+            + [
+                Draft(ev.QUEUE_REMOVED, {"queue_id": q["queue_id"], "reason": "moved"})
+                for q in moved
+            ],
+        )
+    except (TranscriptMoved, SessionOccupied):
+        if create:  # nothing continues in it
+            await to_completion(sessions.delete(child_id))
+        raise
     if moved:  # queued messages follow the conversation into the child
         await store.append(
             child_id,

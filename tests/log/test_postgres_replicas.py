@@ -22,12 +22,14 @@ from tether.log import Draft, Hub, StorageError
 from tether.log.errors import (
     CancelRequested,
     RunTakenOver,
+    SessionContinued,
     SessionOccupied,
     StreamClosed,
     TranscriptMoved,
 )
 from tether.log.pg_fanout import PAYLOAD_LIMIT, Fanout, payloads
 from tether.log.pg_leases import LEASE_SECONDS, RENEW_SECONDS
+from tether.log.pg_schema import MIGRATIONS, apply_migrations
 from tether.log.postgres import PostgresEventStore
 
 pytestmark = pytest.mark.slow
@@ -433,6 +435,66 @@ def test_an_edit_or_switch_checked_before_another_replica_wrote_is_refused_not_m
             await store.aclose()
 
     asyncio.run(main())
+
+
+def test_a_rotated_session_takes_no_turn_queued_message_or_cut_through_any_replica(
+    url: str,
+) -> None:
+    """Layer: the log, for rotation across replicas (contract "inactive compression
+    continuation recovery": 409 `session_rotated` before any mutation). A replica's own check
+    cannot see a rotation another replica wrote a moment ago: once the session has its
+    `session.rotated`, the database refuses a new turn, a queued message, a truncate and a
+    second rotation there (409 naming the child), writing nothing of their appends; the run
+    events of a run, renames and an import of a rotated session's history go on."""
+
+    async def main() -> None:
+        a, b = open_store(url, "ra"), open_store(url, "rb")
+        await a.create_session("s1", [Draft("session.created", {})])
+        await a.append("s1", [turn(1)])
+        await a.append("s1", [Draft("run.finished", {"state": "completed"}, "r1", "u1")])
+        rotated = Draft("session.rotated", {"continuation_session_id": "s2"}, needs_no_run=True)
+        await a.append("s1", [rotated])
+        cut = Draft("transcript.truncated", {"keep_count": 0, "transcript_generation": 1})
+        queued = Draft("queue.added", {"queue_id": "q1", "text": "later", "attachments": []})
+        for refused in ([turn(2)], [replace(cut, needs_no_run=True)], [queued], [rotated]):
+            with pytest.raises(SessionContinued) as info:
+                await b.append("s1", refused)
+            assert (info.value.code, info.value.status) == ("session_rotated", 409)
+            assert info.value.extra["continuation_session_id"] == "s2"
+        assert [e.type for e in await b.read("s1")][-1] == "session.rotated"
+        await b.append("s1", [Draft("session.updated", {"title": "renamed"})])
+        history = [Draft("session.created", {}), rotated, turn(3)]  # as an export has it
+        await b.create_session("s3", history)
+        for store in (a, b):
+            await store.aclose()
+
+    asyncio.run(main())
+
+
+def test_the_continued_in_migration_fills_the_rotated_sessions_from_their_log(url: str) -> None:
+    """Layer: the log's schema (m012_continued_in): a database rotated by an older version
+    refuses a turn in its rotated sessions once migrated, as one rotated since."""
+    with psycopg.connect(url, autocommit=True) as db:
+        for name, fn in MIGRATIONS[:-1]:
+            assert name != "m012_continued_in"
+            with db.transaction():
+                fn(db)
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS tether_migrations "
+            "(name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+        )
+        for name, _ in MIGRATIONS[:-1]:
+            db.execute("INSERT INTO tether_migrations VALUES (%s, 0)", (name,))
+        db.execute("INSERT INTO sessions (session_id, last_seq) VALUES ('s1', 2), ('s9', 1)")
+        db.execute(
+            "INSERT INTO events (session_id, seq, type, at, data) VALUES "
+            "('s1', 1, 'session.created', 1, '{}'), "
+            "('s1', 2, 'session.rotated', 2, '{\"continuation_session_id\": \"s2\"}'), "
+            "('s9', 1, 'session.created', 1, '{}')"
+        )
+        assert apply_migrations(db) == ["m012_continued_in"]
+        rows = db.execute("SELECT session_id, continued_in FROM sessions ORDER BY 1").fetchall()
+        assert rows == [("s1", "s2"), ("s9", None)]
 
 
 def test_stop_is_recorded_once_per_run_whichever_replica_records_it(url: str) -> None:

@@ -19,7 +19,7 @@ from pg import database
 
 from tether.events import SUMMARY_PREFIX
 from tether.log import Draft
-from tether.log.errors import TranscriptMoved
+from tether.log.errors import SessionContinued, TranscriptMoved
 from tether.runtimes.base import RuntimeEvent, TurnInput, Usage
 from tether.settings import Settings
 
@@ -286,6 +286,59 @@ def test_a_rotation_whose_child_is_made_as_another_replica_writes_is_refused(
             assert await sessions_listed(b) == [sid]  # the child made is gone
             context = await b.sessions.context(sid, "gated")
             assert said(context["context_messages"]) == ["one", "answer", "two", "answer"]
+
+    with database() as url:
+        asyncio.run(main(url))
+
+
+def test_a_turn_checked_before_another_replica_rotated_the_session_is_refused_there(
+    tmp_path: Path,
+) -> None:
+    """Layer: the log (log/pg_batch.py, the counter row's `continued_in`), for a start
+    across replicas; contract "inactive compression continuation recovery" (409
+    `session_rotated` before any mutation) and invariant 1. Replica B checks the session (not
+    rotated, no run) and records its turn after replica A rotated it: the turn ran in the
+    rotated parent, which nobody shows or continues (the child's context is the summary of
+    what came before). The database refuses it now, 409 `session_rotated` with the child;
+    nothing of it is written and B runs nothing."""
+
+    async def main(url: str) -> None:
+        async with (
+            _rotating(tmp_path / "a", url, full=True) as a,
+            _rotating(tmp_path / "b", url, full=False) as b,
+        ):
+            assert isinstance(a.engine.runtime, Filling)
+            sid = (await a.sessions.create(None))["session_id"]
+            checked = asyncio.Event()
+            starts: list[asyncio.Task] = []
+
+            async def after_the_rotation() -> None:
+                checked.set()  # B has checked the session: its append waits here
+                for _ in range(2000):
+                    if "session.rotated" in await b.types(sid):
+                        return
+                    await asyncio.sleep(0.005)
+                raise AssertionError("the session never rotated")
+
+            async def b_starts() -> None:  # while A summarizes
+                starts.append(asyncio.create_task(b.engine.start(sid, "two")))
+                await checked.wait()
+
+            hold_append(b, has("turn.submitted"), after_the_rotation)
+            a.engine.runtime.meanwhile = b_starts
+            await answered(a, sid, "one")
+            child = (await a.sessions.row(sid))["continuation_session_id"]
+            assert child is not None
+            with pytest.raises(SessionContinued) as refused:
+                await starts[0]
+            assert (refused.value.code, refused.value.status) == ("session_rotated", 409)
+            assert refused.value.extra["continuation_session_id"] == child
+            assert not b.registry.busy(sid)
+            assert (await b.types(sid))[-1] == "session.rotated"  # nothing after it
+            assert [m["content"] for m in (await b.sessions.view(sid))["messages"]] == [
+                "one",
+                "answer",
+            ]
 
     with database() as url:
         asyncio.run(main(url))

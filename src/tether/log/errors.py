@@ -1,7 +1,7 @@
 """Errors the log raises. The ones a client can meet are in the API's error family
 (`tether.errors`), with their code and status; the others stay inside the server."""
 
-from tether.errors import ApiError, InvalidRequest, RowNotFound, SessionBusy
+from tether.errors import ApiError, InvalidRequest, RowNotFound, SessionBusy, SessionRotated
 
 
 class LogError(Exception):
@@ -45,6 +45,22 @@ class TranscriptMoved(LogError, RowNotFound):
             self,
             "The transcript changed meanwhile (another tab switched branch, edited or sent "
             "something); reload the session and try again.",
+        )
+        self.session_id = session_id
+
+
+class SessionContinued(LogError, SessionRotated):
+    """A new turn, a queued message or a change of the transcript (`admits_run`,
+    `needs_no_run`, `queue.added`) for a session that has its `session.rotated`: a backend
+    shared by several processes refuses it (log/postgres.py), for a replica that checked the
+    session before another one rotated it. 409 `session_rotated` with the session it
+    continues in (the callers name the newest of the lineage where they can)."""
+
+    def __init__(self, session_id: str, continuation_session_id: str):
+        SessionRotated.__init__(
+            self,
+            "This conversation continues in a newer session.",
+            continuation_session_id=continuation_session_id,
         )
         self.session_id = session_id
 

@@ -1,7 +1,8 @@
 """One batch's transaction in the PostgreSQL log, as the writer (log/postgres.py) sends it in
 its pipeline: BEGIN, the sessions' counter rows locked (log/pg_counters.py), each operation
 checked against what the database decides (one unfinished run per session, a Stop once per
-run, an answer once per prompt, the fence of a run taken over) and turned into rows, then
+run, an answer once per prompt, the fence of a run taken over, a position checked before
+another replica wrote, nothing new in a rotated session) and turned into rows, then
 everything written with the counter rows and COMMIT. A refused operation fails alone; what
 the batch holds in memory (log/pg_rows.py `Batch`) is what it will write."""
 
@@ -18,6 +19,7 @@ from tether.events import (
     QUEUE_ADDED,
     RUN_CANCEL_REQUESTED,
     RUN_FINISHED,
+    SESSION_ROTATED,
     TURN_SUBMITTED,
     Event,
 )
@@ -27,6 +29,7 @@ from tether.log.errors import (
     LogError,
     PromptAnswered,
     RunTakenOver,
+    SessionContinued,
     SessionExists,
     SessionNotFound,
     SessionOccupied,
@@ -122,11 +125,20 @@ class BatchTransaction:
         cancel_stream = work.cancel.get(sid)
         owner, epoch = work.owner.get(sid, (None, 0))
         answered = work.answered.get(sid, [])
+        continued = work.continued.get(sid)
         for n, draft in enumerate(op.drafts):
+            if (  # rotated: checked by a replica before it was (an import keeps its history)
+                continued is not None
+                and op.kind == "append"
+                and (draft.admits_run or draft.needs_no_run or draft.type == QUEUE_ADDED)
+            ):
+                raise SessionContinued(sid, continued)
             if draft.needs_no_run and open_stream is not None:  # a run of another replica
                 raise SessionOccupied(sid, open_stream)
             if draft.after_seq is not None and draft.after_seq != last + n:
                 raise TranscriptMoved(sid)  # another replica wrote since it was checked
+            if draft.type == SESSION_ROTATED:
+                continued = draft.data["continuation_session_id"]
             if draft.stream_id is not None:
                 stream = draft.stream_id
                 if stream in finishing or stream in work.closed or stream in work.finished_before:
@@ -201,6 +213,7 @@ class BatchTransaction:
         work.cancel[sid] = cancel_stream
         work.owner[sid] = (owner, epoch)
         work.answered[sid] = answered
+        work.continued[sid] = continued
         work.touched.add(sid)
         return events
 
@@ -291,5 +304,6 @@ class BatchTransaction:
         work.cancel[sid] = None
         work.owner[sid] = (None, 0)
         work.answered[sid] = []
+        work.continued[sid] = None
         work.touched.add(sid)
         work.deleted.append(sid)

@@ -3,7 +3,7 @@ batch of the writer (log/postgres.py) reads and writes it: locked `FOR UPDATE` (
 for a new session) in session-id order at the start of the transaction (no deadlock with
 another replica's batch), written back at its end with the batch's last seqs, index states
 and what the database decides (the open run, its Stop, its owner and epoch, its answered
-prompts)."""
+prompts, the session a rotated one continues in)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from tether.log.pg_rows import INSERT_EVENTS_SQL, Batch, Op, as_columns, dumps
 
 _LOCK_SQL = (
     "SELECT session_id, last_seq, state, open_stream, cancel_stream, open_owner, open_epoch, "
-    "answered FROM sessions WHERE session_id = ANY(%b) ORDER BY session_id FOR UPDATE"
+    "answered, continued_in FROM sessions WHERE session_id = ANY(%b) ORDER BY session_id "
+    "FOR UPDATE"
 )
 
 
@@ -47,6 +48,7 @@ async def lock(
         work.cancel.setdefault(sid, None)
         work.owner.setdefault(sid, (None, 0))
         work.answered.setdefault(sid, [])
+        work.continued.setdefault(sid, None)
 
 
 async def _lock_in_order(
@@ -87,13 +89,14 @@ async def _lock_in_order(
 
 
 def _read(work: Batch, rows: list[tuple]) -> None:
-    for sid, last, state, open_stream, cancel, owner, epoch, answered in rows:
+    for sid, last, state, open_stream, cancel, owner, epoch, answered, continued in rows:
         work.last[sid] = last
         work.state[sid] = None if state is None else json.loads(state)
         work.open[sid] = open_stream
         work.cancel[sid] = cancel
         work.owner[sid] = (owner, epoch)
         work.answered[sid] = json.loads(answered)
+        work.continued[sid] = continued
 
 
 async def write(conn: psycopg.AsyncConnection, work: Batch, events: list[tuple]) -> dict[str, int]:
@@ -119,6 +122,7 @@ async def write(conn: psycopg.AsyncConnection, work: Batch, events: list[tuple])
                     work.cancel[sid],
                     *work.owner[sid],
                     dumps(work.answered[sid]),
+                    work.continued[sid],
                 )
             )
     unwritten = {row[0] for row in events} - {update[0] for update in updates}
@@ -131,10 +135,10 @@ async def write(conn: psycopg.AsyncConnection, work: Batch, events: list[tuple])
             await cur.execute(
                 insert + "UPDATE sessions SET last_seq=u.last, state=u.state, state_seq=u.last, "
                 "open_stream=u.open, cancel_stream=u.cancel, open_owner=u.owner, "
-                "open_epoch=u.epoch, answered=u.answered FROM unnest(%b::text[], "
-                "%b::bigint[], %b::text[], %b::text[], %b::text[], %b::text[], "
-                "%b::bigint[], %b::text[]) "
-                "AS u(sid, last, state, open, cancel, owner, epoch, answered) "
+                "open_epoch=u.epoch, answered=u.answered, continued_in=u.continued "
+                "FROM unnest(%b::text[], %b::bigint[], %b::text[], %b::text[], %b::text[], "
+                "%b::text[], %b::bigint[], %b::text[], %b::text[]) "
+                "AS u(sid, last, state, open, cancel, owner, epoch, answered, continued) "
                 "WHERE sessions.session_id = u.sid",
                 params + as_columns(updates),
             )

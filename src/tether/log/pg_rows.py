@@ -131,6 +131,7 @@ class Batch:
         self.answered: dict[str, list[str]] = {}  # the open run's prompts that have an answer
         # the replica running it and its epoch, bumped at each takeover (log/pg_leases.py)
         self.owner: dict[str, tuple[str | None, int]] = {}
+        self.continued: dict[str, str | None] = {}  # the session it continues in (rotated)
         self.touched: set[str] = set()
         self.deleted: list[str] = []
 

@@ -295,6 +295,29 @@ def m011_turn_text_trigrams(db: psycopg.Connection) -> None:
     )
 
 
+@migration
+def m012_continued_in(db: psycopg.Connection) -> None:
+    """The session a rotated session continues in (its `session.rotated`), on the counter
+    row, so that the database refuses a new turn, a queued message or a change of the
+    transcript written there after the rotation (log/pg_batch.py): a replica that checked the
+    session before another one rotated it must not write to the rotated parent. Backfilled
+    from the log (the latest `session.rotated` of each session)."""
+    db.execute("ALTER TABLE sessions ADD COLUMN continued_in TEXT")
+    db.execute(
+        """
+        UPDATE sessions s SET continued_in = (
+            SELECT e.data::json->>'continuation_session_id' FROM events e
+            WHERE e.session_id = s.session_id AND e.type = 'session.rotated'
+            ORDER BY e.seq DESC LIMIT 1
+        )
+        WHERE EXISTS (
+            SELECT 1 FROM events e
+            WHERE e.session_id = s.session_id AND e.type = 'session.rotated'
+        )
+        """
+    )
+
+
 def apply_migrations(db: psycopg.Connection) -> list[str]:
     """Apply what is missing, each in its own transaction; return the names applied.
     `db` is in autocommit mode: transactions are explicit."""

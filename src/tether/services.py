@@ -226,6 +226,6 @@ def build_services(
         queue=queue,
         agent_sync=syncer,
         replica_id=replica_id,
-        importer=Importer(sessions),
+        importer=Importer(sessions, engine.shared),
         adopt_blobs=shared.adopt_blobs,
     )

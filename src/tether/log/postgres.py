@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import psycopg
@@ -362,6 +362,22 @@ class PostgresEventStore(PostgresReads):
     async def claim_orphans(self, *, mine: bool = False, strays: bool = False) -> list[OpenStream]:
         await self._start()
         return await pg_leases.claim(self._pool, self.replica_id, mine=mine, strays=strays)
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, name: str) -> AsyncIterator[None]:
+        """A transaction-level advisory lock on `name`, on a connection of its own held for
+        the block: released when its transaction ends, also when the block fails, the
+        connection breaks or goes back to the pool mid-transaction (a session-level lock
+        could outlive a cancelled block on a pooled connection)."""
+        await self._start()
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"tether:{name}",)
+                )
+                yield
+        except psycopg.Error as exc:
+            raise storage_error("write", exc) from exc
 
     async def aclose(self) -> None:
         self._stopped = True

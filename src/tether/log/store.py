@@ -15,6 +15,7 @@ No driver type crosses the seam: events in and out, plain dicts for index states
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -319,7 +320,14 @@ class AccountStore(Protocol):
 
 class SharedLog(Protocol):
     """What a backend shared by several processes adds (log/pg_leases.py): a lease per
-    process, and the takeover of runs whose owner's lease expired."""
+    process, the takeover of runs whose owner's lease expired, and work that one process
+    at a time may do."""
+
+    def exclusive(self, name: str) -> AbstractAsyncContextManager[None]:
+        """Held by one process of those sharing the log at a time (the others wait): for a
+        look at the log and the write it decides, which the writer cannot check alone (an
+        import's look for the sessions it would create, sessions/transfer/importer.py)."""
+        ...
 
     async def renew_lease(self) -> None: ...
 

@@ -6,7 +6,10 @@ planned in a child process (`transfer/worker.py`), then written in one step.
   bytes stored for them are released again if that fails.
 - Idempotent: each plan has a key (`session.created` `imported.key`, kept in the sidebar
   fold's state); a session whose key is already here is not created again, its row is
-  answered instead. Imports run one at a time, so two uploads of one file cannot both miss.
+  answered instead. Imports run one at a time, so two uploads of one file cannot both miss:
+  in this process, and with several replicas on one database across them too (the look for
+  what is here and the write hold `SharedLog.exclusive("import")`, an advisory lock the
+  database grants one replica at a time).
 - Not activity (invariant 4): events keep their own times, so rows sort where their history
   puts them, and each session appears whole, in one commit, so the page first sees it
   complete (first sight is read: no unread dot).
@@ -21,12 +24,14 @@ planned in a child process (`transfer/worker.py`), then written in one step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import multiprocessing
 import time
 from collections import Counter
 from collections.abc import AsyncIterable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,6 +40,7 @@ from tether.log import compact_json
 from tether.log.completion import to_completion
 from tether.log.errors import InvalidEvent
 from tether.log.ownership import VIEWER
+from tether.log.store import SharedLog
 from tether.sessions.service import SessionService
 from tether.sessions.transfer import worker
 from tether.sessions.transfer.plan import Refusal, SessionPlan, refusal_error
@@ -95,10 +101,16 @@ class ImportJobs:
 
 
 class Importer:
-    def __init__(self, sessions: SessionService) -> None:
+    def __init__(self, sessions: SessionService, shared: SharedLog | None = None) -> None:
         self.sessions = sessions
         self.jobs = ImportJobs()
         self._one_at_a_time = asyncio.Lock()
+        self._shared = shared  # a log several replicas share: one import at a time of all
+
+    def _exclusive(self) -> AbstractAsyncContextManager[None]:
+        if self._shared is None:
+            return contextlib.nullcontext()
+        return self._shared.exclusive("import")
 
     async def run(self, upload: AsyncIterable[bytes], job: ImportJob) -> tuple[int, bytes]:
         """(status, body as JSON): 201 when something was created, 200 when all was here already.
@@ -133,7 +145,7 @@ class Importer:
             job.phase = "checking"
             plans = await _plan_in_child(chunks, job)
             del chunks  # the file's bytes (tens of MiB) are not kept through the write
-            async with self._one_at_a_time:
+            async with self._one_at_a_time, self._exclusive():
                 job.phase = "writing"
                 status, body = await self._write(plans, job)
         except BaseException as exc:

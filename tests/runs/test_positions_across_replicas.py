@@ -342,3 +342,35 @@ def test_a_turn_checked_before_another_replica_rotated_the_session_is_refused_th
 
     with database() as url:
         asyncio.run(main(url))
+
+
+def test_a_rotation_another_replica_rotated_first_is_dropped_and_its_run_unwinds(
+    tmp_path: Path,
+) -> None:
+    """Layer: runs/rotation, across replicas (contract invariant 9: a finished run frees its
+    session; "inactive compression continuation recovery": one continuation per parent).
+    Replica A's rotation is held at its write while a turn through replica B crosses the
+    threshold too and B rotates the parent first. The database refuses A's `session.rotated`
+    (409 `session_rotated`); A must drop its rotation and unwind its run like any refusal:
+    the refusal escaped the worker's ending, which left A's run registered, the session
+    busy on A for good. The parent continues in B's child alone."""
+
+    async def main(url: str) -> None:
+        async with (
+            _rotating(tmp_path / "a", url, full=True) as a,
+            _rotating(tmp_path / "b", url, full=True) as b,
+        ):
+            sid = (await a.sessions.create(None))["session_id"]
+            hold_append(a, has("session.rotated"), lambda: answered(b, sid, "two"))
+            await a.engine.start(sid, "one")
+            await a.wait_idle(sid)
+            child = (await b.sessions.row(sid))["continuation_session_id"]
+            assert isinstance(b.engine.runtime, Filling)
+            assert child is not None and len(b.engine.runtime.summarized) == 1
+            assert (await b.types(sid)).count("session.rotated") == 1
+            assert sorted(await sessions_listed(a)) == sorted([sid, child])  # A's child is gone
+            context = await a.sessions.context(child, "gated")
+            assert said(context["context_messages"]) == [SUMMARY_PREFIX + "handoff #1"]
+
+    with database() as url:
+        asyncio.run(main(url))

@@ -30,7 +30,7 @@ from enum import Enum
 from tether import events as ev
 from tether.events import new_id
 from tether.log import Draft, SessionNotFound, StorageError
-from tether.log.errors import SessionOccupied, TranscriptMoved
+from tether.log.errors import SessionContinued, SessionOccupied, TranscriptMoved
 from tether.runs.rotation import continue_in
 from tether.runtimes.base import AgentHistory
 from tether.sessions.service import TITLE_MAX_CHARS, SessionService
@@ -227,9 +227,11 @@ async def _continue(
         await continue_in(
             sessions, session_id, child_id, create=True, agent_session_id=agent_session_id
         )
-    except (TranscriptMoved, SessionOccupied):  # another replica wrote to it, or runs a turn:
-        log.info("the continuation of %s waits for a later pass", session_id)  # bound, so the
-        return  # next pass completes it
+    except (TranscriptMoved, SessionOccupied, SessionContinued):
+        # another replica wrote to it, runs a turn in it or rotated it: bound, so the next
+        # pass completes it (or finds it continued)
+        log.info("the continuation of %s waits for a later pass", session_id)
+        return
     async with sessions.locks(child_id):  # locks go parent -> child only
         await sync_through(sessions, agent, child_id)  # whoever follows the 409 finds its history
     log.info(

@@ -30,7 +30,7 @@ from tether.events import new_id
 from tether.ingest.normalizer import Normalizer
 from tether.log import Draft
 from tether.log.completion import to_completion
-from tether.log.errors import SessionOccupied, TranscriptMoved
+from tether.log.errors import SessionContinued, SessionOccupied, TranscriptMoved
 from tether.runtimes.base import ProviderError, Runtime
 from tether.sessions.folds import SessionFold
 from tether.sessions.service import SessionService
@@ -102,7 +102,7 @@ class Rotator:
                     return await continue_in(
                         sessions, parent_id, new_id("s"), create=True, fold=fold, handoff=handoff
                     )
-                except (TranscriptMoved, SessionOccupied):
+                except (TranscriptMoved, SessionOccupied, SessionContinued):
                     continue  # another replica wrote meanwhile: look again
         log.info("rotation of %s skipped: the session moved on meanwhile", parent_id)
         return parent_id
@@ -123,9 +123,9 @@ async def continue_in(
     `session.created` (its handoff, the agent session it drives). The caller holds the
     parent's lock; `fold` is the parent as the caller checked it (default: read here).
 
-    `session.rotated` is refused (TranscriptMoved, SessionOccupied) when another replica
-    wrote to the parent since `fold`, or runs a turn in it: a child created here is deleted
-    again, and the error raised, nothing rotated."""
+    `session.rotated` is refused (TranscriptMoved, SessionOccupied, SessionContinued) when
+    another replica wrote to the parent since `fold`, runs a turn in it or rotated it: a
+    child created here is deleted again, and the error raised, nothing rotated."""
     store = sessions.store
     if fold is None:
         fold = await sessions.folds.get(parent_id)
@@ -166,7 +166,7 @@ async def continue_in(
                 for q in moved
             ],
         )
-    except (TranscriptMoved, SessionOccupied):
+    except (TranscriptMoved, SessionOccupied, SessionContinued):
         if create:  # nothing continues in it
             await to_completion(sessions.delete(child_id))
         raise

@@ -6,7 +6,9 @@ visible row count, and the model context holds the branch shown and no other (in
 
 from __future__ import annotations
 
+import gc
 import json
+import time
 from typing import Any
 
 from hypothesis import given, settings
@@ -181,3 +183,48 @@ def test_a_switch_restores_the_branch_below_it_as_it_was_left() -> None:
     # a fork off the path changes only what it shows once it is on the path again
     assert tree.show("a2c") == ([], [])
     assert [r["id"] for r in visible] == ["u1", "a1", "u2", "a2"]
+
+
+def _wide_fork(width: int) -> list[Event]:
+    """`width` edits of the first message: one fork with `width` branches under the root."""
+    events = [Event("s", 1, "session.created", 1.0, {"title": None}, None, None)]
+    for i in range(width):
+        if i:
+            cut = {"keep_count": 0, "transcript_generation": i}
+            events.append(Event("s", len(events) + 1, "transcript.truncated", 1.0, cut, None, None))
+        turn = {"turn_id": f"u{i}", "stream_id": f"r{i}", "text": "x", "attachments": []}
+        events.append(Event("s", len(events) + 1, "turn.submitted", 1.0, turn, f"r{i}", None))
+    return events
+
+
+def _fold_and_read(events: list[Event]) -> float:
+    """The fastest of a few folds of `events` and a `view()` (`GET /api/session`)."""
+    best = float("inf")
+    for _ in range(5):
+        gc.collect()
+        started = time.perf_counter()
+        fold = TranscriptFold()
+        for event in events:
+            fold.apply(event)
+        fold.view()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def test_a_fork_folds_in_time_linear_in_its_width() -> None:
+    """Layer: projections/branches; invariant 5 (branches folded from the log) holds for a
+    hostile import too. Relabelling every sibling on each append made a fork of n branches
+    cost n² (8,000 edits in a crafted file: seconds per fold): four times the branches now
+    cost about four times as much (quadratic would be sixteen)."""
+    small, large = _wide_fork(1000), _wide_fork(4000)
+    _fold_and_read(small)  # warm up
+    ratio = _fold_and_read(large) / _fold_and_read(small)
+    assert ratio < 10, f"4x the branches cost {ratio:.1f}x the time"
+    fold, _ = project(large)
+    view = fold.view()
+    assert view["messages"][0]["branch"] == {"index": 4000, "count": 4000}
+    hidden = view["branches"]["hidden"]
+    assert [m["branch"] for m in hidden[:2]] == [
+        {"index": 1, "count": 4000},
+        {"index": 2, "count": 4000},
+    ]

@@ -14,7 +14,11 @@ follows from there, so the visible transcript is the path from the root along `s
   last time it was visible.
 
 A row whose parent has several children carries `branch: {index, count}` (1-based, in the
-order the branches were made): the page's "‹ 2/3 ›" switcher. Pure: no I/O, no clock.
+order the branches were made): the page's "‹ 2/3 ›" switcher. A row is labelled when it is
+shown (appended or switched to) and a hidden one when the snapshot copies it: a fork's count
+grows only while its rows are hidden, so relabelling every sibling on each append (quadratic
+in a fork's width, a hostile import's denial of service) is never needed. Pure: no I/O, no
+clock.
 """
 
 from __future__ import annotations
@@ -33,21 +37,23 @@ class BranchTree:
         self.parent_of: dict[str, str | None] = {}
         self.children: dict[str | None, list[str]] = {}
         self.shown: dict[str | None, str | None] = {}
+        self.index: dict[str, int] = {}  # each row's place among its siblings, 1-based
 
     # -- folds ------------------------------------------------------------------------------
-    def append(self, row: Row) -> list[Row]:
-        """Show `row` after the visible tail. Returns the rows whose `branch` changed."""
+    def append(self, row: Row) -> None:
+        """Show `row` after the visible tail (whose other children are all hidden)."""
         row_id = row["id"]
         if row_id in self.rows:  # an id already in the tree (never written by Tether)
-            return []
+            return
         parent = self.visible[-1]["id"] if self.visible else None
         self.rows[row_id] = row
         self.parent_of[row_id] = parent
         siblings = self.children.setdefault(parent, [])
         siblings.append(row_id)
+        self.index[row_id] = len(siblings)
         self.shown[parent] = row_id
         self.visible.append(row)
-        return self._label(siblings) if len(siblings) > 1 else []
+        self._label(row)
 
     def cut(self, keep: int) -> list[Row]:
         """Hide the visible rows from position `keep` on; returns them."""
@@ -73,18 +79,16 @@ class BranchTree:
         del self.visible[start:]
         node: str | None = row_id
         while node is not None:
-            self.visible.append(self.rows[node])
+            self.visible.append(self._label(self.rows[node]))
             node = self.shown.get(node)
         return removed, self.visible[start:]
 
-    def _label(self, siblings: list[str]) -> list[Row]:
-        count = len(siblings)
-        labelled = []
-        for index, sibling in enumerate(siblings, start=1):
-            row = self.rows[sibling]
-            row["branch"] = {"index": index, "count": count}
-            labelled.append(row)
-        return labelled
+    def _label(self, row: Row) -> Row:
+        """Write `row`'s `branch` as its fork is now (no label while it has one child)."""
+        count = len(self.children[self.parent_of[row["id"]]])
+        if count > 1:
+            row["branch"] = {"index": self.index[row["id"]], "count": count}
+        return row
 
     # -- reads ------------------------------------------------------------------------------
     def position(self, parent: str | None) -> int | None:
@@ -121,5 +125,7 @@ class BranchTree:
         return {
             "order": [[row_id, parent] for row_id, parent in self.parent_of.items()],
             "shown": [[parent, child] for parent, child in self.shown.items()],
-            "hidden": [copy(row) for row_id, row in self.rows.items() if row_id not in shown_ids],
+            "hidden": [
+                self._label(copy(row)) for key, row in self.rows.items() if key not in shown_ids
+            ],
         }

@@ -139,10 +139,10 @@ function newScene(state, streamId, turnId, startedAt) {
   return touch(state, scene);
 }
 
-/** Show `row` after the visible tail; siblings whose `branch` changed are patched too. */
+/** Show `row` after the visible tail (its hidden siblings are labelled when shown). */
 function appendRow(state, row) {
+  append(state.tree, row);
   touch(state, row);
-  for (const labelled of append(state.tree, row)) touch(state, labelled);
   state.dirty.add(DIRTY_MESSAGES);
 }
 

@@ -3,7 +3,9 @@
 // follows the visible tail when appended; `transcript.truncated` hides the rows from a
 // position on (kept, as a branch); `branch.switched` shows a row at its fork, and below it
 // what was shown there last time. A row whose fork has several branches carries
-// `branch: {index, count}`. Pure: no DOM, no import. `null` is the root (JSON's parent of
+// `branch: {index, count}`, written when it is shown (appended or switched to) and for a
+// hidden one when the snapshot copies it: never every sibling on each append, which made a
+// wide fork quadratic. Pure: no DOM, no import. `null` is the root (JSON's parent of
 // the first row); Map keys keep insertion order exactly like Python dicts.
 
 export function createTree(visible) {
@@ -13,30 +15,30 @@ export function createTree(visible) {
     parentOf: new Map(),
     children: new Map(),
     shown: new Map(),
+    index: new Map(), // each row's place among its siblings, 1-based
   };
 }
 
-/** Show `row` after the visible tail; returns the rows whose `branch` changed. */
+/** Show `row` after the visible tail (whose other children are all hidden). */
 export function append(tree, row) {
   const id = row.id;
-  if (tree.rows.has(id)) return []; // an id already in the tree (never written by Tether)
+  if (tree.rows.has(id)) return; // an id already in the tree (never written by Tether)
   const parent = tree.visible.length ? tree.visible.at(-1).id : null;
   tree.rows.set(id, row);
   tree.parentOf.set(id, parent);
   if (!tree.children.has(parent)) tree.children.set(parent, []);
   const siblings = tree.children.get(parent);
   siblings.push(id);
+  tree.index.set(id, siblings.length);
   tree.shown.set(parent, id);
-  tree.visible.push(row);
-  return siblings.length > 1 ? label(tree, siblings) : [];
+  tree.visible.push(label(tree, row));
 }
 
-function label(tree, siblings) {
-  return siblings.map((sibling, i) => {
-    const row = tree.rows.get(sibling);
-    row.branch = { index: i + 1, count: siblings.length };
-    return row;
-  });
+/** Write `row`'s `branch` as its fork is now (no label while it has one child). */
+function label(tree, row) {
+  const count = tree.children.get(tree.parentOf.get(row.id)).length;
+  if (count > 1) row.branch = { index: tree.index.get(row.id), count };
+  return row;
 }
 
 /** Hide the visible rows from position `keep` on; returns them. */
@@ -65,7 +67,7 @@ export function show(tree, rowId) {
   const removed = tree.visible.splice(start);
   let node = rowId;
   while (node !== null && node !== undefined) {
-    tree.visible.push(tree.rows.get(node));
+    tree.visible.push(label(tree, tree.rows.get(node)));
     node = tree.shown.get(node);
   }
   return [removed, tree.visible.slice(start)];
@@ -99,7 +101,9 @@ export function snapshot(tree, copy) {
   return {
     order: [...tree.parentOf].map(([id, parent]) => [id, parent]),
     shown: [...tree.shown].map(([parent, child]) => [parent, child]),
-    hidden: [...tree.rows.values()].filter((row) => !shownIds.has(row.id)).map(copy),
+    hidden: [...tree.rows.values()]
+      .filter((row) => !shownIds.has(row.id))
+      .map((row) => label(tree, copy(row))),
   };
 }
 
@@ -114,6 +118,7 @@ export function restore(visible, branches, hydrate) {
       tree.rows.set(row.id, row);
       tree.parentOf.set(row.id, parent);
       tree.children.set(parent, [row.id]);
+      tree.index.set(row.id, 1);
       tree.shown.set(parent, row.id);
       parent = row.id;
     }
@@ -125,7 +130,7 @@ export function restore(visible, branches, hydrate) {
     tree.rows.set(id, byId.get(id));
     tree.parentOf.set(id, parent);
     if (!tree.children.has(parent)) tree.children.set(parent, []);
-    tree.children.get(parent).push(id);
+    tree.index.set(id, tree.children.get(parent).push(id));
   }
   for (const [parent, child] of branches.shown ?? []) tree.shown.set(parent, child);
   return tree;

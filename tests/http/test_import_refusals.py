@@ -16,7 +16,14 @@ import httpx
 import pytest
 
 from chatgpt_kit import Conversation
-from helpers import ServerProcess, new_session, running_server, start_turn, wait_idle
+from helpers import (
+    ServerProcess,
+    new_session,
+    running_server,
+    session_body,
+    start_turn,
+    wait_idle,
+)
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +85,29 @@ def _updated(doc: dict, **data: Any) -> None:
     doc["events"].append(event)
 
 
+def _event(doc: dict, type_: str, data: dict, stream: str | None = None) -> None:
+    """`type_` at the end of the log (on `stream`, whose turn is `data`'s)."""
+    last = doc["events"][-1]
+    event = {"seq": last["seq"] + 1, "type": type_, "at": last["at"], "data": data}
+    if stream is not None:
+        event.update(stream_id=stream, turn_id=data.get("turn_id"))
+    doc["events"].append(event)
+
+
+def _forked(doc: dict, **switch: Any) -> None:
+    """The first message edited (a fork of two branches), then the first branch shown again
+    by a `branch.switched` with `switch` over what the server would write."""
+    _event(doc, "transcript.truncated", {"keep_count": 0, "transcript_generation": 1})
+    turn = {"turn_id": "u_fork", "stream_id": "r_fork", "text": "edited", "attachments": []}
+    turn["submitted_at"] = doc["events"][-1]["at"]
+    _event(doc, "turn.submitted", turn, "r_fork")
+    done = {"stream_id": "r_fork", "turn_id": "u_fork", "state": "completed"}
+    _event(doc, "run.finished", done, "r_fork")
+    first = _first(doc, "turn.submitted")["data"]["turn_id"]
+    shown = {"row_id": first, "index": 1, "message_count": 2, "transcript_generation": 2}
+    _event(doc, "branch.switched", {**shown, **switch})
+
+
 def _chatgpt_with_a_bad_node() -> bytes:
     conversation = Conversation("x", 1_700_000_000)
     node = conversation.add("user", "hi")
@@ -114,6 +144,8 @@ def _all_sessions_with_a_bad_third(export: dict) -> bytes:
     third["events"][1]["at"] = "yesterday"
     return "\n".join(json.dumps(e) for e in (export, second, third)).encode()
 
+
+GEN = {"transcript_generation": 1}  # what the first truncate of a log carries
 
 CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
     ("not json", lambda e: b"<html>nope", 400, "import_not_json", "not JSON"),
@@ -251,6 +283,56 @@ CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
         "import_invalid",
         "plain file name",
     ),
+    (
+        "a truncate keeping more messages than are shown",
+        edited(lambda d: _event(d, "transcript.truncated", {"keep_count": 99, **GEN})),
+        400,
+        "import_invalid",
+        "data.keep_count",
+    ),
+    (
+        "a truncate keeping a negative count",
+        edited(lambda d: _event(d, "transcript.truncated", {"keep_count": -1, **GEN})),
+        400,
+        "import_invalid",
+        "data.keep_count",
+    ),
+    (
+        "a transcript generation that does not follow the one before",
+        edited(
+            lambda d: _event(
+                d, "transcript.truncated", {"keep_count": 0, "transcript_generation": -7}
+            )
+        ),
+        400,
+        "import_invalid",
+        "data.transcript_generation",
+    ),
+    (
+        "a branch switch with a message count it does not show",
+        edited(lambda d: _forked(d, message_count=1000)),
+        400,
+        "import_invalid",
+        "data.message_count",
+    ),
+    (
+        "a run that finishes twice",
+        edited(lambda d: _event(d, "run.finished", dict(_first(d, "run.finished")["data"]))),
+        400,
+        "import_invalid",
+        "shows 2",
+    ),
+    (
+        "a run finished that never started",
+        edited(
+            lambda d: _event(
+                d, "run.finished", {"stream_id": "r_x", "turn_id": None, "state": "error"}, "r_x"
+            )
+        ),
+        400,
+        "import_invalid",
+        "shows 2",
+    ),
     ("nested 100,000 deep", lambda e: _nested(100_000), 400, "import_too_deep", "deeper"),
     ("nested 200 deep", lambda e: _nested(200), 400, "import_too_deep", "deeper"),
     ("over the size limit", lambda e: b" " * 2_000_001, 413, "payload_too_large", "larger"),
@@ -316,6 +398,24 @@ def test_the_unchanged_export_does_import(refusing: tuple[ServerProcess, dict]) 
     with slow_client(server) as client:
         response = client.post("/api/sessions/import", content=json.dumps(export).encode())
         assert response.status_code == 201, response.text
+
+
+def test_a_fork_and_a_switch_as_the_server_writes_them_do_import(
+    refusing: tuple[ServerProcess, dict],
+) -> None:
+    """The counts checked above are the ones the server writes: such a file imports, and its
+    row counts what its transcript shows."""
+    server, export = refusing
+    doc = copy.deepcopy(export)
+    _forked(doc)
+    with slow_client(server) as client:
+        response = client.post("/api/sessions/import", content=json.dumps(doc).encode())
+        assert response.status_code == 201, response.text
+        [row] = response.json()["sessions"]
+        body = session_body(client, row["session_id"])
+        assert row["message_count"] == len(body["messages"]) == 2
+        assert row["transcript_generation"] == 2
+        assert body["messages"][0]["branch"] == {"index": 1, "count": 2}
 
 
 def test_a_stored_attachment_is_released_when_its_import_is_refused(tmp_path: Path) -> None:

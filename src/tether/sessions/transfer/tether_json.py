@@ -403,19 +403,47 @@ def fold_check(sid: str, drafts: list[Draft], where: str) -> None:
         event = Event(
             sid, seq, draft.type, draft.at or 0.0, draft.data, draft.stream_id, draft.turn_id
         )
+        path = join(where, f"events[{seq - 1}]")
+        shown, generation = len(transcript.messages), row["transcript_generation"] if row else 0
+        _check_sidebar_fields(draft, shown, generation, path)
         try:
             row = fold_row(row, event)
             transcript.apply(event)
         except Exception as exc:  # whatever the fold trips on, the file is what is wrong
-            raise invalid(
-                join(where, f"events[{seq - 1}]"),
-                f"this {draft.type} event does not fold ({exc!r})",
-            ) from None
+            raise invalid(path, f"this {draft.type} event does not fold ({exc!r})") from None
+        _check_counts(draft, row["message_count"], len(transcript.messages), path)
     try:
         transcript.view()
         transcript.context()
     except Exception as exc:
         raise invalid(where, f"the transcript does not fold ({exc!r})") from None
+
+
+def _check_sidebar_fields(draft: Draft, shown: int, generation: int, path: str) -> None:
+    """The sidebar row takes `keep_count` and `transcript_generation` as the event says: an
+    imported one must be what the server writes there (a keep within the `shown` rows, the
+    generation after the last), or the row would show a count the transcript does not have."""
+    if draft.type not in (ev.TRANSCRIPT_TRUNCATED, ev.BRANCH_SWITCHED):
+        return
+    keep = draft.data.get("keep_count", 0)
+    if draft.type == ev.TRANSCRIPT_TRUNCATED and not 0 <= keep <= shown:
+        said = f"is {keep}; the transcript shows {shown} messages there"
+        raise invalid(f"{path}.data.keep_count", said)
+    if draft.data["transcript_generation"] != generation + 1:
+        said = f"is {draft.data['transcript_generation']}; the one before it is {generation}"
+        raise invalid(f"{path}.data.transcript_generation", said)
+
+
+def _check_counts(draft: Draft, counted: int, shown: int, path: str) -> None:
+    """The sidebar's `message_count` (`counted`) is the visible row count after every
+    event, as it is for every log the server writes: a switch's `message_count`, a run that
+    finishes twice or never started, a row id used twice would make it another number."""
+    if draft.type == ev.BRANCH_SWITCHED and draft.data["message_count"] != shown:
+        said = f"is {draft.data['message_count']}; the branch it shows has {shown} messages"
+        raise invalid(f"{path}.data.message_count", said)
+    if counted != shown:
+        said = f"the sidebar would count {counted} messages where the transcript shows {shown}"
+        raise invalid(path, said)
 
 
 _fold = fold_check

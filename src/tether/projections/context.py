@@ -92,23 +92,21 @@ def _assistant_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _boundary(
-    messages: list[dict[str, Any]],
+def _on_branch(
+    index_of: dict[str, int],
     compressions: Sequence[dict[str, Any]],
     shown_runs: Collection[str] | None,
-) -> tuple[int, dict[str, Any] | None]:
-    """The newest compression whose boundary turn is still visible, and where it starts.
-    A compression whose boundary was truncated away is ignored: its summary may describe
-    rows the user removed, and removed rows must not reappear in the model context. So is
-    one whose run is not on the branch shown (`shown_runs`: the assistant rows visible and
-    the runs still live): it may summarize that run's own work, another branch's rows."""
-    index_of = {row["turn_id"]: i for i, row in enumerate(messages) if row["role"] == "user"}
-    for compression in reversed(compressions):
-        start = index_of.get(compression["boundary_turn_id"])
-        run = compression.get("stream_id")
-        if start is not None and (shown_runs is None or run is None or run in shown_runs):
-            return start, compression
-    return 0, None
+) -> list[dict[str, Any]]:
+    """The compressions of the branch shown: those whose boundary turn is visible
+    (`index_of`) and whose run is on the branch (`shown_runs`: the assistant rows visible
+    and the runs still live). Any other one is ignored, and not counted: its summary may
+    describe rows the user removed or another branch's, which must not reach the model."""
+    return [
+        c
+        for c in compressions
+        if c["boundary_turn_id"] in index_of
+        and (shown_runs is None or c.get("stream_id") is None or c["stream_id"] in shown_runs)
+    ]
 
 
 def agent_system_message(agent_prompt: str, system_prompt: str | None) -> str:
@@ -129,7 +127,10 @@ def context_messages(
     the session's compression passes, for a rotated child its parent's handoff, and the
     compactions another client of the agent did in place (`agent.imported`). The session's
     system prompt, when it has one, is the first message (invariant 1: shown as sent)."""
-    start, compression = _boundary(messages, compressions, shown_runs)
+    index_of = {row["turn_id"]: i for i, row in enumerate(messages) if row["role"] == "user"}
+    shown = _on_branch(index_of, compressions, shown_runs)
+    compression = shown[-1] if shown else None  # the newest one is in effect
+    start = index_of[compression["boundary_turn_id"]] if compression else 0
     summary = compression["summary"] if compression else (handoff or {}).get("summary")
     carried: list[dict[str, Any]] = []
     # The agent's own compaction wins when it came after Tether's.
@@ -172,6 +173,6 @@ def context_messages(
     return {
         "context_messages": out,
         "excluded": excluded,
-        "compressions": len(compressions) + (1 if handoff else 0) + len(agent_compactions),
+        "compressions": len(shown) + (1 if handoff else 0) + len(agent_compactions),
         "compressed_at": compressed_at,
     }

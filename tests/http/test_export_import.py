@@ -147,6 +147,43 @@ def test_a_json_export_imports_elsewhere_as_the_same_transcript_row_and_attachme
             assert [r["session_id"] for r in b.get("/api/sessions").json()["sessions"]] == [copy_id]
 
 
+def test_an_attachment_whose_bytes_are_gone_is_named_in_the_export_not_dropped(
+    tmp_path: Path,
+) -> None:
+    """Layer: sessions/transfer (export and import). The bytes of one attachment removed
+    behind the server's back: the JSON export still holds the others, names the lost one in
+    `missing_attachments` (it left it out in silence, making a file its own import refused),
+    and imports as a copy that refers to it, with no bytes either, and says so again."""
+    with running_server(tmp_path / "data") as server, server.client() as client:
+        sid = a_session_with_everything(client)
+        [lost] = [
+            p
+            for p in (server.data_dir / "attachments").rglob("*")
+            if p.is_file() and p.read_bytes() == b"hello\n"
+        ]
+        lost.unlink()
+        export = json.loads(client.get(f"/api/sessions/{sid}/export").content)
+        assert [a["name"] for a in export["attachments"]] == ["dot.png"]
+        [missing] = export["missing_attachments"]
+        assert {k: missing[k] for k in ("name", "mime", "size")} == {
+            "name": "notes.txt",
+            "mime": "text/plain",
+            "size": 6,
+        }
+        body = imported(client, json.dumps(export).encode())
+        copy_id = body["sessions"][0]["session_id"]
+        [files] = [m["attachments"] for m in session_body(client, copy_id)["messages"][:1]]
+        assert [f["name"] for f in files] == ["dot.png", "notes.txt"]
+        assert client.get(files[0]["url"]).content == PICTURE
+        assert client.get(files[1]["url"]).status_code == 404
+        again = json.loads(client.get(f"/api/sessions/{copy_id}/export").content)
+        assert [a["name"] for a in again["missing_attachments"]] == ["notes.txt"]
+        all_lines = client.get("/api/export").text.splitlines()
+        assert all(
+            "notes.txt" in json.dumps(json.loads(line)["missing_attachments"]) for line in all_lines
+        )
+
+
 def test_importing_into_the_server_it_came_from_makes_one_copy_and_again_none(
     server: ServerProcess,
 ) -> None:

@@ -277,6 +277,17 @@ CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
         "attachments[1].id",
     ),
     (
+        "a missing attachment no event refers to",
+        edited(
+            lambda d: d.update(
+                missing_attachments=[{"id": "a_gone", "name": "x", "mime": "", "size": 1}]
+            )
+        ),
+        400,
+        "import_invalid",
+        "missing_attachments[0].id",
+    ),
+    (
         "a path as a file name",
         edited(lambda d: d["attachments"][0].update(name="../../etc/passwd")),
         400,

@@ -43,6 +43,7 @@ _SESSION_JSON = {
             "session_id": {"type": "string"},
             "events": {"type": "array", "items": {"type": "object"}},
             "attachments": {"type": "array", "items": {"type": "object"}},
+            "missing_attachments": {"type": "array", "items": {"type": "object"}},
         },
     }
 }

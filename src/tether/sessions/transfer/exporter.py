@@ -28,21 +28,29 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-async def _attachments(sessions: SessionService, sid: str, events: list[Event]) -> list[dict]:
-    ids: dict[str, None] = {}
+async def _attachments(
+    sessions: SessionService, sid: str, events: list[Event]
+) -> tuple[list[dict], list[dict]]:
+    """(the attachments with their bytes, the ones whose bytes the server no longer has):
+    a missing one is named in the file, never dropped in silence (docs/api.md §12)."""
+    refs: dict[str, dict] = {}
     for event in events:
         if event.type in (ev.TURN_SUBMITTED, ev.QUEUE_ADDED):
             for ref in event.data.get("attachments") or []:
-                ids[ref["id"]] = None
-    out = []
-    for attachment_id in ids:
+                refs.setdefault(ref["id"], ref)
+    out, missing = [], []
+    for attachment_id, ref in refs.items():
         upload = await sessions.store.attachment(attachment_id, sid)
         path = None if upload is None else await sessions.attachments.path(upload["blob"])
-        if upload is None or path is None:
-            continue
-        data = await asyncio.to_thread(path.read_bytes)
-        out.append({**upload, "data": data})
-    return out
+        try:
+            data = None if path is None else await asyncio.to_thread(path.read_bytes)
+        except FileNotFoundError:  # removed between the look-up and the read
+            data = None
+        if upload is None or data is None:
+            missing.append({k: ref[k] for k in ("id", "name", "mime", "size")})
+        else:
+            out.append({**upload, "data": data})
+    return out, missing
 
 
 async def session_json(sessions: SessionService, sid: str) -> str:
@@ -50,7 +58,8 @@ async def session_json(sessions: SessionService, sid: str) -> str:
     events = await sessions.store.read(sid)
     if not events:
         raise SessionNotFound(sid)
-    entry = export_entry(events, await _attachments(sessions, sid, events), time.time())
+    attachments, missing = await _attachments(sessions, sid, events)
+    entry = export_entry(events, attachments, time.time(), missing)
     return await asyncio.to_thread(_dumps, entry)
 
 

@@ -87,12 +87,23 @@ class AttachmentIn(_Strict):
     data_base64: str
 
 
+class MissingIn(_Strict):
+    """An attachment whose bytes the exporting server no longer had."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    id: Id
+    name: str
+    mime: str
+    size: Annotated[int, Field(ge=0)]
+
+
 class SessionIn(_Strict):
     model_config = ConfigDict(strict=True, extra="ignore")
     format: Literal["tether.session"]
     version: int
     events: Annotated[list[EventIn], Field(min_length=1, max_length=MAX_EVENTS_PER_SESSION)]
     attachments: list[AttachmentIn] = []
+    missing_attachments: list[MissingIn] = []
 
 
 class _Ref(_Strict):
@@ -157,9 +168,16 @@ _REKEYED = ("stream_id", "turn_id", "queue_id", "boundary_turn_id")
 INTERRUPTED_REASON = "the export was made while this run was going on"
 
 
-def export_entry(events: list[Event], attachments: list[dict[str, Any]], at: float) -> dict:
-    """One session in Tether's format. `attachments`: `{id, name, mime, size, data}`."""
-    return {
+def export_entry(
+    events: list[Event],
+    attachments: list[dict[str, Any]],
+    at: float,
+    missing: list[dict[str, Any]] | None = None,
+) -> dict:
+    """One session in Tether's format. `attachments`: `{id, name, mime, size, data}`;
+    `missing`: `{id, name, mime, size}` of those whose bytes the server no longer has
+    (`missing_attachments`, only when there are some)."""
+    entry = {
         "format": FORMAT,
         "version": VERSION,
         "exported_at": at,
@@ -176,6 +194,9 @@ def export_entry(events: list[Event], attachments: list[dict[str, Any]], at: flo
             for a in attachments
         ],
     }
+    if missing:
+        entry["missing_attachments"] = missing
+    return entry
 
 
 def looks_like(value: Any) -> bool:
@@ -233,6 +254,7 @@ def _plan(
 ) -> SessionPlan:
     uploads, attachment_ids = _uploads(entry.attachments, where)
     ids: dict[str, str] = dict(attachment_ids)
+    missing = _missing(entry.missing_attachments, ids, where)
     for i, event in enumerate(entry.events):
         if event.seq != i + 1:
             raise invalid(join(where, f"events[{i}].seq"), f"is {event.seq}; expected {i + 1}")
@@ -265,7 +287,7 @@ def _plan(
         },
         at=drafts[0].at,
     )
-    _refs_known(drafts, {upload.id: upload for upload in uploads}, where)
+    _refs_known(drafts, {upload.id: upload for upload in uploads}, missing, where)
     drafts += _close_open_runs(drafts)
     _fold(sid, drafts, where)
     return SessionPlan(content_key(raw), "tether", drafts, uploads, session_id=sid)
@@ -308,6 +330,18 @@ def _uploads(items: list[AttachmentIn], where: str) -> tuple[list[Upload], dict[
     return uploads, ids
 
 
+def _missing(items: list[MissingIn], ids: dict[str, str], where: str) -> dict[str, MissingIn]:
+    """The attachments the file says it has no bytes for, by their new ids (added to `ids`):
+    the copy refers to them as the original did, and has no bytes either."""
+    out = {}
+    for i, item in enumerate(items):
+        if item.id in ids:
+            raise invalid(join(where, f"missing_attachments[{i}].id"), "appears twice")
+        ids[item.id] = new_id("a")
+        out[ids[item.id]] = item
+    return out
+
+
 def _rekey(value: Any, ids: dict[str, str], sessions: dict[str, str], key: str = "") -> Any:
     if isinstance(value, dict):
         return {
@@ -336,31 +370,38 @@ def _draft(event: EventIn, ids: dict[str, str], sessions: dict[str, str]) -> Dra
     )
 
 
-def _refs_known(drafts: list[Draft], uploads: dict[str, Upload], where: str) -> None:
+def _refs_known(
+    drafts: list[Draft], uploads: dict[str, Upload], missing: dict[str, MissingIn], where: str
+) -> None:
     """Every attachment an event refers to is in the file, as the file has it: a reference
     to bytes the file does not carry would otherwise name an upload of another session, and
     the reference's name, type and size are what the server keeps and shows (and exports
     again), so they must be the bytes' own. And every attachment of the file is referred to:
     bytes no event names would be stored with no row to show them or to release them when
-    the session is deleted."""
+    the session is deleted. A reference to one of the file's `missing_attachments` is kept
+    as it is there, with no bytes."""
     named: set[str] = set()
     for i, draft in enumerate(drafts):
         if draft.type not in (ev.TURN_SUBMITTED, ev.QUEUE_ADDED):
             continue
         for j, ref in enumerate(draft.data.get("attachments") or []):
             path = join(where, f"events[{i}].data.attachments[{j}]")
-            upload = uploads.get(ref["id"])
-            if upload is None:
+            upload, gone = uploads.get(ref["id"]), missing.get(ref["id"])
+            if upload is not None:
+                own = {"name": upload.name, "mime": upload.mime, "size": len(upload.data)}
+            elif gone is not None:
+                own = {"name": gone.name, "mime": gone.mime, "size": gone.size}
+            else:
                 raise invalid(f"{path}.id", "names an attachment the file does not hold")
-            own = {"name": upload.name, "mime": upload.mime, "size": len(upload.data)}
             for key, value in own.items():
                 if ref[key] != value:
                     said = f"is {ref[key]!r}; the attachment's is {value!r}"
                     raise invalid(f"{path}.{key}", said)
             named.add(ref["id"])
-    for i, attachment_id in enumerate(uploads):
-        if attachment_id not in named:
-            raise invalid(join(where, f"attachments[{i}].id"), "no event refers to it")
+    for field, held in (("attachments", uploads), ("missing_attachments", missing)):
+        for i, attachment_id in enumerate(held):
+            if attachment_id not in named:
+                raise invalid(join(where, f"{field}[{i}].id"), "no event refers to it")
 
 
 def _close_open_runs(drafts: list[Draft]) -> list[Draft]:

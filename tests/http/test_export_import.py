@@ -292,8 +292,8 @@ def test_markdown_export_is_the_visible_transcript_as_a_download(server: ServerP
         disposition = response.headers["content-disposition"]
         assert disposition.startswith('attachment; filename="Plans bbold')
         text = response.text
-        assert text.startswith("# Plans <b>bold</b>\n")
-        assert text.index("look at this") < text.index("and <script>alert(1)</script> this")
+        assert text.startswith("# Plans \\<b>bold\\</b>\n")  # shown as text, as on the page
+        assert text.index("look at this") < text.index("and \\<script>alert(1)\\</script> this")
         assert "- Attachment: dot.png" in text and text.count("## User") == 2
         assert text.count("## Assistant") == 2
 
@@ -335,6 +335,47 @@ def test_a_message_opening_an_html_block_does_not_hide_the_rest_of_the_markdown(
     assert len([t for t in tokens if t.type == "heading_open" and t.tag == "h2"]) == 4, text
     assert not [t for t in tokens if t.type == "html_block" and t.level == 0], text
     assert "still here" in [t.content for t in tokens if t.type == "inline"]
+
+
+def test_markdown_export_shows_html_mid_line_and_odd_tool_names_as_the_page_does(
+    shared_server: ServerProcess,
+) -> None:
+    """Layer: sessions/transfer (Markdown export). HTML in the middle of a line was written
+    raw, so a `<script>` or `<img onerror>` in a message was markup in a Markdown viewer
+    (the page shows it as text), and a tool name with backticks broke out of its code span.
+    Now both read as the page shows them; code spans, fences and autolinks stay as they are."""
+    said = "and <script>alert(1)</script> this <img src=x onerror=alert(1)>"
+    answer = "see `<b>` and <https://example.org> but <i>not this</i>"
+    tool = "a`b``c"
+    turn = {"turn_id": "u_1", "stream_id": "r_1", "text": said, "attachments": []}
+    events = [
+        ("session.created", {"title": "odd <b>names</b>"}),
+        ("turn.submitted", {**turn, "submitted_at": 1_700_000_000.0}),
+        ("tool.started", {"stream_id": "r_1", "call_id": "c1", "name": tool, "args": {}}),
+        ("text.delta", {"stream_id": "r_1", "item_id": "t1", "text": answer}),
+        ("run.finished", {"stream_id": "r_1", "turn_id": "u_1", "state": "completed"}),
+    ]
+    doc = {
+        "format": "tether.session",
+        "version": 1,
+        "events": [
+            {"seq": i, "type": t, "at": 1_700_000_000.0 + i, "data": d}
+            | ({"stream_id": "r_1", "turn_id": "u_1"} if i > 1 else {})
+            for i, (t, d) in enumerate(events, start=1)
+        ],
+    }
+    with shared_server.client() as client:
+        sid = imported(client, json.dumps(doc).encode())["sessions"][0]["session_id"]
+        text = client.get(f"/api/sessions/{sid}/export", params={"format": "markdown"}).text
+    tokens = MarkdownIt("commonmark").parse(text)
+    inline = [child for t in tokens if t.type == "inline" for child in t.children or []]
+    assert not [t for t in inline if t.type == "html_inline"], text
+    assert not [t for t in tokens if t.type == "html_block"], text
+    shown = "".join(t.content for t in inline if t.type == "text")
+    assert said in shown and "<i>not this</i>" in shown and "odd <b>names</b>" in shown
+    codes = [t.content for t in inline if t.type == "code_inline"]
+    assert codes == ["<b>", tool], text
+    assert [t.attrs["href"] for t in inline if t.type == "link_open"] == ["https://example.org"]
 
 
 @pytest.mark.parametrize("fmt", ["json", "markdown"])

@@ -9,6 +9,7 @@ off the event loop, so exporting every session never holds more than one in memo
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import re
 import time
@@ -85,21 +86,22 @@ async def session_markdown(sessions: SessionService, sid: str) -> tuple[str, str
     """(title, Markdown): the visible transcript, each message under a heading."""
     view = await sessions.view(sid)
     title = view["title"]
-    lines = [f"# {title}", "", f"_Exported from Tether on {_when(time.time())}._", ""]
+    lines = [f"# {plain(title)}", "", f"_Exported from Tether on {_when(time.time())}._", ""]
     for row in view["messages"]:
         who = "User" if row["role"] == "user" else "Assistant"
         if row.get("model"):
-            who += f" ({row['model']})"
+            who += f" ({plain(row['model'])})"
         lines += [f"## {who} · {_when(row.get('created_at'))}", ""]
         if row.get("content"):
             lines += [contained(row["content"]), ""]
         for attachment in row.get("attachments") or []:
-            lines += [f"- Attachment: {attachment['name']} ({attachment['size']:,} bytes)"]
+            name, size = plain(attachment["name"]), attachment["size"]
+            lines += [f"- Attachment: {name} ({size:,} bytes)"]
         for item in row.get("timeline") or []:
             if item["type"] == "tool":
-                lines += [f"- Tool call: `{item.get('name', '')}`"]
+                lines += [f"- Tool call: {code_span(item.get('name', ''))}"]
             elif item["type"] == "notice":
-                lines += [f"> {item['text']}"]
+                lines += [f"> {plain(item['text'])}"]
         if lines[-1] != "":
             lines.append("")
     return title, "\n".join(lines)
@@ -110,37 +112,105 @@ async def session_markdown(sessions: SessionService, sid: str) -> tuple[str, str
 # it, and a fence appended for it would then open one of its own.
 _OPENING = re.compile(r"(`{3,}|~{3,})(.*)")
 _CLOSING = re.compile(r" {0,3}(`{3,}|~{3,})[ \t]*")
-# The HTML blocks that end only at their own end marker, never at a blank line (CommonMark's
-# kinds 1-5): `<script`, `<pre`, `<style`, `<textarea`, `<!--`, `<?`, `<!X`, `<![CDATA[`.
-_HTML_OPENING = re.compile(
-    r"( {0,3})(<(?:(?:script|pre|style|textarea)(?:[\s>]|$)|!--|\?|![A-Za-z]|!\[CDATA\[))",
-    re.IGNORECASE,
+# Where CommonMark starts raw HTML (a tag, a closing tag, a comment, a declaration, a
+# processing instruction), and the autolinks that also start with `<` and stay links.
+_HTML_START = re.compile(r"<[A-Za-z/!?]")
+_AUTOLINK = re.compile(
+    r"<[A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>]*>"
+    r"|<[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*>"
 )
+_TICKS = re.compile(r"`+")
+_INDENTED = re.compile(r"(?: {4}| {0,3}\t)")
 _LINE_END = re.compile(r"\r\n|\r|\n")
+_PLAIN = re.compile(r"([\\`*_\[\]<#~|])")
 
 
 def contained(text: str) -> str:
-    """`text` as blocks that end with it. The page renders each message apart, and raw HTML
-    as text, so what a message opens ends with it there; in one file a code fence it never
-    closes, or an HTML comment or `<script>` block, would swallow the headings and messages
-    after it. Such a fence is closed at its end, and such an HTML line's `<` escaped (text,
-    as the page shows it)."""
-    lines, opened = [], ""
+    """`text` as blocks that end with it, and raw HTML as text. The page renders each
+    message apart, and raw HTML as text (`<script>` is shown, never run, wherever it is in a
+    line); in one file a code fence it never closes would swallow the headings and messages
+    after it, and HTML outside code would be markup. Such a fence is closed at its end, and
+    the `<` that starts HTML outside code escaped."""
+    lines: list[str] = []
+    prose: list[str] = []
+    opened = ""
     for line in _LINE_END.split(text):
         if not opened:
             match = _OPENING.fullmatch(line)
-            if match and (line[0] == "~" or "`" not in match[2]):  # no backtick in its info
-                opened = match[1]
-            elif _HTML_OPENING.match(line):
-                line = _HTML_OPENING.sub(r"\1\\\2", line, count=1)
+            if not (match and (line[0] == "~" or "`" not in match[2])):  # no ` in its info
+                prose.append(line)
+                continue
+            lines += _escaped_html(prose)
+            prose, opened = [], match[1]
         elif (match := _CLOSING.fullmatch(line)) and match[1][0] == opened[0]:
             opened = "" if len(match[1]) >= len(opened) else opened
         lines.append(line)
+    lines += _escaped_html(prose)
     if opened and lines[-1] == "":  # the text ends with a line break
         lines[-1] = opened
     elif opened:
         lines.append(opened)
     return "\n".join(lines)
+
+
+def _escaped_html(lines: list[str]) -> list[str]:
+    """Lines outside fences, each paragraph's HTML escaped outside its code spans (which may
+    span its lines); an indented code block is code, kept as it is."""
+    out: list[str] = []
+    paragraph: list[str] = []
+    for line in [*lines, ""]:
+        if line.strip() and (paragraph or not _INDENTED.match(line)):
+            paragraph.append(line)
+            continue
+        if paragraph:
+            out += _escape_inline("\n".join(paragraph)).split("\n")
+            paragraph = []
+        out.append(line)  # a blank line, or a line of an indented code block
+    return out[:-1]
+
+
+def _escape_inline(text: str) -> str:
+    """`text` with each `<` that starts raw HTML escaped, outside code spans and autolinks."""
+    runs: dict[int, list[int]] = {}  # backtick runs by length: where each starts
+    for match in _TICKS.finditer(text):
+        runs.setdefault(len(match[0]), []).append(match.start())
+    out, i = [], 0
+    while i < len(text):
+        char = text[i]
+        if char == "\\":  # an escaped character stays what it is
+            out.append(text[i : i + 2])
+            i += 2
+        elif char == "`":
+            width = len(_TICKS.match(text, i)[0])  # type: ignore[index]
+            starts = runs.get(width, [])
+            after = bisect.bisect_right(starts, i)
+            end = starts[after] + width if after < len(starts) else i + width  # unclosed
+            out.append(text[i:end])
+            i = end
+        elif char == "<" and (link := _AUTOLINK.match(text, i)):
+            out.append(link[0])
+            i = link.end()
+        else:
+            out.append("\\<" if char == "<" and _HTML_START.match(text, i) else char)
+            i += 1
+    return "".join(out)
+
+
+def plain(text: str) -> str:
+    """A title, a name, a notice: text on the page, so none of it is Markdown here."""
+    return _PLAIN.sub(r"\\\1", " ".join(_LINE_END.split(text)))
+
+
+def code_span(text: str) -> str:
+    """`text` as one inline code span: its fence longer than any backtick run in it, and
+    padded where it starts or ends with a backtick or a space (one is stripped each side)."""
+    text = " ".join(_LINE_END.split(text))
+    if not text:
+        return "` `"
+    fence = "`" * (max((len(run) for run in _TICKS.findall(text)), default=0) + 1)
+    pad = " " if text[0] in "` " or text[-1] in "` " else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def attachment_header(title: str, extension: str) -> str:

@@ -344,6 +344,17 @@ CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
         "import_invalid",
         "shows 2",
     ),
+    (
+        "a negative token count",
+        edited(
+            lambda d: _first(d, "run.finished")["data"].update(
+                usage={"prompt_tokens": -5000, "completion_tokens": 10}
+            )
+        ),
+        400,
+        "import_invalid",
+        "data.usage.prompt_tokens",
+    ),
     ("nested 100,000 deep", lambda e: _nested(100_000), 400, "import_too_deep", "deeper"),
     ("nested 200 deep", lambda e: _nested(200), 400, "import_too_deep", "deeper"),
     ("over the size limit", lambda e: b" " * 2_000_001, 413, "payload_too_large", "larger"),

@@ -147,8 +147,16 @@ class _Delta(_Strict):
     text: str
 
 
+class _Usage(_Strict):
+    """Token counts the context meter shows (`used / window`): none is negative."""
+
+    prompt_tokens: Annotated[int, Field(ge=0)]
+    completion_tokens: Annotated[int, Field(ge=0)]
+
+
 class _Finished(_Strict):
     state: Literal[ev.RUN_STATES] = "completed"  # type: ignore[valid-type]
+    usage: _Usage | None = None
 
 
 # The fields the folds and the page read as a given type; everything else is checked by

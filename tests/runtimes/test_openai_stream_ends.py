@@ -5,45 +5,23 @@ streamed before them."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from runtimes.openai_kit import content_events, run
 
 from tether.runtimes.base import (
     AnswerFinished,
     ProviderError,
     RuntimeEvent,
     TextDelta,
-    TurnInput,
-    Usage,
 )
 from tether.runtimes.openai import OpenAIRuntime
 from tether.settings import Settings
 
 from fake_openai import FakeOpenAI, delay, end, hang, raw, reply, stall, text
-
-
-def run(rt: OpenAIRuntime, into: list[RuntimeEvent] | None = None) -> list[RuntimeEvent]:
-    """Drive one turn to its end; `into` keeps the events seen before an error."""
-    events: list[RuntimeEvent] = [] if into is None else into
-
-    async def main() -> None:
-        try:
-            turn = TurnInput("s1", "st1", "t1", [{"role": "user", "content": "hi"}])
-            async for event in rt.stream(turn):
-                events.append(event)
-        finally:
-            await rt.aclose()
-
-    asyncio.run(main())
-    return events
-
-
-def content_events(events: list[RuntimeEvent]) -> list[RuntimeEvent]:
-    return [e for e in events if not isinstance(e, Usage)]
 
 
 def runtime_for(fake: FakeOpenAI, tmp_path: Path, **settings: Any) -> OpenAIRuntime:

@@ -140,12 +140,22 @@ export class Composer {
   take() {
     const text = this.input.value;
     const files = this.files.map(({ name, mime, data_base64 }) => ({ name, mime, data_base64 }));
-    this.input.value = "";
-    this.files = [];
+    this.setDraft({ text: "", files: [] });
+    return { text, files };
+  }
+
+  /** What the composer holds: its text and files (drafts.js keeps it per session). */
+  draft() {
+    return { text: this.input.value, files: [...this.files] };
+  }
+
+  /** Show a session's draft in place of what is shown (drafts.js). */
+  setDraft({ text, files }) {
+    this.input.value = text;
+    this.files = [...files];
     this.renderChips();
     this.autosize();
     this.refresh();
-    return { text, files };
   }
 
   /** Put text and attachments back (a refused send, a rotated session, a leftover steer). */

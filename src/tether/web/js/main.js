@@ -5,6 +5,7 @@ import "./session_auth.js";
 import { ApiError, del, get, patch, post, q } from "./api.js";
 import { asDrafts, BranchActions, openEdits } from "./branches.js";
 import { Composer } from "./composer.js";
+import { Drafts, NEW_CHAT } from "./drafts.js";
 import { setText } from "./dom.js";
 import { applyEvent, applySnapshot, createSession, view } from "./reducer.js";
 import { MessageSearch } from "./search.js";
@@ -69,6 +70,11 @@ class App {
       sendQueued: (id) => this.call(() => post("/api/chat/queue/start", { queue_id: id })),
       notify: (msg) => this.notify(msg),
     });
+    this.drafts = new Drafts({
+      composer: this.composer,
+      // a session's edits not opened again yet, else those open in the transcript
+      editsShown: () => this.sessions.get(this.openId)?.edits ?? openEdits(this.transcript.rowsEl),
+    });
     this.search = new MessageSearch({
       onPick: (sid, rowId, shown) => this.openAt(sid, rowId, shown),
     });
@@ -121,6 +127,7 @@ class App {
   /** The transcript is about to show another session (or none): the edits left open in the
    *  one shown stay with it, opened again when it is shown next (renderNow). */
   leaveTranscript() {
+    this.drafts.save();
     const entry = this.sessions.get(this.openId);
     if (entry?.loaded) entry.edits = openEdits(this.transcript.rowsEl);
     this.transcript.clear();
@@ -177,6 +184,7 @@ class App {
     this.sidebar.connectFeed();
     this.leaveTranscript();
     this.openId = null;
+    this.drafts.show(NEW_CHAT);
     this.sidebar.setActive(null);
     $("empty-state").hidden = false;
     this.running = false;
@@ -212,6 +220,7 @@ class App {
     this.stream = null;
     this.leaveTranscript();
     this.openId = sid;
+    this.drafts.show(sid);
     this.sidebar.setActive(sid);
     $("empty-state").hidden = true;
     const entry = this.entry(sid);
@@ -227,6 +236,7 @@ class App {
       );
       history.replaceState({}, "", "/");
       this.showEmpty();
+      if (err.code === "session_not_found") this.draftOfDeleted(sid);
       return;
     }
     if (this.openId !== sid) return;
@@ -320,14 +330,27 @@ class App {
   }
 
   onDeleted(sid) {
-    const open = sid === this.openId;
-    const edits = open ? openEdits(this.transcript.rowsEl) : (this.sessions.get(sid)?.edits ?? []);
-    const typed = edits.filter((edit) => edit.text.trim());
-    this.sessions.delete(sid);
-    if (open) {
+    if (sid === this.openId) {
       history.replaceState({}, "", "/");
-      this.showEmpty();
+      this.showEmpty(); // its draft saved as it was left, for draftOfDeleted
       this.notify("This session was deleted.");
+    }
+    this.sessions.delete(sid);
+    this.draftOfDeleted(sid);
+  }
+
+  /** What was typed in a session that is gone is not lost with it: into the composer shown,
+   *  unsent, with a notice. */
+  draftOfDeleted(sid) {
+    const { text, files, edits } = this.drafts.take(sid);
+    const typed = edits.filter((edit) => edit.text.trim());
+    if (text.trim() || files.length) {
+      this.composer.restore(text, files);
+      if (!typed.length) {
+        this.notify(
+          "A session was deleted before you sent what you typed in it: it is in the composer.",
+        );
+      }
     }
     if (typed.length) {
       this.editsToComposer(
@@ -496,6 +519,7 @@ class App {
     const sent = this.sidebar.stamp();
     const { session } = await post("/api/sessions", {});
     this.sidebar.onChanged({ session_id: session.session_id, row: session }, sent);
+    this.drafts.adopt(session.session_id); // the New chat's draft goes with it
     await this.open(session.session_id, { push: true });
     return session.session_id;
   }

@@ -4,11 +4,15 @@ server."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import httpx
 import pytest
 from playwright.sync_api import BrowserContext, Page, expect
 
-from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle
+from accounts_kit import PASSWORDS, add_user
+from helpers import ServerProcess, new_session, running_server, session_body, start_turn, wait_idle
 from pagekit import open_app, session_id_of, wait_settled
 
 pytestmark = pytest.mark.slow
@@ -24,6 +28,15 @@ def two_sessions(base_url: str) -> tuple[str, str]:
             wait_idle(client, sid)
             sids.append(sid)
     return sids[0], sids[1]
+
+
+STORED_JS = """() => Object.fromEntries(Object.keys(localStorage)
+  .filter((key) => key.startsWith('tether-draft:')).map((key) => [key, localStorage[key]]))"""
+
+
+def stored(page: Page) -> dict[str, str]:
+    """The drafts in the browser's localStorage, by key."""
+    return page.evaluate(STORED_JS)
 
 
 def composer(page: Page):
@@ -109,3 +122,135 @@ def test_a_new_chats_draft_moves_to_the_session_a_setting_creates(
     page.go_back()
     expect(page).to_have_url(f"{web_server.base_url}/s/{created}")
     expect(composer(page)).to_have_value("half a thought")
+
+
+def test_drafts_survive_a_reload_and_a_closed_tab_and_a_sent_one_is_gone(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """A reload (or a crashed tab, a closed browser) lost every word typed and not sent: the
+    composer's text and an edit left open on a message. Both come back, per session, from
+    this browser's storage; what was sent is not offered again, and a deleted session's
+    draft leaves the storage (into the composer shown, unsent)."""
+    apples, pears = two_sessions(web_server.base_url)
+    page = context.new_page()
+    open_app(page, web_server.base_url, f"/s/{apples}")
+    wait_settled(page)
+    composer(page).fill("for the apples")
+    row = page.locator("#transcript .rows > .row.user").first
+    row.get_by_role("button", name="Edit").click()
+    area = row.get_by_role("textbox", name="Edit message")
+    area.fill("about apples, and their pips")
+    page.wait_for_timeout(500)  # typing is stored within 300 ms
+    page.reload()
+    expect(area).to_have_value("about apples, and their pips")
+    expect(composer(page)).to_have_value("for the apples")
+
+    page.locator(".session-link").filter(has_text="Pears").click()
+    composer(page).fill("for the pears")
+    page.get_by_role("button", name="New chat", exact=True).click()
+    composer(page).fill("a new question")
+    page.wait_for_timeout(500)
+    page.close()  # the tab closed; another opened in the same browser
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    expect(composer(page)).to_have_value("a new question")
+    page.locator(".session-link").filter(has_text="Pears").click()
+    expect(composer(page)).to_have_value("for the pears")
+
+    # Sent: the draft goes at once, and a reload shows an empty composer.
+    composer(page).press("Enter")
+    wait_settled(page)
+    expect(page.locator("#transcript .rows > .row.user")).to_have_count(2)
+    assert not [key for key in stored(page) if key.endswith(pears)]
+    page.reload()
+    expect(page.locator("#transcript .rows > .row.user")).to_have_count(2)
+    expect(composer(page)).to_have_value("")
+
+    # Apples deleted elsewhere: its draft leaves the storage, its words come here unsent.
+    assert [key for key in stored(page) if key.endswith(apples)]
+    with httpx.Client(base_url=web_server.base_url) as client:
+        client.delete("/api/session", params={"session_id": apples}).raise_for_status()
+    expect(page.locator(".session-link").filter(has_text="Apples")).to_have_count(0)
+    expect(composer(page)).to_have_value("about apples, and their pips\n\nfor the apples")
+    expect(page.locator("#notice-bar")).to_contain_text("in the composer")
+    page.wait_for_timeout(500)
+    assert not [key for key in stored(page) if key.endswith(apples)]
+
+
+def test_drafts_are_bounded_and_work_without_storage(browser, web_server: ServerProcess) -> None:
+    """The stored drafts stay under their cap (the oldest go first), and a browser whose
+    storage refuses every write (a full quota, some private modes) keeps each session's
+    draft for as long as the tab lives, with no error."""
+    apples, pears = two_sessions(web_server.base_url)
+    context = browser.new_context()
+    page = context.new_page()
+    open_app(page, web_server.base_url, f"/s/{apples}")
+    big = "x" * 600_000
+    composer(page).fill(big)
+    page.wait_for_timeout(500)
+    page.locator(".session-link").filter(has_text="Pears").click()
+    composer(page).fill("y" * 600_000)
+    page.wait_for_timeout(500)
+    keys = stored(page)
+    assert [key for key in keys if key.endswith(pears)]
+    assert not [key for key in keys if key.endswith(apples)]  # the older one made room
+    assert sum(len(k) + len(v) for k, v in keys.items()) <= 1_000_000
+    context.close()
+
+    context = browser.new_context()
+    context.add_init_script(
+        "Storage.prototype.setItem = function () {"
+        " throw new DOMException('full', 'QuotaExceededError'); };"
+    )
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    open_app(page, web_server.base_url, f"/s/{apples}")
+    composer(page).fill("for the apples")
+    page.locator(".session-link").filter(has_text="Pears").click()
+    expect(composer(page)).to_have_value("")
+    page.locator(".session-link").filter(has_text="Apples").click()
+    expect(composer(page)).to_have_value("for the apples")
+    page.wait_for_timeout(500)
+    assert errors == []
+    context.close()
+
+
+@pytest.fixture
+def accounts_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    data = tmp_path / "data"
+    add_user(data, "alice", admin=True)
+    add_user(data, "bob")
+    with running_server(data, "--auth", "accounts", env={"TETHER_DEMO_DELAY": "0.01"}) as srv:
+        yield srv
+
+
+def sign_in_page(page: Page, base_url: str, name: str) -> None:
+    page.goto(base_url + "/login")
+    page.get_by_label("User name").fill(name)
+    page.get_by_label("Password").fill(PASSWORDS[name])
+    page.get_by_role("button", name="Log in").click()
+    expect(composer(page)).to_be_visible()
+
+
+def test_drafts_are_each_persons_and_leave_the_browser_at_log_out(
+    context: BrowserContext, accounts_server: ServerProcess
+) -> None:
+    """Two people signing in on one browser (`--auth accounts`): a draft is stored under its
+    author's name, another person never sees it, and Log out takes it out of the browser."""
+    page = context.new_page()
+    sign_in_page(page, accounts_server.base_url, "alice")
+    composer(page).fill("alice's secret plan")
+    page.wait_for_timeout(500)
+    assert list(stored(page)) == ["tether-draft:v1:alice:new"]
+    page.reload()
+    expect(composer(page)).to_have_value("alice's secret plan")
+
+    page.get_by_role("button", name="Log out").click()
+    page.wait_for_url("**/login")
+    assert stored(page) == {}
+    sign_in_page(page, accounts_server.base_url, "bob")
+    expect(composer(page)).to_have_value("")
+    composer(page).fill("bob's list")
+    page.wait_for_timeout(500)
+    assert list(stored(page)) == ["tether-draft:v1:bob:new"]

@@ -88,7 +88,8 @@ export async function asDrafts(attachments) {
 }
 
 export class BranchActions {
-  /** `app` gives `openId`, `call(fn)`, `refused(err, text, files)` and `notify(msg)`. */
+  /** `app` gives `openId`, `call(fn)`, `refused(err, text, files)`, `notify(msg)` and
+   *  `drafts` (drafts.js). */
   constructor(root, app) {
     this.app = app;
     this.switching = Promise.resolve(); // ‹ › switches, one at a time (switchFrom)
@@ -272,6 +273,7 @@ export class BranchActions {
       }
     } finally {
       delete row.dataset.saving;
+      this.app.drafts.changed(); // sent: its stored draft goes; refused: it stays
     }
   }
 }

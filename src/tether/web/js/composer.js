@@ -20,7 +20,8 @@ export async function asDraft(blob, name, mime) {
 export class Composer {
   /** actions: send(text, files), stop(), steer(text), queue(text, files),
    *  editQueued(id, text) (the error when the server did not take it), removeQueued(id),
-   *  sendQueued(id), notify(message). */
+   *  sendQueued(id), notify(message), changed(now) (the draft changed: drafts.js; `now`
+   *  when it was sent, so its stored draft goes at once). */
   constructor(actions) {
     this.actions = actions;
     this.form = document.getElementById("composer");
@@ -55,6 +56,7 @@ export class Composer {
     this.input.addEventListener("input", () => {
       this.autosize();
       this.refresh();
+      this.actions.changed();
     });
     this.steerBtn.addEventListener("click", () => this.steer());
     this.queueBtn.addEventListener("click", () => this.queue());
@@ -107,6 +109,7 @@ export class Composer {
     }
     this.renderChips();
     this.refresh();
+    this.actions.changed();
   }
 
   renderChips() {
@@ -132,6 +135,7 @@ export class Composer {
           this.files.splice(spec.index, 1);
           this.renderChips();
           this.refresh();
+          this.actions.changed();
         };
       },
     );
@@ -141,6 +145,7 @@ export class Composer {
     const text = this.input.value;
     const files = this.files.map(({ name, mime, data_base64 }) => ({ name, mime, data_base64 }));
     this.setDraft({ text: "", files: [] });
+    this.actions.changed(true);
     return { text, files };
   }
 
@@ -165,6 +170,7 @@ export class Composer {
     this.renderChips();
     this.autosize();
     this.refresh();
+    this.actions.changed();
     this.input.focus();
   }
 

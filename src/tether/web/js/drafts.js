@@ -1,9 +1,57 @@
 // What the user typed and has not sent, one draft per session (docs/page.md, "Drafts"): the
 // composer's text and files, and the edits left open on its messages. The composer shows the
 // draft of the session shown; a New chat has its own, which becomes its session's when that
-// is created.
+// is created. Text and edits are kept in localStorage, by user and session, so a reload, a
+// crashed tab or a browser closed and opened again finds them; files only in this tab's
+// memory (a page's storage is a few megabytes). Two tabs of one session: the last to write wins.
 
 export const NEW_CHAT = "new"; // the key of the New chat's draft (a session id never is)
+const PREFIX = "tether-draft:v1:";
+const SAVE_MS = 300; // typing is written at most this often (and at once when the tab hides)
+const MAX_AGE_MS = 30 * 24 * 3600 * 1000; // a draft left this long is dropped
+const MAX_CHARS = 1_000_000; // all of a browser's drafts together; the oldest go first
+
+let sealed = false; // logged out: nothing is written again from this page
+
+function storage() {
+  try {
+    return window.localStorage ?? null;
+  } catch {
+    return null; // storage disabled (some privacy modes throw on access)
+  }
+}
+
+/** Every stored draft key of `user` (all users' when `user` is undefined). */
+function storedKeys(user) {
+  const store = storage();
+  const prefix = user === undefined ? PREFIX : `${PREFIX}${encodeURIComponent(user)}:`;
+  const keys = [];
+  try {
+    for (let i = 0; i < (store?.length ?? 0); i++) {
+      const key = store.key(i);
+      if (key?.startsWith(prefix)) keys.push(key);
+    }
+  } catch {
+    // unreadable storage holds nothing of ours
+  }
+  return keys;
+}
+
+function parse(raw) {
+  try {
+    const draft = JSON.parse(raw ?? "null");
+    return draft && typeof draft.text === "string" && Array.isArray(draft.edits) ? draft : null;
+  } catch {
+    return null;
+  }
+}
+
+/** Log out: this user's drafts leave the browser (another person may use it next), and this
+ *  page, about to go, writes none again. */
+export function forgetDrafts(user) {
+  sealed = true;
+  for (const key of storedKeys(user ?? "")) storage()?.removeItem(key);
+}
 
 export class Drafts {
   /** `composer`: the Composer (draft(), setDraft(draft));
@@ -12,23 +60,100 @@ export class Drafts {
     this.composer = composer;
     this.editsShown = editsShown;
     this.key = null; // the draft the composer shows: a session id, NEW_CHAT, or none yet
-    this.memory = new Map(); // key -> {text, edits, files}
+    this.user = null; // null: not known, so nothing is stored (this tab's memory only)
+    this.memory = new Map(); // key -> {text, edits, files, at}: this tab's, files included
+    this.timer = null;
+    const transcript = document.getElementById("transcript"); // its edit boxes
+    for (const type of ["input", "click"]) transcript.addEventListener(type, () => this.changed());
+    window.addEventListener("pagehide", () => this.save());
+    document.addEventListener("visibilitychange", () => {
+      if (document.visibilityState === "hidden") this.save();
+    });
   }
 
+  /** Whose drafts these are (`GET /api/auth/status`'s `username`, "" without accounts);
+   *  null when it could not be asked: then nothing is read or written. */
+  setUser(user) {
+    this.user = user;
+    const now = Date.now();
+    for (const key of storedKeys()) {
+      const draft = parse(storage()?.getItem(key));
+      if (!draft || !(now - draft.at < MAX_AGE_MS)) storage()?.removeItem(key);
+    }
+  }
+
+  storageKey(key) {
+    return `${PREFIX}${encodeURIComponent(this.user)}:${encodeURIComponent(key)}`;
+  }
+
+  /** `key`'s draft: the newer of this tab's and the stored one (another tab's, a reload's). */
   read(key) {
-    const draft = this.memory.get(key);
-    return { text: draft?.text ?? "", edits: draft?.edits ?? [], files: draft?.files ?? [] };
+    const mine = this.memory.get(key);
+    const stored = this.user === null ? null : parse(this.getItem(this.storageKey(key)));
+    const newer = stored && !(mine?.at >= stored.at) ? stored : mine;
+    return { text: newer?.text ?? "", edits: newer?.edits ?? [], files: mine?.files ?? [] };
+  }
+
+  getItem(key) {
+    try {
+      return storage()?.getItem(key) ?? null;
+    } catch {
+      return null;
+    }
   }
 
   write(key, { text, edits, files }) {
-    if (!text.trim() && !edits.length && !files.length) this.memory.delete(key);
-    else this.memory.set(key, { text, edits, files });
+    const empty = !text.trim() && !edits.length && !files.length;
+    const at = Date.now();
+    if (empty) this.memory.delete(key);
+    else this.memory.set(key, { text, edits, files, at });
+    if (this.user === null || sealed) return;
+    const name = this.storageKey(key);
+    try {
+      if (!text.trim() && !edits.length) storage()?.removeItem(name);
+      else this.store(name, JSON.stringify({ text, edits, at }));
+    } catch {
+      // storage unavailable: this tab's memory keeps the draft
+    }
   }
 
-  /** Keep the draft shown now. */
+  /** Store one draft, within MAX_CHARS for all: the oldest others go first, and when the
+   *  browser's quota is reached anyway, older ones until it fits (or none is left). */
+  store(name, value) {
+    const store = storage();
+    const others = storedKeys()
+      .filter((key) => key !== name)
+      .map((key) => ({ key, raw: store.getItem(key) ?? "" }))
+      .map(({ key, raw }) => ({ key, size: key.length + raw.length, at: parse(raw)?.at ?? 0 }))
+      .sort((a, b) => a.at - b.at);
+    let total = others.reduce((sum, d) => sum + d.size, name.length + value.length);
+    for (;;) {
+      if (total <= MAX_CHARS) {
+        try {
+          store.setItem(name, value);
+          return;
+        } catch {
+          if (!others.length) throw new Error("no room for the draft");
+        }
+      }
+      if (!others.length) return; // alone over the cap: kept in this tab's memory only
+      const dropped = others.shift();
+      store.removeItem(dropped.key);
+      total -= dropped.size;
+    }
+  }
+
+  /** Write the draft shown now (at once). */
   save() {
+    clearTimeout(this.timer);
+    this.timer = null;
     if (this.key === null) return;
     this.write(this.key, { ...this.composer.draft(), edits: this.editsShown() });
+  }
+
+  /** Something was typed, attached or removed: written within SAVE_MS. */
+  changed() {
+    if (this.timer === null) this.timer = setTimeout(() => this.save(), SAVE_MS);
   }
 
   /** The composer shows `key`'s draft (the one shown before is saved first: `save`); the
@@ -39,6 +164,7 @@ export class Drafts {
       const typed = this.composer.draft();
       draft.text = [draft.text, typed.text].filter((text) => text.trim()).join("\n\n");
       draft.files.push(...typed.files);
+      if (typed.text.trim() || typed.files.length) this.changed();
     }
     this.key = key;
     this.composer.setDraft(draft);
@@ -51,6 +177,12 @@ export class Drafts {
     this.write(sid, this.read(NEW_CHAT));
     this.write(NEW_CHAT, { text: "", edits: [], files: [] });
     this.key = sid;
+  }
+
+  /** The edits left open in session `sid` when it was last shown, or null. */
+  edits(sid) {
+    const { edits } = this.read(sid);
+    return edits.length ? edits : null;
   }
 
   /** Session `sid` is gone: its draft is dropped, and returned. */

@@ -1,7 +1,7 @@
 // The app: wires the sidebar, the open session (reducer + stream + view) and the composer.
 // One reducer per session over (seq, event): live events, replayed events and snapshots all
 // go through it, so a reload, a reconnect and a session switch show the same rows.
-import "./session_auth.js";
+import { authStatus } from "./session_auth.js";
 import { ApiError, del, get, patch, post, q } from "./api.js";
 import { asDrafts, BranchActions, openEdits } from "./branches.js";
 import { Composer } from "./composer.js";
@@ -69,6 +69,7 @@ class App {
       removeQueued: (id) => this.call(() => del(`/api/chat/queue?${q({ queue_id: id })}`)),
       sendQueued: (id) => this.call(() => post("/api/chat/queue/start", { queue_id: id })),
       notify: (msg) => this.notify(msg),
+      changed: (now) => (now ? this.drafts.save() : this.drafts.changed()),
     });
     this.drafts = new Drafts({
       composer: this.composer,
@@ -94,6 +95,8 @@ class App {
 
   async boot() {
     this.setupChrome();
+    const status = await authStatus; // whose drafts these are (drafts.js)
+    this.drafts.setUser(status ? (status.username ?? "") : null);
     this.health = await get("/api/health");
     const badge = $("runtime-badge");
     badge.textContent = this.health.demo ? "Demo runtime (offline)" : this.health.model || "";
@@ -208,6 +211,7 @@ class App {
         inherited: [],
         row: null,
         loaded: false,
+        edits: this.drafts.edits(sid), // left open before a reload: opened again
       });
     }
     return this.sessions.get(sid);

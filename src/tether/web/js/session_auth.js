@@ -1,6 +1,8 @@
 // Login state for the app page (docs/security.md): shows "Log out" when the server has a
 // password, logs out, and sends the page to the login page once its session is gone (checked
-// at load and whenever the tab becomes visible again).
+// at load and whenever the tab becomes visible again). Logging out takes this person's drafts
+// out of the browser (drafts.js).
+import { forgetDrafts } from "./drafts.js";
 
 const button = document.getElementById("logout-btn");
 
@@ -9,21 +11,27 @@ function toLogin() {
   location.assign(here === "/" ? "/login" : `/login?next=${encodeURIComponent(here)}`);
 }
 
+let username = null; // who is signed in, as the server last said
+
+/** `GET /api/auth/status`, or null when it could not be asked. */
 async function checkStatus() {
   let status;
   try {
     const response = await fetch("/api/auth/status", { cache: "no-store" });
-    if (!response.ok) return;
+    if (!response.ok) return null;
     status = await response.json();
   } catch {
-    return; // offline: the app shows its own connection state
+    return null; // offline: the app shows its own connection state
   }
+  username = status.username;
   if (button) button.hidden = !status.password_required;
   if (status.password_required && !status.authenticated) toLogin();
+  return status;
 }
 
 async function logOut() {
   if (button) button.disabled = true;
+  forgetDrafts(username);
   try {
     await fetch("/api/auth/logout", { method: "POST" });
   } catch {
@@ -36,4 +44,5 @@ if (button) button.addEventListener("click", logOut);
 document.addEventListener("visibilitychange", () => {
   if (document.visibilityState === "visible") checkStatus();
 });
-checkStatus();
+/** The status the page was loaded with (null when it could not be asked). */
+export const authStatus = checkStatus();

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import BrowserContext, Page, expect
+from playwright.sync_api import BrowserContext, Page, Route, expect
 
 from accounts_kit import PASSWORDS, add_user
 from helpers import ServerProcess, new_session, running_server, session_body, start_turn, wait_idle
@@ -254,3 +254,39 @@ def test_drafts_are_each_persons_and_leave_the_browser_at_log_out(
     composer(page).fill("bob's list")
     page.wait_for_timeout(500)
     assert list(stored(page)) == ["tether-draft:v1:bob:new"]
+
+
+def test_a_save_and_send_refused_after_leaving_goes_to_its_own_sessions_draft(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """An edit's "Save and send", then another session opened while it was on its way, and
+    the server refused it (a run had started there meanwhile: 409 `session_busy`): the text
+    went into the composer of the session shown then, ready to be sent to the wrong
+    conversation. It goes to its own session's draft, and the notice names that session."""
+    apples, _ = two_sessions(web_server.base_url)
+    page = context.new_page()
+    open_app(page, web_server.base_url, f"/s/{apples}")
+    wait_settled(page)
+    held: list[Route] = []
+    page.route("**/api/chat/start", lambda route: held.append(route))
+    row = page.locator("#transcript .rows > .row.user").first
+    row.get_by_role("button", name="Edit").click()
+    row.get_by_role("textbox", name="Edit message").fill("about apples, rewritten")
+    row.get_by_role("button", name="Save and send").click()
+    while not held:
+        page.wait_for_timeout(50)
+    page.locator(".session-link").filter(has_text="Pears").click()
+    expect(page.locator("#transcript .rows > .row.user").first).to_contain_text("about pears")
+    with httpx.Client(base_url=web_server.base_url) as client:
+        start_turn(client, apples, "/slow keep it busy")  # the edit will find it busy
+        held[0].continue_()
+        page.unroute("**/api/chat/start")
+        expect(page.locator("#notice-bar")).to_contain_text("Not sent in “Apples”")
+        expect(composer(page)).to_have_value("")
+        page.locator("#notice-bar").get_by_role("button", name="Open it").click()
+        expect(page).to_have_url(f"{web_server.base_url}/s/{apples}")
+        expect(composer(page)).to_have_value("about apples, rewritten")
+        client.post("/api/chat/cancel", json={"session_id": apples})
+        wait_idle(client, apples)
+        users = [m for m in session_body(client, apples)["messages"] if m["role"] == "user"]
+        assert [m["content"] for m in users] == ["about apples", "/slow keep it busy"]

@@ -266,8 +266,8 @@ export class BranchActions {
     } catch (err) {
       for (const b of row.querySelectorAll(".edit-box button")) b.disabled = false;
       if ((err instanceof ApiError && err.code === "session_rotated") || !row.isConnected) {
-        // in the continuation's composer, or in this one when the row went meanwhile
-        this.app.refused(err, text, await asDrafts(files));
+        // in the continuation's composer, or in its session's when the row went meanwhile
+        this.app.refused(err, text, await asDrafts(files), sid);
       } else {
         this.app.notify(err.message); // the text stays in the box
       }

@@ -5,6 +5,8 @@
 // crashed tab or a browser closed and opened again finds them; files only in this tab's
 // memory (a page's storage is a few megabytes). Two tabs of one session: the last to write wins.
 
+import { asDrafts } from "./branches.js";
+
 export const NEW_CHAT = "new"; // the key of the New chat's draft (a session id never is)
 const PREFIX = "tether-draft:v1:";
 const SAVE_MS = 300; // typing is written at most this often (and at once when the tab hides)
@@ -54,10 +56,12 @@ export function forgetDrafts(user) {
 }
 
 export class Drafts {
-  /** `composer`: the Composer (draft(), setDraft(draft));
-   *  `editsShown()`: the edits left open in the session shown (`openEdits`, branches.js). */
-  constructor({ composer, editsShown }) {
+  /** `composer`: the Composer (draft(), setDraft(draft), restore(text, files));
+   *  `editsShown()`: the edits left open in the session shown (`openEdits`, branches.js);
+   *  `notify(message)`. */
+  constructor({ composer, editsShown, notify }) {
     this.composer = composer;
+    this.notify = notify;
     this.editsShown = editsShown;
     this.key = null; // the draft the composer shows: a session id, NEW_CHAT, or none yet
     this.user = null; // null: not known, so nothing is stored (this tab's memory only)
@@ -185,10 +189,45 @@ export class Drafts {
     return edits.length ? edits : null;
   }
 
-  /** Session `sid` is gone: its draft is dropped, and returned. */
-  take(sid) {
-    const draft = this.read(sid);
+  /** Text that belongs to session `key` (a send it refused): in its composer, first. */
+  add(key, text, files = []) {
+    if (key === this.key) {
+      this.composer.restore(text, files);
+      return;
+    }
+    const draft = this.read(key);
+    draft.text = draft.text ? `${text}\n\n${draft.text}` : text;
+    draft.files = [...files, ...draft.files];
+    this.write(key, draft);
+  }
+
+  /** Edits that can no longer be saved where they were typed go to the composer shown,
+   *  never sent by themselves: the user decides where they go. */
+  async toComposer(edits, notice) {
+    for (const { text, kept } of edits) this.composer.restore(text, await asDrafts(kept));
+    this.notify(notice);
+  }
+
+  /** Session `sid` is gone: its draft leaves the storage, and what was typed in it is not
+   *  lost with it: into the composer shown, unsent, with a notice. */
+  rescue(sid) {
+    const { text, files, edits } = this.read(sid);
     this.write(sid, { text: "", edits: [], files: [] });
-    return draft;
+    const typed = edits.filter((edit) => edit.text.trim());
+    if (text.trim() || files.length) {
+      this.composer.restore(text, files);
+      if (!typed.length) {
+        this.notify(
+          "A session was deleted before you sent what you typed in it: it is in the composer.",
+        );
+      }
+    }
+    if (typed.length) {
+      this.toComposer(
+        typed,
+        "A session was deleted while you were editing one of its messages: " +
+          "your edit is in the composer, unsent.",
+      );
+    }
   }
 }

@@ -3,7 +3,7 @@
 // go through it, so a reload, a reconnect and a session switch show the same rows.
 import { authStatus } from "./session_auth.js";
 import { ApiError, del, get, patch, post, q } from "./api.js";
-import { asDrafts, BranchActions, openEdits } from "./branches.js";
+import { BranchActions, openEdits } from "./branches.js";
 import { Composer } from "./composer.js";
 import { Drafts, NEW_CHAT } from "./drafts.js";
 import { setText } from "./dom.js";
@@ -73,6 +73,7 @@ class App {
     });
     this.drafts = new Drafts({
       composer: this.composer,
+      notify: (msg) => this.notify(msg),
       // a session's edits not opened again yet, else those open in the transcript
       editsShown: () => this.sessions.get(this.openId)?.edits ?? openEdits(this.transcript.rowsEl),
     });
@@ -112,19 +113,12 @@ class App {
     this.prompts = new RunPrompts($("transcript"), this); // approvals, questions, Continue
     this.branches = new BranchActions($("transcript"), this); // Edit, Regenerate, ‹ 2/3 ›
     this.transcript.onEditLost = (edit) =>
-      this.editsToComposer(
+      this.drafts.toComposer(
         [edit],
         "Not sent: the message you were editing is no longer shown (another branch is). " +
           "Your edit is in the composer.",
       );
     await this.route();
-  }
-
-  /** Edits that can no longer be saved where they were typed go to the composer, never
-   *  sent by themselves: the user decides where they go. */
-  async editsToComposer(edits, notice) {
-    for (const { text, kept } of edits) this.composer.restore(text, await asDrafts(kept));
-    this.notify(notice);
   }
 
   /** The transcript is about to show another session (or none): the edits left open in the
@@ -240,7 +234,7 @@ class App {
       );
       history.replaceState({}, "", "/");
       this.showEmpty();
-      if (err.code === "session_not_found") this.draftOfDeleted(sid);
+      if (err.code === "session_not_found") this.drafts.rescue(sid);
       return;
     }
     if (this.openId !== sid) return;
@@ -336,33 +330,11 @@ class App {
   onDeleted(sid) {
     if (sid === this.openId) {
       history.replaceState({}, "", "/");
-      this.showEmpty(); // its draft saved as it was left, for draftOfDeleted
+      this.showEmpty(); // its draft saved as it was left, for rescue
       this.notify("This session was deleted.");
     }
     this.sessions.delete(sid);
-    this.draftOfDeleted(sid);
-  }
-
-  /** What was typed in a session that is gone is not lost with it: into the composer shown,
-   *  unsent, with a notice. */
-  draftOfDeleted(sid) {
-    const { text, files, edits } = this.drafts.take(sid);
-    const typed = edits.filter((edit) => edit.text.trim());
-    if (text.trim() || files.length) {
-      this.composer.restore(text, files);
-      if (!typed.length) {
-        this.notify(
-          "A session was deleted before you sent what you typed in it: it is in the composer.",
-        );
-      }
-    }
-    if (typed.length) {
-      this.editsToComposer(
-        typed,
-        "A session was deleted while you were editing one of its messages: " +
-          "your edit is in the composer, unsent.",
-      );
-    }
+    this.drafts.rescue(sid);
   }
 
   showContinuation(childId) {
@@ -402,7 +374,7 @@ class App {
       const lost = this.branches.reopen(this.transcript.rowsEl, entry.edits);
       entry.edits = null;
       if (lost.length) {
-        this.editsToComposer(
+        this.drafts.toComposer(
           lost,
           "Not sent: a message you were editing is no longer shown (another branch is). " +
             "Your edit is in the composer.",
@@ -534,14 +506,29 @@ class App {
       sid = await this.ensureSession();
       await post("/api/chat/start", { session_id: sid, message: text, attachments: files });
     } catch (err) {
-      this.refused(err, text, files);
+      this.refused(err, text, files, sid);
     }
   }
 
   /** A refused send never loses the text: it goes back to the composer (rotated: in the
-   *  continuation, as a draft, never resent automatically). */
-  async refused(err, text, files) {
-    if (err instanceof ApiError && err.code === "session_rotated") {
+   *  continuation, as a draft, never resent automatically). Sent from session `sid` while
+   *  another is shown now: into `sid`'s own draft (or its continuation's), with a notice. */
+  async refused(err, text, files, sid = this.openId) {
+    const rotated = err instanceof ApiError && err.code === "session_rotated";
+    if (sid && sid !== this.openId) {
+      const target = rotated ? err.body.continuation_session_id : sid;
+      this.drafts.add(target, text, files);
+      const title = this.sidebar.rows.get(sid)?.title ?? this.sessions.get(sid)?.row?.title;
+      this.notify(
+        `Not sent in “${title ?? "another session"}”: ${err.message} Your text is in its composer.`,
+        {
+          label: "Open it",
+          action: () => this.open(target, { push: true }),
+        },
+      );
+      return;
+    }
+    if (rotated) {
       await this.open(err.body.continuation_session_id, { push: true });
       this.composer.restore(text, files);
       this.notify(
@@ -562,7 +549,8 @@ class App {
   }
 
   async steer(text) {
-    const entry = this.sessions.get(this.openId);
+    const sid = this.openId;
+    const entry = this.sessions.get(sid);
     const live = entry && view(entry.state).live;
     if (!live) {
       this.composer.restore(text);
@@ -576,16 +564,17 @@ class App {
         this.notify(res.reason);
       }
     } catch (err) {
-      this.refused(err, text, []);
+      this.refused(err, text, [], sid);
     }
   }
 
   async queue(text, files) {
+    let sid;
     try {
-      const sid = await this.ensureSession();
+      sid = await this.ensureSession();
       await post("/api/chat/queue", { session_id: sid, message: text, attachments: files });
     } catch (err) {
-      this.refused(err, text, files);
+      this.refused(err, text, files, sid);
     }
   }
 }

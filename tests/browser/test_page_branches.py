@@ -7,6 +7,7 @@ context (invariant 1: the page shows the branch the model gets), the sidebar row
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 
 import httpx
@@ -439,3 +440,40 @@ def test_an_edit_left_open_for_another_session_is_open_again_on_coming_back(
         expect(page.locator("#notice-bar")).to_contain_text("your edit is in the composer")
         shown = session_body(client, other["session_id"])["messages"]
         assert [m["content"] for m in shown if m["role"] == "user"] == ["elsewhere"]  # unsent
+
+
+def test_a_switch_to_a_branch_opening_with_files_only_names_the_session_by_its_first_file(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """A switch to a branch whose first message is files without text (an import brings
+    such turns) titled the header and the sidebar row "New chat"; they now say the first
+    file's name (the server's row, docs/api.md §3), and the edited branch's words again on
+    a switch back."""
+    data = base64.b64encode(b"ZEBRA-42").decode()
+    attachment = {"name": "notes.txt", "mime": "text/plain", "data_base64": data}
+    with httpx.Client(base_url=web_server.base_url) as client:
+        original = client.post("/api/sessions", json={}).json()["session"]["session_id"]
+        turn = {"session_id": original, "message": "see file", "attachments": [attachment]}
+        client.post("/api/chat/start", json=turn).raise_for_status()
+        first = wait_idle(client, original)["messages"][0]["id"]
+        edit = {"session_id": original, "message": "Plan the trip", "edit_of": first}
+        client.post("/api/chat/start", json=edit).raise_for_status()
+        wait_idle(client, original)
+        export = client.get(f"/api/sessions/{original}/export").json()
+        next(e for e in export["events"] if e["type"] == "turn.submitted")["data"]["text"] = ""
+        imported = client.post("/api/sessions/import", content=json.dumps(export))
+        sid = imported.json()["sessions"][0]["session_id"]
+    page = context.new_page()
+    open_app(page, web_server.base_url, f"/s/{sid}")
+    wait_settled(page)
+    title = page.locator("#session-title")
+    row = page.locator(f".session-row[data-key='{sid}'] .session-name")
+    expect(title).to_have_text("Plan the trip")
+    first_row = page.locator("#transcript .rows > .row.user").first
+    first_row.get_by_role("button", name="Previous branch").click()
+    expect(first_row.get_by_label("Branch 1 of 2")).to_be_visible()
+    expect(title).to_have_text("notes.txt")
+    expect(row).to_have_text("notes.txt")
+    first_row.get_by_role("button", name="Next branch").click()
+    expect(title).to_have_text("Plan the trip")
+    expect(row).to_have_text("Plan the trip")

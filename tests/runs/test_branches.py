@@ -9,6 +9,7 @@ on every branch), sidebar row (invariant 4: switching is not activity), run admi
 from __future__ import annotations
 
 import base64
+import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -528,6 +529,65 @@ def test_a_regenerated_run_cut_by_a_crash_is_settled_on_its_branch(
         shown = switch(client, sid, cut["id"], 1).json()["session"]
         assert shown["messages"][1] == old | {"branch": {"index": 1, "count": 2}}
         assert "half" not in str(context_of(client, sid)["context_messages"])
+
+
+def test_a_first_message_of_files_only_is_named_by_its_first_file_on_every_branch(
+    openai_server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """A branch whose first message is files without text (the API refuses an empty
+    message, but an import brings such turns: a Tether export holds whatever its log held):
+    a switch to it named the session "New chat" in the sidebar and the header, over a
+    conversation that had long started. The first attachment's name names it, on its
+    branch, through a switch there and back, and through a restart that rebuilds the rows
+    from the log. Layer: the sidebar row fold (`projections/sidebar.py`), through the real
+    API; keeps contract invariant 5 (the title is folded from the log's events, the same on
+    every replay)."""
+
+    def titles(client: httpx.Client, sid: str) -> tuple[str, str]:
+        listed = {
+            s["session_id"]: s["title"] for s in client.get("/api/sessions").json()["sessions"]
+        }
+        return session_body(client, sid)["title"], listed[sid]
+
+    files = [
+        {"name": name, "mime": "text/plain", "data_base64": base64.b64encode(b"data").decode()}
+        for name in ("Lisbon itinerary.txt", "budget.txt")
+    ]
+    named = ("Lisbon itinerary.txt", "Lisbon itinerary.txt")
+    with openai_server.client() as client:
+        original = new_session(client)
+        fake.script(reply(text("Read them.")))
+        start_turn(client, original, "see the files", attachments=files)
+        first = session_body(client, original)["messages"][0]["id"]
+        wait_idle(client, original)
+        fake.script(reply(text("Sure.")))
+        edit = {"session_id": original, "message": "Plan the trip", "edit_of": first}
+        assert client.post("/api/chat/start", json=edit).status_code == 200
+        wait_idle(client, original)
+
+        # The same log, its files-only first message as an import brings it.
+        export = client.get(f"/api/sessions/{original}/export").json()
+        files_only = next(e for e in export["events"] if e["type"] == "turn.submitted")
+        assert files_only["data"]["text"] == "see the files"
+        files_only["data"]["text"] = ""
+        imported = client.post("/api/sessions/import", content=json.dumps(export))
+        assert imported.status_code == 201, imported.text
+        sid = imported.json()["sessions"][0]["session_id"]
+        assert titles(client, sid) == ("Plan the trip", "Plan the trip")
+        shown = session_body(client, sid)["messages"][0]
+        assert switch(client, sid, shown["id"], 1).status_code == 200
+        body = session_body(client, sid)
+        assert body["messages"][0]["content"] == ""
+        assert [a["name"] for a in body["messages"][0]["attachments"]] == [f["name"] for f in files]
+        assert titles(client, sid) == named
+        assert switch(client, sid, body["messages"][0]["id"], 2).status_code == 200
+        assert titles(client, sid) == ("Plan the trip", "Plan the trip")
+        assert switch(client, sid, shown["id"], 1).status_code == 200
+
+    openai_server.stop()
+    openai_server.start()
+    with openai_server.client() as client:
+        assert titles(client, sid) == named
 
 
 def test_the_automatic_title_follows_the_first_message_shown_never_a_title_set_by_hand(

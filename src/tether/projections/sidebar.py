@@ -22,7 +22,7 @@ from tether import events as ev
 from tether.events import Event
 
 # Bump when the fold changes: the store then rebuilds every persisted row from the log.
-SIDEBAR_FOLD_VERSION = "sidebar-9"
+SIDEBAR_FOLD_VERSION = "sidebar-10"
 
 DEFAULT_TITLE = "New chat"
 TITLE_MAX = 80
@@ -49,6 +49,16 @@ _MAINTENANCE_STATES = {"interrupted"}
 def title_from_message(text: str) -> str:
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     return first if len(first) <= TITLE_MAX else first[: TITLE_MAX - 1].rstrip() + "…"
+
+
+def title_from_turn(data: dict[str, Any]) -> str | None:
+    """What a submitted message names its session: its first line, or, a message of
+    attachments only, its first attachment's name; None when it has neither."""
+    title = title_from_message(data.get("text", ""))
+    if not title:
+        names = [a.get("name", "") for a in data.get("attachments") or []]
+        title = title_from_message(next((name for name in names if name.strip()), ""))
+    return title or None
 
 
 def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
@@ -108,11 +118,11 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
         if row["message_count"] == 0:
             # The first message shown names the session, an edit of it too; each first
             # message is kept by its row id, for a switch back to its branch.
-            title = title_from_message(data.get("text", "")) or None
+            title = title_from_turn(data)
             row["title_from_message"] = title
             row["root_titles"] = {**row.get("root_titles", {}), data.get("turn_id"): title}
         elif row["title_from_message"] is None:
-            row["title_from_message"] = title_from_message(data.get("text", "")) or None
+            row["title_from_message"] = title_from_turn(data)
         row["message_count"] += 1
     elif event.type == ev.RUN_FINISHED:
         if event.stream_id == row.get("open_stream"):

@@ -39,6 +39,13 @@ def stored(page: Page) -> dict[str, str]:
     return page.evaluate(STORED_JS)
 
 
+def written(page: Page) -> None:
+    """Wait until the page has shown a draft and written what was typed (within 300 ms)."""
+    page.wait_for_function(
+        "() => window.tether?.drafts.key != null && window.tether.drafts.timer === null"
+    )
+
+
 def composer(page: Page):
     return page.get_by_role("textbox", name="Message", exact=True)
 
@@ -140,7 +147,7 @@ def test_drafts_survive_a_reload_and_a_closed_tab_and_a_sent_one_is_gone(
     row.get_by_role("button", name="Edit").click()
     area = row.get_by_role("textbox", name="Edit message")
     area.fill("about apples, and their pips")
-    page.wait_for_timeout(500)  # typing is stored within 300 ms
+    written(page)
     page.reload()
     expect(area).to_have_value("about apples, and their pips")
     expect(composer(page)).to_have_value("for the apples")
@@ -149,7 +156,7 @@ def test_drafts_survive_a_reload_and_a_closed_tab_and_a_sent_one_is_gone(
     composer(page).fill("for the pears")
     page.get_by_role("button", name="New chat", exact=True).click()
     composer(page).fill("a new question")
-    page.wait_for_timeout(500)
+    written(page)
     page.close()  # the tab closed; another opened in the same browser
     page = context.new_page()
     open_app(page, web_server.base_url)
@@ -173,7 +180,7 @@ def test_drafts_survive_a_reload_and_a_closed_tab_and_a_sent_one_is_gone(
     expect(page.locator(".session-link").filter(has_text="Apples")).to_have_count(0)
     expect(composer(page)).to_have_value("about apples, and their pips\n\nfor the apples")
     expect(page.locator("#notice-bar")).to_contain_text("in the composer")
-    page.wait_for_timeout(500)
+    written(page)
     assert not [key for key in stored(page) if key.endswith(apples)]
 
 
@@ -187,10 +194,10 @@ def test_drafts_are_bounded_and_work_without_storage(browser, web_server: Server
     open_app(page, web_server.base_url, f"/s/{apples}")
     big = "x" * 600_000
     composer(page).fill(big)
-    page.wait_for_timeout(500)
+    written(page)
     page.locator(".session-link").filter(has_text="Pears").click()
     composer(page).fill("y" * 600_000)
-    page.wait_for_timeout(500)
+    written(page)
     keys = stored(page)
     assert [key for key in keys if key.endswith(pears)]
     assert not [key for key in keys if key.endswith(apples)]  # the older one made room
@@ -211,7 +218,7 @@ def test_drafts_are_bounded_and_work_without_storage(browser, web_server: Server
     expect(composer(page)).to_have_value("")
     page.locator(".session-link").filter(has_text="Apples").click()
     expect(composer(page)).to_have_value("for the apples")
-    page.wait_for_timeout(500)
+    written(page)
     assert errors == []
     context.close()
 
@@ -241,7 +248,7 @@ def test_drafts_are_each_persons_and_leave_the_browser_at_log_out(
     page = context.new_page()
     sign_in_page(page, accounts_server.base_url, "alice")
     composer(page).fill("alice's secret plan")
-    page.wait_for_timeout(500)
+    written(page)
     assert list(stored(page)) == ["tether-draft:v1:alice:new"]
     page.reload()
     expect(composer(page)).to_have_value("alice's secret plan")
@@ -252,7 +259,7 @@ def test_drafts_are_each_persons_and_leave_the_browser_at_log_out(
     sign_in_page(page, accounts_server.base_url, "bob")
     expect(composer(page)).to_have_value("")
     composer(page).fill("bob's list")
-    page.wait_for_timeout(500)
+    written(page)
     assert list(stored(page)) == ["tether-draft:v1:bob:new"]
 
 
@@ -290,3 +297,27 @@ def test_a_save_and_send_refused_after_leaving_goes_to_its_own_sessions_draft(
         wait_idle(client, apples)
         users = [m for m in session_body(client, apples)["messages"] if m["role"] == "user"]
         assert [m["content"] for m in users] == ["about apples", "/slow keep it busy"]
+
+
+def test_a_tab_that_only_shows_a_session_leaves_anothers_typing_alone(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Two tabs of one session share its stored draft, the last to write winning. A tab that
+    only showed it (a click in it, the tab hidden or closed) wrote back the draft it had
+    read, over what the other tab typed since: a crash of that one lost the newer words."""
+    apples, _ = two_sessions(web_server.base_url)
+    first = context.new_page()
+    open_app(first, web_server.base_url, f"/s/{apples}")
+    composer(first).fill("hello")
+    written(first)
+    second = context.new_page()
+    open_app(second, web_server.base_url, f"/s/{apples}")
+    expect(composer(second)).to_have_value("hello")
+    composer(first).fill("hello, and more")
+    written(first)
+    second.locator("#transcript .rows > .row.user").first.click()
+    written(second)
+    second.close()
+    third = context.new_page()  # as after a crash of the first tab
+    open_app(third, web_server.base_url, f"/s/{apples}")
+    expect(composer(third)).to_have_value("hello, and more")

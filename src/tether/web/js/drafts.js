@@ -48,6 +48,11 @@ function parse(raw) {
   }
 }
 
+/** What a draft holds, to tell whether it changed. */
+function fingerprint({ text, edits, files }) {
+  return JSON.stringify([text, edits, files.map((file) => [file.name, file.size])]);
+}
+
 /** Log out: this user's drafts leave the browser (another person may use it next), and this
  *  page, about to go, writes none again. */
 export function forgetDrafts(user) {
@@ -66,6 +71,7 @@ export class Drafts {
     this.key = null; // the draft the composer shows: a session id, NEW_CHAT, or none yet
     this.user = null; // null: not known, so nothing is stored (this tab's memory only)
     this.memory = new Map(); // key -> {text, edits, files, at}: this tab's, files included
+    this.seen = null; // the draft shown as last read or written (fingerprint)
     this.timer = null;
     const transcript = document.getElementById("transcript"); // its edit boxes
     for (const type of ["input", "click"]) transcript.addEventListener(type, () => this.changed());
@@ -147,12 +153,17 @@ export class Drafts {
     }
   }
 
-  /** Write the draft shown now (at once). */
+  /** Write the draft shown now (at once), if it changed here since it was shown: a tab that
+   *  only shows a session must not write back over what another tab typed since. */
   save() {
     clearTimeout(this.timer);
     this.timer = null;
     if (this.key === null) return;
-    this.write(this.key, { ...this.composer.draft(), edits: this.editsShown() });
+    const draft = { ...this.composer.draft(), edits: this.editsShown() };
+    const seen = fingerprint(draft);
+    if (seen === this.seen) return;
+    this.seen = seen;
+    this.write(this.key, draft);
   }
 
   /** Something was typed, attached or removed: written within SAVE_MS. */
@@ -163,14 +174,16 @@ export class Drafts {
   /** The composer shows `key`'s draft (the one shown before is saved first: `save`); the
    *  first time, what was typed while the page loaded is kept after it. */
   show(key) {
+    const first = this.key === null;
     const draft = this.read(key);
-    if (this.key === null) {
+    this.key = key;
+    this.seen = fingerprint(draft);
+    if (first) {
       const typed = this.composer.draft();
       draft.text = [draft.text, typed.text].filter((text) => text.trim()).join("\n\n");
       draft.files.push(...typed.files);
       if (typed.text.trim() || typed.files.length) this.changed();
     }
-    this.key = key;
     this.composer.setDraft(draft);
   }
 

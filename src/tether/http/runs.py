@@ -52,7 +52,9 @@ async def start_turn(app: App, body: StartTurn) -> dict:
     compression rotation; every refusal comes before any write. With `edit_of` (a user
     row of the transcript shown) the message replaces that one and everything after it as
     a new branch; the old branch is kept (404 `row_not_found` for a row not shown)."""
-    text = check_message(body.message, app.settings)
+    text = check_message(
+        body.message, app.settings, with_files=bool(body.attachments or body.keep_attachments)
+    )
     uploads = decode_uploads(
         [a.model_dump() for a in body.attachments], app.settings, app.engine.runtime
     )
@@ -133,7 +135,7 @@ async def answer_question(app: App, body: AnswerQuestion) -> dict:
 async def queue_message(app: App, body: QueueMessage) -> dict:
     """A message typed while the session is busy: it starts as the next turn when the run
     completes (at once when the session is idle) and survives reloads and restarts."""
-    text = check_message(body.message, app.settings)
+    text = check_message(body.message, app.settings, with_files=bool(body.attachments))
     uploads = decode_uploads(
         [a.model_dump() for a in body.attachments], app.settings, app.engine.runtime
     )

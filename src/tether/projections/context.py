@@ -28,7 +28,9 @@ def _user_message(row: dict[str, Any]) -> dict[str, Any]:
     attachments = row.get("attachments") or []
     if not attachments:
         return {"role": "user", "content": row.get("content", "")}
-    parts: list[dict[str, Any]] = [{"type": "text", "text": row.get("content", "")}]
+    text = row.get("content", "")
+    # files alone (an image to describe): no empty text part, which some providers refuse
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text.strip() else []
     parts.extend(
         {"type": "attachment", "attachment_id": a["id"], "name": a["name"], "mime": a["mime"]}
         for a in attachments

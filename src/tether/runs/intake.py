@@ -21,9 +21,11 @@ class Upload:
     data: bytes
 
 
-def check_message(text: str, settings: Settings) -> str:
-    if not text.strip():
-        raise InvalidRequest("The message is empty.")
+def check_message(text: str, settings: Settings, *, with_files: bool = False) -> str:
+    """A message's text; it may be empty only when files come with it (an image to
+    describe, a log to read)."""
+    if not text.strip() and not with_files:
+        raise InvalidRequest("The message is empty: type something or attach a file.")
     if len(text) > settings.max_message_chars:
         raise PayloadTooLarge(
             f"The message is {len(text):,} characters long; the limit is "

@@ -412,3 +412,61 @@ def test_a_read_only_data_directory_is_refused_at_start_and_named(tmp_path: Path
     finally:
         if mounted:
             subprocess.run(["umount", "-l", str(data)])
+
+
+@pytest.fixture
+def rotating_server(fault: Fault, fake: FakeOpenAI) -> Iterator[ServerProcess]:
+    """The `openai` runtime with `--compression-mode rotate`: a turn that reports 900 of the
+    1,000-token window continues in a child once it has finished."""
+    rotate = ("--context-window", "1000", "--compression-mode", "rotate")
+    srv = ServerProcess(fault.data_dir, *openai_flags(fake), *rotate).start()
+    fault.server = srv
+    try:
+        yield srv
+    finally:
+        if srv.proc is not None and srv.proc.poll() is None:
+            fault.lift()
+            srv.stop()
+
+
+@pytest.mark.parametrize("fault", ["full"], indirect=True)
+def test_a_rotation_the_storage_refuses_is_skipped_and_its_run_still_frees_the_session(
+    rotating_server: ServerProcess, fake: FakeOpenAI, fault: Fault
+) -> None:
+    """Layers: worker lifecycle registry, compression (runs/engine.py, runs/rotation.py;
+    contract invariant 9: once a run has ended, its session admits the next turn). The
+    database stops taking writes after the turn's `run.finished` is written, while the
+    rotation's summary is asked for: the child cannot be created. That `StorageError`
+    escaped the worker before it unwound its run, so the session stayed busy on this server
+    until a restart. Now the rotation is skipped with a log line, the run unwinds, nothing of
+    a rotation is left, and the next turn (which crosses the threshold again) rotates."""
+    crossing = {"prompt_tokens": 900, "completion_tokens": 10}
+    fake.script(
+        reply(text("A long answer."), usage=crossing),
+        reply(barrier("summary"), text("The handoff.")),
+    )
+    with rotating_server.client() as client:
+        sid = new_session(client, "about to rotate")
+        run = start_turn(client, sid, "Tell me everything")
+        assert fake.wait_reached("summary", 10)  # the turn has ended: its rotation began
+        fault.inject()
+        fake.release("summary")
+        body = wait_idle(client, sid)  # was: busy with the ended run until a restart
+        assert f"rotation of {sid} skipped: it could not be written" in rotating_server.log()
+        assert body["continuation_session_id"] is None
+        assert body["messages"][-1]["state"] == "completed"
+        assert body["messages"][-1]["stream_id"] == run["stream_id"]
+        fault.lift()
+        assert [r["session_id"] for r in client.get("/api/sessions").json()["sessions"]] == [sid]
+        log = whole_log(client, sid)
+        assert_log_intact(log)
+        assert_each_run_ends_once(log)
+        assert "session.rotated" not in [e["type"] for e in log]
+
+        fake.script(reply(text("Another long one."), usage=crossing), reply(text("Handoff 2.")))
+        start_turn(client, sid, "And the rest")
+        child = wait_until(
+            lambda: session_body(client, sid)["continuation_session_id"], what="a rotation"
+        )
+        wait_idle(client, sid)
+        assert session_body(client, child)["busy"] is False

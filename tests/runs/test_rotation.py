@@ -166,3 +166,47 @@ def test_a_child_s_first_turn_reads_nothing_of_its_log_before_the_model(tmp_path
             assert child_reads_when_asked == [0, 0]  # the parent's first turn, the child's
 
     asyncio.run(main())
+
+
+class GatedFullContextRuntime(FullContextRuntime):
+    """FullContextRuntime whose first answer waits for its gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        await self.gate.wait()
+        async for event in super().stream(turn):
+            yield event
+
+
+def test_a_message_queued_during_the_rotating_turn_is_created_with_the_child(
+    tmp_path: Path,
+) -> None:
+    """Layer: queued messages across a rotation (runs/rotation.py continue_in). The queued
+    message leaves the parent in the `session.rotated` append and arrives in the child's
+    creating append, so no failure between two appends can lose it; the child starts it as
+    its first turn, and the model gets it (contract invariant 1)."""
+
+    async def main() -> None:
+        runtime = GatedFullContextRuntime()
+        async with harness(tmp_path, runtime, rotating(tmp_path)) as h:
+            parent = (await h.sessions.create("Research"))["session_id"]
+            await h.engine.start(parent, "first question")
+            queued = await h.queue.add(parent, "queued meanwhile", ())
+            assert queued["started"] is None
+            runtime.gate.set()
+            await rotated_child(h, parent)  # the newest: the queued turn rotates again
+            rotated = [e for e in await h.store.read(parent) if e.type == "session.rotated"]
+            child = rotated[0].data["continuation_session_id"]
+            created = await h.store.read(child)
+            assert [e.type for e in created[:2]] == ["session.created", "queue.added"]
+            assert created[1].data["queue_id"] == queued["queue_id"]
+            assert created[1].data["text"] == "queued meanwhile"
+            assert (await h.types(parent))[-2:] == ["session.rotated", "queue.removed"]
+            await h.wait_idle(child)
+            assert runtime.turns[1][-1] == {"role": "user", "content": "queued meanwhile"}
+            assert (await h.sessions.view(child))["messages"][0]["content"] == "queued meanwhile"
+
+    asyncio.run(main())

@@ -51,7 +51,9 @@ class BeforeStart(Protocol):
 
 class Rotation(Protocol):
     """After a completed turn, while its run still holds the session (runs.rotation.Rotator):
-    returns the session the next turn goes to."""
+    returns the session the next turn goes to. A rotation that fails (the summary request,
+    the storage) is skipped with a log line and the parent returned; the worker unwinds its
+    run whatever happens here (contract invariant 9: an ended run frees its session)."""
 
     async def maybe_rotate(self, session_id: str, normalizer: Normalizer) -> str: ...
 
@@ -370,9 +372,11 @@ class RunEngine:
             run.channel_open = False
             run.handle = None  # a final steer drain can never reach a successor's handle
             next_session = run.session_id
-            if self.rotator is not None and state == "completed" and not self.closing:
-                next_session = await self.rotator.maybe_rotate(run.session_id, normalizer)
-            await self._unwind(run)
+            try:
+                if self.rotator is not None and state == "completed" and not self.closing:
+                    next_session = await self.rotator.maybe_rotate(run.session_id, normalizer)
+            finally:  # whatever became of the rotation, the ended run frees its session
+                await self._unwind(run)
         if state == "completed" and not self.closing:
             await self.start_next(next_session)
 

@@ -30,7 +30,7 @@ from tether.events import new_id
 from tether.ingest.normalizer import Normalizer
 from tether.log import Draft
 from tether.log.completion import to_completion
-from tether.log.errors import SessionContinued, SessionOccupied, TranscriptMoved
+from tether.log.errors import SessionContinued, SessionOccupied, StorageError, TranscriptMoved
 from tether.runtimes.base import ProviderError, Runtime
 from tether.sessions.folds import SessionFold
 from tether.sessions.service import SessionService
@@ -81,7 +81,13 @@ class Rotator:
             log.warning(
                 "rotation of %s skipped: the summary request failed: %s", session_id, exc.message
             )
-            return session_id
+        except StorageError as exc:  # disk full, database away: nothing was rotated
+            log.warning("rotation of %s skipped: it could not be written: %s", session_id, exc)
+        except Exception:  # a bug: the turn is over all the same, its run must unwind
+            log.exception("rotation of %s skipped: it failed", session_id)
+        # The parent's context is as large as it was: its next turn crosses the threshold
+        # again and rotates then.
+        return session_id
 
     async def rotate(self, parent_id: str) -> str:
         sessions = self.sessions
@@ -147,7 +153,11 @@ async def continue_in(
                         "inherited_last_message_at": parent["last_message_at"],
                         **created,
                     },
-                )
+                ),
+                # queued messages follow the conversation, in the child's creating append:
+                # the parent's queue.removed "moved" commits with session.rotated, so no
+                # failure in between can lose them
+                *_queued_in_child(moved),
             ],
             owner=await store.session_owner(parent_id),  # the parent's person
         )
@@ -166,27 +176,36 @@ async def continue_in(
                 for q in moved
             ],
         )
-    except (TranscriptMoved, SessionOccupied, SessionContinued):
+    except (TranscriptMoved, SessionOccupied, SessionContinued, StorageError):
         if create:  # nothing continues in it
-            await to_completion(sessions.delete(child_id))
+            await _remove_unused(sessions, child_id)
         raise
-    if moved:  # queued messages follow the conversation into the child
-        await store.append(
-            child_id,
-            [
-                Draft(
-                    ev.QUEUE_ADDED,
-                    {
-                        "queue_id": q["queue_id"],
-                        "text": q["text"],
-                        "attachments": [
-                            {k: a[k] for k in ("id", "name", "mime", "size")}
-                            for a in q["attachments"]
-                        ],
-                    },
-                )
-                for q in moved
-            ],
-        )
+    if moved and not create:  # queued messages follow the conversation into the child
+        await store.append(child_id, _queued_in_child(moved))
     log.info("session %s continues in %s", parent_id, child_id)
     return child_id
+
+
+def _queued_in_child(moved: list[dict[str, Any]]) -> list[Draft]:
+    return [
+        Draft(
+            ev.QUEUE_ADDED,
+            {
+                "queue_id": q["queue_id"],
+                "text": q["text"],
+                "attachments": [
+                    {k: a[k] for k in ("id", "name", "mime", "size")} for a in q["attachments"]
+                ],
+            },
+        )
+        for q in moved
+    ]
+
+
+async def _remove_unused(sessions: SessionService, child_id: str) -> None:
+    """Delete a child nothing continues in; when the storage refuses that too, it stays (a
+    session of its own, its parent not rotated) and the log says so."""
+    try:
+        await to_completion(sessions.delete(child_id))
+    except StorageError as exc:
+        log.error("session %s, made for a rotation that failed, stays: %s", child_id, exc)

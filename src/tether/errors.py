@@ -103,6 +103,12 @@ class QueueItemNotFound(ApiError):
     code, status = "queue_item_not_found", 404
 
 
+class QueueItemChanged(ApiError):
+    """A queued message kept being edited (through another replica) while it was started."""
+
+    code, status = "queue_item_changed", 409
+
+
 class AttachmentNotFound(ApiError):
     code, status = "attachment_not_found", 404
 

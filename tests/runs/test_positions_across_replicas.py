@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 from pg import database
 
+from tether import events as ev
+from tether.errors import QueueItemNotFound
 from tether.events import SUMMARY_PREFIX
 from tether.log import Draft
 from tether.log.errors import SessionContinued, TranscriptMoved
@@ -29,11 +31,17 @@ pytestmark = pytest.mark.slow
 
 
 class Answering(GatedRuntime):
-    """Answers "answer" at once."""
+    """Answers "answer" at once; `turns`: the messages each turn got."""
 
     def __init__(self) -> None:
         super().__init__()
         self.gate.set()
+        self.turns: list[list[dict[str, Any]]] = []
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        self.turns.append(turn.messages)
+        async for event in super().stream(turn):
+            yield event
 
 
 class Filling(Answering):
@@ -371,6 +379,91 @@ def test_a_rotation_another_replica_rotated_first_is_dropped_and_its_run_unwinds
             assert sorted(await sessions_listed(a)) == sorted([sid, child])  # A's child is gone
             context = await a.sessions.context(child, "gated")
             assert said(context["context_messages"]) == [SUMMARY_PREFIX + "handoff #1"]
+
+    with database() as url:
+        asyncio.run(main(url))
+
+
+async def queued_item(h: Harness, sid: str, text: str) -> str:
+    """A message queued in `sid` (the event `POST /api/chat/queue` writes while a run is
+    busy), left waiting: its id."""
+    queue_id = f"q_{text.replace(' ', '_')}_{sid}"
+    data = {"queue_id": queue_id, "text": text, "attachments": []}
+    await h.store.append(sid, [Draft(ev.QUEUE_ADDED, data)])
+    return queue_id
+
+
+def test_an_edit_of_a_queued_message_that_lands_before_another_replicas_start_is_sent(
+    tmp_path: Path,
+) -> None:
+    """Layer: runs/engine and runs/queue (docs/api.md §4 `PATCH /api/chat/queue` against the
+    automatic start of the next queued message), across replicas; contract invariant 1: the
+    text the user is shown for the turn (their accepted edit) is what the model gets.
+    Replica B reads the queued message and starts it; replica A's edit of it commits before
+    B's append. B sent the old text while A answered the edit 200. Now the database refuses
+    B's start (the message was edited since B read it) and B reads it again: the edited text
+    is the turn, the one the model gets."""
+
+    async def main(url: str) -> None:
+        async with _replica(tmp_path / "a", url) as a, _replica(tmp_path / "b", url) as b:
+            sid = (await a.sessions.create(None))["session_id"]
+            queue_id = await queued_item(a, sid, "old text")
+            edited: list[dict[str, Any]] = []
+
+            async def edit() -> None:
+                edited.append(await a.queue.update(queue_id, "new text"))
+
+            hold_append(b, has("queue.removed", reason="started"), edit)
+            stream_id = await b.engine.start_next(sid)
+            assert stream_id is not None and edited == [{"ok": True, "queue_id": queue_id}]
+            await b.wait_idle(sid)
+            assert await shown(a, sid) == [("user", "new text"), ("assistant", "answer")]
+            assert isinstance(b.engine.runtime, Answering)
+            assert said(b.engine.runtime.turns[-1]) == ["new text"]
+            types = await a.types(sid)
+            assert types.count("turn.submitted") == 1 and types.count("queue.removed") == 1
+            assert (await a.sessions.view(sid))["queued"] == []
+
+    with database() as url:
+        asyncio.run(main(url))
+
+
+def test_an_edit_of_a_queued_message_another_replica_started_first_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Layer: runs/queue (docs/api.md §4 `PATCH /api/chat/queue` and `DELETE`, against
+    `POST /api/chat/queue/start`), across replicas; contract invariant 1. Replica A reads the
+    queued message to edit it; replica B starts it (old text) before A's append. A's edit was
+    accepted, 200, for a message already sent with the old text. Now the database refuses it,
+    404 `queue_item_not_found` (the documented refusal: it left the queue), and writes
+    nothing; so is a removal."""
+
+    async def main(url: str) -> None:
+        async with _replica(tmp_path / "a", url) as a, _replica(tmp_path / "b", url) as b:
+            sid = (await a.sessions.create(None))["session_id"]
+            queue_id = await queued_item(a, sid, "old text")
+            await a.sessions.folds.get(sid)  # A has read the message (and B too)
+            started: list[dict[str, Any]] = []
+
+            async def start() -> None:
+                started.append(await b.queue.start(queue_id))
+                await b.wait_idle(sid)
+
+            hold_append(a, has("queue.updated"), start)
+            with pytest.raises(QueueItemNotFound) as refused:
+                await a.queue.update(queue_id, "new text")
+            assert (refused.value.code, refused.value.status) == ("queue_item_not_found", 404)
+            assert len(started) == 1
+            assert "queue.updated" not in await a.types(sid)
+            assert await shown(b, sid) == [("user", "old text"), ("assistant", "answer")]
+
+            queue_id = await queued_item(a, sid, "another")
+            await a.sessions.folds.get(sid)
+            hold_append(a, has("queue.removed", reason="removed"), start)
+            with pytest.raises(QueueItemNotFound):
+                await a.queue.remove(queue_id)
+            removed = [e.data for e in await a.store.read(sid) if e.type == "queue.removed"]
+            assert [d["reason"] for d in removed] == ["started", "started"]
 
     with database() as url:
         asyncio.run(main(url))

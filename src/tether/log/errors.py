@@ -1,7 +1,15 @@
 """Errors the log raises. The ones a client can meet are in the API's error family
 (`tether.errors`), with their code and status; the others stay inside the server."""
 
-from tether.errors import ApiError, InvalidRequest, RowNotFound, SessionBusy, SessionRotated
+from tether.errors import (
+    ApiError,
+    InvalidRequest,
+    QueueItemChanged,
+    QueueItemNotFound,
+    RowNotFound,
+    SessionBusy,
+    SessionRotated,
+)
 
 
 class LogError(Exception):
@@ -63,6 +71,33 @@ class SessionContinued(LogError, SessionRotated):
             continuation_session_id=continuation_session_id,
         )
         self.session_id = session_id
+
+
+class QueueItemGone(LogError, QueueItemNotFound):
+    """An edit, a removal or a start of a queued message (`Draft.queued_since`) that another
+    replica started or removed after this one read it: refused (404 `queue_item_not_found`),
+    never applied to a message that already left the queue (log/postgres.py)."""
+
+    def __init__(self, session_id: str, queue_id: str):
+        QueueItemNotFound.__init__(
+            self, "That queued message is not queued any more (it was sent or removed)."
+        )
+        self.session_id, self.queue_id = session_id, queue_id
+
+
+class QueueItemEdited(LogError, QueueItemChanged):
+    """A start of a queued message (its `queue.removed` "started", `Draft.queued_since`)
+    edited through another replica after this one read its text: refused, so the old text is
+    never sent while the edit is accepted; the engine reads it again and starts the new text
+    (runs/engine.py), 409 `queue_item_changed` only when it keeps changing."""
+
+    def __init__(self, session_id: str, queue_id: str):
+        QueueItemChanged.__init__(
+            self,
+            "That queued message was edited (in another tab) while it was being sent; "
+            "send it again.",
+        )
+        self.session_id, self.queue_id = session_id, queue_id
 
 
 class CancelRequested(LogError):

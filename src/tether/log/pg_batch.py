@@ -17,6 +17,8 @@ from tether.events import (
     APPROVAL_ANSWERED,
     CLARIFY_ANSWERED,
     QUEUE_ADDED,
+    QUEUE_REMOVED,
+    QUEUE_UPDATED,
     RUN_CANCEL_REQUESTED,
     RUN_FINISHED,
     SESSION_ROTATED,
@@ -28,6 +30,8 @@ from tether.log.errors import (
     CancelRequested,
     LogError,
     PromptAnswered,
+    QueueItemEdited,
+    QueueItemGone,
     RunTakenOver,
     SessionContinued,
     SessionExists,
@@ -40,6 +44,9 @@ from tether.log.pg_rows import INSERT_EVENTS_SQL, Batch, Op, as_columns, encode,
 from tether.log.store import Draft, IndexFold, SearchFold
 
 _ANSWERS = {APPROVAL_ANSWERED: "approval_id", CLARIFY_ANSWERED: "question_id"}
+# Events of one queued message: their rows carry its `queue_id` (the column), so the writer
+# finds what became of the message since a replica read it (`Draft.queued_since`).
+_QUEUE = (QUEUE_ADDED, QUEUE_UPDATED, QUEUE_REMOVED)
 
 
 class BatchTransaction:
@@ -137,6 +144,8 @@ class BatchTransaction:
                 raise SessionOccupied(sid, open_stream)
             if draft.after_seq is not None and draft.after_seq != last + n:
                 raise TranscriptMoved(sid)  # another replica wrote since it was checked
+            if draft.queued_since is not None:  # an edit, a removal or a start of it
+                await self._check_queued(conn, sid, draft, work)
             if draft.type == SESSION_ROTATED:
                 continued = draft.data["continuation_session_id"]
             if draft.stream_id is not None:
@@ -178,7 +187,7 @@ class BatchTransaction:
             last += 1
             at = now if draft.at is None else draft.at
             event = Event(sid, last, draft.type, at, draft.data, draft.stream_id, draft.turn_id)
-            queue_id = draft.data.get("queue_id") if draft.type == QUEUE_ADDED else None
+            queue_id = draft.data.get("queue_id") if draft.type in _QUEUE else None
             text = draft.data.get("text") if draft.type == TURN_SUBMITTED else None
             work.rows.append(
                 (
@@ -216,6 +225,28 @@ class BatchTransaction:
         work.continued[sid] = continued
         work.touched.add(sid)
         return events
+
+    async def _check_queued(
+        self, conn: psycopg.AsyncConnection, sid: str, draft: Draft, work: Batch
+    ) -> None:
+        """Refuse an edit, a removal or a start of a queued message that left the queue after
+        the replica read it at `draft.queued_since` (QueueItemGone), and a start of one
+        edited since (QueueItemEdited): the session's counter row is locked, so what
+        this finds (the batch's own rows first, then the table's) stays true to the commit.
+        Rows written before these events carried the queue id (queue.added only) are not
+        found: only what is written after a replica read the message can race it."""
+        queue_id, since = draft.data["queue_id"], draft.queued_since
+        types = [r[2] for r in work.rows if r[0] == sid and r[7] == queue_id and r[1] > since]
+        cur = await conn.execute(
+            "SELECT type FROM events WHERE queue_id=%s AND session_id=%s AND seq>%s",
+            (queue_id, sid, since),
+        )
+        types += [t for (t,) in await cur.fetchall()]
+        if QUEUE_REMOVED in types:
+            raise QueueItemGone(sid, queue_id)
+        starting = draft.type == QUEUE_REMOVED and draft.data.get("reason") == "started"
+        if starting and QUEUE_UPDATED in types:
+            raise QueueItemEdited(sid, queue_id)
 
     async def _insert_many(
         self, conn: psycopg.AsyncConnection, op: Op, work: Batch

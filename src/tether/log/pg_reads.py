@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from tether.events import TURN_SUBMITTED, Event
+from tether.events import QUEUE_ADDED, TURN_SUBMITTED, Event
 from tether.log import pg_owners, pg_search
 from tether.log.pg_rows import COLUMNS, row_to_event, storage_error
 from tether.log.store import OpenStream, SearchFold, SearchHit, search_hits
@@ -165,8 +165,8 @@ class PostgresReads:
 
     async def queue_session(self, queue_id: str) -> str | None:
         rows = await self._rows(
-            "SELECT session_id FROM events WHERE queue_id=%s LIMIT 1",
-            (queue_id.replace("\x00", ""),),
+            "SELECT session_id FROM events WHERE queue_id=%s AND type=%s LIMIT 1",
+            (queue_id.replace("\x00", ""), QUEUE_ADDED),
         )
         return rows[0][0] if rows else None
 

@@ -78,7 +78,7 @@ def m001_events(db: psycopg.Connection) -> None:
             stream_id TEXT,
             turn_id TEXT,
             data TEXT NOT NULL,
-            queue_id TEXT,                   -- data.queue_id of a queue.added
+            queue_id TEXT,                   -- queue.*: data.queue_id (old rows: added only)
             search_text TEXT,                -- data.text of a turn.submitted
             PRIMARY KEY (session_id, seq)
         )

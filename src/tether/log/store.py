@@ -56,6 +56,13 @@ class Draft:
     # a backend shared by several processes refuses it with TranscriptMoved when another
     # process appended to the session since. SQLite's one process checks under the lock.
     after_seq: int | None = None
+    # A `queue.updated` or `queue.removed` of a queued message (data.queue_id): the session's
+    # last seq when the command read that message. A backend shared by several processes
+    # refuses it with QueueItemGone when the message left the queue since (started or removed
+    # through another process), and a start (its `queue.removed` "started") also with
+    # QueueItemEdited when the message was edited since (it then reads the new text again:
+    # runs/engine.py). SQLite's one process checks under the session lock.
+    queued_since: int | None = None
 
 
 class SearchDoc(NamedTuple):

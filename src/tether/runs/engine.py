@@ -29,6 +29,7 @@ from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
 from tether.log.attachments import BlobStore
 from tether.log.completion import to_completion
+from tether.log.errors import QueueItemEdited
 from tether.log.store import EventStore, SharedLog
 from tether.runs.controls import leftover_drafts
 from tether.runs.handles import HandleCache, RuntimeHandle, StatelessHandle, open_handle
@@ -41,6 +42,10 @@ from tether.sessions.defaults import Defaults
 from tether.sessions.service import SessionService
 
 log = logging.getLogger("tether.runs")
+
+# How many times a start of a queued message reads it again when another replica edited it
+# between the read and the start's append (then 409 queue_item_changed).
+QUEUE_READS = 5
 
 
 class BeforeStart(Protocol):
@@ -108,14 +113,41 @@ class RunEngine:
         either lands before it (and is what gets sent) or finds the item gone (404).
         `edit_of` (a visible user row) makes the turn a new branch in that message's place
         (docs/api.md §10), with that message's attachments (those `keep_attachments` names,
-        when given)."""
+        when given).
+
+        Through another replica sharing the database, the item's `queue.removed` carries the
+        seq it was read at (`Draft.queued_since`): a start that another replica's edit beat
+        is refused and reads the message again, so the edited text is what is sent; one
+        another replica started or removed first is 404 (log/pg_batch.py)."""
+        args = (session_id, text, uploads, model, queue_id, edit_of, keep_attachments)
+        for _ in range(QUEUE_READS - 1):
+            try:
+                return await self._start(*args, max_attachments)
+            except QueueItemEdited:
+                log.info("queued message %s was edited while it started: read again", queue_id)
+        return await self._start(*args, max_attachments)
+
+    async def _start(
+        self,
+        session_id: str,
+        text: str,
+        uploads: Sequence[Upload],
+        model: str | None,
+        queue_id: str | None,
+        edit_of: str | None,
+        keep_attachments: list[str] | None,
+        max_attachments: int | None,
+    ) -> dict[str, Any]:
         async with self.sessions.locks(session_id):
             row = await self._admissible(session_id)
             if keep_attachments is not None and edit_of is None:  # after the 404 and 409s
                 raise InvalidRequest("keep_attachments goes with edit_of.")
             refs: list[dict[str, Any]] = []
+            read_at = None
             if queue_id is not None:
-                item = (await self.sessions.folds.get(session_id)).transcript.queued.get(queue_id)
+                queued = await self.sessions.folds.get(session_id)
+                # read before any await: the live tail advances a cached fold in place
+                item, read_at = queued.transcript.queued.get(queue_id), queued.last_seq
                 if item is None:
                     raise QueueItemNotFound(
                         "That queued message is not queued any more (it was sent or removed).",
@@ -142,7 +174,7 @@ class RunEngine:
             after: list[Draft] = []
             if queue_id is not None:
                 taken = {"queue_id": queue_id, "reason": "started", "stream_id": run.stream_id}
-                after.append(Draft(ev.QUEUE_REMOVED, taken))
+                after.append(Draft(ev.QUEUE_REMOVED, taken, queued_since=read_at))
             started = await self._record(run, before, submitted, uploads, after, row, model)
         return started
 

@@ -41,37 +41,46 @@ class QueueService:
             started = await self.engine.start_next(session_id)
         return {"queue_id": queue_id, "started": started}
 
-    async def _locate(self, queue_id: str) -> tuple[str, dict[str, Any]]:
+    async def _locate(self, queue_id: str) -> tuple[str, dict[str, Any], int]:
+        """The session of a queued message, the message, and the seq it was read at."""
         session_id = await self.store.queue_session(queue_id)
         if session_id is not None:
             fold = await self.sessions.folds.get(session_id)
             item = fold.transcript.queued.get(queue_id)
             if item is not None:
-                return session_id, item
+                return session_id, item, fold.last_seq
         raise QueueItemNotFound(
             "That queued message is not queued any more (it was sent or removed).",
         )
 
     async def update(self, queue_id: str, text: str) -> dict[str, Any]:
-        session_id, _ = await self._locate(queue_id)
+        """Edit a queued message. Through another replica sharing the database, an edit
+        that its start (or a removal) beat is refused, 404, never accepted for a message
+        already sent (`Draft.queued_since`, log/pg_batch.py); one that lands first is what
+        the start sends (`RunEngine.start`)."""
+        session_id, _, _ = await self._locate(queue_id)
         async with self.sessions.locks(session_id):
-            session_id, _ = await self._locate(queue_id)
+            session_id, _, read_at = await self._locate(queue_id)
+            data = {"queue_id": queue_id, "text": text}
             await self.store.append(
-                session_id, [Draft(ev.QUEUE_UPDATED, {"queue_id": queue_id, "text": text})]
+                session_id, [Draft(ev.QUEUE_UPDATED, data, queued_since=read_at)]
             )
         return {"ok": True, "queue_id": queue_id}
 
     async def remove(self, queue_id: str) -> dict[str, Any]:
-        session_id, _ = await self._locate(queue_id)
+        """Remove a queued message; refused (404) like an edit once it left the queue through
+        another replica, and not a start of it: one edited since is still removed."""
+        session_id, _, _ = await self._locate(queue_id)
         async with self.sessions.locks(session_id):
-            session_id, _ = await self._locate(queue_id)
+            session_id, _, read_at = await self._locate(queue_id)
+            data = {"queue_id": queue_id, "reason": "removed"}
             await self.store.append(
-                session_id, [Draft(ev.QUEUE_REMOVED, {"queue_id": queue_id, "reason": "removed"})]
+                session_id, [Draft(ev.QUEUE_REMOVED, data, queued_since=read_at)]
             )
         return {"ok": True, "queue_id": queue_id}
 
     async def start(self, queue_id: str) -> dict[str, Any]:
         """Start one queued message as the turn now (`POST /api/chat/queue/start`); a refused
         start (`session_busy`, ...) raises and leaves it queued."""
-        session_id, item = await self._locate(queue_id)
+        session_id, item, _ = await self._locate(queue_id)
         return await self.engine.start_queued(session_id, item)

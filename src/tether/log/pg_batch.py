@@ -77,7 +77,9 @@ class BatchTransaction:
         """The batch's transaction, sent in the open pipeline: its COMMIT's cursor, the new
         last seqs and the deleted sessions to announce."""
         await conn.execute("BEGIN")
+        xact = await conn.execute("SELECT txid_current(), pg_backend_pid()")  # same round trip
         await pg_counters.lock(conn, batch, work, self._load_closed(conn, batch, work))
+        work.xact = await xact.fetchone()  # arrived with the locks: no round trip of its own
         for op in batch:
             try:
                 if op.kind in ("delete", "delete_idle"):

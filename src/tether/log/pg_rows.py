@@ -134,6 +134,9 @@ class Batch:
         self.continued: dict[str, str | None] = {}  # the session it continues in (rotated)
         self.touched: set[str] = set()
         self.deleted: list[str] = []
+        # the transaction's id and its backend's pid, read as it began: what decides, on a
+        # new connection, whether a COMMIT whose answer was lost committed (log/postgres.py)
+        self.xact: tuple[int, int] | None = None
 
 
 def redact(url: str) -> str:

@@ -13,6 +13,9 @@ log/pg_fanout.py, with the log as the only source.
 
 Durability: PostgreSQL's default `synchronous_commit=on`, so COMMIT returns once the WAL is
 flushed: an acknowledged append survives `kill -9` of the replica and of the database server.
+A batch whose COMMIT was sent but whose answer a lost connection took is read back on a new
+connection (its transaction's status) before it is answered: committed or rolled back, as the
+database decided, never a durable batch reported failed.
 
 Admission is the database's too: the counter row names the session's unfinished run
 (`open_stream`, set by its `turn.submitted`, cleared by its `run.finished`), so a second
@@ -63,6 +66,7 @@ log = logging.getLogger("tether.log")
 _MAX_BATCH = 1000
 _IN_FLIGHT = 2  # batches being written at once, each on its own connection
 _CLOSED_STREAM_CACHE = 50_000
+_RESOLVE_SECONDS = 30.0  # reading back a lost COMMIT's outcome, before it is reported unknown
 
 
 class PostgresEventStore(PostgresReads):
@@ -288,6 +292,7 @@ class PostgresEventStore(PostgresReads):
         work = Batch()
         durable = False
         commit: psycopg.AsyncCursor | None = None
+        lost = False  # COMMIT was sent and the connection went before its answer came
         try:
             # One pipeline: BEGIN, the locking SELECT and the read of finished streams in one
             # round trip, everything else, COMMIT and the wake-up of the other replicas in a
@@ -296,7 +301,9 @@ class PostgresEventStore(PostgresReads):
             # ends, which was a third of a batch's CPU (bench/README.md). On a failure, before
             # or at COMMIT, nothing is committed: the connection's context rolls the open
             # transaction back as it exits. A failure after COMMIT answered is the wake-up's
-            # alone: the batch is durable, and the other replicas' slow poll publishes it.
+            # alone: the batch is durable, and the other replicas' slow poll publishes it. A
+            # connection lost after COMMIT was sent, before its answer, leaves it unknown: it
+            # is read back (`_committed_after_all`) before anyone is answered.
             async with self._pool.connection() as conn:
                 try:
                     async with conn.pipeline():
@@ -309,6 +316,7 @@ class PostgresEventStore(PostgresReads):
                             )
                 except psycopg.Error as exc:
                     if not was_committed(commit):
+                        lost = commit is not None and conn.broken
                         raise
                     log.warning("log fan-out: could not notify (%s); the slow poll will", exc)
                 if not was_committed(commit):  # a failed transaction ends as ROLLBACK
@@ -316,10 +324,20 @@ class PostgresEventStore(PostgresReads):
                     raise RuntimeError(f"COMMIT answered {status}")
                 durable = True
         except Exception as exc:
+            resolved: bool | None = False
+            if lost and work.xact is not None:
+                resolved = await self._committed_after_all(work.xact, exc)
+                durable = resolved is True
             if not durable:  # anything: the batch is rolled back whole, the writer lives on
                 if not isinstance(exc, psycopg.Error):
                     log.exception("log writer: batch failed")
                 error = storage_error("write", exc)
+                if resolved is None:
+                    error = StorageError(
+                        "could not use the PostgreSQL database (write): the connection was "
+                        "lost after COMMIT was sent, and whether it committed could not be "
+                        f"read back: {exc}"
+                    )
                 for op in batch:
                     if not op.future.done():
                         op.future.set_exception(error)
@@ -342,6 +360,45 @@ class PostgresEventStore(PostgresReads):
                 op.future.set_exception(result)
             else:
                 op.future.set_result(result)
+
+    async def _committed_after_all(self, xact: tuple[int, int], exc: Exception) -> bool | None:
+        """A batch's COMMIT was sent and the connection was lost before its answer came: it
+        may have committed. Reporting a committed batch as failed let its callers undo what
+        its events made durable (release the bytes a turn refers to, unregister a run the
+        database holds open) or write it again, so its outcome is read on a new connection:
+        its transaction's status (`txid_status`). While that is still in progress (its
+        backend has not noticed the loss yet) the backend is ended, which settles it.
+        True: committed; False: rolled back; None: could not be read within
+        `_RESOLVE_SECONDS` (the database away), reported as a failure that says so."""
+        txid, pid = xact
+        deadline = time.monotonic() + _RESOLVE_SECONDS
+        while True:
+            try:
+                async with self._pool.connection() as conn:
+                    cur = await conn.execute("SELECT txid_status(%s)", (txid,))
+                    row = await cur.fetchone()
+                    status = row[0] if row else None
+                    if status == "in progress":
+                        await conn.execute(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                            "WHERE pid=%s AND backend_xid::text=%s",
+                            (pid, str(txid % 2**32)),
+                        )
+            except psycopg.Error as error:
+                status = None
+                log.warning("log writer: reading a lost COMMIT's outcome failed: %s", error)
+            if status in ("committed", "aborted"):
+                log.warning(
+                    "log writer: the connection was lost after COMMIT was sent (%s); read "
+                    "back on a new one: %s",
+                    exc,
+                    status,
+                )
+                return status == "committed"
+            if time.monotonic() > deadline:
+                log.error("log writer: whether a batch committed is unknown (%s)", exc)
+                return None
+            await asyncio.sleep(0.05)
 
     async def claim_unowned(self, owner: str) -> int:
         await self._start()

@@ -297,7 +297,17 @@ function compressionMarkText(at) {
   return `Context compressed${tokens}. The model sees the turns above only as a summary.`;
 }
 
+/** A row's element. One built settled is marked `history`: the browser may skip drawing it
+ *  while out of view (transcript.css). A row that streamed here is not: it is in view when
+ *  it settles, and skipping could give it, for a frame, a stand-in height that moves the
+ *  reader's scroll position. */
 function buildRow(row) {
+  const el = buildRowElement(row);
+  if (!row.live) el.classList.add("history");
+  return el;
+}
+
+function buildRowElement(row) {
   if (row.role === "mark") {
     return h("div", { class: "divider context-mark", role: "separator" });
   }
@@ -338,6 +348,17 @@ function copyMessageButton() {
     class: "btn copy-message",
     hidden: true,
   });
+}
+
+/** Whether `el` was last drawn from the same `inputs` (and notes them if not). Every write
+ *  to a row costs the browser its style and layout, the same text written again included, so
+ *  a render that redrew each row laid out a 1,200-row session whole for every live frame of
+ *  a run in it: a settled row is drawn again only when it, or what it is drawn with, changed. */
+function unchanged(el, inputs) {
+  const drawn = JSON.stringify(inputs);
+  if (el.drawnFrom === drawn) return true;
+  el.drawnFrom = drawn;
+  return false;
 }
 
 function setCopySource(el, source) {
@@ -503,6 +524,7 @@ export class TranscriptView {
     }
     // a turn the model no longer sees is marked, with the reason (contract invariant 1)
     const reason = this.excluded.get(row.turn_id);
+    if (!row.live && unchanged(el, [row, reason ?? null, this.running, this.mode])) return;
     el.classList.toggle("excluded", reason !== undefined);
     let note = el.querySelector(":scope > .excluded-note");
     if (reason !== undefined && row.role === "user") {

@@ -1,0 +1,108 @@
+"""A long session in the page: opening one and streaming a run in one cost the browser what
+changes, not the session's length. Measured on a 1,200-row session, the page laid out and
+painted every row on every frame of a run (a run took 5-7 times the main thread it takes in
+an empty session), and moving each rendered answer from the inert document into the page's
+cost more than parsing and sanitising it (docs/page.md, "Long sessions"). Layer: the page's
+transcript view only; the reducer and the log are untouched. Contract invariant 5 (one
+renderer path): a row is skipped only when what it is drawn from is unchanged, so what is
+shown is still the reducer's view."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import BrowserContext, expect
+
+from chatgpt_kit import Conversation
+from fake_openai import FakeOpenAI, delay, reply, text
+from helpers import ServerProcess
+from pagekit import open_app, send, wait_settled
+
+pytestmark = pytest.mark.slow
+
+TURNS = 150
+
+
+def long_session(server: ServerProcess, turns: int = TURNS) -> str:
+    chat = Conversation("long", 1_700_000_000.0)
+    for i in range(turns):
+        chat.add("user", f"Question {i}: how do I write function {i}?")
+        chat.add(
+            "assistant", f"**Answer {i}**\n\n- one\n\n```python\ndef f{i}(x):\n    return x\n```\n"
+        )
+    with server.client(timeout=60) as client:
+        imported = client.post("/api/sessions/import", json=[chat.data])
+        assert imported.status_code == 201, imported.text
+        return imported.json()["sessions"][0]["session_id"]
+
+
+# Every change under a settled row (not the live one), from the moment it is installed.
+WATCH_SETTLED_ROWS = """
+() => {
+  window.__settledChanges = [];
+  const rows = document.querySelector('#transcript .rows');
+  window.__watch = new MutationObserver((records) => {
+    for (const r of records) {
+      const el = r.target.nodeType === 1 ? r.target : r.target.parentElement;
+      const row = el.closest('.rows > *');
+      if (row && !row.classList.contains('live')) {
+        window.__settledChanges.push(`${r.type} ${el.className || el.nodeName}`);
+      }
+    }
+  });
+  window.__watch.observe(rows, { subtree: true, childList: true, characterData: true,
+                                 attributes: true });
+}
+"""
+
+
+def test_a_run_in_a_long_session_redraws_its_live_row_and_leaves_the_settled_ones_alone(
+    context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """Each live frame redrew every settled row with the same text (its status line, its
+    model, its controls), and each write cost the browser that row's style and layout: now a
+    settled row is drawn again only when it or what it is drawn with changed."""
+    sid = long_session(openai_web, turns=40)
+    parts = []
+    for i in range(20):
+        parts += [text(f"w{i} "), delay(0.04)]
+    fake.script(reply(text("start "), delay(0.3), *parts))
+    page = context.new_page()
+    open_app(page, openai_web.base_url, f"/s/{sid}")
+    expect(page.locator(".row")).to_have_count(80, timeout=30_000)
+    send(page, "one more")
+    live = page.locator(".row.live .markdown")
+    expect(live).to_contain_text("start")
+    page.evaluate(WATCH_SETTLED_ROWS)
+    expect(live).to_contain_text("w15")  # about ten live frames later
+    changes = page.evaluate("window.__watch.takeRecords(), window.__settledChanges")
+    assert changes == []
+    wait_settled(page)
+    expect(page.locator(".row.assistant .markdown").last).to_contain_text("w19")
+
+
+def test_settled_rows_out_of_view_are_skipped_by_the_browser_and_drawn_when_scrolled_to(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Rows out of view are neither laid out nor painted (`content-visibility: auto`); their
+    text is still there for find-in-page, and they draw when scrolled into view."""
+    sid = long_session(web_server)
+    page = context.new_page()
+    open_app(page, web_server.base_url, f"/s/{sid}")
+    rows = page.locator(".rows > .row")
+    expect(rows).to_have_count(2 * TURNS, timeout=30_000)
+    # a row itself is kept (its size); what the browser skips is inside it
+    drawn = "el => el.firstElementChild.checkVisibility({ contentVisibilityAuto: true })"
+    expect(rows.last).to_contain_text(f"Answer {TURNS - 1}")
+    page.wait_for_function(
+        "() => { const r = document.querySelectorAll('.rows > .row');"
+        " return r[r.length - 1].firstElementChild"
+        ".checkVisibility({ contentVisibilityAuto: true }); }"
+    )
+    assert rows.first.evaluate(drawn) is False  # scrolled far out of view: skipped
+    assert "Question 0" in rows.first.evaluate("el => el.textContent")
+    rows.first.scroll_into_view_if_needed()
+    page.wait_for_function(
+        "() => document.querySelector('.rows > .row').firstElementChild"
+        ".checkVisibility({ contentVisibilityAuto: true })"
+    )
+    assert rows.last.evaluate(drawn) is False

@@ -93,7 +93,8 @@ async def session_markdown(sessions: SessionService, sid: str) -> tuple[str, str
             who += f" ({plain(row['model'])})"
         lines += [f"## {who} · {_when(row.get('created_at'))}", ""]
         if row.get("content"):
-            lines += [contained(row["content"]), ""]
+            shown = user_text if row["role"] == "user" else contained
+            lines += [shown(row["content"]), ""]
         for attachment in row.get("attachments") or []:
             name, size = plain(attachment["name"]), attachment["size"]
             lines += [f"- Attachment: {name} ({size:,} bytes)"]
@@ -124,6 +125,11 @@ _TICKS = re.compile(r"`+")
 _INDENTED = re.compile(r"(?: {4}| {0,3}\t)")
 _LINE_END = re.compile(r"\r\n|\r|\n")
 _PLAIN = re.compile(r"([\\`*_\[\]<#~|])")
+# A user's message (`user_text`): what is Markdown anywhere in a line, what only at its
+# start, and the number of an ordered list item (escaped at its `.` or `)`).
+_INLINE = frozenset("\\`*_[]<&~|")
+_BLOCK = frozenset("#>-+=")
+_ORDERED = re.compile(r"\d+(?=[.)])")
 
 
 def contained(text: str) -> str:
@@ -194,6 +200,40 @@ def _escape_inline(text: str) -> str:
         else:
             out.append("\\<" if char == "<" and _HTML_START.match(text, i) else char)
             i += 1
+    return "".join(out)
+
+
+def user_text(text: str) -> str:
+    """A user's message as the page shows it (plain text, `white-space: pre-wrap`), written
+    so that a Markdown viewer shows the same characters and lines: one paragraph, each line
+    break a hard break (`\\` at the line's end), every character that could be Markdown
+    escaped, and the spaces a viewer would drop or collapse (at a line's start or end, after
+    another) written as no-break spaces, tabs there as `&#9;`. A final line break draws no
+    line on the page, so none is written; an empty last line is a no-break space (a hard
+    break cannot end a paragraph)."""
+    lines = _LINE_END.split(text)
+    if len(lines) > 1 and not lines[-1]:
+        lines.pop()
+    out = [_user_line(line) for line in lines]
+    if len(out) > 1 and not out[-1]:
+        out[-1] = "&nbsp;"
+    return "\\\n".join(out)
+
+
+def _user_line(line: str) -> str:
+    """One line of a user's message: Markdown's inline characters escaped wherever they
+    are, and what starts a block (`#`, `>`, `-`, `+`, `=`, `1.`, `1)`) at the line's start."""
+    lead = len(line) - len(line.lstrip(" \t"))
+    trail = len(line.rstrip(" \t"))
+    start = _ORDERED.match(line)
+    out = []
+    for i, char in enumerate(line):
+        if char in " \t" and (i < lead or i >= trail or line[i - 1] in " \t"):
+            out.append("&nbsp;" if char == " " else "&#9;")
+        elif char in _INLINE or (i == 0 and char in _BLOCK) or (start and i == start.end()):
+            out.append("\\" + char)
+        else:
+            out.append(char)
     return "".join(out)
 
 

@@ -10,6 +10,7 @@ import re
 from html.parser import HTMLParser
 from typing import Any
 
+import pytest
 from markdown_it import MarkdownIt
 
 from helpers import ServerProcess
@@ -168,3 +169,49 @@ def test_a_message_opening_an_html_block_does_not_hide_the_rest_of_the_markdown(
     assert not [t for t in tokens if t.type == "html_block"], markdown
     shown_texts = [t.content for t in tokens if t.type == "inline"]
     assert "still here" in shown_texts and "and here" in shown_texts
+
+
+LIST_HTML = [
+    "- item\n\n    <img src=x onerror=alert(1)>",
+    "* item\n\n      <b>bold</b> and <img src=x onerror=alert(1)>",
+    "- a\n  - nested\n\n        <img src=x onerror=alert(1)>",
+    "- a\n\n  - nested\n\n    <img src=x onerror=alert(1)>",
+    "1. item\n\n    <img src=x onerror=alert(1)>",
+    "10) item\n\n     <img src=x onerror=alert(1)>",
+    "> - item\n>\n>     <img src=x onerror=alert(1)>",
+    "- > quoted\n\n    <img src=x onerror=alert(1)>",
+    "- item\nlazy line\n\n    <img src=x onerror=alert(1)>",
+    "- item\n\n    para\n\n    <img src=x onerror=alert(1)>",
+]
+
+
+@pytest.mark.parametrize("answer", LIST_HTML, ids=range(len(LIST_HTML)))
+def test_html_indented_in_a_list_item_is_text_in_a_viewer(
+    shared_server: ServerProcess, answer: str
+) -> None:
+    """A line indented four spaces after a blank line is an indented code block at the top
+    level, but inside a list item (of a list, a nested list, an ordered list, a list in a
+    block quote) it is a paragraph of the item, where raw HTML is live markup. The export
+    kept it raw, taking it for code; no raw HTML of a message survives now."""
+    markdown = exported(shared_server, [("q", answer)])
+    tokens = VIEWER.parse(markdown)
+    inline = [child for t in tokens if t.type == "inline" for child in t.children or []]
+    assert not [t for t in tokens if t.type == "html_block"], markdown
+    assert not [t for t in inline if t.type == "html_inline"], markdown
+    assert "<img" not in VIEWER.render(markdown), markdown
+
+
+CODE = [
+    ("text\n\n    <b>code</b>\n    <img src=x>", "<b>code</b>\n<img src=x>\n"),
+    ("- a list\n\nthat ended\n\n    <b>code</b>", "<b>code</b>\n"),
+    ("> a quote\n\n    <b>code</b>", "<b>code</b>\n"),
+]
+
+
+@pytest.mark.parametrize(("answer", "code"), CODE, ids=range(len(CODE)))
+def test_an_indented_code_block_outside_a_list_stays_verbatim(
+    shared_server: ServerProcess, answer: str, code: str
+) -> None:
+    markdown = exported(shared_server, [("q", answer)])
+    blocks = [t.content for t in VIEWER.parse(markdown) if t.type == "code_block"]
+    assert blocks == [code], markdown

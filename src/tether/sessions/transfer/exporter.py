@@ -123,6 +123,8 @@ _AUTOLINK = re.compile(
 )
 _TICKS = re.compile(r"`+")
 _INDENTED = re.compile(r"(?: {4}| {0,3}\t)")
+# What opens a list item (CommonMark), a container whose lines may be indented.
+_LIST_ITEM = re.compile(r" {0,3}(?:[-+*]|\d{1,9}[.)])(?:[ \t]|$)")
 _LINE_END = re.compile(r"\r\n|\r|\n")
 _PLAIN = re.compile(r"([\\`*_\[\]<#~|])")
 # A user's message (`user_text`): what is Markdown anywhere in a line, what only at its
@@ -162,13 +164,31 @@ def contained(text: str) -> str:
 
 def _escaped_html(lines: list[str]) -> list[str]:
     """Lines outside fences, each paragraph's HTML escaped outside its code spans (which may
-    span its lines); an indented code block is code, kept as it is."""
+    span its lines); an indented code block is code, kept as it is.
+
+    A line indented four spaces is an indented code block only at the top level: in a list
+    item it is a paragraph of the item (or code indented past the item's content), where
+    raw HTML is live. So once a list item opens, indented lines are escaped like a
+    paragraph's until a line that is surely back at the top level: one after a blank line
+    that is not indented at all (an item's content is indented two columns or more). A
+    block quote needs nothing of its own: its lines up to a blank line, which ends it, are
+    one paragraph here. Code inside a list item may so show a backslash before a `<`; HTML
+    never runs."""
     out: list[str] = []
     paragraph: list[str] = []
+    in_list = blank_before = False
     for line in [*lines, ""]:
-        if line.strip() and (paragraph or not _INDENTED.match(line)):
-            paragraph.append(line)
-            continue
+        if line.strip():
+            if _LIST_ITEM.match(line):
+                in_list = True
+            elif blank_before and line[0] not in " \t":
+                in_list = False
+            blank_before = False
+            if paragraph or in_list or not _INDENTED.match(line):
+                paragraph.append(line)
+                continue
+        else:
+            blank_before = True
         if paragraph:
             out += _escape_inline("\n".join(paragraph)).split("\n")
             paragraph = []

@@ -8,6 +8,7 @@ import base64
 import copy
 import json
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,16 @@ def _chatgpt_with_children_not_a_list() -> bytes:
     conversation.add("user", "hi")
     conversation.mapping[conversation.root]["children"] = 5
     del conversation.data["current_node"]
+    return json.dumps([conversation.data]).encode()
+
+
+FUTURE = 4_102_444_800.0  # 2100-01-01
+
+
+def _chatgpt_at(conversation_time: float, message_time: float) -> bytes:
+    conversation = Conversation("x", conversation_time)
+    node = conversation.add("user", "hi")
+    conversation.mapping[node]["message"]["create_time"] = message_time
     return json.dumps([conversation.data]).encode()
 
 
@@ -355,6 +366,48 @@ CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
         "import_invalid",
         "data.usage.prompt_tokens",
     ),
+    (
+        "a time in the future",
+        edited(lambda d: d["events"][1].update(at=FUTURE)),
+        400,
+        "import_invalid",
+        "events[1].at: is 4.10244e+09 (2100-01-01 00:00 UTC), later than this server's clock",
+    ),
+    (
+        "an absurd time",
+        edited(lambda d: d["events"][-1].update(at=1e300)),
+        400,
+        "import_invalid",
+        "after the year 9999",
+    ),
+    (
+        "a message submitted in the future",
+        edited(lambda d: _first(d, "turn.submitted")["data"].update(submitted_at=FUTURE)),
+        400,
+        "import_invalid",
+        ".data.submitted_at",
+    ),
+    (
+        "a row time inherited from the future",
+        edited(lambda d: d["events"][0]["data"].update(inherited_updated_at=FUTURE)),
+        400,
+        "import_invalid",
+        "events[0].data: is 4.10244e+09",
+    ),
+    (
+        "a ChatGPT conversation created in the future",
+        lambda e: _chatgpt_at(FUTURE, 1_700_000_000),
+        400,
+        "import_invalid",
+        "[0].create_time",
+    ),
+    (
+        "a ChatGPT message created in the future",
+        lambda e: _chatgpt_at(1_700_000_000, FUTURE),
+        400,
+        "import_invalid",
+        ".message.create_time",
+    ),
     ("nested 100,000 deep", lambda e: _nested(100_000), 400, "import_too_deep", "deeper"),
     ("nested 200 deep", lambda e: _nested(200), 400, "import_too_deep", "deeper"),
     ("over the size limit", lambda e: b" " * 2_000_001, 413, "payload_too_large", "larger"),
@@ -420,6 +473,35 @@ def test_the_unchanged_export_does_import(refusing: tuple[ServerProcess, dict]) 
     with slow_client(server) as client:
         response = client.post("/api/sessions/import", content=json.dumps(export).encode())
         assert response.status_code == 201, response.text
+
+
+def test_times_up_to_now_import_unchanged_and_none_sorts_in_the_future(
+    refusing: tuple[ServerProcess, dict],
+) -> None:
+    """Layer: sessions' sidebar row; invariant 4 (an import is not activity): events keep
+    their own times, up to the clock skew another server may have (a minute ahead here), so
+    the row sorts where its history puts it; the refusals above keep any later time out.
+    ChatGPT's `update_time` is not read (the row's times are its messages'), so even one
+    far in the future leaves the row at its last message."""
+    server, export = refusing
+    doc = copy.deepcopy(export)
+    ahead = time.time() + 60
+    doc["events"][-1]["at"] = ahead
+    conversation = Conversation("updated later", 1_700_000_000)
+    conversation.add("user", "hi")
+    conversation.data["update_time"] = FUTURE
+    with slow_client(server) as client:
+        response = client.post("/api/sessions/import", content=json.dumps(doc).encode())
+        assert response.status_code == 201, response.text
+        [row] = response.json()["sessions"]
+        again = json.loads(client.get(f"/api/sessions/{row['session_id']}/export").content)
+        assert [e["at"] for e in again["events"]] == [e["at"] for e in doc["events"]]
+        assert row["created_at"] == doc["events"][0]["at"]
+        body = json.dumps([conversation.data]).encode()
+        response = client.post("/api/sessions/import", content=body)
+        assert response.status_code == 201, response.text
+        [chatgpt] = response.json()["sessions"]
+        assert chatgpt["updated_at"] == 1_700_000_010.0 < time.time()
 
 
 def test_a_fork_and_a_switch_as_the_server_writes_them_do_import(

@@ -35,6 +35,7 @@ from tether.sessions.transfer.plan import (
     SessionPlan,
     finite_time,
     invalid,
+    not_future,
 )
 from tether.sessions.transfer.tether_json import fold_check
 
@@ -95,6 +96,7 @@ def _nodes(conversation: dict[str, Any], where: str) -> dict[str, dict[str, Any]
             for part, kind in (("author", dict), ("content", dict)):
                 if not isinstance(message.get(part), kind):
                     raise invalid(f"{path}.message.{part}", "is not an object")
+            not_future(finite_time(message.get("create_time")), f"{path}.message.create_time")
             parts = message["content"].get("parts")
             if parts is not None and not isinstance(parts, list):
                 raise invalid(f"{path}.message.content.parts", "is not a list")
@@ -154,6 +156,7 @@ def _text(message: dict[str, Any]) -> tuple[str | None, str | None]:
 def _plan(conversation: Any, where: str) -> SessionPlan:
     if not isinstance(conversation, dict) or not isinstance(conversation.get("mapping"), dict):
         raise invalid(where, "a conversation is an object with a mapping")
+    not_future(finite_time(conversation.get("create_time")), f"{where}.create_time")
     mapping = _nodes(conversation, where)
     current = set(_path(mapping, conversation.get("current_node"), where))
     tree = _Tree(mapping, current, finite_time(conversation.get("create_time")), where)

@@ -9,7 +9,9 @@ API error itself; `refusal_error` turns it back into the `tether.errors` class o
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from tether import errors
@@ -21,6 +23,10 @@ MAX_DEPTH = 64
 MAX_SESSIONS = 20_000
 MAX_EVENTS_PER_SESSION = 500_000
 MAX_NODES_PER_CONVERSATION = 100_000
+# How far past this server's clock a time in the file may be: the clock of the server that
+# exported it may run a little fast. A later time is not when anything happened, and the
+# sidebar, which sorts by the newest time, would keep the session above every other.
+CLOCK_SKEW_SECONDS = 600.0
 
 
 @dataclass
@@ -106,7 +112,23 @@ def finite_time(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     value = float(value)
-    return value if math.isfinite(value) and 0 <= value < 1e11 else None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def not_future(at: float | None, path: str) -> None:
+    """Refuse a time later than now (give or take `CLOCK_SKEW_SECONDS`), naming where it is:
+    the file is crafted or its clock broken, as with a negative token count."""
+    now = time.time()
+    if at is not None and at > now + CLOCK_SKEW_SECONDS:
+        said = f"is {at:g} ({_utc(at)}), later than this server's clock ({_utc(now)})"
+        raise invalid(path, said + "; an imported session may not sort in the future")
+
+
+def _utc(at: float) -> str:
+    try:
+        return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    except (OverflowError, ValueError, OSError):
+        return "after the year 9999"
 
 
 def join(where: str, rest: str) -> str:

@@ -48,6 +48,7 @@ from tether.sessions.transfer.plan import (
     Upload,
     invalid,
     join,
+    not_future,
     path_of,
 )
 
@@ -59,7 +60,7 @@ KNOWN_TYPES = frozenset(
     for name, value in vars(ev).items()
     if name.isupper() and isinstance(value, str) and "." in value and " " not in value
 )
-Time = Annotated[float, Field(ge=0, lt=1e11, allow_inf_nan=False)]
+Time = Annotated[float, Field(ge=0, allow_inf_nan=False)]  # and not later than now: not_future
 Id = Annotated[str, Field(pattern=ID_PATTERN)]
 
 
@@ -279,6 +280,11 @@ def _plan(
                 path = path_of(first["loc"], where, f"events[{i}].data")
                 raise invalid(path, first["msg"]) from None
         _titles(event, join(where, f"events[{i}].data.title"))
+        not_future(event.at, join(where, f"events[{i}].at"))
+        if event.type == ev.TURN_SUBMITTED:  # the time the transcript shows the message at
+            not_future(
+                event.data.get("submitted_at"), join(where, f"events[{i}].data.submitted_at")
+            )
         for value in (event.stream_id, event.turn_id, *(event.data.get(k) for k in _REKEYED)):
             if isinstance(value, str) and value not in ids:
                 ids[value] = new_id(value.partition("_")[0] if "_" in value else "x")
@@ -461,6 +467,8 @@ def fold_check(sid: str, drafts: list[Draft], where: str) -> None:
         except Exception as exc:  # whatever the fold trips on, the file is what is wrong
             raise invalid(path, f"this {draft.type} event does not fold ({exc!r})") from None
         _check_counts(draft, row["message_count"], len(transcript.messages), path)
+        # a time its data gives the row (a continuation's inherited one, an agent's turns)
+        not_future(max(row["updated_at"], row["last_message_at"] or 0.0), f"{path}.data")
     try:
         transcript.view()
         transcript.context()

@@ -59,7 +59,7 @@ def test_an_unreachable_endpoint_lists_the_default_with_an_error(tmp_path: Path)
         response = client.get("/api/models")
     assert response.status_code == 200
     body = response.json()
-    assert body["models"] == [{"id": "m1"}]
+    assert body["models"] == [{"id": "m1", "label": "m1"}]
     assert body["error"]["code"] == "network"
     # what failed, not the "timed out" the SDK's aiohttp transport says of a refused connection
     assert "ClientConnectorError" in body["error"]["message"]
@@ -161,3 +161,33 @@ def test_a_model_the_endpoint_does_not_know_ends_the_run_with_model_not_found(
         "model_not_found",
         "nope",
     )
+
+
+def test_a_hostile_model_id_is_shown_as_visible_text_and_sent_back_unchanged(
+    server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """An endpoint may list an id with a bidi override or zero-width characters, to pass for
+    another model in the picker: the list gives each id a `label` to show, visible text
+    (docs/api.md §3), and the id itself is what the session keeps and the endpoint gets back,
+    byte for byte. The Markdown export shows the answering model by its visible text too."""
+    spoof, blank = "big\u202e-ledom\u200b", "\u200b\u2066"
+    fake.other_models = [spoof, blank, "gpt-4o-\u05d1"]
+    with server.client() as client:
+        body = client.get("/api/models").json()
+        labels = {m["id"]: m["label"] for m in body["models"]}
+        assert labels == {
+            "fake-model": "fake-model",
+            spoof: "big-ledom",
+            blank: "U+200B U+2066",
+            "gpt-4o-\u05d1": "gpt-4o-\u05d1",
+        }
+        assert body["default_label"] == "fake-model"
+        sid = new_session(client)
+        assert patch(client, sid, model=spoof).json()["session"]["model"] == spoof
+        start_turn(client, sid, "hello")
+        answer = wait_idle(client, sid)["messages"][-1]
+        assert fake.last_request["model"] == spoof
+        assert answer["model"] == spoof
+        markdown = client.get(f"/api/sessions/{sid}/export", params={"format": "markdown"}).text
+    assert "## Assistant (big-ledom)" in markdown
+    assert "\u202e" not in markdown and "\u200b" not in markdown

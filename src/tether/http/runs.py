@@ -32,6 +32,7 @@ from tether.http.schemas import (
 )
 from tether.runs.intake import check_message, decode_uploads
 from tether.runtimes.base import ChoiceNotOffered
+from tether.visible_text import visible_line
 
 router = APIRouter(tags=["runs"])
 
@@ -228,7 +229,8 @@ async def get_attachment(
     return FileResponse(
         path,
         media_type=mime,
-        filename=upload["name"],
+        # a name stored before names were cleaned may hold a bidi override (docs/security.md)
+        filename=visible_line(upload["name"]) or "attachment",
         content_disposition_type="inline" if mime in _INLINE_TYPES else "attachment",
         headers={
             "X-Content-Type-Options": "nosniff",

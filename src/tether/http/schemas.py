@@ -218,6 +218,7 @@ class SessionRow(Out):
 
 class ModelCard(Out):
     id: str
+    label: str = Field(description="The id as shown: visible text (docs/api.md §3); send `id`")
     context_window: int | None = None
 
 
@@ -226,6 +227,7 @@ class ModelListOut(Out):
 
     models: list[ModelCard]
     default: str
+    default_label: str = Field(description="`default` as shown")
     default_system_prompt: str | None = None
     error: dict | None = Field(
         default=None, description="Why the endpoint's own list could not be read, if it could not"

@@ -20,9 +20,12 @@ from typing import Any
 
 from tether import events as ev
 from tether.events import Event
+from tether.visible_text import shows_something, visible_line
 
 # Bump when the fold changes: the store then rebuilds every persisted row from the log.
-SIDEBAR_FOLD_VERSION = "sidebar-10"
+# sidebar-11: titles are folded as visible text (a log written before titles were cleaned
+# shows them cleaned once its rows are rebuilt).
+SIDEBAR_FOLD_VERSION = "sidebar-11"
 
 DEFAULT_TITLE = "New chat"
 TITLE_MAX = 80
@@ -47,8 +50,22 @@ _MAINTENANCE_STATES = {"interrupted"}
 
 
 def title_from_message(text: str) -> str:
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    """The first line of `text` that shows something, as visible text (`visible_line`), cut
+    to TITLE_MAX characters; "" when no line does."""
+    lines = (visible_line(line) for line in text.splitlines())
+    first = next((line for line in lines if shows_something(line)), "")
     return first if len(first) <= TITLE_MAX else first[: TITLE_MAX - 1].rstrip() + "…"
+
+
+def given_title(title: Any) -> str | None:
+    """A title an event names (created, renamed, imported) as it is shown: the API cleans a
+    title before writing it, but a log written before it did, or another replica's, may hold
+    bidi or zero-width characters; None (the first message names the session) when nothing
+    visible is left."""
+    if not isinstance(title, str):
+        return None
+    title = visible_line(title)
+    return title if shows_something(title) else None
 
 
 def title_from_turn(data: dict[str, Any]) -> str | None:
@@ -56,8 +73,8 @@ def title_from_turn(data: dict[str, Any]) -> str | None:
     attachments only, its first attachment's name; None when it has neither."""
     title = title_from_message(data.get("text", ""))
     if not title:
-        names = [a.get("name", "") for a in data.get("attachments") or []]
-        title = title_from_message(next((name for name in names if name.strip()), ""))
+        names = (title_from_message(a.get("name", "")) for a in data.get("attachments") or [])
+        title = next((name for name in names if name), "")
     return title or None
 
 
@@ -93,7 +110,7 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
     row["last_seq"] = event.seq
     data = event.data
     if event.type == ev.SESSION_CREATED:
-        row["title"] = data.get("title") or None
+        row["title"] = given_title(data.get("title"))
         row["parent_session_id"] = data.get("parent_session_id")
         # What an import made this session from (docs/api.md §12): the same file imported
         # again finds it here. Rows folded before imports existed have no key, as none was
@@ -106,9 +123,11 @@ def fold_row(state: dict[str, Any] | None, event: Event) -> dict[str, Any]:
             row["updated_at"] = data["inherited_updated_at"]
             row["last_message_at"] = data.get("inherited_last_message_at")
     elif event.type == ev.SESSION_UPDATED:
-        for key in ("title", "pinned", "archived", "model", "system_prompt"):
+        for key in ("pinned", "archived", "model", "system_prompt"):
             if key in data:
                 row[key] = data[key]
+        if "title" in data:
+            row["title"] = given_title(data["title"])
     elif event.type == ev.TURN_SUBMITTED:
         if event.stream_id is not None and event.stream_id != row.get("open_stream"):
             row["open_stream"], row["stop_requested"] = event.stream_id, False

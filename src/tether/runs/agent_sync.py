@@ -31,6 +31,7 @@ from tether import events as ev
 from tether.events import new_id
 from tether.log import Draft, SessionNotFound, StorageError
 from tether.log.errors import SessionContinued, SessionOccupied, TranscriptMoved
+from tether.projections.sidebar import given_title
 from tether.runs.rotation import continue_in
 from tether.runtimes.base import AgentHistory
 from tether.sessions.service import TITLE_MAX_CHARS, SessionService
@@ -155,7 +156,7 @@ async def adopt_sessions_started_elsewhere(sessions: SessionService, agent: Agen
                 Draft(
                     ev.SESSION_CREATED,
                     {
-                        "title": (found["title"] or "")[:TITLE_MAX_CHARS].strip() or None,
+                        "title": given_title((found["title"] or "")[:TITLE_MAX_CHARS]),
                         "agent_session_id": agent_id,
                         "inherited_updated_at": found["started_at"],
                         "inherited_last_message_at": None,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from tether.errors import InvalidRequest, PayloadTooLarge
 from tether.runtimes.base import Runtime
 from tether.settings import Settings
+from tether.visible_text import shows_something, visible_line
 
 NAME_MAX_CHARS = 255
 
@@ -42,9 +43,11 @@ def decode_uploads(raw: list[dict[str, str]], settings: Settings, runtime: Runti
         )
     uploads = []
     for index, item in enumerate(raw, start=1):
-        name = item["name"].strip()
+        # shown in the page, the export and the download as the user sees it: no bidi
+        # override can make `invoice\u202egnp.exe` look like `invoiceexe.png`
+        name = visible_line(item["name"])
         mime = item["mime"].strip().lower()
-        if not name or len(name) > NAME_MAX_CHARS or "/" in name or "\\" in name:
+        if not shows_something(name) or len(name) > NAME_MAX_CHARS or "/" in name or "\\" in name:
             raise InvalidRequest(f"Attachment {index} needs a plain file name.")
         if not runtime.accepts(mime):
             raise InvalidRequest(

@@ -23,6 +23,7 @@ from tether.events import Event
 from tether.log import SessionNotFound
 from tether.sessions.service import SessionService
 from tether.sessions.transfer.tether_json import export_entry
+from tether.visible_text import visible_line
 
 
 def _dumps(value: Any) -> str:
@@ -258,8 +259,10 @@ def _user_line(line: str) -> str:
 
 
 def plain(text: str) -> str:
-    """A title, a name, a notice: text on the page, so none of it is Markdown here."""
-    return _PLAIN.sub(r"\\\1", " ".join(_LINE_END.split(text)))
+    """A title, a name, a notice: one line of visible text (`visible_line`: a file name or a
+    model id from a log written before names were cleaned may hold a bidi override, which
+    would reorder the rest of its line in a reader), and none of it Markdown here."""
+    return _PLAIN.sub(r"\\\1", visible_line(text))
 
 
 def code_span(text: str) -> str:

@@ -51,6 +51,7 @@ from tether.sessions.transfer.plan import (
     not_future,
     path_of,
 )
+from tether.visible_text import shows_something, visible_line
 
 FORMAT = "tether.session"
 VERSION = 1
@@ -315,10 +316,13 @@ def _kept(event: EventIn, sessions: dict[str, str]) -> bool:
 
 
 def _titles(event: EventIn, path: str) -> None:
+    """A title is checked and cleaned as PATCH /api/session does it, and the copy holds the
+    cleaned one: a file (an export of a log written before titles were cleaned, or a crafted
+    one) may carry bidi overrides or zero-width characters in it."""
     title = event.data.get("title")
     if event.type in (ev.SESSION_CREATED, ev.SESSION_UPDATED) and title is not None:
         try:
-            clean_title(title)
+            event.data["title"] = clean_title(title)
         except Exception as exc:  # InvalidRequest: the same rule as PATCH /api/session
             raise invalid(path, str(exc)) from None
 
@@ -335,12 +339,11 @@ def _uploads(items: list[AttachmentIn], where: str) -> tuple[list[Upload], dict[
             ) from None
         if len(data) != item.size:
             raise invalid(f"{path}.size", f"is {item.size}; the data holds {len(data)} bytes")
-        if "/" in item.name or "\\" in item.name or not item.name.strip():
-            raise invalid(f"{path}.name", "is not a plain file name")
+        name = _file_name(item.name, f"{path}.name")
         if item.id in ids:
             raise invalid(f"{path}.id", "appears twice")
         ids[item.id] = new_id("a")
-        uploads.append(Upload(ids[item.id], item.name, item.mime, data))
+        uploads.append(Upload(ids[item.id], name, item.mime, data))
     return uploads, ids
 
 
@@ -351,9 +354,19 @@ def _missing(items: list[MissingIn], ids: dict[str, str], where: str) -> dict[st
     for i, item in enumerate(items):
         if item.id in ids:
             raise invalid(join(where, f"missing_attachments[{i}].id"), "appears twice")
+        name = _file_name(item.name, join(where, f"missing_attachments[{i}].name"))
         ids[item.id] = new_id("a")
-        out[ids[item.id]] = item
+        out[ids[item.id]] = item.model_copy(update={"name": name})
     return out
+
+
+def _file_name(name: str, path: str) -> str:
+    """A file name as the API takes one (runs/intake.py): visible text on one line, without
+    a path; the copy holds it cleaned, as the page and the export show it."""
+    name = visible_line(name)
+    if "/" in name or "\\" in name or not shows_something(name):
+        raise invalid(path, "is not a plain file name")
+    return name
 
 
 def _rekey(value: Any, ids: dict[str, str], sessions: dict[str, str], key: str = "") -> Any:
@@ -407,6 +420,8 @@ def _refs_known(
                 own = {"name": gone.name, "mime": gone.mime, "size": gone.size}
             else:
                 raise invalid(f"{path}.id", "names an attachment the file does not hold")
+            if isinstance(ref["name"], str):  # compared, and kept, as the attachment's is
+                ref["name"] = visible_line(ref["name"])
             for key, value in own.items():
                 if ref[key] != value:
                     said = f"is {ref[key]!r}; the attachment's is {value!r}"

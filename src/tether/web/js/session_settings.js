@@ -41,8 +41,9 @@ export class SessionSettings {
     } finally {
       this.markLoaded();
     }
-    const options = [new Option(`Default (${this.models.default})`, "")];
-    for (const model of this.models.models) options.push(new Option(model.id, model.id));
+    // shown: each model's label (its id as visible text, docs/api.md); sent back: its id
+    const options = [new Option(`Default (${this.models.default_label})`, "")];
+    for (const model of this.models.models) options.push(new Option(model.label, model.id));
     this.picker.replaceChildren(...options);
     this.picker.title = this.models.error
       ? `The model list could not be read: ${this.models.error.message}`

@@ -87,7 +87,7 @@ export class SettingsPanel {
   fillModels(chosen) {
     const models = this.sessionSettings.models.models ?? [];
     const options = [new Option(`Command line's (${this.server.command_line.model})`, "")];
-    for (const m of models) options.push(new Option(m.id, m.id));
+    for (const m of models) options.push(new Option(m.label, m.id)); // shown: its label
     if (chosen && !models.some((m) => m.id === chosen)) options.push(new Option(chosen, chosen));
     $("settings-model").replaceChildren(...options);
     $("settings-model").value = chosen;

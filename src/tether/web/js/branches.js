@@ -208,7 +208,7 @@ export class BranchActions {
       const chip = h(
         "li",
         { dataset: { id: a.id } },
-        h("span", { class: "chip-name", text: a.name }),
+        h("span", { class: "chip-name", dir: "auto", text: a.name }),
         h("button", {
           type: "button",
           class: "chip-x",

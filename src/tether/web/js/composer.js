@@ -121,7 +121,7 @@ export class Composer {
         h(
           "li",
           {},
-          h("span", { class: "chip-name" }),
+          h("span", { class: "chip-name", dir: "auto" }),
           h("button", {
             type: "button",
             class: "chip-x",

@@ -324,7 +324,11 @@ class App {
     $("session-title").textContent = title;
     this.settings.show(entry?.row);
     $("run-badge").hidden = !this.running;
-    document.title = this.openId ? `${this.running ? "● " : ""}${title} · Tether` : "Tether";
+    // the title isolated (FSI ... PDI, a string has no element to carry dir="auto"): a bidi
+    // control an older server left in it reorders nothing of the rest of the tab's name
+    document.title = this.openId
+      ? `${this.running ? "● " : ""}\u2068${title}\u2069 · Tether`
+      : "Tether";
   }
 
   onDeleted(sid) {

@@ -130,7 +130,7 @@ export class MessageSearch {
           this.onPick(result.session_id, result.row_id, result.shown);
         },
       },
-      h("span", { class: "search-title", text: result.title }),
+      h("span", { class: "search-title", dir: "auto", text: result.title }),
       h("span", { class: "search-meta", text: `${who} · ${when}${where}` }),
       snippetNode(result.snippet_parts),
     );

@@ -227,7 +227,7 @@ export class Sidebar {
     const link = h(
       "a",
       { class: "session-link" },
-      h("span", { class: "session-name" }),
+      h("span", { class: "session-name", dir: "auto" }),
 
       h("span", { class: "running-dot" }),
       h("span", { class: "unread-dot" }),
@@ -352,7 +352,7 @@ export class Sidebar {
   }
 
   rename(el, row) {
-    const input = h("input", { class: "rename-input", "aria-label": "New title" });
+    const input = h("input", { class: "rename-input", dir: "auto", "aria-label": "New title" });
     input.value = row.title;
     const link = el.querySelector(".session-link");
     link.hidden = true;
@@ -378,8 +378,13 @@ export class Sidebar {
 
   async remove(row) {
     const dialog = document.getElementById("confirm-dialog");
-    document.getElementById("confirm-text").textContent =
-      `Delete “${row.title}”? Its messages and attachments are removed for good.`;
+    document
+      .getElementById("confirm-text")
+      .replaceChildren(
+        "Delete “",
+        h("bdi", { text: row.title }),
+        "”? Its messages and attachments are removed for good.",
+      );
     dialog.showModal();
     const answer = await new Promise((resolve) =>
       dialog.addEventListener("close", () => resolve(dialog.returnValue), { once: true }),

@@ -332,7 +332,7 @@ function buildRowElement(row) {
       "div",
       { class: "assistant-head" },
       h("span", { class: "working" }),
-      h("span", { class: "model" }),
+      h("span", { class: "model", dir: "auto" }),
       copyMessageButton(),
       buildRowActions("assistant"),
     ),
@@ -385,7 +385,7 @@ function updateUserRow(el, row) {
             { href: a.url, target: "_blank", rel: "noopener" },
             h("img", { src: a.url, alt: a.name, loading: "lazy" }),
           )
-        : h("a", { class: "file-chip", href: a.url, download: a.name, text: a.name }),
+        : h("a", { class: "file-chip", dir: "auto", href: a.url, download: a.name, text: a.name }),
     ),
   );
 }

@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import BrowserContext, expect
 
 from chatgpt_kit import Conversation
-from fake_openai import FakeOpenAI, delay, reply, text
+from fake_openai import FakeOpenAI, barrier, delay, reply, text
 from helpers import ServerProcess
 from pagekit import open_app, send, wait_settled
 
@@ -63,9 +63,9 @@ def test_a_run_in_a_long_session_redraws_its_live_row_and_leaves_the_settled_one
     settled row is drawn again only when it or what it is drawn with changed."""
     sid = long_session(openai_web, turns=40)
     parts = []
-    for i in range(20):
+    for i in range(16):
         parts += [text(f"w{i} "), delay(0.04)]
-    fake.script(reply(text("start "), delay(0.3), *parts))
+    fake.script(reply(text("start "), delay(0.3), *parts, barrier("held"), text("end")))
     page = context.new_page()
     open_app(page, openai_web.base_url, f"/s/{sid}")
     expect(page.locator(".row")).to_have_count(80, timeout=30_000)
@@ -73,11 +73,12 @@ def test_a_run_in_a_long_session_redraws_its_live_row_and_leaves_the_settled_one
     live = page.locator(".row.live .markdown")
     expect(live).to_contain_text("start")
     page.evaluate(WATCH_SETTLED_ROWS)
-    expect(live).to_contain_text("w15")  # about ten live frames later
+    expect(live).to_contain_text("w15")  # about seven live frames later, still live
     changes = page.evaluate("window.__watch.takeRecords(), window.__settledChanges")
     assert changes == []
+    fake.release("held")
     wait_settled(page)
-    expect(page.locator(".row.assistant .markdown").last).to_contain_text("w19")
+    expect(page.locator(".row.assistant .markdown").last).to_contain_text("w15 end")
 
 
 def test_settled_rows_out_of_view_are_skipped_by_the_browser_and_drawn_when_scrolled_to(

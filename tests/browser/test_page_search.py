@@ -4,6 +4,7 @@ model wrote stays text: XSS-proof), and choosing one opens its session at that r
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def test_search_finds_marks_and_opens_the_row(
     expect(dialog).to_be_hidden()
     page.wait_for_url(f"**/s/{target}")
     row = page.locator(f'#transcript .rows > [data-key="{answer_id}"]')
-    expect(row).to_have_class("row assistant search-hit")
+    expect(row).to_have_class(re.compile(r"\bsearch-hit\b"))
     expect(row).to_be_in_viewport()
     expect(row).to_be_focused()
     assert page.evaluate("window.pwned") is None
@@ -144,7 +145,7 @@ def test_a_row_of_a_hidden_branch_is_marked_and_choosing_it_shows_its_branch(
     expect(dialog).to_be_hidden()
     page.wait_for_url(f"**/s/{sid}")
     row = page.locator(f'#transcript .rows > [data-key="{answer["id"]}"]')
-    expect(row).to_have_class("row assistant search-hit")
+    expect(row).to_have_class(re.compile(r"\bsearch-hit\b"))
     expect(row).to_be_focused()
     expect(page.locator("#transcript")).not_to_contain_text("the edited armadillo")
     with server.client() as client:  # the server shows that branch too (branch.switched)

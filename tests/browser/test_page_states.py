@@ -42,7 +42,8 @@ def test_header_and_tab_show_a_running_session_and_its_title_from_the_first_run(
     badge = page.locator("#run-badge")
     expect(badge).to_have_text("Running")
     expect(page.locator("#session-title")).to_have_text("/slow plan the garden")
-    expect(page).to_have_title("● /slow plan the garden · Tether")
+    # the title isolated (U+2068 ... U+2069): a right-to-left one cannot reorder the rest
+    expect(page).to_have_title("● \u2068/slow plan the garden\u2069 · Tether")
     sid = session_id_of(page)
 
     web_server.kill()
@@ -52,7 +53,7 @@ def test_header_and_tab_show_a_running_session_and_its_title_from_the_first_run(
     expect(other.locator("#session-title")).to_have_text("/slow plan the garden")
     wait_settled(page)
     expect(badge).to_be_hidden()
-    expect(page).to_have_title("/slow plan the garden · Tether")
+    expect(page).to_have_title("\u2068/slow plan the garden\u2069 · Tether")
 
 
 def test_an_unreachable_server_shows_on_the_running_turn_and_clears_when_back(

@@ -1,5 +1,6 @@
 """The render worker: `POST /api/render` bodies are parsed, rendered and encoded in a
-separate process, so no Markdown ever runs on the event loop.
+separate process, and so is a session's Markdown export (whose answers are parsed to check
+their escaping), so no Markdown ever runs on the event loop.
 
 Why a process and not threads: markdown-it-py is pure Python and holds the GIL, so a render
 thread still takes the loop's time (docs/security.md, "Markdown rendering", has the
@@ -7,7 +8,7 @@ figures). One worker (two on machines with more than two cores), started on firs
 `spawn` (the server has threads; `fork` would copy their locks) and at the lowest CPU
 priority, so the server's own requests win the CPU. Admission is bounded: `MAX_WAITING`
 requests may wait for a worker; more get 503 `render_busy`. Each request's work is bounded by
-the caps in http/markdown.py.
+the caps in http/markdown.py, an export's by those in sessions/transfer/exporter.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import asyncio
 import logging
 import multiprocessing
 import os
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -56,12 +58,18 @@ class RenderPool:
 
     async def render(self, raw: bytes) -> tuple[str, Any]:
         """`markdown.render_request(raw)`, in the worker."""
+        result: tuple[str, Any] = await self.run(markdown.render_request, raw)
+        return result
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` in the worker: `fn` a module-level function, its arguments and result
+        things that pickle."""
         if self._admitted >= self.workers + MAX_WAITING:
             raise RenderQueueFull
         self._admitted += 1
         try:
             pool = self._pool()
-            return await asyncio.wrap_future(pool.submit(markdown.render_request, raw))
+            return await asyncio.wrap_future(pool.submit(fn, *args))
         except BrokenProcessPool as exc:
             log.error("the render worker died: %s", exc)
             self._executor = None

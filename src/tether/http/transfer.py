@@ -14,10 +14,11 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from tether.errors import ImportIncomplete
+from tether.errors import ImportIncomplete, RenderBusy, RenderUnavailable
 from tether.events import ID_PATTERN
 from tether.http.deps import App
 from tether.http.errors import documented
+from tether.http.render_pool import RenderFailed, RenderQueueFull
 from tether.http.schemas import ImportProgress, ImportResult
 from tether.log import SessionNotFound
 from tether.sessions.transfer import exporter
@@ -57,11 +58,12 @@ _IMPORT_BODY = {"schema": {"oneOf": [_SESSION_JSON["schema"], _CHATGPT]}}
     summary="Export a session",
     response_model=None,
     responses=documented(
-        400, 404, content={"application/json": _SESSION_JSON, "text/markdown": _TEXT}
+        400, 404, 503, content={"application/json": _SESSION_JSON, "text/markdown": _TEXT}
     ),
 )
 async def export_session(
     app: App,
+    request: Request,
     session_id: Annotated[str, Path(pattern=ID_PATTERN, description="A session id")],
     format: Annotated[  # noqa: A002 - the query parameter's name
         Literal["json", "markdown"],
@@ -69,11 +71,21 @@ async def export_session(
     ] = "json",
 ) -> Response:
     """The session as a download: `json` is its log and attachments (importing it gives
-    back the same transcript, branches and attachments), `markdown` its visible transcript."""
+    back the same transcript, branches and attachments), `markdown` its visible transcript
+    (written in the render worker: 503 when it is busy or stopped, as `POST /api/render`)."""
     if await app.store.last_seq(session_id) is None:
         raise SessionNotFound(session_id)
     if format == "markdown":
-        title, text = await exporter.session_markdown(app.sessions, session_id)
+        try:
+            title, text = await exporter.session_markdown(
+                app.sessions, session_id, request.app.state.renderer.run
+            )
+        except RenderQueueFull:
+            raise RenderBusy(
+                "Too many exports and renders wait for the worker; retry soon."
+            ) from None
+        except RenderFailed:
+            raise RenderUnavailable("The render worker stopped; retry.") from None
         headers = {**_DOWNLOAD, "Content-Disposition": exporter.attachment_header(title, "md")}
         return Response(text, media_type="text/markdown; charset=utf-8", headers=headers)
     row = await app.sessions.row(session_id)

@@ -13,7 +13,7 @@ import bisect
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -22,6 +22,7 @@ from tether import events as ev
 from tether.events import Event
 from tether.log import SessionNotFound
 from tether.sessions.service import SessionService
+from tether.sessions.transfer import raw_html
 from tether.sessions.transfer.tether_json import export_entry
 from tether.visible_text import visible_line
 
@@ -83,19 +84,39 @@ def _when(at: float | None) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-async def session_markdown(sessions: SessionService, sid: str) -> tuple[str, str]:
-    """(title, Markdown): the visible transcript, each message under a heading."""
+# An answer's raw HTML check (`raw_html.live`) is pure Python, milliseconds per KB: an answer
+# longer than the page formats (docs/page.md) is not checked, nor those left once an export
+# has spent the budget checking; they are escaped the safe way (`_escaped_all`).
+MAX_CHECKED_CHARS = 50_000
+CHECK_BUDGET_SECONDS = 2.0
+
+Offload = Callable[..., Awaitable[Any]]
+
+
+async def session_markdown(sessions: SessionService, sid: str, offload: Offload) -> tuple[str, str]:
+    """(title, Markdown): the visible transcript, each message under a heading. Written by
+    `offload` (the render worker: http/render_pool.py), since checking answers for raw HTML
+    parses them as Markdown, which must not hold the event loop."""
     view = await sessions.view(sid)
-    title = view["title"]
-    lines = [f"# {plain(title)}", "", f"_Exported from Tether on {_when(time.time())}._", ""]
-    for row in view["messages"]:
+    text = await offload(markdown_file, view["title"], view["messages"], time.time())
+    return view["title"], text
+
+
+def markdown_file(title: str, messages: list[dict], now: float) -> str:
+    """The Markdown of a session's visible transcript (`session_markdown`)."""
+    deadline = time.monotonic() + CHECK_BUDGET_SECONDS
+    lines = [f"# {plain(title)}", "", f"_Exported from Tether on {_when(now)}._", ""]
+    for row in messages:
         who = "User" if row["role"] == "user" else "Assistant"
         if row.get("model"):
             who += f" ({plain(row['model'])})"
         lines += [f"## {who} · {_when(row.get('created_at'))}", ""]
-        if row.get("content"):
-            shown = user_text if row["role"] == "user" else contained
-            lines += [shown(row["content"]), ""]
+        if content := row.get("content"):
+            if row["role"] == "user":
+                lines += [user_text(content), ""]
+            else:
+                check = len(content) <= MAX_CHECKED_CHARS and time.monotonic() < deadline
+                lines += [contained(content, check), ""]
         for attachment in row.get("attachments") or []:
             name, size = plain(attachment["name"]), attachment["size"]
             lines += [f"- Attachment: {name} ({size:,} bytes)"]
@@ -106,7 +127,7 @@ async def session_markdown(sessions: SessionService, sid: str) -> tuple[str, str
                 lines += [f"> {plain(item['text'])}"]
         if lines[-1] != "":
             lines.append("")
-    return title, "\n".join(lines)
+    return "\n".join(lines)
 
 
 # Code fences (CommonMark): 3 or more backticks or tildes. An opening one is looked for at
@@ -123,6 +144,12 @@ _AUTOLINK = re.compile(
     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*>"
 )
 _TICKS = re.compile(r"`+")
+# What `_escaped_all` escapes, and the backslash escapes it steps over.
+_ESCAPABLE = re.compile(r"\\.|<(?=[A-Za-z/!?])", re.S)
+# A full reference link's label holding a backtick (`[text][la`bel]`): cmark reads the label
+# as it is, markdown-it-py pairs the backtick as code, so the two pair the backticks after
+# it apart and `raw_html.live` cannot vouch for either.
+_DISPUTED = re.compile(r"\]\[(?:[^\]\\]|\\.)*`")
 _INDENTED = re.compile(r"(?: {4}| {0,3}\t)")
 # What opens a list item (CommonMark), a container whose lines may be indented.
 _LIST_ITEM = re.compile(r" {0,3}(?:[-+*]|\d{1,9}[.)])(?:[ \t]|$)")
@@ -135,12 +162,29 @@ _BLOCK = frozenset("#>-+=")
 _ORDERED = re.compile(r"\d+(?=[.)])")
 
 
-def contained(text: str) -> str:
+def contained(text: str, check: bool = True) -> str:
     """`text` as blocks that end with it, and raw HTML as text. The page renders each
     message apart, and raw HTML as text (`<script>` is shown, never run, wherever it is in a
     line); in one file a code fence it never closes would swallow the headings and messages
     after it, and HTML outside code would be markup. Such a fence is closed at its end, and
-    the `<` that starts HTML outside code escaped."""
+    the `<` that starts HTML outside code escaped.
+
+    Which backticks pair into a code span is the parser's to say (a heading, a list item, a
+    table cell ends a paragraph where no blank line does), so code spans keep their `<` only
+    where markdown-it-py finds no raw HTML in the result (`raw_html.live`), when `check`
+    allows the parse. Otherwise each `<` outside fences is escaped, in code spans too (which
+    then show a backslash before it): HTML never runs."""
+    if "<" not in text:  # no HTML, nothing to check: the usual answer costs no parse
+        return _contain(text, _escaped_html)
+    if check and not _DISPUTED.search(text):
+        spans_kept = _contain(text, _escaped_html)
+        if not raw_html.live(spans_kept):
+            return spans_kept
+    return _contain(text, _escaped_all)
+
+
+def _contain(text: str, escape: Callable[[list[str]], list[str]]) -> str:
+    """`text` with its fences closed and its other lines (`escape`d) as they are."""
     lines: list[str] = []
     prose: list[str] = []
     opened = ""
@@ -150,17 +194,27 @@ def contained(text: str) -> str:
             if not (match and (line[0] == "~" or "`" not in match[2])):  # no ` in its info
                 prose.append(line)
                 continue
-            lines += _escaped_html(prose)
+            lines += escape(prose)
             prose, opened = [], match[1]
         elif (match := _CLOSING.fullmatch(line)) and match[1][0] == opened[0]:
             opened = "" if len(match[1]) >= len(opened) else opened
         lines.append(line)
-    lines += _escaped_html(prose)
+    lines += escape(prose)
     if opened and lines[-1] == "":  # the text ends with a line break
         lines[-1] = opened
     elif opened:
         lines.append(opened)
     return "\n".join(lines)
+
+
+def _escaped_all(lines: list[str]) -> list[str]:
+    """Lines outside fences, each `<` that could start HTML escaped wherever it is (in a code
+    span, in indented code): what is sure without a parser. A fence is only opened at a
+    line's very start, where no list item or quote goes on (a fence is never a lazy line), so
+    CommonMark agrees on where fences are; a `<` after a backslash is escaped already (in
+    code, where a backslash is itself, the `<` is code too)."""
+    text = _ESCAPABLE.sub(lambda m: m[0] if m[0][0] == "\\" else "\\<", "\n".join(lines))
+    return text.split("\n")
 
 
 def _escaped_html(lines: list[str]) -> list[str]:

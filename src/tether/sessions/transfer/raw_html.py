@@ -1,0 +1,84 @@
+"""Whether a Markdown viewer finds raw HTML in a text: the Markdown export's check
+(docs/api.md §12) that its escaping left none live.
+
+The export escapes HTML outside code spans, pairing backticks across a paragraph's lines;
+which lines CommonMark reads as one block (a heading, a list item, a table cell, a quote
+ends a paragraph where a blank line does not) is the parser's to say, so markdown-it-py
+says it here: CommonMark with raw HTML on, as viewers render it before sanitizing, and again
+with GitHub's tables when the text holds one (a table's cells pair backticks apart; without
+a table, the two parse alike).
+
+markdown-it-py stops parsing what nests deeper than its `maxNesting` (it skips the rest of
+a container, or stops matching a link's brackets), where another viewer goes on and may
+find HTML. So a text that comes within reach of that depth is not vouched for: `live`
+answers True, and the export escapes it the safe way.
+
+Pure Python, milliseconds per KB (docs/security.md, "Markdown export"): it runs in the
+render worker process, never on the event loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from markdown_it import MarkdownIt
+from markdown_it.rules_block import StateBlock
+from markdown_it.rules_inline import StateInline
+
+_NESTING = 20  # the "commonmark" preset's: deeper, markdown-it-py's time per KB grows fast
+# The deepest level a text may reach and still be vouched for: a list opens two levels at
+# once (the list, its item), and a level this deep is seen before the one that is cut.
+_VOUCHED_DEPTH = _NESTING - 4
+
+
+class _TooDeep(Exception):
+    """The text nests where markdown-it-py's cut-off may begin."""
+
+
+def _block_depth(state: StateBlock, _start: int, _end: int, _silent: bool) -> bool:
+    if state.level >= _VOUCHED_DEPTH:
+        raise _TooDeep
+    return False  # matches nothing: the other rules parse as they would
+
+
+def _inline_depth(state: StateInline, _silent: bool) -> bool:
+    if state.level >= _VOUCHED_DEPTH:  # nested link brackets and images count here too
+        raise _TooDeep
+    return False
+
+
+def _viewer(tables: bool) -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": True, "maxNesting": _NESTING})
+    if tables:
+        md.enable("table")
+    md.block.ruler.before("table", "depth", _block_depth)  # the first rule, tried first
+    md.inline.ruler.before("text", "depth", _inline_depth)
+    return md
+
+
+_PLAIN = _viewer(tables=False)
+_TABLES = _viewer(tables=True)
+
+
+def _has(tokens: list[Any], types: frozenset[str]) -> bool:
+    stack = list(tokens)
+    while stack:
+        token = stack.pop()
+        if token.type in types:
+            return True
+        stack += token.children or []
+    return False
+
+
+_HTML = frozenset({"html_block", "html_inline"})
+
+
+def live(markdown: str) -> bool:
+    """True if a viewer may find raw HTML in `markdown` (with or without tables)."""
+    try:
+        tokens = _TABLES.parse(markdown)
+        if _has(tokens, _HTML):
+            return True
+        return _has(tokens, frozenset({"table_open"})) and _has(_PLAIN.parse(markdown), _HTML)
+    except _TooDeep:
+        return True

@@ -49,3 +49,27 @@ def session_id_of(page: Page) -> str:
 def assert_each_once(struct: list) -> None:
     keys = [key for key, _ in struct] + [b for _, blocks in struct for b in blocks]
     assert len(keys) == len(set(keys)), "a row or block is shown twice"
+
+
+def composer(page: Page):
+    return page.get_by_role("textbox", name="Message", exact=True)
+
+
+def chips(page: Page):
+    return page.locator("#attachment-chips .chip-name")
+
+
+STORED_JS = """() => Object.fromEntries(Object.keys(localStorage)
+  .filter((key) => key.startsWith('tether-draft:')).map((key) => [key, localStorage[key]]))"""
+
+
+def stored(page: Page) -> dict[str, str]:
+    """The drafts in the browser's localStorage, by key."""
+    return page.evaluate(STORED_JS)
+
+
+def written(page: Page) -> None:
+    """Wait until the page has shown a draft and written what was typed (within 300 ms)."""
+    page.wait_for_function(
+        "() => window.tether?.drafts.key != null && window.tether.drafts.timer === null"
+    )

@@ -13,7 +13,7 @@ from playwright.sync_api import BrowserContext, Page, Route, expect
 
 from accounts_kit import PASSWORDS, add_user
 from helpers import ServerProcess, new_session, running_server, session_body, start_turn, wait_idle
-from pagekit import open_app, session_id_of, wait_settled
+from pagekit import chips, composer, open_app, session_id_of, stored, wait_settled, written
 
 pytestmark = pytest.mark.slow
 
@@ -28,30 +28,6 @@ def two_sessions(base_url: str) -> tuple[str, str]:
             wait_idle(client, sid)
             sids.append(sid)
     return sids[0], sids[1]
-
-
-STORED_JS = """() => Object.fromEntries(Object.keys(localStorage)
-  .filter((key) => key.startsWith('tether-draft:')).map((key) => [key, localStorage[key]]))"""
-
-
-def stored(page: Page) -> dict[str, str]:
-    """The drafts in the browser's localStorage, by key."""
-    return page.evaluate(STORED_JS)
-
-
-def written(page: Page) -> None:
-    """Wait until the page has shown a draft and written what was typed (within 300 ms)."""
-    page.wait_for_function(
-        "() => window.tether?.drafts.key != null && window.tether.drafts.timer === null"
-    )
-
-
-def composer(page: Page):
-    return page.get_by_role("textbox", name="Message", exact=True)
-
-
-def chips(page: Page):
-    return page.locator("#attachment-chips .chip-name")
 
 
 def test_each_session_keeps_its_own_draft_in_the_composer(
@@ -321,3 +297,29 @@ def test_a_tab_that_only_shows_a_session_leaves_anothers_typing_alone(
     third = context.new_page()  # as after a crash of the first tab
     open_app(third, web_server.base_url, f"/s/{apples}")
     expect(composer(third)).to_have_value("hello, and more")
+
+
+def test_what_is_typed_and_attached_while_the_page_loads_is_kept(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """The composer is on screen before the page's script runs: a file picked then was
+    dropped (its `change` came before anyone listened), and only the typed text stayed. Both
+    are kept, after the draft the page opens on."""
+    apples, _ = two_sessions(web_server.base_url)
+    page = context.new_page()
+    open_app(page, web_server.base_url, f"/s/{apples}")
+    composer(page).fill("the draft")
+    written(page)
+    held: list[Route] = []
+    page.route("**/static/js/main.js", lambda route: held.append(route))
+    page.reload(wait_until="commit")  # the script, held, holds DOMContentLoaded back
+    expect(composer(page)).to_be_visible()
+    composer(page).fill("typed early")
+    page.locator("#file-input").set_input_files(
+        files=[{"name": "early.txt", "mimeType": "text/plain", "buffer": b"early"}]
+    )
+    while not held:
+        page.wait_for_timeout(50)
+    held[0].continue_()
+    expect(composer(page)).to_have_value("the draft\n\ntyped early")
+    expect(chips(page)).to_have_text(["early.txt"])

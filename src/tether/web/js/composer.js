@@ -61,10 +61,12 @@ export class Composer {
     this.steerBtn.addEventListener("click", () => this.steer());
     this.queueBtn.addEventListener("click", () => this.queue());
     document.getElementById("attach-btn").addEventListener("click", () => this.fileInput.click());
-    this.fileInput.addEventListener("change", () => {
+    const picked = () => {
       this.addFiles([...this.fileInput.files]);
       this.fileInput.value = "";
-    });
+    };
+    this.fileInput.addEventListener("change", picked);
+    if (this.fileInput.files.length) picked(); // picked before this script ran
     this.input.addEventListener("paste", (e) => {
       const files = [...(e.clipboardData?.files || [])];
       if (files.length) {
@@ -101,12 +103,16 @@ export class Composer {
     if (box.style.height !== height) box.style.height = height;
   }
 
+  /** Read, then added to the files shown then: a draft shown meanwhile (drafts.js)
+   *  replaces the list, and must not lose them. */
   async addFiles(files) {
+    const read = [];
     for (const file of files) {
-      this.files.push(
+      read.push(
         await asDraft(file, file.name || "pasted", file.type || "application/octet-stream"),
       );
     }
+    this.files.push(...read);
     this.renderChips();
     this.refresh();
     this.actions.changed();

@@ -64,12 +64,37 @@ STORED_JS = """() => Object.fromEntries(Object.keys(localStorage)
 
 
 def stored(page: Page) -> dict[str, str]:
-    """The drafts in the browser's localStorage, by key."""
+    """The drafts' text in the browser's localStorage, by key."""
     return page.evaluate(STORED_JS)
 
 
 def written(page: Page) -> None:
-    """Wait until the page has shown a draft and written what was typed (within 300 ms)."""
+    """Wait until the page has shown a draft and written what was typed (within 300 ms),
+    its files included."""
     page.wait_for_function(
         "() => window.tether?.drafts.key != null && window.tether.drafts.timer === null"
+        " && window.tether.drafts.pending === 0"
     )
+
+
+# Read without creating it: opening a database that does not exist yet would make an empty one
+# the page could no longer give its store to.
+STORED_FILES_JS = """async () => {
+  const done = (request) => new Promise((resolve, reject) => {
+    request.onsuccess = () => resolve(request.result);
+    request.onerror = () => reject(request.error);
+  });
+  if (!(await indexedDB.databases()).some((db) => db.name === 'tether-drafts')) return {};
+  const db = await done(indexedDB.open('tether-drafts'));
+  const store = db.transaction('files').objectStore('files');
+  const asked = [store.getAllKeys(), store.getAll()]; // both in one turn of the transaction
+  const [keys, records] = await Promise.all(asked.map(done));
+  db.close();
+  return Object.fromEntries(keys.map((key, i) =>
+    [key, records[i].files.map((file) => [file.name, file.mime, file.blob.size])]));
+}"""
+
+
+def stored_files(page: Page) -> dict[str, list]:
+    """The drafts' files in the browser's IndexedDB, by draft key: [name, type, size] each."""
+    return page.evaluate(STORED_FILES_JS)

@@ -13,7 +13,16 @@ from playwright.sync_api import BrowserContext, Page, Route, expect
 
 from accounts_kit import PASSWORDS, add_user
 from helpers import ServerProcess, new_session, running_server, session_body, start_turn, wait_idle
-from pagekit import chips, composer, open_app, session_id_of, stored, wait_settled, written
+from pagekit import (
+    chips,
+    composer,
+    open_app,
+    session_id_of,
+    stored,
+    stored_files,
+    wait_settled,
+    written,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -220,20 +229,29 @@ def test_drafts_are_each_persons_and_leave_the_browser_at_log_out(
     context: BrowserContext, accounts_server: ServerProcess
 ) -> None:
     """Two people signing in on one browser (`--auth accounts`): a draft is stored under its
-    author's name, another person never sees it, and Log out takes it out of the browser."""
+    author's name, another person never sees it, and Log out takes it out of the browser,
+    its attached files (IndexedDB) with its text."""
     page = context.new_page()
     sign_in_page(page, accounts_server.base_url, "alice")
     composer(page).fill("alice's secret plan")
+    page.locator("#file-input").set_input_files(
+        files=[{"name": "plan.txt", "mimeType": "text/plain", "buffer": b"step one"}]
+    )
+    expect(chips(page)).to_have_text(["plan.txt"])
     written(page)
     assert list(stored(page)) == ["tether-draft:v1:alice:new"]
+    assert stored_files(page) == {"tether-draft:v1:alice:new": [["plan.txt", "text/plain", 8]]}
     page.reload()
     expect(composer(page)).to_have_value("alice's secret plan")
+    expect(chips(page)).to_have_text(["plan.txt"])
 
     page.get_by_role("button", name="Log out").click()
     page.wait_for_url("**/login")
     assert stored(page) == {}
+    assert stored_files(page) == {}
     sign_in_page(page, accounts_server.base_url, "bob")
     expect(composer(page)).to_have_value("")
+    expect(chips(page)).to_have_count(0)
     composer(page).fill("bob's list")
     written(page)
     assert list(stored(page)) == ["tether-draft:v1:bob:new"]

@@ -169,6 +169,13 @@ export class Composer {
     this.refresh();
   }
 
+  /** The files of the draft shown, read back from the browser's storage (drafts.js). */
+  showFiles(files) {
+    this.files = [...files];
+    this.renderChips();
+    this.refresh();
+  }
+
   /** Put text and attachments back (a refused send, a rotated session, a leftover steer). */
   restore(text, files = []) {
     this.input.value = this.input.value ? `${text}\n\n${this.input.value}` : text;

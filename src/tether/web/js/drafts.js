@@ -2,10 +2,12 @@
 // composer's text and files, and the edits left open on its messages. The composer shows the
 // draft of the session shown; a New chat has its own, which becomes its session's when that
 // is created. Text and edits are kept in localStorage, by user and session, so a reload, a
-// crashed tab or a browser closed and opened again finds them; files only in this tab's
-// memory (a page's storage is a few megabytes). Two tabs of one session: the last to write wins.
+// crashed tab or a browser closed and opened again finds them; files in IndexedDB
+// (draft_files.js), read back when the draft is shown. Two tabs of one session: the last to
+// write wins.
 
 import { asDrafts } from "./branches.js";
+import { DraftFiles } from "./draft_files.js";
 
 export const NEW_CHAT = "new"; // the key of the New chat's draft (a session id never is)
 const PREFIX = "tether-draft:v1:";
@@ -14,6 +16,7 @@ const MAX_AGE_MS = 30 * 24 * 3600 * 1000; // a draft left this long is dropped
 const MAX_CHARS = 1_000_000; // all of a browser's drafts together; the oldest go first
 
 let sealed = false; // logged out: nothing is written again from this page
+const fileStore = new DraftFiles();
 
 function storage() {
   try {
@@ -53,11 +56,12 @@ function fingerprint({ text, edits, files }) {
   return JSON.stringify([text, edits, files.map((file) => [file.name, file.size])]);
 }
 
-/** Log out: this user's drafts leave the browser (another person may use it next), and this
- *  page, about to go, writes none again. */
-export function forgetDrafts(user) {
+/** Log out: this user's drafts, text and files, leave the browser (another person may use
+ *  it next), and this page, about to go, writes none again. */
+export async function forgetDrafts(user) {
   sealed = true;
   for (const key of storedKeys(user ?? "")) storage()?.removeItem(key);
+  await fileStore.forget(`${PREFIX}${encodeURIComponent(user ?? "")}:`);
 }
 
 export class Drafts {
@@ -73,6 +77,11 @@ export class Drafts {
     this.memory = new Map(); // key -> {text, edits, files, at}: this tab's, files included
     this.seen = null; // the draft shown as last read or written (fingerprint)
     this.timer = null;
+    this.files = fileStore;
+    this.written = new Map(); // storage key -> the files its record holds, as this tab knows
+    this.loads = new Map(); // key -> its newest read of stored files (loadFiles)
+    this.chain = Promise.resolve(); // the file store's reads and writes, one after another
+    this.pending = 0; // of them, not done yet
     const transcript = document.getElementById("transcript"); // its edit boxes
     for (const type of ["input", "click"]) transcript.addEventListener(type, () => this.changed());
     window.addEventListener("pagehide", () => this.save());
@@ -90,6 +99,17 @@ export class Drafts {
       const draft = parse(storage()?.getItem(key));
       if (!draft || !(now - draft.at < MAX_AGE_MS)) storage()?.removeItem(key);
     }
+    if (user !== null) this.queue(() => this.files.dropOlderThan(now - MAX_AGE_MS));
+  }
+
+  /** Run `job` after the file store's earlier ones: a draft's files are read before they are
+   *  written over, and written in the order they changed. */
+  queue(job) {
+    this.pending++;
+    this.chain = this.chain
+      .then(job)
+      .catch(() => {}) // a failed read or write leaves the draft in this tab's memory
+      .finally(() => this.pending--);
   }
 
   storageKey(key) {
@@ -119,12 +139,67 @@ export class Drafts {
     else this.memory.set(key, { text, edits, files, at });
     if (this.user === null || sealed) return;
     const name = this.storageKey(key);
+    this.queue(() => this.syncFiles(key));
     try {
       if (!text.trim() && !edits.length) storage()?.removeItem(name);
       else this.store(name, JSON.stringify({ text, edits, at }));
     } catch {
       // storage unavailable: this tab's memory keeps the draft
     }
+  }
+
+  /** The file store gets `key`'s files as last written here, unless it holds them already. */
+  async syncFiles(key) {
+    const name = this.storageKey(key);
+    const mine = this.memory.get(key);
+    const files = mine?.files ?? [];
+    const before = this.written.get(name);
+    if (before?.length === files.length && before.every((file, i) => file === files[i])) return;
+    this.written.set(name, files);
+    if (!files.length) return this.files.remove(name);
+    const notice = await this.files.put(name, files, mine.at);
+    if (notice) this.notify(notice);
+  }
+
+  /** `key`'s stored files, when written after `since` (when this tab last wrote its draft;
+   *  0: never), take the place of `from` (the files this tab had for it), before any
+   *  attached since, in this tab's draft and in the composer if it shows `key`. Only the
+   *  newest read of a key does (an older one's `from` is out of date): never twice. */
+  loadFiles(key, since, from, shown = null) {
+    if (this.user === null) return;
+    const read = {};
+    this.loads.set(key, read);
+    this.queue(async () => {
+      const name = this.storageKey(key);
+      const stored = this.loads.get(key) === read ? await this.files.get(name) : null;
+      if (!stored || !(stored.at > since) || this.loads.get(key) !== read) return;
+      this.written.set(name, stored.files);
+      const merged = (files) => [...stored.files, ...files.filter((file) => !from.includes(file))];
+      const mine = this.memory.get(key);
+      if (mine) mine.files = merged(mine.files);
+      if (key !== this.key || shown === null) return;
+      // shown as read: now as stored too (a tab that only shows it writes nothing back)
+      const files = stored.files;
+      if (this.seen === fingerprint(shown)) this.seen = fingerprint({ ...shown, files });
+      this.composer.showFiles(merged(this.composer.draft().files));
+      this.changed();
+    });
+  }
+
+  /** `key`'s draft leaves: this tab's, the stored text and edits, and its files. */
+  forget(key) {
+    this.memory.delete(key);
+    if (this.user === null) return;
+    const name = this.storageKey(key);
+    try {
+      storage()?.removeItem(name);
+    } catch {
+      // unreadable storage holds nothing of ours
+    }
+    this.queue(() => {
+      this.written.set(name, []);
+      return this.files.remove(name);
+    });
   }
 
   /** Store one draft, within MAX_CHARS for all: the oldest others go first, and when the
@@ -175,7 +250,9 @@ export class Drafts {
    *  first time, what was typed while the page loaded is kept after it. */
   show(key) {
     const first = this.key === null;
+    const since = this.memory.get(key)?.at ?? 0;
     const draft = this.read(key);
+    const shown = { ...draft, files: [...draft.files] };
     this.key = key;
     this.seen = fingerprint(draft);
     if (first) {
@@ -185,6 +262,7 @@ export class Drafts {
       if (typed.text.trim() || typed.files.length) this.changed();
     }
     this.composer.setDraft(draft);
+    this.loadFiles(key, since, shown.files, shown);
   }
 
   /** The New chat's session was created: its draft is that session's from now on. */
@@ -208,7 +286,9 @@ export class Drafts {
       this.composer.restore(text, files);
       return;
     }
+    const since = this.memory.get(key)?.at ?? 0;
     const draft = this.read(key);
+    this.loadFiles(key, since, draft.files); // the stored ones are not written over
     draft.text = draft.text ? `${text}\n\n${draft.text}` : text;
     draft.files = [...files, ...draft.files];
     this.write(key, draft);
@@ -224,8 +304,19 @@ export class Drafts {
   /** Session `sid` is gone: its draft leaves the storage, and what was typed in it is not
    *  lost with it: into the composer shown, unsent, with a notice. */
   rescue(sid) {
+    const since = this.memory.get(sid)?.at ?? 0;
     const { text, files, edits } = this.read(sid);
-    this.write(sid, { text: "", edits: [], files: [] });
+    const name = this.user === null ? null : this.storageKey(sid);
+    this.queue(async () => {
+      // its stored files, when newer than this tab's (a reload, another tab), go along
+      const stored = name === null ? null : await this.files.get(name);
+      this.rescued(text, stored?.at > since ? stored.files : files, edits);
+    });
+    this.forget(sid);
+  }
+
+  /** What was typed in a deleted session: into the composer shown, unsent, with a notice. */
+  rescued(text, files, edits) {
     const typed = edits.filter((edit) => edit.text.trim());
     if (text.trim() || files.length) {
       this.composer.restore(text, files);

@@ -5,6 +5,7 @@
 import { forgetDrafts } from "./drafts.js";
 
 const button = document.getElementById("logout-btn");
+const FORGET_MS = 2000; // Log out waits this long at most for the drafts' files to go
 
 function toLogin() {
   const here = location.pathname + location.search;
@@ -31,7 +32,7 @@ async function checkStatus() {
 
 async function logOut() {
   if (button) button.disabled = true;
-  forgetDrafts(username);
+  await Promise.race([forgetDrafts(username), new Promise((go) => setTimeout(go, FORGET_MS))]);
   try {
     await fetch("/api/auth/logout", { method: "POST" });
   } catch {

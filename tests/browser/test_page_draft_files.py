@@ -1,6 +1,6 @@
-"""A draft's attached files kept across a reload (docs/page.md, "Drafts"). The real page in
-headless Chromium against the real server; the browser's own IndexedDB and localStorage read
-from the test."""
+"""A draft's attached files kept across a reload, and drafts of deleted sessions taken out of
+the browser (docs/page.md, "Drafts"). The real page in headless Chromium against the real
+server; the browser's own IndexedDB and localStorage read from the test."""
 
 from __future__ import annotations
 
@@ -169,6 +169,55 @@ def test_without_indexeddb_files_stay_in_the_tab_and_the_user_is_told_once(
         assert [a["name"] for a in sent["attachments"]] == ["again.txt"]
     assert errors == []
     context.close()
+
+
+def test_a_deleted_sessions_draft_leaves_the_browser_and_an_archived_ones_stays(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Drafts of deleted sessions stayed in the browser for good when no tab saw the deletion
+    (the session deleted from another browser or the API while none was open). Once the
+    page has read the session list, it takes out a draft whose session the server says is
+    gone (text, files and open edits); an archived session's draft stays (it is not in the
+    default list), and so does every draft while the server cannot be asked."""
+    with httpx.Client(base_url=web_server.base_url) as client:
+        apples, pears, plums = (settled_session(client, t) for t in ("Apples", "Pears", "Plums"))
+    page = context.new_page()
+    for sid in (apples, pears, plums):
+        open_app(page, web_server.base_url, f"/s/{sid}")
+        wait_settled(page)
+        composer(page).fill(f"draft of {sid}")
+        row = page.locator("#transcript .rows > .row.user").first
+        row.get_by_role("button", name="Edit").click()
+        row.get_by_role("textbox", name="Edit message").fill("an edit left open")
+        attach(page, ("notes.txt", "text/plain", NOTES))
+        expect(chips(page)).to_have_text(["notes.txt"])
+        written(page)
+    keys = {draft_key(sid) for sid in (apples, pears, plums)}
+    assert set(stored(page)) == keys
+    assert set(stored_files(page)) == keys
+    page.close()  # no page of the app open while it happens
+
+    with httpx.Client(base_url=web_server.base_url) as client:
+        client.delete("/api/session", params={"session_id": pears}).raise_for_status()
+        archived = {"session_id": plums, "archived": True}
+        client.patch("/api/session", json=archived).raise_for_status()
+    page = context.new_page()
+    page.route("**/api/session/status*", lambda route: route.abort())
+    open_app(page, web_server.base_url)
+    page.wait_for_function("() => window.tether.drafts.pruned > 0")
+    assert set(stored(page)) == keys
+    assert set(stored_files(page)) == keys
+    page.unroute("**/api/session/status*")
+
+    page.reload()
+    page.wait_for_function("() => window.tether.drafts.pruned > 0")
+    written(page)
+    kept = {draft_key(apples), draft_key(plums)}
+    assert set(stored(page)) == kept
+    assert set(stored_files(page)) == kept
+    page.locator(".session-link").filter(has_text="Apples").click()
+    expect(composer(page)).to_have_value(f"draft of {apples}")
+    expect(chips(page)).to_have_text(["notes.txt"])
 
 
 def test_a_session_deleted_while_the_page_is_open_takes_its_files_along(

@@ -153,6 +153,15 @@ export class DraftFiles {
     }
   }
 
+  /** The draft keys with files stored that start with `prefix`. */
+  async keys(prefix) {
+    try {
+      return await this.run("readonly", (store) => store.getAllKeys(startingWith(prefix)));
+    } catch {
+      return [];
+    }
+  }
+
   /** Records written before `at` leave (every user's: a draft left 30 days). */
   async dropOlderThan(at) {
     try {

@@ -4,8 +4,10 @@
 // is created. Text and edits are kept in localStorage, by user and session, so a reload, a
 // crashed tab or a browser closed and opened again finds them; files in IndexedDB
 // (draft_files.js), read back when the draft is shown. Two tabs of one session: the last to
-// write wins.
+// write wins. A deleted session's draft leaves: when a stream says so, and when the list is
+// read again (at start, after a gap) and the server says the session is gone.
 
+import { get, q } from "./api.js";
 import { asDrafts } from "./branches.js";
 import { DraftFiles } from "./draft_files.js";
 
@@ -64,6 +66,29 @@ export async function forgetDrafts(user) {
   await fileStore.forget(`${PREFIX}${encodeURIComponent(user ?? "")}:`);
 }
 
+/** Which of `sids` the server says are gone. The lists (the default one and the archived one,
+ *  each whole in one answer) show which are there; one in neither may still be (a rotated
+ *  parent is in neither), so only its own 404 `session_not_found` proves it gone. Throws
+ *  when a list cannot be read: then nothing is proven. */
+async function goneSessions(sids) {
+  let unlisted = sids;
+  for (const params of [{}, { archived: 1 }]) {
+    if (!unlisted.length) return [];
+    const { sessions } = await get(`/api/sessions?${q(params)}`);
+    const listed = new Set(sessions.map((row) => row.session_id));
+    unlisted = unlisted.filter((sid) => !listed.has(sid));
+  }
+  const gone = [];
+  for (const sid of unlisted) {
+    try {
+      await get(`/api/session/status?${q({ session_id: sid })}`);
+    } catch (err) {
+      if (err.code === "session_not_found") gone.push(sid);
+    }
+  }
+  return gone;
+}
+
 export class Drafts {
   /** `composer`: the Composer (draft(), setDraft(draft), restore(text, files));
    *  `editsShown()`: the edits left open in the session shown (`openEdits`, branches.js);
@@ -82,6 +107,8 @@ export class Drafts {
     this.loads = new Map(); // key -> its newest read of stored files (loadFiles)
     this.chain = Promise.resolve(); // the file store's reads and writes, one after another
     this.pending = 0; // of them, not done yet
+    this.pruning = Promise.resolve();
+    this.pruned = 0; // prunes done (a test waits for one)
     const transcript = document.getElementById("transcript"); // its edit boxes
     for (const type of ["input", "click"]) transcript.addEventListener(type, () => this.changed());
     window.addEventListener("pagehide", () => this.save());
@@ -199,6 +226,27 @@ export class Drafts {
     this.queue(() => {
       this.written.set(name, []);
       return this.files.remove(name);
+    });
+  }
+
+  /** The session list was read again (at start, after a gap in the streams): a draft whose
+   *  session the server says is gone leaves, one deleted while no page of this browser was
+   *  there to see it. Any doubt keeps the draft. */
+  prune() {
+    this.pruning = this.pruning.then(async () => {
+      try {
+        if (this.user === null || sealed) return;
+        const prefix = `${PREFIX}${encodeURIComponent(this.user)}:`;
+        const names = new Set([...storedKeys(this.user), ...(await this.files.keys(prefix))]);
+        const keys = [...names].map((name) => decodeURIComponent(name.slice(prefix.length)));
+        const sids = keys.filter((key) => key !== NEW_CHAT);
+        if (!sids.length) return;
+        for (const sid of await goneSessions(sids)) if (sid !== this.key) this.forget(sid);
+      } catch {
+        // the server could not be asked: every draft stays
+      } finally {
+        this.pruned++;
+      }
     });
   }
 

@@ -54,6 +54,7 @@ class App {
       onDeleted: (sid) => this.onDeleted(sid),
       onChanged: (row) => this.onRowChanged(row),
       notify: (msg) => this.notify(msg),
+      onReread: () => this.drafts.prune(), // drafts of sessions deleted unseen
     });
     this.composer = new Composer({
       send: (text, files) => this.send(text, files),
@@ -257,7 +258,7 @@ class App {
         },
         onState: (state, detail) => this.setConn(state, detail),
         onDeleted: () => this.onDeleted(sid),
-        onResync: () => this.sidebar.load(),
+        onResync: () => this.sidebar.reread(),
       },
       { heartbeatMs: 5000, relay: this.sidebar.relay },
     );

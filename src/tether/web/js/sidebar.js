@@ -28,7 +28,8 @@ export function relativeTime(seconds, now = Date.now() / 1000) {
 const FAILED = { error: "failed", interrupted: "interrupted" };
 
 export class Sidebar {
-  /** opts: unread (UnreadStore), onOpen(sid), onDeleted(sid), onChanged(row), notify(msg) */
+  /** opts: unread (UnreadStore), onOpen(sid), onDeleted(sid), onChanged(row), notify(msg),
+   *  onReread() (the list is read again where changes may have been missed: reread) */
   constructor(opts) {
     this.opts = opts;
     this.list = document.getElementById("session-list");
@@ -48,7 +49,7 @@ export class Sidebar {
     this.feed = null; // the feed's relay handle while it is the sidebar's own stream
     this.relay = new SidebarRelay({
       onChange: (change) => this.onChanged(change),
-      onGap: () => this.load(),
+      onGap: () => this.reread(),
     });
     this.searchTimer = null;
     this.search.addEventListener("input", () => {
@@ -92,6 +93,13 @@ export class Sidebar {
     this.render();
   }
 
+  /** The list read again where the streams may have missed changes (the page's first stream,
+   *  a dropped one, a resync): a deletion missed is not told as one, so the page is told. */
+  reread() {
+    this.load();
+    this.opts.onReread?.();
+  }
+
   /** The clock for a request about to read rows (pass it to onChanged with its answer). */
   stamp() {
     return ++this.clock;
@@ -120,7 +128,7 @@ export class Sidebar {
     });
     feed.addEventListener("resync", () => {
       source.frame();
-      this.load();
+      this.reread();
     });
     feed.onerror = () => source.lost(); // the browser reconnects it by itself
   }

@@ -2,7 +2,8 @@
 changes, not the session's length. Measured on a 1,200-row session, the page laid out and
 painted every row on every frame of a run (a run took 5-7 times the main thread it takes in
 an empty session), and moving each rendered answer from the inert document into the page's
-cost more than parsing and sanitising it (docs/page.md, "Long sessions"). Layer: the page's
+cost more than parsing and sanitising it, and opening it parsed every answer before showing
+anything (docs/page.md, "Long sessions"). Layer: the page's
 transcript view only; the reducer and the log are untouched. Contract invariant 5 (one
 renderer path): a row is skipped only when what it is drawn from is unchanged, so what is
 shown is still the reducer's view."""
@@ -107,6 +108,26 @@ def test_settled_rows_out_of_view_are_skipped_by_the_browser_and_drawn_when_scro
         ".checkVisibility({ contentVisibilityAuto: true })"
     )
     assert rows.last.evaluate(drawn) is False
+
+
+def test_a_long_history_renders_its_last_answers_at_once_and_the_ones_above_when_idle(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Opening a 1,200-row session parsed and sanitised every answer before the page showed
+    anything. The last rows' answers render at once; those above show as their text (found by
+    find-in-page) until the page is idle, then render newest first."""
+    sid = long_session(web_server)
+    page = context.new_page()
+    open_app(page, web_server.base_url, f"/s/{sid}")
+    rows = page.locator(".rows > .row")
+    expect(rows).to_have_count(2 * TURNS, timeout=30_000)
+    first = rows.nth(1).locator(".markdown")
+    shown = first.evaluate("el => [el.className, el.textContent]")
+    assert rows.last.locator(".markdown strong").inner_text() == f"Answer {TURNS - 1}"
+    assert "later" in shown[0] and shown[1].startswith("**Answer 0**")  # not rendered yet
+    expect(first.locator("strong")).to_have_text("Answer 0")  # rendered when idle
+    expect(first.locator(".code-block .copy-code")).to_have_count(1)
+    expect(page.locator(".markdown.later")).to_have_count(0)
 
 
 # Counts the nodes inserted into a node of another document (adopted: moved across), while the

@@ -202,6 +202,25 @@ const tooLongNote = (length) =>
   `Shown as plain text: ${length.toLocaleString("en-US")} characters is more than the ` +
   `${MAX_FORMATTED_CHARS.toLocaleString("en-US")} that are formatted.`;
 
+/** Views shown as plain text until the page is idle (`showLater`), the newest last. */
+const waiting = [];
+let drawing = false;
+const IDLE_SLICE_MS = 8; // a slice leaves the frame room for input and painting
+
+/** Render waiting views, newest first (a session opens at its bottom), a slice at a time. A
+ *  view whose element has left the page (another session opened) is dropped. */
+function drawWaiting() {
+  const until = performance.now() + IDLE_SLICE_MS;
+  while (waiting.length && performance.now() < until) waiting.pop().showWaiting();
+  drawing = waiting.length > 0;
+  if (drawing) whenIdle(drawWaiting);
+}
+
+const whenIdle = (callback) =>
+  window.requestIdleCallback
+    ? requestIdleCallback(callback, { timeout: 250 })
+    : setTimeout(callback, 0);
+
 /**
  * One element's Markdown, rendered incrementally as its text grows. A top-level block is
  * frozen (never parsed or touched again) once a later block has started on a complete line:
@@ -217,9 +236,41 @@ export class MarkdownView {
     this.tailNodes = [];
     this.shown = false;
     this.plain = null; // {note, text} while the text is over MAX_FORMATTED_CHARS
+    this.later = null; // the text shown plain until `showWaiting` renders it
+  }
+
+  /** `text` as plain text now (find-in-page and the accessibility tree have it), rendered
+   *  when the page is idle: a 1,200-row session's history parsed and sanitised every answer
+   *  before it showed anything (docs/page.md, "Long sessions"). */
+  showLater(text) {
+    if (this.shown) {
+      this.show(text); // rendered once, it stays rendered
+      return;
+    }
+    if (this.later === text) return;
+    if (this.later === null) {
+      waiting.push(this);
+      if (!drawing) {
+        drawing = true;
+        whenIdle(drawWaiting);
+      }
+    }
+    this.later = text;
+    this.el.classList.add("later");
+    this.el.textContent = text;
+  }
+
+  /** Render the text `showLater` left plain, if any (a search hit revealed, an idle slice). */
+  showWaiting() {
+    if (this.later !== null && this.el.isConnected) this.show(this.later);
   }
 
   show(text) {
+    if (this.later !== null) {
+      this.later = null;
+      this.el.classList.remove("later");
+      this.reset();
+    }
     if (text === this.text && this.shown) return;
     this.shown = true;
     const began = performance.now();

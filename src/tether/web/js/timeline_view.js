@@ -15,14 +15,17 @@ export const TERMINAL_LABELS = {
 };
 
 /** Live text renders at most every LIVE_RENDER_MS (the tail only: markdown.js); settled text
- *  at once. Either way through the same renderer, so the settled render changes nothing. */
-function setMarkdown(el, text, live) {
+ *  at once, or `later` when the page is idle. Always through the same renderer, so the
+ *  settled render changes nothing. */
+function setMarkdown(el, text, live, later = false) {
   el._md ??= new MarkdownView(el);
   el._pending = text;
   if (!live) {
     clearTimeout(el._renderTimer);
     el._renderTimer = null;
-    el._md.show(text);
+    // an answer still waiting to render stays waiting when its row is drawn again
+    if (later || el._md.later !== null) el._md.showLater(text);
+    else el._md.show(text);
     return;
   }
   if (el._renderTimer) return;
@@ -165,12 +168,12 @@ export function buildBlock(block) {
   }
 }
 
-export function updateBlock(el, block, live, last = false) {
+export function updateBlock(el, block, live, last = false, later = false) {
   const item = block.item;
   switch (block.kind) {
     case "text":
       el.classList.toggle("interim", !!item.interim);
-      setMarkdown(el, item.text, live);
+      setMarkdown(el, item.text, live, later);
       break;
     case "reasoning":
       // live thinking is open to read; it folds away when the run settles

@@ -6,6 +6,10 @@ import { activityParts, blocksFor } from "./blocks.js";
 import { formatDuration, h, patchChildren } from "./dom.js";
 import { buildBlock, TERMINAL_LABELS, updateBlock } from "./timeline_view.js";
 
+// Rows whose answers render at once when history is drawn in one go: more than fill a window
+// from the bottom, where a session opens.
+const EAGER_ROWS = 40;
+
 /** The settled head line, where the live one said "Working mm:ss": in the Worklog what the
  *  run did, then how it ended and how long it took ("Activity: 2 tools · Done in 14 s"); the
  *  row keeps its height when the run ends. */
@@ -241,14 +245,21 @@ export class TranscriptView {
       });
     }
     const lost = editsLeaving(this.rowsEl, new Set(rows.map((row) => row.key)));
-    patchChildren(this.rowsEl, rows, buildRow, (el, row) => this.updateRow(el, row));
+    // history drawn in one go (a session opened, a branch shown near its start): the answers
+    // of its last EAGER_ROWS rows render at once, the ones above when the page is idle
+    const built = rows.length - this.rowsEl.childElementCount;
+    const laterBelow = built > EAGER_ROWS ? rows.length - EAGER_ROWS : 0;
+    let index = 0;
+    patchChildren(this.rowsEl, rows, buildRow, (el, row) =>
+      this.updateRow(el, row, index++ < laterBelow),
+    );
     for (const edit of lost) this.onEditLost?.(edit);
     const old = inherited.map((m) => ({ ...m, key: `inh:${m.session_id}:${m.id}` }));
     patchChildren(this.inheritedEl, old, buildRow, (el, row) => this.updateRow(el, row));
     this.dividerEl.hidden = old.length === 0;
   }
 
-  updateRow(el, row) {
+  updateRow(el, row, later = false) {
     if (row.role === "mark") {
       el.textContent = compressionMarkText(row.at);
       return;
@@ -283,7 +294,7 @@ export class TranscriptView {
     setCopySource(el, live ? "" : row.content); // the answer, once it is settled
     const blocks = blocksFor(row, this.mode, live);
     patchChildren(el.querySelector(".items"), blocks, buildBlock, (child, block) =>
-      updateBlock(child, block, live, !!row.last),
+      updateBlock(child, block, live, !!row.last, later),
     );
   }
 
@@ -294,6 +305,7 @@ export class TranscriptView {
     for (const old of this.rowsEl.querySelectorAll(".search-hit"))
       old.classList.remove("search-hit");
     if (!el) return false;
+    for (const block of el.querySelectorAll(".markdown")) block._md?.showWaiting();
     this.following = false;
     el.classList.add("search-hit");
     el.setAttribute("tabindex", "-1");

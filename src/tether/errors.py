@@ -139,6 +139,14 @@ class SessionRotated(ApiError):
     code, status = "session_rotated", 409
 
 
+class TranscriptChanged(ApiError):
+    """A new message sent from a view of the transcript (`after_seq`) that rows were hidden
+    from since (another tab switched branch, edited, regenerated or cut): the model would
+    get a context the user never saw (contract invariant 1)."""
+
+    code, status = "transcript_changed", 409
+
+
 class UserExists(ApiError):
     code, status = "user_exists", 409
 

@@ -29,7 +29,9 @@ from helpers import (
     run_events,
     running_server,
     seqs,
+    session_body,
     start_turn,
+    wait_idle,
     wait_until,
 )
 
@@ -284,3 +286,37 @@ def test_accounts_owners_and_search_are_the_databases_on_every_replica(tmp_path:
             hidden = bob_b.get("/api/session", params={"session_id": sid})
             assert hidden.status_code == 404
             assert alice_b.get("/api/session", params={"session_id": sid}).status_code == 200
+
+
+def test_a_start_from_a_view_another_replica_changed_is_refused_through_either(
+    tmp_path: Path,
+) -> None:
+    """Layer: runs admission across replicas (docs/api.md §4 `after_seq`); contract
+    invariant 1. A tab on replica A shows branch 1; a tab on replica B switches to branch 2.
+    A's message with the position of its view is 409 `transcript_changed` through A (whose
+    fold reads the log's position in the database) and through B alike, and writes nothing;
+    from the view now shown it goes, after branch 2."""
+    with database() as url, replicas(tmp_path, url, DEMO, DEMO) as [(_, on_a), (_, on_b)]:
+        sid = new_session(on_a)
+        start_turn(on_a, sid, "one")
+        wait_idle(on_a, sid)
+        first = session_body(on_a, sid)["messages"][0]
+        start_turn(on_a, sid, "one, edited", edit_of=first["id"])
+        edited = wait_idle(on_a, sid)["messages"][0]
+        back = {"session_id": sid, "row_id": edited["id"], "index": 1}
+        seen = on_a.post("/api/session/branch", json=back).json()["session"]
+        forth = {"session_id": sid, "row_id": seen["messages"][0]["id"], "index": 2}
+        assert on_b.post("/api/session/branch", json=forth).status_code == 200
+        now = session_body(on_b, sid)
+        stale = {"session_id": sid, "message": "two", "after_seq": seen["last_seq"]}
+        for client in (on_a, on_b):
+            refused = client.post("/api/chat/start", json=stale)
+            assert refused.status_code == 409, refused.text
+            assert refused.json()["code"] == "transcript_changed"
+        assert session_body(on_a, sid)["last_seq"] == now["last_seq"]
+        start_turn(on_a, sid, "two", after_seq=now["last_seq"])
+        body = wait_idle(on_b, sid)
+        assert [m["content"] for m in body["messages"] if m["role"] == "user"] == [
+            "one, edited",
+            "two",
+        ]

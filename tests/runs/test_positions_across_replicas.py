@@ -21,7 +21,7 @@ from tether import events as ev
 from tether.errors import QueueItemNotFound
 from tether.events import SUMMARY_PREFIX
 from tether.log import Draft
-from tether.log.errors import SessionContinued, TranscriptMoved
+from tether.log.errors import SeenTranscriptChanged, SessionContinued, TranscriptMoved
 from tether.runtimes.base import RuntimeEvent, TurnInput, Usage
 from tether.settings import Settings
 
@@ -179,6 +179,44 @@ def test_a_regenerate_of_the_last_unanswered_message_checked_before_another_repl
             assert [d.get("regenerate", False) for d in submitted] == [False, False]
             expected = [("user", "one"), ("user", "two"), ("assistant", "answer")]
             assert await shown(a, sid) == expected == await shown(b, sid)
+
+    with database() as url:
+        asyncio.run(main(url))
+
+
+def test_a_start_from_a_view_checked_before_another_replica_hid_its_rows_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Layer: the log (log/pg_batch.py, `Draft.shown_generation` against the locked counter
+    row's index state), for `POST /api/chat/start {after_seq}` across replicas; contract
+    invariant 1. Replica A checks a start from the user's view [one, answer, two, answer]
+    (nothing hidden since), and replica B cuts the last exchange before A's append: A's
+    check alone let the message land after rows the user no longer had, under a cut they
+    never saw. The database refuses it, 409 `transcript_changed`: nothing written, no run.
+    A rename through B in the same place (it hides nothing) does not refuse it."""
+
+    async def main(url: str) -> None:
+        async with _replica(tmp_path / "a", url) as a, _replica(tmp_path / "b", url) as b:
+            assert isinstance(a.engine.runtime, Answering)
+            sid = (await a.sessions.create(None))["session_id"]
+            await answered(a, sid, "one")
+            await answered(a, sid, "two")
+            seen = await a.store.last_seq(sid)
+            assert seen is not None
+            hold_append(a, has("turn.submitted"), lambda: b.sessions.truncate(sid, 2))
+            logged = await a.types(sid)
+            with pytest.raises(SeenTranscriptChanged) as refused:
+                await a.engine.start(sid, "three", after_seq=seen)
+            assert (refused.value.code, refused.value.status) == ("transcript_changed", 409)
+            assert await a.types(sid) == [*logged, "transcript.truncated"]
+            assert not a.registry.busy(sid) and len(a.engine.runtime.turns) == 2
+
+            seen = await a.store.last_seq(sid)
+            assert seen is not None
+            hold_append(a, has("turn.submitted"), lambda: b.sessions.patch(sid, {"title": "x"}))
+            await a.engine.start(sid, "three", after_seq=seen)
+            await a.wait_idle(sid)
+            assert said(a.engine.runtime.turns[-1]) == ["one", "answer", "three"]
 
     with database() as url:
         asyncio.run(main(url))

@@ -52,7 +52,9 @@ async def start_turn(app: App, body: StartTurn) -> dict:
     `session_busy` while any worker occupies the session, `session_rotated` after a
     compression rotation; every refusal comes before any write. With `edit_of` (a user
     row of the transcript shown) the message replaces that one and everything after it as
-    a new branch; the old branch is kept (404 `row_not_found` for a row not shown)."""
+    a new branch; the old branch is kept (404 `row_not_found` for a row not shown). With
+    `after_seq` (where the sender's view was folded to), 409 `transcript_changed` when
+    rows of that view were hidden since (another tab switched branch, edited or cut)."""
     text = check_message(
         body.message, app.settings, with_files=bool(body.attachments or body.keep_attachments)
     )
@@ -67,6 +69,7 @@ async def start_turn(app: App, body: StartTurn) -> dict:
         edit_of=body.edit_of,
         keep_attachments=body.keep_attachments,
         max_attachments=app.settings.max_attachments,
+        after_seq=body.after_seq,
     )
 
 
@@ -177,8 +180,9 @@ async def start_queued(app: App, body: StartQueued) -> dict:
     """Start a queued message as the turn at once, while the session is idle (after a Stop
     or an error the queue waits for the user): the same answer as `chat/start`, and the item
     leaves the queue. 409 `session_busy` while a run is active (it stays queued); 404
-    `queue_item_not_found` once it was sent or removed."""
-    return await app.queue.start(body.queue_id)
+    `queue_item_not_found` once it was sent or removed; with `after_seq`, 409
+    `transcript_changed` (it stays queued) as for `chat/start`."""
+    return await app.queue.start(body.queue_id, body.after_seq)
 
 
 @router.post(

@@ -102,6 +102,20 @@ class AttachmentUpload(Body):
     data_base64: StrictStr
 
 
+# The position a client's view of the transcript was folded to (the `last_seq` of its
+# snapshot, or the seq of the last event it folded): a start from a view whose rows were
+# hidden since is 409 `transcript_changed` (docs/api.md §4).
+AfterSeq = Annotated[
+    StrictInt | None,
+    Field(
+        ge=0,
+        description="The seq the sender's view of the transcript was folded to: refused (409 "
+        "`transcript_changed`) when a branch switch, an edit, a regenerate or a truncate hid "
+        "rows of that view since",
+    ),
+]
+
+
 class StartTurn(Body):
     session_id: Id
     message: StrictStr
@@ -117,6 +131,7 @@ class StartTurn(Body):
         description="With `edit_of`: the attachments of the edited message to keep "
         "(default: all of them)",
     )
+    after_seq: AfterSeq = None
 
 
 class RegenerateTurn(Body):
@@ -167,6 +182,7 @@ class EditQueued(Body):
 
 class StartQueued(Body):
     queue_id: Id
+    after_seq: AfterSeq = None
 
 
 # -- Responses: documentation only (routes return plain dicts, so a field added here is never

@@ -9,6 +9,7 @@ from tether.errors import (
     RowNotFound,
     SessionBusy,
     SessionRotated,
+    TranscriptChanged,
 )
 
 
@@ -54,6 +55,24 @@ class TranscriptMoved(LogError, RowNotFound):
             "The transcript changed meanwhile (another tab switched branch, edited or sent "
             "something); reload the session and try again.",
         )
+        self.session_id = session_id
+
+
+# What both refusals of a stale view say (runs/engine.py checks first, the database last).
+TRANSCRIPT_CHANGED = (
+    "The conversation changed in another tab or device (another branch is shown, or a "
+    "message was edited, regenerated or cut) after this view of it; nothing was sent. "
+    "Look at what is shown now and send again."
+)
+
+
+class SeenTranscriptChanged(LogError, TranscriptChanged):
+    """A new turn sent from a view of the transcript (`Draft.shown_generation`) whose rows
+    another replica hid (a truncate, a branch switch) after this one checked it: refused, 409
+    `transcript_changed`, never appended after rows the user never saw (log/pg_batch.py)."""
+
+    def __init__(self, session_id: str):
+        TranscriptChanged.__init__(self, TRANSCRIPT_CHANGED)
         self.session_id = session_id
 
 

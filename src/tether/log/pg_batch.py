@@ -2,9 +2,10 @@
 its pipeline: BEGIN, the sessions' counter rows locked (log/pg_counters.py), each operation
 checked against what the database decides (one unfinished run per session, a Stop once per
 run, an answer once per prompt, the fence of a run taken over, a position checked before
-another replica wrote, nothing new in a rotated session) and turned into rows, then
-everything written with the counter rows and COMMIT. A refused operation fails alone; what
-the batch holds in memory (log/pg_rows.py `Batch`) is what it will write."""
+another replica wrote, a new turn from a view whose rows another replica hid, nothing new in
+a rotated session) and turned into rows, then everything written with the counter rows and
+COMMIT. A refused operation fails alone; what the batch holds in memory (log/pg_rows.py
+`Batch`) is what it will write."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from tether.log.errors import (
     QueueItemEdited,
     QueueItemGone,
     RunTakenOver,
+    SeenTranscriptChanged,
     SessionContinued,
     SessionExists,
     SessionNotFound,
@@ -135,6 +137,7 @@ class BatchTransaction:
         owner, epoch = work.owner.get(sid, (None, 0))
         answered = work.answered.get(sid, [])
         continued = work.continued.get(sid)
+        generation = (work.state.get(sid) or {}).get("transcript_generation", 0)
         for n, draft in enumerate(op.drafts):
             if (  # rotated: checked by a replica before it was (an import keeps its history)
                 continued is not None
@@ -146,6 +149,8 @@ class BatchTransaction:
                 raise SessionOccupied(sid, open_stream)
             if draft.after_seq is not None and draft.after_seq != last + n:
                 raise TranscriptMoved(sid)  # another replica wrote since it was checked
+            if draft.shown_generation is not None and draft.shown_generation != generation:
+                raise SeenTranscriptChanged(sid)  # another replica hid rows since the check
             if draft.queued_since is not None:  # an edit, a removal or a start of it
                 await self._check_queued(conn, sid, draft, work)
             if draft.type == SESSION_ROTATED:

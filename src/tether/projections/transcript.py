@@ -112,6 +112,9 @@ class TranscriptFold:
 
     def __init__(self) -> None:
         self.last_seq = 0
+        # The seq of the last event that hid rows shown (a truncate, a branch switch): a view
+        # folded before it is not what the model would get (runs/engine.py, `after_seq`).
+        self.hidden_at = 0
         self.messages: list[dict[str, Any]] = []  # the visible transcript: the branch shown
         self.tree = BranchTree(self.messages)  # every branch (docs/api.md §10)
         self.active: dict[str, RunScene] = {}
@@ -419,11 +422,13 @@ class TranscriptFold:
     def _truncated(self, event: Event) -> None:
         """Hide the rows from `keep_count` on: kept as a branch beside what comes next."""
         self.tree.cut(event.data["keep_count"])
+        self.hidden_at = event.seq
 
     def _branch_switched(self, event: Event) -> None:
         row_id = event.data.get("row_id")
         if isinstance(row_id, str):
             self.tree.show(row_id)
+            self.hidden_at = event.seq
 
     def _agent_imported(self, event: Event) -> None:
         """Turns another client of the agent wrote, in the order it wrote them; a compaction

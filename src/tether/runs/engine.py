@@ -37,7 +37,7 @@ from tether.runs.intake import Upload
 from tether.runs.pump import END, Signal, outcome, pump
 from tether.runs.registry import RUNNING, STARTING, Run, RunRegistry
 from tether.runtimes.base import AttachmentRef, ProviderError, Runtime, TurnInput
-from tether.sessions.branching import edit_fork, regenerate_fork
+from tether.sessions.branching import edit_fork, regenerate_fork, shown_generation
 from tether.sessions.defaults import Defaults
 from tether.sessions.service import SessionService
 
@@ -106,6 +106,7 @@ class RunEngine:
         edit_of: str | None = None,
         keep_attachments: list[str] | None = None,
         max_attachments: int | None = None,
+        after_seq: int | None = None,
     ) -> dict[str, Any]:
         """Admit and record a new turn. `uploads` are stored here, after every refusal.
         With `queue_id` the turn is that queued message, read under the session lock and
@@ -113,7 +114,9 @@ class RunEngine:
         either lands before it (and is what gets sent) or finds the item gone (404).
         `edit_of` (a visible user row) makes the turn a new branch in that message's place
         (docs/api.md §10), with that message's attachments (those `keep_attachments` names,
-        when given).
+        when given). `after_seq`: the position the sender's view of the transcript was
+        folded to; a start from a view whose rows were hidden since (another tab switched
+        branch, edited, regenerated or cut) is 409 `transcript_changed` (invariant 1).
 
         Through another replica sharing the database, the item's `queue.removed` carries the
         seq it was read at (`Draft.queued_since`): a start that another replica's edit beat
@@ -122,10 +125,10 @@ class RunEngine:
         args = (session_id, text, uploads, model, queue_id, edit_of, keep_attachments)
         for _ in range(QUEUE_READS - 1):
             try:
-                return await self._start(*args, max_attachments)
+                return await self._start(*args, max_attachments, after_seq)
             except QueueItemEdited:
                 log.info("queued message %s was edited while it started: read again", queue_id)
-        return await self._start(*args, max_attachments)
+        return await self._start(*args, max_attachments, after_seq)
 
     async def _start(
         self,
@@ -137,11 +140,15 @@ class RunEngine:
         edit_of: str | None,
         keep_attachments: list[str] | None,
         max_attachments: int | None,
+        after_seq: int | None,
     ) -> dict[str, Any]:
         async with self.sessions.locks(session_id):
             row = await self._admissible(session_id)
             if keep_attachments is not None and edit_of is None:  # after the 404 and 409s
                 raise InvalidRequest("keep_attachments goes with edit_of.")
+            shown = None
+            if after_seq is not None:  # several replicas: the database checks it again
+                shown = shown_generation(await self.sessions.folds.get(session_id), after_seq)
             refs: list[dict[str, Any]] = []
             read_at = None
             if queue_id is not None:
@@ -175,7 +182,9 @@ class RunEngine:
             if queue_id is not None:
                 taken = {"queue_id": queue_id, "reason": "started", "stream_id": run.stream_id}
                 after.append(Draft(ev.QUEUE_REMOVED, taken, queued_since=read_at))
-            started = await self._record(run, before, submitted, uploads, after, row, model)
+            started = await self._record(
+                run, before, submitted, uploads, after, row, model, shown_generation=shown
+            )
         return started
 
     async def regenerate(
@@ -220,12 +229,13 @@ class RunEngine:
         model: str | None,
         *,
         after_seq: int | None = None,
+        shown_generation: int | None = None,
     ) -> dict[str, Any]:
         """Store `uploads`, register `run` and append `before`, its `turn.submitted` and
         `after` in one append, then start its worker (`row`: the session's sidebar row,
         `model`: the one the turn asked for, `after_seq`: the turn's `Draft.after_seq`
-        when it comes first); on any failure the run is
-        unregistered and new bytes are released.
+        when it comes first, `shown_generation`: its `Draft.shown_generation`); on any
+        failure the run is unregistered and new bytes are released.
 
         With a stateless runtime there is no handle to build, so the run is admitted here
         and its `run.started` joins the same append: one commit (a WAL fsync) less before
@@ -257,6 +267,7 @@ class RunEngine:
                 blobs=blobs,
                 admits_run=True,  # several replicas: the database admits (SessionOccupied)
                 after_seq=after_seq,
+                shown_generation=shown_generation,
             )
             if opening:
                 self._admit_ready(run, StatelessHandle(self.runtime))
@@ -336,12 +347,16 @@ class RunEngine:
             return None
         return started["stream_id"]
 
-    async def start_queued(self, session_id: str, item: dict[str, Any]) -> dict[str, Any]:
+    async def start_queued(
+        self, session_id: str, item: dict[str, Any], after_seq: int | None = None
+    ) -> dict[str, Any]:
         """Start one queued message as the turn now; a refused start (`session_busy`, ...)
         raises and leaves it queued. `start` reads the item again under the session lock:
         what it sends is the latest edit, and the item leaves the queue in the turn's own
-        append."""
-        return await self.start(session_id, item["text"], queue_id=item["queue_id"])
+        append. `after_seq`: the view "Send now" was clicked in, checked as a start's."""
+        return await self.start(
+            session_id, item["text"], queue_id=item["queue_id"], after_seq=after_seq
+        )
 
     # -- the worker -------------------------------------------------------------------------
     async def _work(

@@ -79,8 +79,9 @@ class QueueService:
             )
         return {"ok": True, "queue_id": queue_id}
 
-    async def start(self, queue_id: str) -> dict[str, Any]:
+    async def start(self, queue_id: str, after_seq: int | None = None) -> dict[str, Any]:
         """Start one queued message as the turn now (`POST /api/chat/queue/start`); a refused
-        start (`session_busy`, ...) raises and leaves it queued."""
+        start (`session_busy`, `transcript_changed` for a view changed since `after_seq`,
+        ...) raises and leaves it queued."""
         session_id, item, _ = await self._locate(queue_id)
-        return await self.engine.start_queued(session_id, item)
+        return await self.engine.start_queued(session_id, item, after_seq)

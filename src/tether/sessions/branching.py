@@ -4,8 +4,9 @@ A new branch is the log's ordinary truncate (`transcript.truncated`), which hide
 from the fork on without removing them (projections/branches.py), followed in the same
 append by the new turn: `turn.submitted{edit_of}` for an edited message, or
 `turn.submitted{regenerate}` (no new user row) for a new answer to a turn already shown.
-Showing another branch is `branch.switched`. Every check here reads the fold under the
-session's lock, before anything is written, so a refusal leaves the log untouched.
+Showing another branch is `branch.switched`; a new message sent from a view that one of
+them changed since is refused (`shown_generation`). Every check here reads the fold under
+the session's lock, before anything is written, so a refusal leaves the log untouched.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from tether import events as ev
-from tether.errors import InvalidRequest, RowNotFound
+from tether.errors import InvalidRequest, RowNotFound, TranscriptChanged
 from tether.log import Draft
+from tether.log.errors import TRANSCRIPT_CHANGED
 from tether.sessions.folds import SessionFold
 
 
@@ -39,6 +41,21 @@ def last_run_state(fold: SessionFold, rows: list[dict[str, Any]]) -> str | None:
         if row["role"] == "assistant" and row.get("stream_id") not in maintenance:
             return row.get("state", "completed")
     return None
+
+
+def shown_generation(fold: SessionFold, after_seq: int) -> int:
+    """For a new message sent from a view of the transcript folded to `after_seq`
+    (docs/api.md §4): the session's `transcript_generation` when no row of that view was
+    hidden since, for the turn's `Draft.shown_generation`; else 409 `transcript_changed`.
+    Only a truncate and a branch switch hide rows (an edit and a regenerate of a shown
+    answer are a truncate and their turn); what appends after the view (answers, renames,
+    other messages, queued ones) leaves it a prefix of what the model gets. A position past
+    the log is no view of it."""
+    assert fold.row is not None
+    if after_seq > fold.last_seq or fold.transcript.hidden_at > after_seq:
+        raise TranscriptChanged(TRANSCRIPT_CHANGED)
+    generation: int = fold.row["transcript_generation"]
+    return generation
 
 
 def truncate_draft(fold: SessionFold, keep: int) -> Draft:

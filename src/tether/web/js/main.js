@@ -2,7 +2,7 @@
 // One reducer per session over (seq, event): live events, replayed events and snapshots all
 // go through it, so a reload, a reconnect and a session switch show the same rows.
 import { authStatus } from "./session_auth.js";
-import { ApiError, del, get, patch, post, q } from "./api.js";
+import { del, get, patch, post, q } from "./api.js";
 import { BranchActions, openEdits } from "./branches.js";
 import { Composer } from "./composer.js";
 import { Drafts, NEW_CHAT } from "./drafts.js";
@@ -12,6 +12,7 @@ import { MessageSearch } from "./search.js";
 import { SessionSettings } from "./session_settings.js";
 import { SettingsPanel } from "./settings.js";
 import { Sidebar } from "./sidebar.js";
+import { position, refused, sendQueued } from "./refusals.js";
 import { RunPrompts } from "./run_prompts.js";
 import { SessionStream } from "./stream.js";
 import { ImportControl } from "./transfer.js";
@@ -68,7 +69,7 @@ class App {
           (err) => err,
         ),
       removeQueued: (id) => this.call(() => del(`/api/chat/queue?${q({ queue_id: id })}`)),
-      sendQueued: (id) => this.call(() => post("/api/chat/queue/start", { queue_id: id })),
+      sendQueued: (id) => sendQueued(this, id),
       notify: (msg) => this.notify(msg),
       changed: (now) => (now ? this.drafts.save() : this.drafts.changed()),
     });
@@ -509,41 +510,22 @@ class App {
     let sid;
     try {
       sid = await this.ensureSession();
-      await post("/api/chat/start", { session_id: sid, message: text, attachments: files });
+      // the position of the view it was typed against: 409 if another tab changed it
+      const after_seq = position(this, sid);
+      await post("/api/chat/start", {
+        session_id: sid,
+        message: text,
+        attachments: files,
+        after_seq,
+      });
     } catch (err) {
       this.refused(err, text, files, sid);
     }
   }
 
-  /** A refused send never loses the text: it goes back to the composer (rotated: in the
-   *  continuation, as a draft, never resent automatically). Sent from session `sid` while
-   *  another is shown now: into `sid`'s own draft (or its continuation's), with a notice. */
-  async refused(err, text, files, sid = this.openId) {
-    const rotated = err instanceof ApiError && err.code === "session_rotated";
-    if (sid && sid !== this.openId) {
-      const target = rotated ? err.body.continuation_session_id : sid;
-      this.drafts.add(target, text, files);
-      const title = this.sidebar.rows.get(sid)?.title ?? this.sessions.get(sid)?.row?.title;
-      this.notify(
-        `Not sent in “${title ?? "another session"}”: ${err.message} Your text is in its composer.`,
-        {
-          label: "Open it",
-          action: () => this.open(target, { push: true }),
-        },
-      );
-      return;
-    }
-    if (rotated) {
-      await this.open(err.body.continuation_session_id, { push: true });
-      this.composer.restore(text, files);
-      this.notify(
-        "This conversation continues here. Your message is in the composer: " +
-          "send it again when ready.",
-      );
-      return;
-    }
-    this.composer.restore(text, files);
-    this.notify(err.message);
+  /** A refused send keeps its text (refusals.js); branches.js sends edits through it too. */
+  refused(err, text, files, sid = this.openId) {
+    return refused(this, err, text, files, sid);
   }
 
   async stop() {

@@ -1,0 +1,90 @@
+"""A message sent from a tab whose view another tab changed meanwhile (docs/page.md,
+"Composer"; docs/api.md §4 `after_seq`): the real page in headless Chromium, two tabs, the
+real server. Layers: the page's composer and reducer (the position it sends is the seq its
+view is folded to) and run admission; contract invariant 1, what the user sees is what the
+model gets. Tab A's stream is held back (a slow or reconnecting connection) while tab B
+switches the session to another branch: A's message, sent under the branch it still shows,
+is refused (409 `transcript_changed`), its text and file come back to its composer, it
+says so and shows the branch now current; sent again, it goes after that branch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import BrowserContext, Page, Route, expect
+
+from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle, wait_until
+from pagekit import chips, composer, open_app, send
+
+pytestmark = pytest.mark.slow
+
+
+def user_texts(page: Page) -> list[str]:
+    return page.locator("#transcript .rows > .row.user .user-text").all_inner_texts()
+
+
+def test_a_send_from_a_tab_behind_another_tabs_switch_is_refused_and_given_back(
+    context: BrowserContext, web_server: ServerProcess, tmp_path: Path
+) -> None:
+    note = tmp_path / "notes.txt"
+    note.write_bytes(b"the launch is on Tuesday\n")
+    with httpx.Client(base_url=web_server.base_url) as client:
+        sid = new_session(client)
+        for message in ("one", "two"):
+            start_turn(client, sid, message)
+            wait_idle(client, sid)
+        two = session_body(client, sid)["messages"][2]
+        start_turn(client, sid, "two, edited", edit_of=two["id"])
+        edited = wait_idle(client, sid)["messages"][2]
+        back = {"session_id": sid, "row_id": edited["id"], "index": 1}
+        assert client.post("/api/session/branch", json=back).status_code == 200
+
+    a = context.new_page()
+    held: list[Route] = []
+    a.route(
+        "**/api/sessions/*/events*", lambda route: held.append(route)
+    )  # A's stream never gets through
+    open_app(a, web_server.base_url, f"/s/{sid}")
+    expect(a.locator("#transcript .rows > .row.user .user-text")).to_have_count(2)
+    assert user_texts(a) == ["one", "two"]
+    assert held, "A's stream never asked"
+
+    b = context.new_page()
+    open_app(b, web_server.base_url, f"/s/{sid}")
+    expect(b.locator("#transcript .rows > .row.user .user-text")).to_have_count(2)
+    b.locator("#transcript .rows > .row.user").nth(1).get_by_role(
+        "button", name="Next branch"
+    ).click()
+    expect(b.locator("#transcript .rows > .row.user .user-text").nth(1)).to_have_text("two, edited")
+    assert user_texts(a) == ["one", "two"]  # A has not heard of it
+    with httpx.Client(base_url=web_server.base_url) as client:
+        switched = session_body(client, sid)["last_seq"]
+
+    a.locator("#file-input").set_input_files(str(note))
+    expect(chips(a)).to_have_text(["notes.txt"])
+    send(a, "three")
+    notice = a.locator("#notice-bar")
+    expect(notice).to_contain_text("changed in another tab")
+    expect(notice).to_contain_text("current branch")
+    expect(composer(a)).to_have_value("three")  # nothing typed is lost
+    expect(chips(a)).to_have_text(["notes.txt"])
+    # the branch now current, read again though A's stream is still held
+    expect(a.locator("#transcript .rows > .row.user .user-text").nth(1)).to_have_text("two, edited")
+    with httpx.Client(base_url=web_server.base_url) as client:
+        assert session_body(client, sid)["last_seq"] == switched  # nothing was written
+
+    for route in held:
+        route.continue_()
+    a.unroute("**/api/sessions/*/events*")
+    composer(a).press("Enter")  # sent again, from the view now shown: it goes
+    with httpx.Client(base_url=web_server.base_url) as client:
+        wait_until(lambda: session_body(client, sid)["last_seq"] > switched, what="the turn")
+        body = wait_idle(client, sid)
+        users = [m for m in body["messages"] if m["role"] == "user"]
+        assert [m["content"] for m in users] == ["one", "two, edited", "three"]
+        assert [f["name"] for f in users[-1]["attachments"]] == ["notes.txt"]
+    expect(a.locator("#transcript .rows > .row.user .user-text")).to_have_text(
+        ["one", "two, edited", "three"]
+    )

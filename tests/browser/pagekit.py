@@ -7,6 +7,9 @@ import re
 
 from playwright.sync_api import Page, expect
 
+from chatgpt_kit import Conversation
+from helpers import ServerProcess
+
 STRUCTURE_JS = """() => [...document.querySelectorAll('#transcript .rows > [data-key]')].map(
   (row) => [row.dataset.key, [...row.querySelectorAll('[data-key]')].map((b) => b.dataset.key)])"""
 
@@ -98,3 +101,18 @@ STORED_FILES_JS = """async () => {
 def stored_files(page: Page) -> dict[str, list]:
     """The drafts' files in the browser's IndexedDB, by draft key: [name, type, size] each."""
     return page.evaluate(STORED_FILES_JS)
+
+
+def long_session(server: ServerProcess, turns: int) -> str:
+    """A session of `turns` exchanges, each answer some Markdown and a code block, imported
+    in one request (a page's cost of long sessions: test_page_long_session.py)."""
+    chat = Conversation("long", 1_700_000_000.0)
+    for i in range(turns):
+        chat.add("user", f"Question {i}: how do I write function {i}?")
+        chat.add(
+            "assistant", f"**Answer {i}**\n\n- one\n\n```python\ndef f{i}(x):\n    return x\n```\n"
+        )
+    with server.client(timeout=60) as client:
+        imported = client.post("/api/sessions/import", json=[chat.data])
+        assert imported.status_code == 201, imported.text
+        return imported.json()["sessions"][0]["session_id"]

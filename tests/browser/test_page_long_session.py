@@ -13,27 +13,13 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import BrowserContext, expect
 
-from chatgpt_kit import Conversation
 from fake_openai import FakeOpenAI, barrier, delay, reply, text
 from helpers import ServerProcess
-from pagekit import open_app, send, wait_settled
+from pagekit import long_session, open_app, send, wait_settled
 
 pytestmark = pytest.mark.slow
 
 TURNS = 150
-
-
-def long_session(server: ServerProcess, turns: int = TURNS) -> str:
-    chat = Conversation("long", 1_700_000_000.0)
-    for i in range(turns):
-        chat.add("user", f"Question {i}: how do I write function {i}?")
-        chat.add(
-            "assistant", f"**Answer {i}**\n\n- one\n\n```python\ndef f{i}(x):\n    return x\n```\n"
-        )
-    with server.client(timeout=60) as client:
-        imported = client.post("/api/sessions/import", json=[chat.data])
-        assert imported.status_code == 201, imported.text
-        return imported.json()["sessions"][0]["session_id"]
 
 
 # Every change under a settled row (not the live one), from the moment it is installed.
@@ -62,7 +48,7 @@ def test_a_run_in_a_long_session_redraws_its_live_row_and_leaves_the_settled_one
     """Each live frame redrew every settled row with the same text (its status line, its
     model, its controls), and each write cost the browser that row's style and layout: now a
     settled row is drawn again only when it or what it is drawn with changed."""
-    sid = long_session(openai_web, turns=40)
+    sid = long_session(openai_web, 40)
     parts = []
     for i in range(16):
         parts += [text(f"w{i} "), delay(0.04)]
@@ -87,7 +73,7 @@ def test_settled_rows_out_of_view_are_skipped_by_the_browser_and_drawn_when_scro
 ) -> None:
     """Rows out of view are neither laid out nor painted (`content-visibility: auto`); their
     text is still there for find-in-page, and they draw when scrolled into view."""
-    sid = long_session(web_server)
+    sid = long_session(web_server, TURNS)
     page = context.new_page()
     open_app(page, web_server.base_url, f"/s/{sid}")
     rows = page.locator(".rows > .row")
@@ -116,7 +102,7 @@ def test_a_long_history_renders_its_last_answers_at_once_and_the_ones_above_when
     """Opening a 1,200-row session parsed and sanitised every answer before the page showed
     anything. The last rows' answers render at once; those above show as their text (found by
     find-in-page) until the page is idle, then render newest first."""
-    sid = long_session(web_server)
+    sid = long_session(web_server, TURNS)
     page = context.new_page()
     open_app(page, web_server.base_url, f"/s/{sid}")
     rows = page.locator(".rows > .row")

@@ -11,10 +11,9 @@ import re
 
 from playwright.sync_api import BrowserContext, expect
 
-from chatgpt_kit import Conversation
 from fake_openai import FakeOpenAI, delay, reply, text
 from helpers import ServerProcess, new_session
-from pagekit import open_app, send, wait_settled
+from pagekit import long_session, open_app, send, wait_settled
 
 DELTAS = 60
 
@@ -226,16 +225,7 @@ def test_typing_in_a_long_session_costs_about_what_it_does_in_an_empty_one(
     """The transcript is painted apart from the composer (`contain` on it): each key typed
     in a 1,200-message session repainted every row, 4-6 times the main thread's time per
     key of an empty page; now 1.3-2 times. Three alternating rounds, the best ratio."""
-    chat = Conversation("long", 1_700_000_000.0)
-    for i in range(600):
-        chat.add("user", f"Question {i}: how do I write function {i}?")
-        chat.add(
-            "assistant", f"**Answer {i}**\n\n- one\n\n```python\ndef f{i}(x):\n    return x\n```\n"
-        )
-    with web_server.client(timeout=60) as client:
-        imported = client.post("/api/sessions/import", json=[chat.data])
-        assert imported.status_code == 201, imported.text
-        long_id = imported.json()["sessions"][0]["session_id"]
+    long_id = long_session(web_server, 600)
     pages = []
     for path in ("/", f"/s/{long_id}"):
         page = context.new_page()

@@ -292,8 +292,8 @@ def test_markdown_export_is_the_visible_transcript_as_a_download(server: ServerP
         disposition = response.headers["content-disposition"]
         assert disposition.startswith('attachment; filename="Plans bbold')
         text = response.text
-        assert text.startswith("# Plans \\<b>bold\\</b>\n")  # shown as text, as on the page
-        assert text.index("look at this") < text.index("and \\<script>alert(1)\\</script> this")
+        assert text.startswith("# Plans &lt;b>bold&lt;/b>\n")  # shown as text, as on the page
+        assert text.index("look at this") < text.index("and &lt;script>alert(1)&lt;/script> this")
         assert "- Attachment: dot.png" in text and text.count("## User") == 2
         assert text.count("## Assistant") == 2
 

@@ -5,55 +5,19 @@ CommonMark with raw HTML allowed, as a viewer would render it."""
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import time
 from html.parser import HTMLParser
-from typing import Any
 
 import pytest
 from markdown_it import MarkdownIt
 
 from helpers import ServerProcess
+from markdown_kit import DEEP, exported, live_html, sections
 
-AT = 1_700_000_000.0
 # A viewer: CommonMark with raw HTML live, plus the GitHub tables and strikethrough.
 VIEWER = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
-
-
-def exported(server: ServerProcess, turns: list[tuple[str, str]]) -> str:
-    """The Markdown export of a session holding `turns` (user message, answer), imported."""
-    events: list[tuple[str, dict[str, Any], str | None]] = [
-        ("session.created", {"title": "export"}, None)
-    ]
-    for n, (said, answer) in enumerate(turns, start=1):
-        turn, stream = f"u_{n}", f"r_{n}"
-        submitted = {"turn_id": turn, "stream_id": stream, "text": said, "attachments": []}
-        events.append(("turn.submitted", {**submitted, "submitted_at": AT + n}, stream))
-        delta = {"stream_id": stream, "item_id": "t1", "text": answer}
-        events.append(("text.delta", delta, stream))
-        done = {"stream_id": stream, "turn_id": turn, "state": "completed"}
-        events.append(("run.finished", done, stream))
-    doc = {
-        "format": "tether.session",
-        "version": 1,
-        "events": [
-            {"seq": seq, "type": type_, "at": AT + seq, "data": data}
-            | ({"stream_id": stream, "turn_id": data.get("turn_id")} if stream else {})
-            for seq, (type_, data, stream) in enumerate(events, start=1)
-        ],
-    }
-    with server.client() as client:
-        response = client.post("/api/sessions/import", content=json.dumps(doc).encode())
-        assert response.status_code == 201, response.text
-        sid = response.json()["sessions"][0]["session_id"]
-        return client.get(f"/api/sessions/{sid}/export", params={"format": "markdown"}).text
-
-
-def sections(markdown: str) -> list[str]:
-    """Each message's Markdown: what is under its `## User` / `## Assistant` heading."""
-    return [part.partition("\n")[2] for part in re.split(r"^## ", markdown, flags=re.M)[1:]]
 
 
 class _Shown(HTMLParser):
@@ -111,6 +75,7 @@ USER_TEXTS = [
     "&amp; &lt;b&gt; &#42; \\* \\\\",
     "| a | b |\n|---|---|\n| 1 | 2 |",
     "snake_case_name and 2*3*4",
+    "see http://a<b>x</b> and www.a.b\\<i> and a@b.c<b>",
 ]
 
 
@@ -219,29 +184,8 @@ def test_an_indented_code_block_outside_a_list_stays_verbatim(
     assert blocks == [code], markdown
 
 
-# Viewers that nest as deep as a text does (the "commonmark" preset stops at 20 levels and
-# parses no further, where cmark goes on), with and without GitHub's tables.
-DEEP = MarkdownIt("commonmark", {"html": True, "maxNesting": 1000})
-DEEP_TABLES = MarkdownIt("commonmark", {"html": True, "maxNesting": 1000}).enable(
-    ["table", "strikethrough"]
-)
-
-
-def live_html(markdown: str) -> list[str]:
-    """The raw HTML a viewer builds of `markdown` (blocks, inline tags, in images' text
-    too), with or without tables."""
-    found = []
-    for viewer in (DEEP, DEEP_TABLES):
-        stack = list(viewer.parse(markdown))
-        while stack:
-            token = stack.pop()
-            if token.type in ("html_block", "html_inline"):
-                found.append(token.content)
-            stack += token.children or []
-    return found
-
-
 IMG = "<img src=x onerror=alert(1)>"
+ESCAPED_IMG = "&lt;img src=x onerror=alert(1)>"
 CROSS_BLOCK = {
     "heading": f"# `\n{IMG}`",
     "heading then line": f"## a `x\n{IMG}`",
@@ -277,7 +221,7 @@ def test_backticks_in_separate_blocks_pair_into_no_code_span_that_hides_html(
     text now, in a viewer as deep as the text nests, with or without tables."""
     markdown = exported(shared_server, [("q", answer)])
     assert not live_html(markdown), markdown
-    assert f"\\{IMG}" in markdown, markdown  # escaped, not dropped
+    assert ESCAPED_IMG in markdown, markdown  # escaped, not dropped
 
 
 def test_a_full_reference_label_holding_a_backtick_is_escaped_the_safe_way(
@@ -288,23 +232,23 @@ def test_a_full_reference_label_holding_a_backtick_is_escaped_the_safe_way(
     as code and finds no HTML. Where the two disagree, the `<` is escaped."""
     answer = f"[a`b]: /u\n\n[x][a`b] {IMG} `"
     markdown = exported(shared_server, [("q", answer)])
-    assert f"[x][a`b] \\{IMG} `" in sections(markdown)[1], markdown
+    assert f"[x][a`b] {ESCAPED_IMG} `" in sections(markdown)[1], markdown
 
 
 def test_code_spans_keep_their_html_as_code_when_the_check_passes(
     shared_server: ServerProcess,
 ) -> None:
     """A code span's `<` is code, kept as it is, when no backtick is paired across blocks;
-    only where the export cannot be sure does a code span show a backslash before it."""
+    only where the export cannot be sure does a code span show it as `&lt;`."""
     fine = "Use `<div>` and `Vec<T>`,\nnot <b>bold</b>:\n\n- `<span>` here\n- and `<p>`"
     unsure = f"# `\n{IMG}` and `<b>`"
     markdown = exported(shared_server, [("q", fine), ("q", unsure)])
     _, kept, _, escaped = sections(markdown)
     assert (
         kept
-        == "\nUse `<div>` and `Vec<T>`,\nnot \\<b>bold\\</b>:\n\n- `<span>` here\n- and `<p>`\n\n"
+        == "\nUse `<div>` and `Vec<T>`,\nnot &lt;b>bold&lt;/b>:\n\n- `<span>` here\n- and `<p>`\n\n"
     )
-    assert escaped.startswith(f"\n# `\n\\{IMG}` and `\\<b>`"), markdown
+    assert escaped.startswith(f"\n# `\n{ESCAPED_IMG}` and `&lt;b>`"), markdown
     assert not live_html(markdown), markdown
 
 
@@ -312,10 +256,10 @@ def test_an_answer_longer_than_is_checked_is_escaped_the_safe_way(
     shared_server: ServerProcess,
 ) -> None:
     """An answer over 50,000 characters is not parsed (as the page does not format it): its
-    code spans show a backslash before a `<`, and nothing of it is live."""
+    code spans show a `<` as `&lt;`, and nothing of it is live."""
     answer = f"`<b>` and # `\n{IMG}`\n\n" + "word " * 10_001
     markdown = exported(shared_server, [("q", answer)])
-    assert sections(markdown)[1].startswith(f"\n`\\<b>` and # `\n\\{IMG}`"), markdown[:300]
+    assert sections(markdown)[1].startswith(f"\n`&lt;b>` and # `\n{ESCAPED_IMG}`"), markdown[:300]
     assert not live_html(markdown)
 
 

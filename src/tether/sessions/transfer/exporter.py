@@ -136,16 +136,21 @@ def markdown_file(title: str, messages: list[dict], now: float) -> str:
 _OPENING = re.compile(r"(`{3,}|~{3,})(.*)")
 _CLOSING = re.compile(r" {0,3}(`{3,}|~{3,})[ \t]*")
 # Where CommonMark starts raw HTML (a tag, a closing tag, a comment, a declaration, a
-# processing instruction), and the autolinks that also start with `<` and stay links.
+# processing instruction), and the autolinks that also start with `<` and stay links. Such a
+# `<` is written `&lt;`, never `\<`: GitHub's autolinks (a bare `http://...` or `www.`
+# link) run over a backslash up to the `<`, which then starts a tag, but show `&lt;` as
+# text (docs/security.md, "Markdown export").
 _HTML_START = re.compile(r"<[A-Za-z/!?]")
+_LT = "&lt;"
 _AUTOLINK = re.compile(
     r"<[A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>]*>"
     r"|<[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*>"
 )
 _TICKS = re.compile(r"`+")
-# What `_escaped_all` escapes, and the backslash escapes it steps over.
-_ESCAPABLE = re.compile(r"\\.|<(?=[A-Za-z/!?])", re.S)
+# What `_escaped_all` escapes (with the backslash escaping it, if any), and the backslash
+# escapes it steps over.
+_ESCAPABLE = re.compile(r"\\?<(?=[A-Za-z/!?])|\\.", re.S)
 # A full reference link's label holding a backtick (`[text][la`bel]`): cmark reads the label
 # as it is, markdown-it-py pairs the backtick as code, so the two pair the backticks after
 # it apart and `raw_html.live` cannot vouch for either.
@@ -154,10 +159,10 @@ _INDENTED = re.compile(r"(?: {4}| {0,3}\t)")
 # What opens a list item (CommonMark), a container whose lines may be indented.
 _LIST_ITEM = re.compile(r" {0,3}(?:[-+*]|\d{1,9}[.)])(?:[ \t]|$)")
 _LINE_END = re.compile(r"\r\n|\r|\n")
-_PLAIN = re.compile(r"([\\`*_\[\]<#~|])")
+_PLAIN = re.compile(r"[\\`*_\[\]#~|]")
 # A user's message (`user_text`): what is Markdown anywhere in a line, what only at its
 # start, and the number of an ordered list item (escaped at its `.` or `)`).
-_INLINE = frozenset("\\`*_[]<&~|")
+_INLINE = frozenset("\\`*_[]&~|")
 _BLOCK = frozenset("#>-+=")
 _ORDERED = re.compile(r"\d+(?=[.)])")
 
@@ -208,12 +213,13 @@ def _contain(text: str, escape: Callable[[list[str]], list[str]]) -> str:
 
 
 def _escaped_all(lines: list[str]) -> list[str]:
-    """Lines outside fences, each `<` that could start HTML escaped wherever it is (in a code
-    span, in indented code): what is sure without a parser. A fence is only opened at a
-    line's very start, where no list item or quote goes on (a fence is never a lazy line), so
-    CommonMark agrees on where fences are; a `<` after a backslash is escaped already (in
-    code, where a backslash is itself, the `<` is code too)."""
-    text = _ESCAPABLE.sub(lambda m: m[0] if m[0][0] == "\\" else "\\<", "\n".join(lines))
+    """Lines outside fences, each `<` that could start HTML written `&lt;` wherever it is (in
+    a code span, in indented code, which then show `&lt;`): what is sure without a parser. A
+    fence is only opened at a line's very start, where no list item or quote goes on (a
+    fence is never a lazy line), so CommonMark agrees on where fences are. A `\\<` of the
+    text is written `&lt;` too, which shows the same outside code, where an autolink could
+    take its backslash."""
+    text = _ESCAPABLE.sub(lambda m: _LT if m[0][-1] == "<" else m[0], "\n".join(lines))
     return text.split("\n")
 
 
@@ -252,14 +258,18 @@ def _escaped_html(lines: list[str]) -> list[str]:
 
 
 def _escape_inline(text: str) -> str:
-    """`text` with each `<` that starts raw HTML escaped, outside code spans and autolinks."""
+    """`text` with each `<` that starts raw HTML written `&lt;` (after a backslash too),
+    outside code spans and autolinks."""
     runs: dict[int, list[int]] = {}  # backtick runs by length: where each starts
     for match in _TICKS.finditer(text):
         runs.setdefault(len(match[0]), []).append(match.start())
     out, i = [], 0
     while i < len(text):
         char = text[i]
-        if char == "\\":  # an escaped character stays what it is
+        if char == "\\" and _HTML_START.match(text, i + 1):
+            out.append(_LT)
+            i += 2
+        elif char == "\\":  # an escaped character stays what it is
             out.append(text[i : i + 2])
             i += 2
         elif char == "`":
@@ -273,7 +283,7 @@ def _escape_inline(text: str) -> str:
             out.append(link[0])
             i = link.end()
         else:
-            out.append("\\<" if char == "<" and _HTML_START.match(text, i) else char)
+            out.append(_LT if char == "<" and _HTML_START.match(text, i) else char)
             i += 1
     return "".join(out)
 
@@ -297,7 +307,8 @@ def user_text(text: str) -> str:
 
 def _user_line(line: str) -> str:
     """One line of a user's message: Markdown's inline characters escaped wherever they
-    are, and what starts a block (`#`, `>`, `-`, `+`, `=`, `1.`, `1)`) at the line's start."""
+    are (a `<` written `&lt;`, which no autolink turns back into HTML), and what starts a
+    block (`#`, `>`, `-`, `+`, `=`, `1.`, `1)`) at the line's start."""
     lead = len(line) - len(line.lstrip(" \t"))
     trail = len(line.rstrip(" \t"))
     start = _ORDERED.match(line)
@@ -305,6 +316,8 @@ def _user_line(line: str) -> str:
     for i, char in enumerate(line):
         if char in " \t" and (i < lead or i >= trail or line[i - 1] in " \t"):
             out.append("&nbsp;" if char == " " else "&#9;")
+        elif char == "<":
+            out.append(_LT)
         elif char in _INLINE or (i == 0 and char in _BLOCK) or (start and i == start.end()):
             out.append("\\" + char)
         else:
@@ -315,8 +328,9 @@ def _user_line(line: str) -> str:
 def plain(text: str) -> str:
     """A title, a name, a notice: one line of visible text (`visible_line`: a file name or a
     model id from a log written before names were cleaned may hold a bidi override, which
-    would reorder the rest of its line in a reader), and none of it Markdown here."""
-    return _PLAIN.sub(r"\\\1", visible_line(text))
+    would reorder the rest of its line in a reader), and none of it Markdown here (a `<` is
+    `&lt;`, as in `user_text`)."""
+    return _PLAIN.sub(r"\\\g<0>", visible_line(text)).replace("<", _LT)
 
 
 def code_span(text: str) -> str:

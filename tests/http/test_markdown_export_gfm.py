@@ -1,0 +1,84 @@
+"""The Markdown export (docs/api.md §12) read by GitHub's renderer: cmark-gfm with its
+autolink, table and strikethrough extensions and raw HTML on, as it renders before any
+sanitizer. Layer: sessions/transfer (Markdown export). Over real HTTP against a real server.
+
+GitHub's autolinks (a bare `http://`, `https://`, `ftp://` or `www.` link, up to a space or
+a `<`) take the characters they run over as they are, escapes and backticks too, so the
+file must hold no HTML from a message even where one of them swallows what precedes a `<`.
+"""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+
+import cmarkgfm
+import pytest
+from cmarkgfm.cmark import Options
+
+from helpers import ServerProcess
+from markdown_kit import exported, live_html
+
+IMG = "<img src=x onerror=alert(1)>"
+
+
+def gfm(markdown: str) -> str:
+    """The HTML GitHub's renderer builds of `markdown`, before its sanitizer."""
+    return cmarkgfm.markdown_to_html_with_extensions(
+        markdown,
+        options=Options.CMARK_OPT_UNSAFE,
+        extensions=["autolink", "table", "strikethrough"],
+    )
+
+
+# What Markdown itself builds (CommonMark, tables, strikethrough, task lists).
+MARKDOWN_TAGS = frozenset(
+    {"p", "br", "a", "em", "strong", "del", "code", "pre", "blockquote", "hr", "img", "input"}
+    | {"h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol", "li"}
+    | {"table", "thead", "tbody", "tr", "th", "td"}
+)
+
+
+class _Foreign(HTMLParser):
+    """The elements of rendered HTML that Markdown does not build: an unknown tag, an
+    attribute `on...`, a link without a target."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.found: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        names = {name for name, _ in attrs}
+        if (
+            tag not in MARKDOWN_TAGS
+            or any(name.startswith("on") for name in names)
+            or (tag == "a" and "href" not in names)
+        ):
+            self.found.append(self.get_starttag_text() or tag)
+
+
+def foreign_html(markdown: str) -> list[str]:
+    parser = _Foreign()
+    parser.feed(gfm(markdown))
+    return parser.found
+
+
+URLS = ["http://a", "https://example.org/a_b", "www.example.org", "ftp://a.b", "HTTP://A"]
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_an_autolink_swallows_no_escape_into_live_html(
+    shared_server: ServerProcess, url: str
+) -> None:
+    """GitHub's autolink ran over the backslash that escaped a `<` (`http://a\\<img ...>`:
+    the link ended at the `<`, which started a live tag) in an answer, in the answer's
+    escape-everything form, in a user's message, and in the title, the model and a notice.
+    Each `<` is written `&lt;` now, which no autolink turns back into HTML (inside one it
+    shows as `&lt;`), and CommonMark viewers still show `<`."""
+    text = f"see {url}{IMG} and {url}\\{IMG} and {url}\\\\{IMG}"
+    unsure = f"# `\n{text}`"  # backticks across blocks: escaped the safe way
+    markdown = exported(
+        shared_server, [(text, text), (text, unsure)], title=text, model=text, reason=text
+    )
+    assert not foreign_html(markdown), markdown
+    assert not live_html(markdown), markdown
+    assert "\\<" not in markdown, markdown  # no `\<` left for a link to swallow

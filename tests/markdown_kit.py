@@ -1,0 +1,85 @@
+"""A session's Markdown export as the tests of tests/http/test_markdown_export*.py read it:
+the file of an imported session (`exported`), each message's part of it (`sections`), and
+the raw HTML CommonMark viewers find in it (`live_html`)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from markdown_it import MarkdownIt
+
+from helpers import ServerProcess
+
+AT = 1_700_000_000.0
+
+
+def exported(
+    server: ServerProcess,
+    turns: list[tuple[str, str]],
+    *,
+    title: str = "export",
+    model: str | None = None,
+    reason: str | None = None,
+) -> str:
+    """The Markdown export of a session titled `title` holding `turns` (user message,
+    answer), imported: each run by `model` when given, and stopped with `reason` (a notice
+    under the answer) when given."""
+    events: list[tuple[str, dict[str, Any], str | None]] = [
+        ("session.created", {"title": title}, None)
+    ]
+    for n, (said, answer) in enumerate(turns, start=1):
+        turn, stream = f"u_{n}", f"r_{n}"
+        submitted = {"turn_id": turn, "stream_id": stream, "text": said, "attachments": []}
+        events.append(("turn.submitted", {**submitted, "submitted_at": AT + n}, stream))
+        if model is not None:
+            started = {"stream_id": stream, "turn_id": turn, "runtime": "demo", "model": model}
+            events.append(("run.started", started, stream))
+        delta = {"stream_id": stream, "item_id": "t1", "text": answer}
+        events.append(("text.delta", delta, stream))
+        done = {"stream_id": stream, "turn_id": turn, "state": "completed"}
+        if reason is not None:
+            done |= {"state": "cancelled", "reason": reason}
+        events.append(("run.finished", done, stream))
+    doc = {
+        "format": "tether.session",
+        "version": 1,
+        "events": [
+            {"seq": seq, "type": type_, "at": AT + seq, "data": data}
+            | ({"stream_id": stream, "turn_id": data.get("turn_id")} if stream else {})
+            for seq, (type_, data, stream) in enumerate(events, start=1)
+        ],
+    }
+    with server.client() as client:
+        response = client.post("/api/sessions/import", content=json.dumps(doc).encode())
+        assert response.status_code == 201, response.text
+        sid = response.json()["sessions"][0]["session_id"]
+        return client.get(f"/api/sessions/{sid}/export", params={"format": "markdown"}).text
+
+
+def sections(markdown: str) -> list[str]:
+    """Each message's Markdown: what is under its `## User` / `## Assistant` heading."""
+    return [part.partition("\n")[2] for part in re.split(r"^## ", markdown, flags=re.M)[1:]]
+
+
+# Viewers that nest as deep as a text does (the "commonmark" preset stops at 20 levels and
+# parses no further, where cmark goes on), with and without GitHub's tables.
+DEEP = MarkdownIt("commonmark", {"html": True, "maxNesting": 1000})
+DEEP_TABLES = MarkdownIt("commonmark", {"html": True, "maxNesting": 1000}).enable(
+    ["table", "strikethrough"]
+)
+
+
+def live_html(markdown: str) -> list[str]:
+    """The raw HTML a viewer builds of `markdown` (blocks, inline tags, in images' text
+    too), with or without tables."""
+    found = []
+    for viewer in (DEEP, DEEP_TABLES):
+        stack = list(viewer.parse(markdown))
+        while stack:
+            token = stack.pop()
+            if token.type in ("html_block", "html_inline"):
+                found.append(token.content)
+            stack += token.children or []
+    return found

@@ -16,7 +16,7 @@ import pytest
 from cmarkgfm.cmark import Options
 
 from helpers import ServerProcess
-from markdown_kit import exported, live_html
+from markdown_kit import exported, live_html, sections
 
 IMG = "<img src=x onerror=alert(1)>"
 
@@ -82,3 +82,35 @@ def test_an_autolink_swallows_no_escape_into_live_html(
     assert not foreign_html(markdown), markdown
     assert not live_html(markdown), markdown
     assert "\\<" not in markdown, markdown  # no `\<` left for a link to swallow
+
+
+SWALLOWED_TICK = {
+    "url": f"see http://a`x {IMG}`",
+    "www": f"see www.a.b`x {IMG}`",
+    "after a code span": f"`x`https://a`y {IMG}`",
+    "unpaired run before": f"``http://a`b {IMG}`",
+    "in a quote": f"> see http://a`x {IMG}`",
+    "in a table cell": f"| a |\n|-|\n| http://a`x {IMG}` |",
+}
+
+
+@pytest.mark.parametrize("answer", SWALLOWED_TICK.values(), ids=SWALLOWED_TICK.keys())
+def test_a_backtick_an_autolink_swallows_opens_no_code_span_that_hides_html(
+    shared_server: ServerProcess, answer: str
+) -> None:
+    """CommonMark reads `` http://a`x <img>` `` as text and a code span, so the export kept
+    the `<img>` in it as code; GitHub's autolink runs over the backtick
+    (`http://a`x`), and the `<img>` after it was live. An answer where a backtick could be
+    part of such a link is escaped the safe way now."""
+    markdown = exported(shared_server, [("q", answer)])
+    assert not foreign_html(markdown), markdown
+    assert not live_html(markdown), markdown
+    assert "&lt;img" in sections(markdown)[1], markdown
+
+
+def test_code_spans_around_a_url_keep_their_html_as_code(shared_server: ServerProcess) -> None:
+    """A URL in a code span is no autolink anywhere: the code spans keep their `<`."""
+    answer = "Open `http://localhost:8000/` and `www.a.b`, then add `<div>` to `Vec<T>`."
+    markdown = exported(shared_server, [("q", answer)])
+    assert sections(markdown)[1].strip() == answer, markdown
+    assert "<code>&lt;div&gt;</code>" in gfm(markdown)

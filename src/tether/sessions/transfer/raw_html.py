@@ -13,12 +13,18 @@ a container, or stops matching a link's brackets), where another viewer goes on 
 find HTML. So a text that comes within reach of that depth is not vouched for: `live`
 answers True, and the export escapes it the safe way.
 
+Nor is a text where GitHub's autolinks may take a backtick or a bracket that CommonMark
+reads as markup (`_bare_link`): GitHub's parse of the rest of its paragraph is then not
+markdown-it-py's.
+
 Pure Python, milliseconds per KB (docs/security.md, "Markdown export"): it runs in the
 render worker process, never on the event loop.
 """
 
 from __future__ import annotations
 
+import bisect
+import re
 from typing import Any
 
 from markdown_it import MarkdownIt
@@ -31,19 +37,44 @@ _NESTING = 20  # the "commonmark" preset's: deeper, markdown-it-py's time per KB
 _VOUCHED_DEPTH = _NESTING - 4
 
 
-class _TooDeep(Exception):
-    """The text nests where markdown-it-py's cut-off may begin."""
+class _Unvouched(Exception):
+    """The text is where markdown-it-py's parse may not be a viewer's."""
 
 
 def _block_depth(state: StateBlock, _start: int, _end: int, _silent: bool) -> bool:
     if state.level >= _VOUCHED_DEPTH:
-        raise _TooDeep
+        raise _Unvouched
     return False  # matches nothing: the other rules parse as they would
 
 
 def _inline_depth(state: StateInline, _silent: bool) -> bool:
     if state.level >= _VOUCHED_DEPTH:  # nested link brackets and images count here too
-        raise _TooDeep
+        raise _Unvouched
+    return False
+
+
+# GitHub's autolinks (cmark-gfm's extension): a link starts at a bare `http://`, `https://`,
+# `ftp://` or `www.` and runs over every character up to an ASCII space or a `<`. Found here
+# wherever such a start is, even where cmark-gfm starts none (in code, in brackets, after a
+# letter): that only leaves more text unvouched.
+_BARE_LINK = re.compile(r"(?:(?:https?|ftp)://|www\.)[^ \t\n\r<]*", re.IGNORECASE)
+
+
+def _bare_link(state: StateInline, _silent: bool) -> bool:
+    """A backtick run, a `[` or a `![` that CommonMark reads as markup (it comes to it
+    outside code) inside a bare link's run: GitHub's autolink takes it as text, so its code
+    spans and links after it, and the HTML they hold, are not markdown-it-py's. The first
+    one a link takes is one CommonMark comes to, since what a link runs over opens no code
+    span, HTML or autolink before it (a `<` ends the link)."""
+    src, pos = state.src, state.pos
+    if src[pos] == "`" or src[pos] == "[" or src.startswith("![", pos):
+        links = state.env.setdefault("bare links", {})  # each inline text's, found once
+        if src not in links:
+            links[src] = [m.span() for m in _BARE_LINK.finditer(src)]
+        spans = links[src]
+        at = bisect.bisect_right(spans, pos, key=lambda span: span[0]) - 1
+        if at >= 0 and pos < spans[at][1]:
+            raise _Unvouched
     return False
 
 
@@ -53,6 +84,7 @@ def _viewer(tables: bool) -> MarkdownIt:
         md.enable("table")
     md.block.ruler.before("table", "depth", _block_depth)  # the first rule, tried first
     md.inline.ruler.before("text", "depth", _inline_depth)
+    md.inline.ruler.before("text", "bare link", _bare_link)
     return md
 
 
@@ -80,5 +112,5 @@ def live(markdown: str) -> bool:
         if _has(tokens, _HTML):
             return True
         return _has(tokens, frozenset({"table_open"})) and _has(_PLAIN.parse(markdown), _HTML)
-    except _TooDeep:
+    except _Unvouched:
         return True

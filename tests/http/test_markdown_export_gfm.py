@@ -9,6 +9,8 @@ file must hold no HTML from a message even where one of them swallows what prece
 
 from __future__ import annotations
 
+import random
+import time
 from html.parser import HTMLParser
 
 import cmarkgfm
@@ -114,3 +116,47 @@ def test_code_spans_around_a_url_keep_their_html_as_code(shared_server: ServerPr
     markdown = exported(shared_server, [("q", answer)])
     assert sections(markdown)[1].strip() == answer, markdown
     assert "<code>&lt;div&gt;</code>" in gfm(markdown)
+
+
+def test_code_spans_after_an_unpaired_backtick_are_not_trusted_with_html(
+    shared_server: ServerProcess,
+) -> None:
+    """cmark (GitHub's parser) remembers where it last saw a run of backticks once a run
+    found no closer, and then misses closers CommonMark pairs: in `` `` `a` `<img>` `` the
+    second code span is text to it, and the `<img>` was live. After a run that pairs with
+    nothing, a code span holding a `<` is not trusted: it is escaped the safe way."""
+    answer = f"`` `a` `{IMG}`"
+    markdown = exported(shared_server, [("q", answer)])
+    assert not foreign_html(markdown), markdown
+    assert sections(markdown)[1].strip() == f"`` `a` `&lt;{IMG[1:]}`", markdown
+
+
+# Backticks, `<`, escapes, brackets, line breaks, what opens a block (`#`, `-`, `>`, `*`,
+# `1.`, a table's `|`), the links GitHub makes of bare text and the start of a tag.
+_ALPHABET = [
+    *"````<>\\[]\n\n\n  -#*1.a>|",
+    *["<img src=x onerror=", "1>", "a>", "<b>", "# ", "- ", "> "],
+    *["http://a", "www.a.b", "a@b.c", " http://a", " www.a.b"],
+]
+
+
+def test_random_messages_export_no_html_live_in_githubs_renderer(
+    shared_server: ServerProcess,
+) -> None:
+    """Property, over seeded random user messages and answers drawn from URLs, backticks,
+    escapes, brackets, `<`, line breaks and block markers, in rounds for about four seconds:
+    neither GitHub's renderer (autolinks on) nor a CommonMark viewer finds HTML from a
+    message in the file."""
+    deadline = time.monotonic() + 4.0
+    rounds = 0
+    while rounds < 10 and (rounds < 2 or time.monotonic() < deadline):
+        rng = random.Random(rounds)
+        texts = [
+            "".join(rng.choice(_ALPHABET) for _ in range(rng.randint(1, 30))) for _ in range(400)
+        ]
+        texts = [t for t in texts if t.strip()]
+        turns = list(zip(texts[::2], texts[1::2], strict=False))
+        markdown = exported(shared_server, turns)
+        assert not foreign_html(markdown), (rounds, foreign_html(markdown), markdown)
+        assert not live_html(markdown), (rounds, markdown)
+        rounds += 1

@@ -15,7 +15,8 @@ answers True, and the export escapes it the safe way.
 
 Nor is a text where GitHub's autolinks may take a backtick or a bracket that CommonMark
 reads as markup (`_bare_link`): GitHub's parse of the rest of its paragraph is then not
-markdown-it-py's.
+markdown-it-py's. Nor a code span holding a tag after a backtick run that paired with
+nothing, where cmark misses closers (`_code_span`).
 
 Pure Python, milliseconds per KB (docs/security.md, "Markdown export"): it runs in the
 render worker process, never on the event loop.
@@ -29,7 +30,7 @@ from typing import Any
 
 from markdown_it import MarkdownIt
 from markdown_it.rules_block import StateBlock
-from markdown_it.rules_inline import StateInline
+from markdown_it.rules_inline import StateInline, backtick
 
 _NESTING = 20  # the "commonmark" preset's: deeper, markdown-it-py's time per KB grows fast
 # The deepest level a text may reach and still be vouched for: a list opens two levels at
@@ -78,6 +79,26 @@ def _bare_link(state: StateInline, _silent: bool) -> bool:
     return False
 
 
+_TAG = re.compile(r"<[A-Za-z/!?]")
+
+
+def _code_span(state: StateInline, silent: bool) -> bool:
+    """CommonMark's code span, unless it holds a tag after a backtick run of its text that
+    paired with nothing. Once a run finds no closer, cmark (GitHub's parser) takes where it
+    last saw a run of each length for where the next one is, and a later closer it passed
+    while pairing an earlier span is missed: in `` `` `a` `<b>` `` the second span is
+    text to it and the `<b>` live."""
+    start = state.pos
+    matched = backtick(state, silent)
+    if matched:
+        unpaired = state.env.setdefault("unpaired runs", {})  # each inline text's first
+        if not state.src[start : state.pos].strip("`"):  # the run alone: no closer
+            unpaired[state.src] = min(start, unpaired.get(state.src, start))
+        elif start > unpaired.get(state.src, start) and _TAG.search(state.src, start, state.pos):
+            raise _Unvouched
+    return matched
+
+
 def _viewer(tables: bool) -> MarkdownIt:
     md = MarkdownIt("commonmark", {"html": True, "maxNesting": _NESTING})
     if tables:
@@ -85,6 +106,7 @@ def _viewer(tables: bool) -> MarkdownIt:
     md.block.ruler.before("table", "depth", _block_depth)  # the first rule, tried first
     md.inline.ruler.before("text", "depth", _inline_depth)
     md.inline.ruler.before("text", "bare link", _bare_link)
+    md.inline.ruler.at("backticks", _code_span)
     return md
 
 

@@ -160,3 +160,23 @@ def test_random_messages_export_no_html_live_in_githubs_renderer(
         assert not foreign_html(markdown), (rounds, foreign_html(markdown), markdown)
         assert not live_html(markdown), (rounds, markdown)
         rounds += 1
+
+
+LAZY_TAG = {
+    "quote": f"> a `x\n{IMG}\n> y`",
+    "quote, indented": f"> a `x\n   {IMG}\n> y`",
+    "item's quote": f"- > a `x\n{IMG}\n  > y`",
+}
+
+
+@pytest.mark.parametrize("answer", LAZY_TAG.values(), ids=LAZY_TAG.keys())
+def test_a_tag_alone_on_a_quote_s_lazy_line_is_not_kept_as_code(
+    shared_server: ServerProcess, answer: str
+) -> None:
+    """A line without the quote's `>` after a quoted paragraph continues the paragraph
+    (a lazy line) in CommonMark even when it is a lone tag, so markdown-it-py put the
+    `<img>` in the code span across the lines; cmark starts an HTML block there, and the tag
+    was live. A `<` that starts a line is escaped, in a code span too."""
+    markdown = exported(shared_server, [("q", answer)])
+    assert not foreign_html(markdown), markdown
+    assert not live_html(markdown), markdown

@@ -148,6 +148,9 @@ _AUTOLINK = re.compile(
     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*>"
 )
 _TICKS = re.compile(r"`+")
+# A tag that starts a line of a code span across lines: on a quote's lazy line (no `>`),
+# cmark starts an HTML block there where CommonMark (markdown-it-py) goes on with the span.
+_LINE_TAG = re.compile(r"(\n {0,3})<(?=[A-Za-z/!?])")
 # What `_escaped_all` escapes (with the backslash escaping it, if any), and the backslash
 # escapes it steps over.
 _ESCAPABLE = re.compile(r"\\?<(?=[A-Za-z/!?])|\\.", re.S)
@@ -259,7 +262,7 @@ def _escaped_html(lines: list[str]) -> list[str]:
 
 def _escape_inline(text: str) -> str:
     """`text` with each `<` that starts raw HTML written `&lt;` (after a backslash too),
-    outside code spans and autolinks."""
+    outside code spans and autolinks, and in a code span where it starts a line."""
     runs: dict[int, list[int]] = {}  # backtick runs by length: where each starts
     for match in _TICKS.finditer(text):
         runs.setdefault(len(match[0]), []).append(match.start())
@@ -277,7 +280,7 @@ def _escape_inline(text: str) -> str:
             starts = runs.get(width, [])
             after = bisect.bisect_right(starts, i)
             end = starts[after] + width if after < len(starts) else i + width  # unclosed
-            out.append(text[i:end])
+            out.append(_LINE_TAG.sub(rf"\1{_LT}", text[i:end]))
             i = end
         elif char == "<" and (link := _AUTOLINK.match(text, i)):
             out.append(link[0])

@@ -105,7 +105,7 @@ def _viewer(tables: bool) -> MarkdownIt:
         md.enable("table")
     md.block.ruler.before("table", "depth", _block_depth)  # the first rule, tried first
     md.inline.ruler.before("text", "depth", _inline_depth)
-    md.inline.ruler.before("text", "bare link", _bare_link)
+    md.inline.ruler.before("backticks", "bare link", _bare_link)  # where text stops
     md.inline.ruler.at("backticks", _code_span)
     return md
 

@@ -19,40 +19,12 @@ from typing import Any
 
 import httpx
 import pytest
-from runs.branch_kit import answered, switch
+from runs.branch_kit import answered, contents, log_types, said, switch, two_branches
 
 from fake_openai import FakeOpenAI, hang, reply, text
 from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle
 
 pytestmark = pytest.mark.slow
-
-
-def said(messages: list[dict[str, Any]]) -> list[tuple[str, Any]]:
-    return [(m["role"], m["content"]) for m in messages if m["role"] in ("user", "assistant")]
-
-
-def contents(body: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(m["role"], m["content"]) for m in body["messages"]]
-
-
-def log_types(client: httpx.Client, sid: str) -> list[str]:
-    response = client.get(f"/api/sessions/{sid}/export")
-    assert response.status_code == 200, response.text
-    return [e["type"] for e in response.json()["events"]]
-
-
-def two_branches(client: httpx.Client, fake: FakeOpenAI) -> tuple[str, dict[str, Any]]:
-    """A session whose second message was edited (branch 2: "two, edited" / "B2"), shown on
-    branch 1 again: (its id, the body the stale tab folded)."""
-    sid = new_session(client)
-    answered(client, fake, sid, "one", "A1")
-    two = answered(client, fake, sid, "two", "A2")["messages"][2]
-    fake.script(reply(text("B2")))
-    start_turn(client, sid, "two, edited", edit_of=two["id"])
-    edited = wait_idle(client, sid)["messages"][2]
-    shown = switch(client, sid, edited["id"], 1)
-    assert shown.status_code == 200, shown.text
-    return sid, shown.json()["session"]
 
 
 def _switch(client: httpx.Client, fake: FakeOpenAI, sid: str, seen: dict[str, Any]) -> None:

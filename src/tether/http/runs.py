@@ -82,9 +82,11 @@ async def start_turn(app: App, body: StartTurn) -> dict:
 async def regenerate_turn(app: App, body: RegenerateTurn) -> dict:
     """A new run answers again the message that the answer `row_id` (default: the last
     one) answered, as a new branch; the old answer is kept. The same answer as
-    `chat/start`, and the same 409s (`session_busy`, `session_rotated`), before any write;
-    404 `row_not_found` for a row not shown. Retry after a Stop or an error is this."""
-    return await app.engine.regenerate(body.session_id, body.row_id, body.model)
+    `chat/start`, and the same 409s (`session_busy`, `session_rotated`, with `after_seq`
+    `transcript_changed`: a view another tab changed, or without `row_id` one that lacks
+    the last answer), before any write; 404 `row_not_found` for a row not shown. Retry
+    after a Stop or an error is this."""
+    return await app.engine.regenerate(body.session_id, body.row_id, body.model, body.after_seq)
 
 
 @router.post(

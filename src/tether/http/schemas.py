@@ -103,8 +103,8 @@ class AttachmentUpload(Body):
 
 
 # The position a client's view of the transcript was folded to (the `last_seq` of its
-# snapshot, or the seq of the last event it folded): a start from a view whose rows were
-# hidden since is 409 `transcript_changed` (docs/api.md §4).
+# snapshot, or the seq of the last event it folded): a start or a regenerate from a view
+# whose rows were hidden since is 409 `transcript_changed` (docs/api.md §4, §10).
 AfterSeq = Annotated[
     StrictInt | None,
     Field(
@@ -140,6 +140,7 @@ class RegenerateTurn(Body):
         default=None, description="The answer to regenerate (default: the last one)"
     )
     model: ModelId | None = None
+    after_seq: AfterSeq = None
 
 
 class SwitchBranch(Body):

@@ -115,6 +115,10 @@ class TranscriptFold:
         # The seq of the last event that hid rows shown (a truncate, a branch switch): a view
         # folded before it is not what the model would get (runs/engine.py, `after_seq`).
         self.hidden_at = 0
+        # The seq of the last event that added a row to the transcript shown (a message, an
+        # answer settled, imported turns): a view folded before it lacks the row that is now
+        # "the last answer" (a regenerate without a row, runs/engine.py).
+        self.grown_at = 0
         self.messages: list[dict[str, Any]] = []  # the visible transcript: the branch shown
         self.tree = BranchTree(self.messages)  # every branch (docs/api.md §10)
         self.active: dict[str, RunScene] = {}
@@ -165,6 +169,7 @@ class TranscriptFold:
             ],
         }
         self.tree.append(row)
+        self.grown_at = event.seq
         self.users[data["turn_id"]] = row
         self.active[data["stream_id"]] = RunScene(
             data["stream_id"], data["turn_id"], data.get("submitted_at", event.at)
@@ -418,6 +423,7 @@ class TranscriptFold:
         if event.data.get("finish_reason"):
             row["finish_reason"] = event.data["finish_reason"]
         self.tree.append(row)
+        self.grown_at = event.seq
 
     def _truncated(self, event: Event) -> None:
         """Hide the rows from `keep_count` on: kept as a branch beside what comes next."""
@@ -447,6 +453,7 @@ class TranscriptFold:
             elif entry.get("kind") == "turn":
                 for row in imported_rows(entry):
                     self.tree.append(row)
+                    self.grown_at = event.seq
 
     # -- views ------------------------------------------------------------------------------
     def system_message(self, system_prompt: str | None, runtime: str) -> str | None:

@@ -188,14 +188,24 @@ class RunEngine:
         return started
 
     async def regenerate(
-        self, session_id: str, row_id: str | None = None, model: str | None = None
+        self,
+        session_id: str,
+        row_id: str | None = None,
+        model: str | None = None,
+        after_seq: int | None = None,
     ) -> dict[str, Any]:
         """A new run answering again the turn that the answer `row_id` (default: the last
         one) answered, as a new branch beside it (docs/api.md §10). Retry after a Stop or an
-        error is this. Refused exactly like a start, before any write."""
+        error is this. Refused exactly like a start, before any write: with `after_seq`, 409
+        `transcript_changed` from a view whose rows were hidden since, and without `row_id`
+        also from one that lacks the last answer (invariant 1: never an answer the user did
+        not see, on a branch they are not looking at)."""
         async with self.sessions.locks(session_id):
             row = await self._admissible(session_id)
             fold = await self.sessions.folds.get(session_id)
+            shown = None
+            if after_seq is not None:  # several replicas: the database checks it again
+                shown = shown_generation(fold, after_seq, last_row=row_id is None)
             before, turn_id, replaced = regenerate_fork(fold, row_id)
             run = Run(session_id, new_id("r"), turn_id)
             submitted = {
@@ -207,9 +217,17 @@ class RunEngine:
             # A new answer to the unanswered message the transcript ends with hides nothing:
             # its turn is the first draft, and names "the last message" of this fold itself
             # (several replicas: refused, TranscriptMoved, if another one wrote since).
-            after_seq = None if before else fold.last_seq
+            checked_at = None if before else fold.last_seq
             started = await self._record(
-                run, before, submitted, (), (), row, model, after_seq=after_seq
+                run,
+                before,
+                submitted,
+                (),
+                (),
+                row,
+                model,
+                after_seq=checked_at,
+                shown_generation=shown,
             )
         return started
 

@@ -4,9 +4,10 @@ A new branch is the log's ordinary truncate (`transcript.truncated`), which hide
 from the fork on without removing them (projections/branches.py), followed in the same
 append by the new turn: `turn.submitted{edit_of}` for an edited message, or
 `turn.submitted{regenerate}` (no new user row) for a new answer to a turn already shown.
-Showing another branch is `branch.switched`; a new message sent from a view that one of
-them changed since is refused (`shown_generation`). Every check here reads the fold under
-the session's lock, before anything is written, so a refusal leaves the log untouched.
+Showing another branch is `branch.switched`; a new message, an edit or a regenerate sent
+from a view that one of them changed since is refused (`shown_generation`). Every check
+here reads the fold under the session's lock, before anything is written, so a refusal
+leaves the log untouched.
 """
 
 from __future__ import annotations
@@ -43,16 +44,21 @@ def last_run_state(fold: SessionFold, rows: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def shown_generation(fold: SessionFold, after_seq: int) -> int:
-    """For a new message sent from a view of the transcript folded to `after_seq`
-    (docs/api.md §4): the session's `transcript_generation` when no row of that view was
-    hidden since, for the turn's `Draft.shown_generation`; else 409 `transcript_changed`.
-    Only a truncate and a branch switch hide rows (an edit and a regenerate of a shown
-    answer are a truncate and their turn); what appends after the view (answers, renames,
-    other messages, queued ones) leaves it a prefix of what the model gets. A position past
-    the log is no view of it."""
+def shown_generation(fold: SessionFold, after_seq: int, *, last_row: bool = False) -> int:
+    """For a new message, an edit or a regenerate sent from a view of the transcript folded
+    to `after_seq` (docs/api.md §4, §10): the session's `transcript_generation` when no row
+    of that view was hidden since, for the command's `Draft.shown_generation`; else 409
+    `transcript_changed`. Only a truncate and a branch switch hide rows (an edit and a
+    regenerate of a shown answer are a truncate and their turn); what appends after the
+    view (answers, renames, other messages, queued ones) leaves it a prefix of what the
+    model gets. With `last_row` (a regenerate of "the last answer", no row named) a row
+    added since refuses it too: the last answer would be one the view never had. A position
+    past the log is no view of it."""
     assert fold.row is not None
-    if after_seq > fold.last_seq or fold.transcript.hidden_at > after_seq:
+    transcript = fold.transcript
+    if after_seq > fold.last_seq or transcript.hidden_at > after_seq:
+        raise TranscriptChanged(TRANSCRIPT_CHANGED)
+    if last_row and transcript.grown_at > after_seq:
         raise TranscriptChanged(TRANSCRIPT_CHANGED)
     generation: int = fold.row["transcript_generation"]
     return generation

@@ -222,6 +222,43 @@ def test_a_start_from_a_view_checked_before_another_replica_hid_its_rows_is_refu
         asyncio.run(main(url))
 
 
+@pytest.mark.parametrize("command", ["regenerate", "edit"])
+def test_a_regenerate_or_edit_from_a_view_checked_before_another_replica_hid_its_rows(
+    tmp_path: Path, command: str
+) -> None:
+    """Layer: the log (log/pg_batch.py: `Draft.shown_generation`, checked before the position
+    the command's truncate carries), for `POST /api/chat/regenerate {after_seq}` and
+    `chat/start {edit_of, after_seq}` across replicas; contract invariant 1. Replica A checks
+    a regenerate of the last answer, or an edit of "two", from the user's view [one, answer,
+    two, answer] (nothing hidden since), and replica B cuts the last exchange before A's
+    append. The database refuses it as the check would have, had the cut come first: 409
+    `transcript_changed` (the page then shows what is current), not the 404 `row_not_found`
+    of a position merely moved; nothing written, no run."""
+
+    async def main(url: str) -> None:
+        async with _replica(tmp_path / "a", url) as a, _replica(tmp_path / "b", url) as b:
+            assert isinstance(a.engine.runtime, Answering)
+            sid = (await a.sessions.create(None))["session_id"]
+            await answered(a, sid, "one")
+            await answered(a, sid, "two")
+            seen = await a.store.last_seq(sid)
+            two = (await a.sessions.view(sid))["messages"][2]["id"]
+            hold_append(a, has("transcript.truncated"), lambda: b.sessions.truncate(sid, 2))
+            logged = await a.types(sid)
+            with pytest.raises(SeenTranscriptChanged) as refused:
+                if command == "regenerate":
+                    await a.engine.regenerate(sid, after_seq=seen)
+                else:
+                    await a.engine.start(sid, "two, edited", edit_of=two, after_seq=seen)
+            assert (refused.value.code, refused.value.status) == ("transcript_changed", 409)
+            assert await a.types(sid) == [*logged, "transcript.truncated"]
+            assert not a.registry.busy(sid) and len(a.engine.runtime.turns) == 2
+            assert await shown(a, sid) == [("user", "one"), ("assistant", "answer")]
+
+    with database() as url:
+        asyncio.run(main(url))
+
+
 async def sessions_listed(h: Harness) -> list[str]:
     return sorted(await h.store.index_states())
 

@@ -147,10 +147,11 @@ class BatchTransaction:
                 raise SessionContinued(sid, continued)
             if draft.needs_no_run and open_stream is not None:  # a run of another replica
                 raise SessionOccupied(sid, open_stream)
-            if draft.after_seq is not None and draft.after_seq != last + n:
-                raise TranscriptMoved(sid)  # another replica wrote since it was checked
+            # rows hidden first: a write that also moved the position is the stale view's 409
             if draft.shown_generation is not None and draft.shown_generation != generation:
                 raise SeenTranscriptChanged(sid)  # another replica hid rows since the check
+            if draft.after_seq is not None and draft.after_seq != last + n:
+                raise TranscriptMoved(sid)  # another replica wrote since it was checked
             if draft.queued_since is not None:  # an edit, a removal or a start of it
                 await self._check_queued(conn, sid, draft, work)
             if draft.type == SESSION_ROTATED:

@@ -56,13 +56,14 @@ class Draft:
     # a backend shared by several processes refuses it with TranscriptMoved when another
     # process appended to the session since. SQLite's one process checks under the lock.
     after_seq: int | None = None
-    # A new turn sent from a view of the transcript (`after_seq` of `chat/start`): the
-    # session's `transcript_generation` (bumped by each truncate and branch switch) when the
-    # engine found no row of that view hidden. A backend shared by several processes refuses
-    # it with SeenTranscriptChanged when the generation before its append is another, so a
-    # switch through another process between the check and the write cannot slip under it;
-    # appends that hide nothing (answers, renames, other messages) do not. SQLite's one
-    # process checks under the session lock.
+    # The first draft of a new turn, an edit or a regenerate sent from a view of the
+    # transcript (`after_seq` of `chat/start`, `chat/regenerate`): the session's
+    # `transcript_generation` (bumped by each truncate and branch switch) when the engine
+    # found no row of that view hidden. A backend shared by several processes refuses it
+    # with SeenTranscriptChanged when the generation before its append is another (checked
+    # before `after_seq`), so a switch through another process between the check and the
+    # write cannot slip under it; appends that hide nothing (answers, renames, other
+    # messages) do not. SQLite's one process checks under the session lock.
     shown_generation: int | None = None
     # A `queue.updated` or `queue.removed` of a queued message (data.queue_id): the session's
     # last seq when the command read that message. A backend shared by several processes

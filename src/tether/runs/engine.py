@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -252,8 +253,11 @@ class RunEngine:
         """Store `uploads`, register `run` and append `before`, its `turn.submitted` and
         `after` in one append, then start its worker (`row`: the session's sidebar row,
         `model`: the one the turn asked for, `after_seq`: the turn's `Draft.after_seq`
-        when it comes first, `shown_generation`: its `Draft.shown_generation`); on any
-        failure the run is unregistered and new bytes are released.
+        when it comes first, `shown_generation`: the `Draft.shown_generation` of the
+        append's first draft, an edit's or a regenerate's truncate when there is one, so a
+        database shared by replicas refuses a view whose rows another replica hid as such,
+        409, before the truncate's moved position); on any failure the run is unregistered
+        and new bytes are released.
 
         With a stateless runtime there is no handle to build, so the run is admitted here
         and its `run.started` joins the same append: one commit (a WAL fsync) less before
@@ -285,8 +289,10 @@ class RunEngine:
                 blobs=blobs,
                 admits_run=True,  # several replicas: the database admits (SessionOccupied)
                 after_seq=after_seq,
-                shown_generation=shown_generation,
             )
+            drafts = [*before, draft, *after, *opening]
+            if shown_generation is not None:  # on the first: checked before any position
+                drafts[0] = replace(drafts[0], shown_generation=shown_generation)
             if opening:
                 self._admit_ready(run, StatelessHandle(self.runtime))
 
@@ -304,7 +310,7 @@ class RunEngine:
             # shutdown): a committed turn always gets its worker, and bytes its event is
             # committing are never released
             await to_completion(
-                self.store.append(run.session_id, [*before, draft, *after, *opening]),
+                self.store.append(run.session_id, drafts),
                 then=start_worker,
                 undo=unregister,
             )

@@ -6,6 +6,7 @@ import { ApiError, post } from "./api.js";
 import { asDraft } from "./composer.js";
 import { h } from "./dom.js";
 import { switchesToShow } from "./reducer_branches.js";
+import { catchUp, changed, position, regenerate } from "./refusals.js";
 
 const SHOWN_WAIT_MS = 5000; // how long a switched branch may take to arrive as events
 
@@ -133,9 +134,7 @@ export class BranchActions {
     } else if (target.matches(".regenerate")) {
       if (target.dataset.sending !== undefined) return; // a double click starts one run
       target.dataset.sending = "";
-      this.app
-        .call(() => post("/api/chat/regenerate", { session_id: sid, row_id: rowId }))
-        .finally(() => delete target.dataset.sending);
+      regenerate(this.app, sid, rowId).finally(() => delete target.dataset.sending);
     } else if (target.matches(".edit-message")) {
       this.openEditor(row);
     } else if (target.matches(".edit-cancel")) {
@@ -255,7 +254,13 @@ export class BranchActions {
       return;
     }
     for (const b of row.querySelectorAll(".edit-box button")) b.disabled = true;
-    const body = { session_id: sid, message: text, edit_of: rowId };
+    // the position of the view it was edited in: 409 if another tab changed it since
+    const body = {
+      session_id: sid,
+      message: text,
+      edit_of: rowId,
+      after_seq: position(this.app, sid),
+    };
     const files = kept(row);
     if ((row.attachmentList || []).length) body.keep_attachments = files.map((a) => a.id);
     row.dataset.saving = ""; // its own events may remove the row before the answer comes
@@ -265,11 +270,14 @@ export class BranchActions {
       row.classList.remove("editing");
     } catch (err) {
       for (const b of row.querySelectorAll(".edit-box button")) b.disabled = false;
+      const moved = err instanceof ApiError && err.code === "transcript_changed";
+      if (moved) await catchUp(this.app, sid); // the branch now current: the row may go
       if ((err instanceof ApiError && err.code === "session_rotated") || !row.isConnected) {
         // in the continuation's composer, or in its session's when the row went meanwhile
         this.app.refused(err, text, await asDrafts(files), sid);
       } else {
-        this.app.notify(err.message); // the text stays in the box
+        // the text stays in the box
+        this.app.notify(moved ? changed("Not sent", "your edit is still open.") : err.message);
       }
     } finally {
       delete row.dataset.saving;

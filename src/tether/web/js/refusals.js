@@ -5,8 +5,9 @@
 import { ApiError, get, post, q } from "./api.js";
 import { applySnapshot } from "./reducer.js";
 
-const changed = (where) =>
-  "Not sent: this conversation changed in another tab or on another device (another " +
+/** The notice of a 409 `transcript_changed`: `what` was not done, and `where` the text is. */
+export const changed = (what, where) =>
+  `${what}: this conversation changed in another tab or on another device (another ` +
   `branch is shown, or a message was edited or cut). It now shows the current branch; ${where}`;
 
 /** Where the page's view of session `sid` is folded to (`after_seq`, docs/api.md §4): sent
@@ -35,18 +36,35 @@ export async function catchUp(app, sid) {
   if (sid === app.openId) app.renderNow();
 }
 
-/** "Send now" of a queued message, from the view shown when it is clicked; a refusal leaves
- *  it queued and says why. */
-export async function sendQueued(app, queueId) {
-  const sid = app.openId;
+/** POST `body` to `path` with the position of the view of session `sid` shown when it was
+ *  clicked; a refusal is said (`notice` for a view another tab changed, which is read again
+ *  first). The answer, or null when refused. */
+async function fromView(app, sid, path, body, notice) {
   try {
-    await post("/api/chat/queue/start", { queue_id: queueId, after_seq: position(app, sid) });
+    return await post(path, { ...body, after_seq: position(app, sid) });
   } catch (err) {
     if (err instanceof ApiError && err.code === "transcript_changed") {
       await catchUp(app, sid);
-      app.notify(changed("your message stays queued."));
+      app.notify(notice);
     } else app.notify(err.message);
+    return null;
   }
+}
+
+/** "Send now" of a queued message, from the view shown when it is clicked; a refusal leaves
+ *  it queued and says why. */
+export function sendQueued(app, queueId) {
+  const notice = changed("Not sent", "your message stays queued.");
+  return fromView(app, app.openId, "/api/chat/queue/start", { queue_id: queueId }, notice);
+}
+
+/** Regenerate of the answer `rowId` (Retry after a Stop or an error is this), from the view
+ *  shown when it is clicked: from a view another tab changed (a branch switched above or
+ *  below it) the server refuses it rather than hide rows the user never saw, and the page
+ *  shows the branch now current (contract invariant 1). */
+export function regenerate(app, sid, rowId) {
+  const notice = changed("Not regenerated", "regenerate again there if you still want to.");
+  return fromView(app, sid, "/api/chat/regenerate", { session_id: sid, row_id: rowId }, notice);
 }
 
 /** A refused send never loses the text: it goes back to the composer (rotated: in the
@@ -79,5 +97,5 @@ export async function refused(app, err, text, files, sid) {
   const moved = err instanceof ApiError && err.code === "transcript_changed";
   if (moved && sid) await catchUp(app, sid);
   app.composer.restore(text, files);
-  app.notify(moved ? changed("your message is back in the composer.") : err.message);
+  app.notify(moved ? changed("Not sent", "your message is back in the composer.") : err.message);
 }

@@ -28,6 +28,25 @@ def user_texts(page: Page) -> list[str]:
     return page.locator("#transcript .rows > .row.user .user-text").all_inner_texts()
 
 
+def edit_and_show_the_first_branch(client: httpx.Client, sid: str, row_id: str) -> None:
+    """The second message edited (branch 2), then branch 1 shown again."""
+    start_turn(client, sid, "two, edited", edit_of=row_id)
+    edited = wait_idle(client, sid)["messages"][2]
+    back = {"session_id": sid, "row_id": edited["id"], "index": 1}
+    assert client.post("/api/session/branch", json=back).status_code == 200
+
+
+def tab_behind(
+    context: BrowserContext, server: ServerProcess, sid: str
+) -> tuple[Page, list[Route]]:
+    """A tab on `sid` whose event stream never gets through (its requests held)."""
+    page = context.new_page()
+    held: list[Route] = []
+    page.route("**/api/sessions/*/events*", lambda route: held.append(route))
+    open_app(page, server.base_url, f"/s/{sid}")
+    return page, held
+
+
 def test_a_send_from_a_tab_behind_another_tabs_switch_is_refused_and_given_back(
     context: BrowserContext, web_server: ServerProcess, tmp_path: Path
 ) -> None:
@@ -39,17 +58,9 @@ def test_a_send_from_a_tab_behind_another_tabs_switch_is_refused_and_given_back(
             start_turn(client, sid, message)
             wait_idle(client, sid)
         two = session_body(client, sid)["messages"][2]
-        start_turn(client, sid, "two, edited", edit_of=two["id"])
-        edited = wait_idle(client, sid)["messages"][2]
-        back = {"session_id": sid, "row_id": edited["id"], "index": 1}
-        assert client.post("/api/session/branch", json=back).status_code == 200
+        edit_and_show_the_first_branch(client, sid, two["id"])
 
-    a = context.new_page()
-    held: list[Route] = []
-    a.route(
-        "**/api/sessions/*/events*", lambda route: held.append(route)
-    )  # A's stream never gets through
-    open_app(a, web_server.base_url, f"/s/{sid}")
+    a, held = tab_behind(context, web_server, sid)
     expect(a.locator("#transcript .rows > .row.user .user-text")).to_have_count(2)
     assert user_texts(a) == ["one", "two"]
     assert held, "A's stream never asked"
@@ -108,15 +119,9 @@ def test_a_retry_from_a_tab_behind_another_tabs_switch_is_refused_and_shows_the_
         stream = start_turn(client, sid, "/slow two")["stream_id"]
         assert client.post("/api/chat/cancel", json={"stream_id": stream}).status_code == 200
         two = wait_idle(client, sid)["messages"][2]
-        start_turn(client, sid, "two, edited", edit_of=two["id"])
-        edited = wait_idle(client, sid)["messages"][2]
-        back = {"session_id": sid, "row_id": edited["id"], "index": 1}
-        assert client.post("/api/session/branch", json=back).status_code == 200
+        edit_and_show_the_first_branch(client, sid, two["id"])
 
-    a = context.new_page()
-    held: list[Route] = []
-    a.route("**/api/sessions/*/events*", lambda route: held.append(route))
-    open_app(a, web_server.base_url, f"/s/{sid}")
+    a, held = tab_behind(context, web_server, sid)
     stopped = a.locator("#transcript .rows > .row.assistant").last
     expect(stopped).to_contain_text("Stopped")
     assert user_texts(a) == ["one", "/slow two"]
@@ -170,15 +175,9 @@ def test_an_edit_from_a_tab_behind_another_tabs_switch_is_refused_and_stays_open
             start_turn(client, sid, message)
             wait_idle(client, sid)
         two = session_body(client, sid)["messages"][2]
-        start_turn(client, sid, "two, edited", edit_of=two["id"])
-        edited = wait_idle(client, sid)["messages"][2]
-        back = {"session_id": sid, "row_id": edited["id"], "index": 1}
-        assert client.post("/api/session/branch", json=back).status_code == 200
+        edit_and_show_the_first_branch(client, sid, two["id"])
 
-    a = context.new_page()
-    held: list[Route] = []
-    a.route("**/api/sessions/*/events*", lambda route: held.append(route))
-    open_app(a, web_server.base_url, f"/s/{sid}")
+    a, held = tab_behind(context, web_server, sid)
     expect(a.locator("#transcript .rows > .row.user .user-text")).to_have_text(["one", "two"])
     b = context.new_page()
     open_app(b, web_server.base_url, f"/s/{sid}")

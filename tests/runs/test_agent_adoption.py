@@ -50,7 +50,7 @@ class ScanningRuntime(Runtime):
     async def bind(self, session_id: str, agent_session_id: str) -> bool:
         return True  # already bound to this very session
 
-    async def agent_news(self, session_id: str, watermark: Any) -> None:
+    async def agent_news(self, session_id: str, watermark: Any, continued: Any = ()) -> None:
         return None
 
 

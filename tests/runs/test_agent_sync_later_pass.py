@@ -51,7 +51,7 @@ class SharedAgentRuntime(NothingElsewhere, GatedRuntime):
         moved, self.moved = self.moved, []
         return moved
 
-    async def agent_news(self, session_id: str, watermark: int) -> AgentNews:
+    async def agent_news(self, session_id: str, watermark: int, continued: Any = ()) -> AgentNews:
         self.reads.append(session_id)
         if not self.cli_wrote or watermark >= 4:
             return AgentNews(watermark)
@@ -115,7 +115,9 @@ def test_a_pass_the_agent_defers_is_taken_at_the_next_interval(tmp_path: Path) -
             super().__init__()
             self.still_writing = True
 
-        async def agent_news(self, session_id: str, watermark: int) -> AgentNews | None:
+        async def agent_news(
+            self, session_id: str, watermark: int, continued: Any = ()
+        ) -> AgentNews | None:
             if self.still_writing:
                 self.reads.append(session_id)
                 return None
@@ -136,7 +138,7 @@ class ChunkedRuntime(SharedAgentRuntime):
 
     examined = 0  # how far it looked: kept by the runtime when it imports nothing
 
-    async def agent_news(self, session_id: str, watermark: int) -> AgentNews:
+    async def agent_news(self, session_id: str, watermark: int, continued: Any = ()) -> AgentNews:
         self.reads.append(session_id)
         start = max(watermark, self.examined)
         if not self.cli_wrote or start >= 4:
@@ -163,7 +165,9 @@ def test_a_session_whose_pass_fails_does_not_hold_up_the_others(tmp_path: Path) 
     class OneBrokenRuntime(SharedAgentRuntime):
         broken: str = ""
 
-        async def agent_news(self, session_id: str, watermark: int) -> AgentNews:
+        async def agent_news(
+            self, session_id: str, watermark: int, continued: Any = ()
+        ) -> AgentNews:
             if session_id == self.broken:
                 raise ValueError("a row this pass cannot read")
             return await super().agent_news(session_id, watermark)
@@ -210,7 +214,9 @@ def test_a_failing_session_is_tried_again_later_and_later_and_then_read(tmp_path
     class HealingRuntime(SharedAgentRuntime):
         healed = False
 
-        async def agent_news(self, session_id: str, watermark: int) -> AgentNews:
+        async def agent_news(
+            self, session_id: str, watermark: int, continued: Any = ()
+        ) -> AgentNews:
             if not self.healed:
                 self.reads.append(session_id)
                 raise ValueError("a row this pass cannot read")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from tether.runs import maintenance
 from tether.runs.agent_sync import AgentSync
@@ -34,7 +35,9 @@ class KeepsHistory(NothingElsewhere, DemoRuntime):
     def agent_history(self) -> AgentHistory:
         return self
 
-    async def agent_news(self, session_id: str, watermark: int) -> AgentNews | None:
+    async def agent_news(
+        self, session_id: str, watermark: int, continued: Any = ()
+    ) -> AgentNews | None:
         self.asked.append(session_id)
         return AgentNews(watermark)
 

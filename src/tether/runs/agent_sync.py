@@ -34,6 +34,7 @@ from tether.log.errors import SessionContinued, SessionOccupied, TranscriptMoved
 from tether.projections.sidebar import given_title
 from tether.runs.rotation import continue_in
 from tether.runtimes.base import AgentHistory
+from tether.sessions.folds import SessionFold
 from tether.sessions.service import TITLE_MAX_CHARS, SessionService
 
 log = logging.getLogger("tether.runs")
@@ -46,6 +47,8 @@ MAX_PASSES_BEFORE_TURN = 50
 # every interval. A turn's own pass (`before_start`) is never held back.
 RETRY_FIRST_SECONDS = 5.0
 RETRY_MAX_SECONDS = 300.0
+# How many sessions up a continuation's lineage a pass reads the agent sessions of.
+MAX_LINEAGE = 50
 
 
 class Pass(Enum):
@@ -77,13 +80,9 @@ class AgentSync:
 
     async def before_start(self, session_id: str) -> None:
         """The engine calls this under the session's lock, before it admits a turn. When the
-        session turns out to continue elsewhere (the start will get 409), the continuation
-        is brought up to date too: whoever follows the 409 finds its whole history."""
+        session continues elsewhere (the start will get 409), the passes are the
+        continuation's (`sync_locked`): whoever follows the 409 finds its whole history."""
         await sync_through(self.sessions, self.agent, session_id)
-        newest = await self.sessions.newest_continuation(session_id)
-        if newest is not None and await self.sessions.store.last_seq(newest) is not None:
-            async with self.sessions.locks(newest):  # locks go parent -> child only
-                await sync_through(self.sessions, self.agent, newest)
 
     async def forever(self, interval: float) -> None:
         """Every `interval` seconds, a pass for each session whose agent rows moved. The
@@ -180,15 +179,23 @@ async def sync_through(sessions: SessionService, agent: AgentHistory, session_id
 
 
 async def sync_locked(sessions: SessionService, agent: AgentHistory, session_id: str) -> Pass:
-    """One pass for one session; the caller holds the session's lock."""
+    """One pass for one session; the caller holds the session's lock. A rotated session's
+    log is final (its continuation shows it, and was summarized from it), so its pass is its
+    newest continuation's: what its agent got after its last import goes there."""
     state = await sessions.store.index_state(session_id)
-    if state is None or state["continuation_session_id"]:
-        return Pass.DONE  # gone, or continued elsewhere: nothing more to read for it
+    if state is None:
+        return Pass.DONE
+    if state["continuation_session_id"]:
+        newest = await sessions.newest_continuation(session_id)
+        if newest is None or newest == session_id:
+            return Pass.DONE
+        async with sessions.locks(newest):  # locks go parent -> child only
+            return await sync_locked(sessions, agent, newest)
     if sessions.occupancy(state).busy:
         return Pass.DEFERRED
     fold = await sessions.folds.get(session_id)
     watermark = fold.transcript.agent_watermark
-    news = await agent.agent_news(session_id, watermark)
+    news = await agent.agent_news(session_id, watermark, await _continued(sessions, fold))
     if news is None:
         return Pass.DEFERRED
     if news.entries:  # nothing imported: no event (the runtime keeps how far it looked)
@@ -208,6 +215,21 @@ async def sync_locked(sessions: SessionService, agent: AgentHistory, session_id:
     if news.continuation is not None:
         await _continue(sessions, agent, session_id, news.continuation)
     return Pass.MORE if news.more else Pass.DONE
+
+
+async def _continued(sessions: SessionService, fold: SessionFold) -> list[tuple[str, int]]:
+    """The sessions this one continues, oldest first, each with the agent watermark its log
+    ended at: what their agent sessions got after it is this session's to import."""
+    chain: dict[str, int] = {}
+    parent_id = fold.row["parent_session_id"] if fold.row else None
+    while parent_id and parent_id not in chain and len(chain) < MAX_LINEAGE:
+        try:
+            parent = await sessions.folds.get(parent_id)
+        except SessionNotFound:
+            break
+        chain[parent_id] = parent.transcript.agent_watermark
+        parent_id = parent.row["parent_session_id"] if parent.row else None
+    return list(chain.items())[::-1]
 
 
 async def _continue(

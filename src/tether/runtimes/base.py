@@ -8,7 +8,7 @@ and the single terminal event.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -356,9 +356,13 @@ class AgentHistory(Protocol):
 
     name: ClassVar[str]
 
-    async def agent_news(self, session_id: str, watermark: int) -> AgentNews | None:
+    async def agent_news(
+        self, session_id: str, watermark: int, continued: Sequence[tuple[str, int]] = ()
+    ) -> AgentNews | None:
         """What the agent holds for `session_id` after `watermark`; None while a turn of
-        the session is still being written."""
+        the session is still being written. `continued`: the sessions it continues
+        (`session.rotated`), oldest first, each with the watermark its log ended at; what
+        their agent sessions got after that is this session's too (their logs are final)."""
 
     async def agent_changed(self) -> list[str]:
         """Tether sessions whose agent rows moved since the last call."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -216,19 +217,30 @@ def agent_news(
     watermark: int,
     profile: str | None,
     limit: int = DEFAULT_LIMIT,
+    *,
+    continued: Sequence[tuple[str, int]] = (),
 ) -> AgentNews:
     """One bounded, idempotent pass for one Tether session (nothing new when it drives no
     agent session), from the log's `watermark` or the ledger's `examined` mark, whichever is
     further. A pass that finds nothing to import moves that mark (no event is written for
-    it); one that does returns entries and the watermark their event carries. Blocking:
-    call it in a thread."""
-    agents = ledger.agent_sessions(session_id)
+    it); one that does returns entries and the watermark their event carries. The agent
+    sessions of the sessions it `continued` (each with the watermark its final log ended
+    at) are read too, after that watermark and their `examined` mark: another client may
+    go on in them after the rotation. Row ids grow across `state.db`, so one watermark
+    covers them all. Blocking: call it in a thread."""
+    own = ledger.agent_sessions(session_id)
+    ranges = ledger.turn_ranges(session_id)
+    floors: dict[str, int] = {}  # an agent session of a rotated session: where its log ended
+    for ancestor, ended_at in continued:
+        for agent_id in ledger.agent_sessions(ancestor):
+            floors[agent_id] = max(ended_at, ledger.examined(ancestor))
+        ranges += ledger.turn_ranges(ancestor)  # its own turns' rows stay its own
+    agents = [*floors, *own]
     if not agents:
         return AgentNews(watermark)
     start = max(watermark, ledger.examined(session_id))
-    rows = read_rows(state_db, agents, after_id=start, limit=limit, archived=True)
+    rows = read_rows(state_db, agents, after_id=start, limit=limit, archived=True, floors=floors)
     next_watermark = max([start, *(r.row_id or 0 for r in rows)])
-    ranges = ledger.turn_ranges(session_id)
     foreign = [r for r in rows if not any(turn.owns(r.row_id or 0) for turn in ranges)]
     # A turn whose rows are known by id needs no timestamp proof: its rows are gone already,
     # and another client's row at the same timestamp must not pass for it.
@@ -237,7 +249,7 @@ def agent_news(
     entries = _entries(foreign, proofs, start) if foreign else []
     if not entries and next_watermark > start:
         ledger.examined_through(session_id, next_watermark)
-    continuation = continuation_of(state_db, agents[-1], profile)
+    continuation = continuation_of(state_db, own[-1], profile) if own else None
     if continuation is not None and ledger.tether_session_of(continuation) == session_id:
         continuation = None  # Tether's own turn rotated into it: the same conversation
     return AgentNews(next_watermark, entries, continuation, more=len(rows) >= limit)

@@ -73,14 +73,17 @@ def read_rows(
     limit: int = DEFAULT_LIMIT,
     *,
     archived: bool = False,
+    floors: dict[str, int] | None = None,
 ) -> list[Row]:
     """Rows of these agent sessions with id > after_id, oldest first, at most limit: the
     active ones and, with `archived`, those a compaction soft-archived (never the rows an
-    undo removed)."""
+    undo removed). `floors`: for some of the sessions, a higher id to start after."""
     if not session_ids:
         return []
     marks = ",".join("?" * len(session_ids))
     live = "(active = 1 OR compacted = 1)" if archived else "active = 1"
+    floors = floors or {}
+    above = "".join(" AND NOT (session_id = ? AND id <= ?)" for _ in floors)
     with read_only(db_path) as db:
         if db is None:
             return []
@@ -88,8 +91,8 @@ def read_rows(
             rows = db.execute(
                 "SELECT id, session_id, role, content, api_content, tool_calls, tool_call_id, "
                 f"timestamp, reasoning, active FROM messages WHERE session_id IN ({marks}) "
-                f"AND id > ? AND {live} ORDER BY id LIMIT ?",
-                [*session_ids, after_id, limit],
+                f"AND id > ?{above} AND {live} ORDER BY id LIMIT ?",
+                [*session_ids, after_id, *(v for pair in floors.items() for v in pair), limit],
             ).fetchall()
         except sqlite3.Error:
             return []

@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -249,13 +249,23 @@ class HermesRuntime(Runtime):
         return summary
 
     # -- what other clients of the profile did (runs/agent_sync.py) ----------------------------
-    async def agent_news(self, session_id: str, watermark: int) -> AgentNews | None:
-        """None while one of the session's turns is still being written by the agent (an
-        interrupted turn finishes writing after Tether's run has ended)."""
-        if any(h.session_id == session_id and h.turn_open for h in self._handles):
+    async def agent_news(
+        self, session_id: str, watermark: int, continued: Sequence[tuple[str, int]] = ()
+    ) -> AgentNews | None:
+        """None while one of the session's turns (or of a session it continues) is still
+        being written by the agent (an interrupted turn finishes writing after Tether's run
+        has ended)."""
+        writing = {session_id, *(ancestor for ancestor, _ in continued)}
+        if any(h.session_id in writing and h.turn_open for h in self._handles):
             return None
         return await asyncio.to_thread(
-            agent_news, self.state_db, self.proofs, session_id, watermark, self.profile
+            agent_news,
+            self.state_db,
+            self.proofs,
+            session_id,
+            watermark,
+            self.profile,
+            continued=continued,
         )
 
     def agent_history(self) -> AgentHistory:

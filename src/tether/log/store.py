@@ -47,7 +47,8 @@ class Draft:
     # with SessionOccupied while the session has an unfinished run (log/postgres.py). The
     # SQLite backend serves one process, whose run registry refuses first (runs/engine.py).
     admits_run: bool = False
-    # An event that changes the transcript under a run's feet (a truncate, a branch switch):
+    # An event that changes the transcript under a run's feet (a truncate, a branch switch,
+    # an import of what another client of the agent wrote):
     # refused with SessionOccupied, like `admits_run`, while the session has an unfinished
     # run. SQLite's one process checks its registry under the session lock first.
     needs_no_run: bool = False

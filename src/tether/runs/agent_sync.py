@@ -16,7 +16,10 @@ Tether's own), under the session's lock, before every turn and every `--agent-sy
 for the sessions whose agent rows moved. A session whose rows moved while a run occupied it
 is looked at again at every later interval until a pass runs: the agent's last write of a
 turn comes before the run ends, and nothing may move after it. Reads never trigger a pass:
-a read never writes.
+a read never writes. With several replicas, the import carries what the pass checked: the
+database refuses it once another replica rotated the session, runs a turn in it or wrote
+to it since (a rotated parent's transcript never changes; the rows remain for the next
+pass, which imports them into the continuation).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ class Pass(Enum):
     """How one pass for one session went."""
 
     DONE = "done"  # read up to what the agent holds
-    MORE = "more"  # read a bounded part: rows remain
+    MORE = "more"  # read a bounded part, or its import was refused: rows remain
     DEFERRED = "deferred"  # a run, or a turn the agent still writes, occupies it: no pass
 
 
@@ -194,24 +197,22 @@ async def sync_locked(sessions: SessionService, agent: AgentHistory, session_id:
     if sessions.occupancy(state).busy:
         return Pass.DEFERRED
     fold = await sessions.folds.get(session_id)
-    watermark = fold.transcript.agent_watermark
+    # the live tail advances a cached fold in place: what the pass reads from is read now
+    seen, watermark = fold.last_seq, fold.transcript.agent_watermark
     news = await agent.agent_news(session_id, watermark, await _continued(sessions, fold))
     if news is None:
         return Pass.DEFERRED
     if news.entries:  # nothing imported: no event (the runtime keeps how far it looked)
-        await sessions.store.append(
-            session_id,
-            [
-                Draft(
-                    ev.AGENT_IMPORTED,
-                    {
-                        "source": agent.name,
-                        "watermark": news.watermark,
-                        "entries": news.entries,
-                    },
-                )
-            ],
+        imported = Draft(
+            ev.AGENT_IMPORTED,
+            {"source": agent.name, "watermark": news.watermark, "entries": news.entries},
+            needs_no_run=True,  # several replicas: not in a session rotated meanwhile,
+            after_seq=seen,  # nor after another one imported from the same watermark
         )
+        try:
+            await sessions.store.append(session_id, [imported])
+        except (SessionContinued, SessionOccupied, TranscriptMoved):
+            return Pass.MORE  # another replica wrote first: the rows remain, look again
     if news.continuation is not None:
         await _continue(sessions, agent, session_id, news.continuation)
     return Pass.MORE if news.more else Pass.DONE

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tether.events import Event
+from tether.log import Draft
 from tether.log.store import EventStore
 from tether.log.subscriptions import Hub
 from tether.runs import maintenance
@@ -122,3 +123,31 @@ async def until(condition: Callable[[], bool], timeout: float = 20) -> None:
     while not condition():
         assert time.monotonic() < deadline, "the condition never held"
         await asyncio.sleep(0.001)
+
+
+def hold_append(
+    h: Harness, when: Callable[[list[Draft]], bool], meanwhile: Callable[[], Awaitable[Any]]
+) -> None:
+    """Replica `h`'s first append of drafts `when` picks waits for `meanwhile` (another
+    replica's command, to its commit) before it goes to the database."""
+    real_append = h.store.append
+    held = False
+
+    async def append(session_id: str, drafts: list[Draft]) -> list:
+        nonlocal held
+        if not held and when(drafts):
+            held = True
+            await meanwhile()
+        return await real_append(session_id, drafts)
+
+    h.store.append = append  # type: ignore[method-assign]
+
+
+def has(event_type: str, **data: Any) -> Callable[[list[Draft]], bool]:
+    def picks(drafts: list[Draft]) -> bool:
+        return any(
+            d.type == event_type and all(d.data.get(k) == v for k, v in data.items())
+            for d in drafts
+        )
+
+    return picks

@@ -25,7 +25,7 @@ from tether.log.errors import SeenTranscriptChanged, SessionContinued, Transcrip
 from tether.runtimes.base import RuntimeEvent, TurnInput, Usage
 from tether.settings import Settings
 
-from engine_harness import GatedRuntime, Harness, harness
+from engine_harness import GatedRuntime, Harness, harness, has, hold_append
 
 pytestmark = pytest.mark.slow
 
@@ -82,34 +82,6 @@ def _rotating(data: Path, url: str, full: bool) -> AbstractAsyncContextManager[H
 
 def said(messages: list[dict[str, Any]]) -> list[str]:
     return [str(m["content"]) for m in messages]
-
-
-def hold_append(
-    h: Harness, when: Callable[[list[Draft]], bool], meanwhile: Callable[[], Awaitable[Any]]
-) -> None:
-    """Replica `h`'s first append of drafts `when` picks waits for `meanwhile` (another
-    replica's command, to its commit) before it goes to the database."""
-    real_append = h.store.append
-    held = False
-
-    async def append(session_id: str, drafts: list[Draft]) -> list:
-        nonlocal held
-        if not held and when(drafts):
-            held = True
-            await meanwhile()
-        return await real_append(session_id, drafts)
-
-    h.store.append = append  # type: ignore[method-assign]
-
-
-def has(event_type: str, **data: Any) -> Callable[[list[Draft]], bool]:
-    def picks(drafts: list[Draft]) -> bool:
-        return any(
-            d.type == event_type and all(d.data.get(k) == v for k, v in data.items())
-            for d in drafts
-        )
-
-    return picks
 
 
 async def answered(h: Harness, sid: str, text: str) -> None:

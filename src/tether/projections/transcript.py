@@ -124,9 +124,11 @@ class TranscriptFold:
         self.active: dict[str, RunScene] = {}
         self.users: dict[str, dict[str, Any]] = {}
         self.queued: dict[str, dict[str, Any]] = {}
-        # Queued messages whose run was stopped or failed (docs/api.md §4): they wait for the
-        # user (`queue/start`), and a later run that completes does not send them. Starting
-        # one of them resumes the queue. Server-side only: never part of `view()`.
+        # Queued messages whose run was stopped or failed, or that rows were hidden from
+        # (a truncate, a branch switch: their sender never saw what they would follow)
+        # since they were queued (docs/api.md §4): they wait for the user (`queue/start`),
+        # and a later run that completes does not send them. Starting one of them resumes
+        # the queue. Server-side only: never part of `view()`.
         self.held: set[str] = set()
         # Agent-facing only (invariant 6): never part of `view()`.
         self.compressions: list[dict[str, Any]] = []
@@ -429,12 +431,14 @@ class TranscriptFold:
         """Hide the rows from `keep_count` on: kept as a branch beside what comes next."""
         self.tree.cut(event.data["keep_count"])
         self.hidden_at = event.seq
+        self.held.update(self.queued)
 
     def _branch_switched(self, event: Event) -> None:
         row_id = event.data.get("row_id")
         if isinstance(row_id, str):
             self.tree.show(row_id)
             self.hidden_at = event.seq
+            self.held.update(self.queued)
 
     def _agent_imported(self, event: Event) -> None:
         """Turns another client of the agent wrote, in the order it wrote them; a compaction

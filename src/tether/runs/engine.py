@@ -357,15 +357,18 @@ class RunEngine:
     # -- queued messages (runs.queue) -------------------------------------------------------
     async def start_next(self, session_id: str) -> str | None:
         """Start the oldest queued message as the next turn, but those that wait for the
-        user since their run was stopped or failed (docs/api.md §4); None when there is none
-        or the session is taken. It stays queued if the start is refused."""
+        user (their run was stopped or failed, or rows were hidden since they were queued:
+        docs/api.md §4); None when there is none or the session is taken. It stays queued
+        if the start is refused: also when rows were hidden after this fold (another tab or
+        replica switched branch as the run ended), checked as a stale view's start."""
         fold = await self.sessions.folds.get(session_id)
         queue = fold.transcript
         item = next((q for q in queue.queued.values() if q["queue_id"] not in queue.held), None)
+        seen = fold.last_seq  # read before any await: the live tail advances the fold
         if item is None:
             return None
         try:
-            started = await self.start_queued(session_id, item)
+            started = await self.start_queued(session_id, item, seen)
         except ApiError as exc:  # busy, rotated, closing, gone: it stays queued
             log.info("queued message %s stays queued: %s", item["queue_id"], exc.message)
             return None

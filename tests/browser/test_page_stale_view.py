@@ -7,8 +7,8 @@ switches the session to another branch: A's message, sent under the branch it st
 is refused (409 `transcript_changed`), its text and file come back to its composer, it
 says so and shows the branch now current; sent again, it goes after that branch. So is a
 Retry (Regenerate on a stopped answer): refused, it regenerates nothing on a branch the user
-is not looking at, and the branch now current is shown; and an edit's "Save and send", whose
-text stays in its box."""
+is not looking at, and the branch now current is shown; an edit's "Save and send", whose
+text stays in its box; and a Queue that would start the message at once."""
 
 from __future__ import annotations
 
@@ -47,6 +47,18 @@ def tab_behind(
     return page, held
 
 
+def second_branch_in_tab_b(context: BrowserContext, server: ServerProcess, sid: str) -> int:
+    """Another tab shows branch 2 ("two, edited"): the session's last seq after its switch."""
+    b = context.new_page()
+    open_app(b, server.base_url, f"/s/{sid}")
+    b.locator("#transcript .rows > .row.user").nth(1).get_by_role(
+        "button", name="Next branch"
+    ).click()
+    expect(b.locator("#transcript .rows > .row.user .user-text").nth(1)).to_have_text("two, edited")
+    with httpx.Client(base_url=server.base_url) as client:
+        return int(session_body(client, sid)["last_seq"])
+
+
 def test_a_send_from_a_tab_behind_another_tabs_switch_is_refused_and_given_back(
     context: BrowserContext, web_server: ServerProcess, tmp_path: Path
 ) -> None:
@@ -65,16 +77,8 @@ def test_a_send_from_a_tab_behind_another_tabs_switch_is_refused_and_given_back(
     assert user_texts(a) == ["one", "two"]
     assert held, "A's stream never asked"
 
-    b = context.new_page()
-    open_app(b, web_server.base_url, f"/s/{sid}")
-    expect(b.locator("#transcript .rows > .row.user .user-text")).to_have_count(2)
-    b.locator("#transcript .rows > .row.user").nth(1).get_by_role(
-        "button", name="Next branch"
-    ).click()
-    expect(b.locator("#transcript .rows > .row.user .user-text").nth(1)).to_have_text("two, edited")
+    switched = second_branch_in_tab_b(context, web_server, sid)
     assert user_texts(a) == ["one", "two"]  # A has not heard of it
-    with httpx.Client(base_url=web_server.base_url) as client:
-        switched = session_body(client, sid)["last_seq"]
 
     a.locator("#file-input").set_input_files(str(note))
     expect(chips(a)).to_have_text(["notes.txt"])
@@ -126,15 +130,7 @@ def test_a_retry_from_a_tab_behind_another_tabs_switch_is_refused_and_shows_the_
     expect(stopped).to_contain_text("Stopped")
     assert user_texts(a) == ["one", "/slow two"]
 
-    b = context.new_page()
-    open_app(b, web_server.base_url, f"/s/{sid}")
-    expect(b.locator("#transcript .rows > .row.user .user-text")).to_have_count(2)
-    b.locator("#transcript .rows > .row.user").nth(1).get_by_role(
-        "button", name="Next branch"
-    ).click()
-    expect(b.locator("#transcript .rows > .row.user .user-text").nth(1)).to_have_text("two, edited")
-    with httpx.Client(base_url=web_server.base_url) as client:
-        switched = session_body(client, sid)["last_seq"]
+    switched = second_branch_in_tab_b(context, web_server, sid)
 
     stopped.get_by_role("button", name="Regenerate").click()
     notice = a.locator("#notice-bar")
@@ -179,15 +175,7 @@ def test_an_edit_from_a_tab_behind_another_tabs_switch_is_refused_and_stays_open
 
     a, held = tab_behind(context, web_server, sid)
     expect(a.locator("#transcript .rows > .row.user .user-text")).to_have_text(["one", "two"])
-    b = context.new_page()
-    open_app(b, web_server.base_url, f"/s/{sid}")
-    expect(b.locator("#transcript .rows > .row.user .user-text")).to_have_count(2)
-    b.locator("#transcript .rows > .row.user").nth(1).get_by_role(
-        "button", name="Next branch"
-    ).click()
-    expect(b.locator("#transcript .rows > .row.user .user-text").nth(1)).to_have_text("two, edited")
-    with httpx.Client(base_url=web_server.base_url) as client:
-        switched = session_body(client, sid)["last_seq"]
+    switched = second_branch_in_tab_b(context, web_server, sid)
 
     first = a.locator("#transcript .rows > .row.user").first
     first.get_by_role("button", name="Edit").click()
@@ -213,3 +201,40 @@ def test_an_edit_from_a_tab_behind_another_tabs_switch_is_refused_and_stays_open
     expect(a.locator("#transcript .rows > .row.user .user-text")).to_have_text(
         ["one, on second thought"]
     )
+
+
+def test_a_message_queued_from_a_tab_behind_another_tabs_switch_is_refused_and_given_back(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """Layers: the page's Queue (main.js: the position it sends) and run admission for
+    `POST /api/chat/queue`; contract invariant 1. Tab A, its stream held, still shows a run
+    on branch 1 that was stopped since, and tab B showed branch 2: A's Queue would start the
+    message at once in the idle session, after branch 2. It is refused (409
+    `transcript_changed`): nothing is queued or written, the text is back in A's composer,
+    a notice says so, and A shows branch 2."""
+    with httpx.Client(base_url=web_server.base_url) as client:
+        sid = new_session(client)
+        for message in ("one", "two"):
+            start_turn(client, sid, message)
+            wait_idle(client, sid)
+        two = session_body(client, sid)["messages"][2]
+        edit_and_show_the_first_branch(client, sid, two["id"])
+        stream = start_turn(client, sid, "/slow three")["stream_id"]
+
+    a, held = tab_behind(context, web_server, sid)
+    expect(a.get_by_role("button", name="Stop")).to_be_visible()
+    with httpx.Client(base_url=web_server.base_url) as client:
+        assert client.post("/api/chat/cancel", json={"stream_id": stream}).status_code == 200
+        wait_idle(client, sid)
+    switched = second_branch_in_tab_b(context, web_server, sid)
+
+    composer(a).fill("four")
+    a.get_by_role("button", name="Queue").click()
+    expect(a.locator("#notice-bar")).to_contain_text("changed in another tab")
+    expect(composer(a)).to_have_value("four")  # nothing typed is lost
+    expect(a.locator("#transcript .rows > .row.user .user-text")).to_have_text(
+        ["one", "two, edited"]
+    )
+    with httpx.Client(base_url=web_server.base_url) as client:
+        body = session_body(client, sid)
+        assert body["last_seq"] == switched and body["queued"] == []  # nothing was written

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from pg import database
 
+from tether.log.errors import SeenTranscriptChanged
 from tether.settings import Settings
 
 from engine_harness import GatedRuntime, Harness, harness, has, hold_append
@@ -63,6 +64,39 @@ def test_an_automatic_start_checked_before_another_replica_hid_rows_is_refused(
             view = await a.sessions.view(sid)
             assert [q["queue_id"] for q in view["queued"]] == [queued["queue_id"]]
             assert await _users(a, sid) == ["one", "three"]
+
+    with database() as url:
+        asyncio.run(main(url))
+
+
+def test_a_message_queued_from_a_view_checked_before_another_replica_hid_its_rows(
+    tmp_path: Path,
+) -> None:
+    """Layer: the log (log/pg_batch.py, `Draft.shown_generation` on the `queue.added`), for
+    `POST /api/chat/queue {after_seq}` into an idle session, which starts it at once; contract
+    invariant 1. Replica A checks the message against the user's view [one, answer, two,
+    answer] (nothing hidden since), and replica B cuts the last exchange before A's append:
+    the database refuses it, 409 `transcript_changed`, and nothing is queued or started. From
+    the view now shown it is queued and starts."""
+
+    async def main(url: str) -> None:
+        async with _replica(tmp_path / "a", url) as a, _replica(tmp_path / "b", url) as b:
+            sid = (await a.sessions.create(None))["session_id"]
+            await _answered(a, sid, "one")
+            await _answered(a, sid, "two")
+            seen = await a.store.last_seq(sid)
+            hold_append(a, has("queue.added"), lambda: b.sessions.truncate(sid, 2))
+            logged = await a.types(sid)
+            with pytest.raises(SeenTranscriptChanged) as refused:
+                await a.queue.add(sid, "later", (), after_seq=seen)
+            assert (refused.value.code, refused.value.status) == ("transcript_changed", 409)
+            assert await a.types(sid) == [*logged, "transcript.truncated"]
+            assert not a.registry.busy(sid)
+
+            queued = await a.queue.add(sid, "later", (), after_seq=await a.store.last_seq(sid))
+            assert queued["started"] is not None
+            await a.wait_idle(sid)
+            assert await _users(a, sid) == ["one", "later"]
 
     with database() as url:
         asyncio.run(main(url))

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from runs.branch_kit import answered, contents, log_types, said, switch, two_branches
 
-from fake_openai import FakeOpenAI, hang, reply, text
+from fake_openai import FakeOpenAI, barrier, hang, reply, text
 from helpers import ServerProcess, new_session, session_body, start_turn, wait_idle
 
 pytestmark = pytest.mark.slow
@@ -49,6 +49,15 @@ def _truncate(client: httpx.Client, fake: FakeOpenAI, sid: str, seen: dict[str, 
     assert response.status_code == 200, response.text
 
 
+def _nothing_stored(server: ServerProcess) -> bool:
+    """No attachment's bytes were kept."""
+    stored = server.data_dir / "attachments"
+    return not stored.exists() or not any(p.is_file() for p in stored.rglob("*"))
+
+
+UPLOAD = {"name": "a.txt", "mime": "text/plain", "data_base64": base64.b64encode(b"x").decode()}
+
+
 @pytest.mark.parametrize("elsewhere", [_switch, _edit, _regenerate, _truncate])
 def test_a_start_from_a_view_another_tab_changed_is_refused_before_any_write(
     openai_server: ServerProcess,
@@ -64,21 +73,14 @@ def test_a_start_from_a_view_another_tab_changed_is_refused_before_any_write(
         elsewhere(client, fake, sid, seen)
         now = session_body(client, sid)
         types, asked = log_types(client, sid), fake.requests_count
-        upload = {
-            "name": "a.txt",
-            "mime": "text/plain",
-            "data_base64": base64.b64encode(b"x").decode(),
-        }
-        message = {"session_id": sid, "message": "three", "attachments": [upload]}
+        message = {"session_id": sid, "message": "three", "attachments": [UPLOAD]}
         refused = client.post("/api/chat/start", json={**message, "after_seq": seen["last_seq"]})
         assert refused.status_code == 409, refused.text
         assert refused.json()["code"] == "transcript_changed"
         assert "another tab" in refused.json()["message"]
         assert log_types(client, sid) == types and fake.requests_count == asked
         assert session_body(client, sid)["last_seq"] == now["last_seq"]
-        assert not (openai_server.data_dir / "attachments").exists() or not any(
-            p.is_file() for p in (openai_server.data_dir / "attachments").rglob("*")
-        )
+        assert _nothing_stored(openai_server)
 
         fake.script(reply(text("A3")))
         start_turn(client, sid, "three", after_seq=now["last_seq"])
@@ -188,3 +190,49 @@ def test_send_now_of_a_queued_message_checks_the_view_it_was_clicked_in(
             ("assistant", "A4"),
         ]
         assert said(fake.requests[-1]["messages"]) == [*contents(now), ("user", "later")]
+
+
+def test_a_message_queued_into_an_idle_session_from_a_stale_view_is_refused(
+    openai_server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """Layer: run admission for `POST /api/chat/queue {after_seq}`; contract invariant 1. A
+    message queued while the session happens to be idle starts at once: from tab A's view,
+    folded before tab B switched to branch 2, it is 409 `transcript_changed` and nothing is
+    queued, stored, written or asked of the model; from the view now shown it starts there.
+    While a run holds the session the position is not checked: the message waits behind the
+    run and is sent against what is shown when it starts (its answer included)."""
+    with openai_server.client() as client:
+        sid, seen = two_branches(client, fake)
+        _switch(client, fake, sid, seen)
+        now = session_body(client, sid)
+        types, asked = log_types(client, sid), fake.requests_count
+        message = {"session_id": sid, "message": "three", "attachments": [UPLOAD]}
+        refused = client.post("/api/chat/queue", json={**message, "after_seq": seen["last_seq"]})
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["code"] == "transcript_changed"
+        assert log_types(client, sid) == types and fake.requests_count == asked
+        assert session_body(client, sid)["queued"] == [] and _nothing_stored(openai_server)
+
+        fake.script(reply(text("A3")))
+        again = {"session_id": sid, "message": "three", "after_seq": now["last_seq"]}
+        sent = client.post("/api/chat/queue", json=again)
+        assert sent.status_code == 200 and sent.json()["started"], sent.text
+        body = wait_idle(client, sid)
+        assert said(fake.requests[-1]["messages"]) == [*contents(now), ("user", "three")]
+
+        fake.script(reply(barrier("four"), text("A4")), reply(text("L1")))
+        start_turn(client, sid, "four", after_seq=body["last_seq"])
+        assert fake.wait_reached("four")
+        behind = {"session_id": sid, "message": "later", "after_seq": seen["last_seq"]}
+        queued = client.post("/api/chat/queue", json=behind)
+        assert queued.status_code == 200 and queued.json()["started"] is None, queued.text
+        fake.release("four")
+        fake.wait_for_requests(asked + 3)
+        body = wait_idle(client, sid)
+        assert contents(body)[-4:] == [
+            ("user", "four"),
+            ("assistant", "A4"),
+            ("user", "later"),
+            ("assistant", "L1"),
+        ]
+        assert said(fake.requests[-1]["messages"]) == contents(body)[:-1]

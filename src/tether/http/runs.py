@@ -140,12 +140,15 @@ async def answer_question(app: App, body: AnswerQuestion) -> dict:
 )
 async def queue_message(app: App, body: QueueMessage) -> dict:
     """A message typed while the session is busy: it starts as the next turn when the run
-    completes (at once when the session is idle) and survives reloads and restarts."""
+    completes (at once when the session is idle) and survives reloads and restarts. With
+    `after_seq`, one that would start at once from a view whose rows were hidden since is
+    409 `transcript_changed`, and nothing is queued; behind a run the position is not
+    checked (it is sent against what is shown when it starts)."""
     text = check_message(body.message, app.settings, with_files=bool(body.attachments))
     uploads = decode_uploads(
         [a.model_dump() for a in body.attachments], app.settings, app.engine.runtime
     )
-    return await app.queue.add(body.session_id, text, uploads)
+    return await app.queue.add(body.session_id, text, uploads, body.after_seq)
 
 
 @router.patch(

@@ -175,6 +175,7 @@ class QueueMessage(Body):
     session_id: Id
     message: StrictStr
     attachments: list[AttachmentUpload] = []
+    after_seq: AfterSeq = None  # checked when it starts at once (an idle session)
 
 
 class EditQueued(Body):

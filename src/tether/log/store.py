@@ -57,8 +57,9 @@ class Draft:
     # a backend shared by several processes refuses it with TranscriptMoved when another
     # process appended to the session since. SQLite's one process checks under the lock.
     after_seq: int | None = None
-    # The first draft of a new turn, an edit or a regenerate sent from a view of the
-    # transcript (`after_seq` of `chat/start`, `chat/regenerate`): the session's
+    # The first draft of a new turn, an edit, a regenerate or a message queued into an idle
+    # session sent from a view of the transcript (`after_seq` of `chat/start`,
+    # `chat/regenerate`, `chat/queue`): the session's
     # `transcript_generation` (bumped by each truncate and branch switch) when the engine
     # found no row of that view hidden. A backend shared by several processes refuses it
     # with SeenTranscriptChanged when the generation before its append is another (checked

@@ -16,6 +16,7 @@ from tether.log import Draft
 from tether.log.completion import to_completion
 from tether.runs.engine import RunEngine
 from tether.runs.intake import Upload
+from tether.sessions.branching import shown_generation
 
 
 class QueueService:
@@ -24,15 +25,26 @@ class QueueService:
         self.store = engine.store
         self.sessions = engine.sessions
 
-    async def add(self, session_id: str, text: str, uploads: Sequence[Upload]) -> dict[str, Any]:
+    async def add(
+        self, session_id: str, text: str, uploads: Sequence[Upload], after_seq: int | None = None
+    ) -> dict[str, Any]:
+        """Queue a message; in an idle session it starts at once (`start_next`). `after_seq`:
+        where the sender's view was folded to, checked then as a start's (409
+        `transcript_changed` before any write, invariant 1; several replicas: the database
+        checks it again). Behind a run it is not: what is shown when it starts is what it
+        follows, and a row hidden before that makes it wait for the user."""
         async with self.sessions.locks(session_id):
-            await self.engine.check_admissible(session_id, starting=False)
+            row = await self.engine.check_admissible(session_id, starting=False)
+            shown = None
+            if after_seq is not None and not self.sessions.occupancy(row).busy:
+                shown = shown_generation(await self.sessions.folds.get(session_id), after_seq)
             async with self.sessions.blob_guard(bool(uploads)):
                 refs, blobs = await self.engine.store_uploads(uploads)
                 queue_id = new_id("q")
                 data = {"queue_id": queue_id, "text": text, "attachments": refs}
+                added = Draft(ev.QUEUE_ADDED, data, blobs=blobs, shown_generation=shown)
                 await to_completion(  # bytes are never released while their event commits
-                    self.store.append(session_id, [Draft(ev.QUEUE_ADDED, data, blobs=blobs)]),
+                    self.store.append(session_id, [added]),
                     undo=lambda: self.sessions.release_blobs_held(blobs.values()),
                 )
         started = None

@@ -559,7 +559,14 @@ class App {
     let sid;
     try {
       sid = await this.ensureSession();
-      await post("/api/chat/queue", { session_id: sid, message: text, attachments: files });
+      // idle by now, it starts at once: 409 if another tab changed the view it was typed in
+      const after_seq = position(this, sid);
+      await post("/api/chat/queue", {
+        session_id: sid,
+        message: text,
+        attachments: files,
+        after_seq,
+      });
     } catch (err) {
       this.refused(err, text, files, sid);
     }

@@ -8,6 +8,7 @@ import { Composer } from "./composer.js";
 import { Drafts, NEW_CHAT } from "./drafts.js";
 import { setText } from "./dom.js";
 import { applyEvent, applySnapshot, createSession, view } from "./reducer.js";
+import { modelLabel } from "./names.js";
 import { MessageSearch } from "./search.js";
 import { SessionSettings } from "./session_settings.js";
 import { SettingsPanel } from "./settings.js";
@@ -102,7 +103,8 @@ class App {
     this.drafts.setUser(status ? (status.username ?? "") : null);
     this.health = await get("/api/health");
     const badge = $("runtime-badge");
-    badge.textContent = this.health.demo ? "Demo runtime (offline)" : this.health.model || "";
+    const model = this.health.model ? modelLabel(this.health.model) : "";
+    badge.textContent = this.health.demo ? "Demo runtime (offline)" : model;
     badge.title = badge.textContent; // whole, where its line cuts a long model name
     badge.classList.toggle("demo", !!this.health.demo);
     // the model itself is the per-session picker beside it (session_settings.js)

@@ -4,6 +4,7 @@
 // row (a fold of the log); a change is a PATCH whose answer is the new row, and another tab
 // sees it through the sidebar stream.
 import { get, patch } from "./api.js";
+import { unlistedLabel } from "./names.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -56,7 +57,7 @@ export class SessionSettings {
     const picked = pick && (pick.sid === null || pick.sid === row?.session_id);
     const model = picked ? pick.model : (row?.model ?? "");
     if (model && ![...this.picker.options].some((o) => o.value === model)) {
-      this.picker.append(new Option(model, model)); // not (or no longer) in the list
+      this.picker.append(new Option(unlistedLabel(model), model)); // not (or no longer) listed
     }
     this.picker.value = model;
     if (row?.session_id !== this.row?.session_id) $("model-note").hidden = true; // another session

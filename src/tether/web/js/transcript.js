@@ -4,6 +4,7 @@
 import { buildRowActions, editsLeaving, updateRowActions } from "./branches.js";
 import { activityParts, blocksFor } from "./blocks.js";
 import { formatDuration, h, patchChildren } from "./dom.js";
+import { modelLabel } from "./names.js";
 import { buildBlock, TERMINAL_LABELS, updateBlock } from "./timeline_view.js";
 
 // Rows whose answers render at once when history is drawn in one go: more than fill a window
@@ -290,7 +291,8 @@ export class TranscriptView {
       working.textContent = settledLine(row, this.mode);
     }
     // the model that answered (`run.started`), on the live and the settled row alike
-    el.querySelector(".model").textContent = (live ? row.live.model : row.model) || "";
+    const model = live ? row.live.model : row.model;
+    el.querySelector(".model").textContent = model ? modelLabel(model) : "";
     setCopySource(el, live ? "" : row.content); // the answer, once it is settled
     const blocks = blocksFor(row, this.mode, live);
     patchChildren(el.querySelector(".items"), blocks, buildBlock, (child, block) =>

@@ -1,0 +1,59 @@
+// Model ids as a person sees them. `GET /api/models` labels the ids it lists, but the page
+// also shows ids no list labels: a session's own model the list lacks, the command line's,
+// a saved default, the model that answered a row. An id is kept byte for byte (the endpoint
+// gets it back), so it may carry bidi controls or zero-width characters that make it pass
+// for another model: it is shown by the server's rule (`tether/visible_text.py`,
+// docs/api.md §3), which this is a copy of (tests/browser/test_page_model_names.py proves
+// the two agree).
+
+const INVISIBLE = new Set(
+  "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069" +
+    "\u200b\u2060\u2061\u2062\u2063\u2064\ufeff\u180e\u00ad" +
+    "\u206a\u206b\u206c\u206d\u206e\u206f\ufff9\ufffa\ufffb",
+);
+const LINE_BREAKS = new Set("\t\n\v\f\r\x1c\x1d\x1e\x85\u2028\u2029");
+const JOINERS = new Set("\u200c\u200d");
+const BLANK_LETTERS = new Set("\u115f\u1160\u3164\uffa0\u2800");
+const CONTROL = /^\p{Cc}$/u;
+const SPACE = /^\s$/u;
+const NOT_SHOWN = /^[\p{Zs}\p{Zl}\p{Zp}\p{Cc}\p{Cf}\p{Mn}\p{Me}\p{Cn}\p{Co}\p{Cs}]$/u;
+
+/** `visible_line`: NFC; invisible and control characters removed, line breaks a space, a
+ *  joiner kept only between two characters it can join, whitespace runs one space, trimmed. */
+export function visibleLine(text) {
+  const chars = [];
+  for (const ch of text.normalize("NFC")) {
+    if (LINE_BREAKS.has(ch)) chars.push(" ");
+    else if (!INVISIBLE.has(ch) && !CONTROL.test(ch)) chars.push(ch);
+  }
+  const canJoin = (ch) =>
+    ch !== undefined && ch.codePointAt(0) >= 0x80 && !SPACE.test(ch) && !JOINERS.has(ch);
+  return chars
+    .filter((ch, i) => !JOINERS.has(ch) || (canJoin(chars[i - 1]) && canJoin(chars[i + 1])))
+    .join("")
+    .replace(/\s{2,}/gu, " ")
+    .trim();
+}
+
+/** `shows_something`: a character that draws (not a space, format or control character, a
+ *  lone combining mark, or a letter that renders blank). */
+function showsSomething(text) {
+  return [...text].some((ch) => !NOT_SHOWN.test(ch) && !BLANK_LETTERS.has(ch));
+}
+
+/** `model_label` (tether/http/models.py): the id as visible text, or, when that shows
+ *  nothing, its code points. */
+export function modelLabel(id) {
+  const label = visibleLine(id);
+  if (showsSomething(label)) return label;
+  const points = [...id].map(
+    (ch) => `U+${ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}`,
+  );
+  return points.join(" ") || "(no name)";
+}
+
+/** A model a picker offers that the endpoint's list does not (a session's own, a saved
+ *  default): its label, saying so. */
+export function unlistedLabel(id) {
+  return `${modelLabel(id)} (not listed)`;
+}

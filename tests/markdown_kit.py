@@ -13,6 +13,7 @@ from markdown_it import MarkdownIt
 from helpers import ServerProcess
 
 AT = 1_700_000_000.0
+FILE = {"id": "a_1", "mime": "text/plain", "size": 2}
 
 
 def exported(
@@ -22,16 +23,19 @@ def exported(
     title: str = "export",
     model: str | None = None,
     reason: str | None = None,
+    attachment: str | None = None,
 ) -> str:
     """The Markdown export of a session titled `title` holding `turns` (user message,
-    answer), imported: each run by `model` when given, and stopped with `reason` (a notice
-    under the answer) when given."""
+    answer), imported: each run by `model` when given, stopped with `reason` (a notice
+    under the answer) when given, and the first user message with a file named
+    `attachment` (two bytes) when given."""
     events: list[tuple[str, dict[str, Any], str | None]] = [
         ("session.created", {"title": title}, None)
     ]
     for n, (said, answer) in enumerate(turns, start=1):
         turn, stream = f"u_{n}", f"r_{n}"
-        submitted = {"turn_id": turn, "stream_id": stream, "text": said, "attachments": []}
+        files = [] if attachment is None or n > 1 else [{**FILE, "name": attachment}]
+        submitted = {"turn_id": turn, "stream_id": stream, "text": said, "attachments": files}
         events.append(("turn.submitted", {**submitted, "submitted_at": AT + n}, stream))
         if model is not None:
             started = {"stream_id": stream, "turn_id": turn, "runtime": "demo", "model": model}
@@ -51,6 +55,8 @@ def exported(
             for seq, (type_, data, stream) in enumerate(events, start=1)
         ],
     }
+    if attachment is not None:
+        doc["attachments"] = [{**FILE, "name": attachment, "data_base64": "aGk="}]  # "hi"
     with server.client() as client:
         response = client.post("/api/sessions/import", content=json.dumps(doc).encode())
         assert response.status_code == 201, response.text

@@ -162,7 +162,10 @@ _INDENTED = re.compile(r"(?: {4}| {0,3}\t)")
 # What opens a list item (CommonMark), a container whose lines may be indented.
 _LIST_ITEM = re.compile(r" {0,3}(?:[-+*]|\d{1,9}[.)])(?:[ \t]|$)")
 _LINE_END = re.compile(r"\r\n|\r|\n")
-_PLAIN = re.compile(r"[\\`*_\[\]#~|]")
+# A name (`plain`): what is Markdown anywhere in a line (`&` starts an entity reference), and
+# what makes GitHub start a bare link (`://` after a scheme, `www.`), whose text would be the
+# characters it runs over as they are, backslashes too.
+_PLAIN = re.compile(r"[\\`*_\[\]#~|&]|:(?=//)|(?<=www)\.", re.IGNORECASE)
 # A user's message (`user_text`): what is Markdown anywhere in a line, what only at its
 # start, and the number of an ordered list item (escaped at its `.` or `)`).
 _INLINE = frozenset("\\`*_[]&~|")
@@ -332,7 +335,8 @@ def plain(text: str) -> str:
     """A title, a name, a notice: one line of visible text (`visible_line`: a file name or a
     model id from a log written before names were cleaned may hold a bidi override, which
     would reorder the rest of its line in a reader), and none of it Markdown here (a `<` is
-    `&lt;`, as in `user_text`)."""
+    `&lt;`, as in `user_text`; `&amp;` shows as those five characters). A bare link GitHub
+    would make of it (`http://a/b_c` showed `b\\_c`) is not one: its `:` or `.` is escaped."""
     return _PLAIN.sub(r"\\\g<0>", visible_line(text)).replace("<", _LT)
 
 

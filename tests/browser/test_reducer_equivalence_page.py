@@ -1,5 +1,5 @@
 """Layer: browser. The page's reducer (`web/js/reducer.js`, docs/architecture.md §4) with the
-page around it: what each event marks for re-rendering (`rev`, `dirty`), a real demo run
+page around it: what each event marks changed (`rev`) and the frame view kept by it, a real demo run
 folded to the server's own transcript, and the page's session stream listening to every
 durable event type. The equivalence on generated logs is `test_reducer_equivalence.py`."""
 
@@ -22,7 +22,7 @@ from helpers import (
     start_turn,
     wait_idle,
 )
-from reducer_kit import SID, fold_in_page, shape
+from reducer_kit import SID, envelopes, fold_in_page, generate, shape
 
 pytestmark = pytest.mark.slow
 
@@ -49,57 +49,99 @@ async (sid) => {
   const r = await import("/static/js/reducer.js");
   const s = r.createSession(sid);
   let seq = 0;
-  const apply = (type, data) => {
-    s.dirty.clear();
+  const apply = (type, data) =>
     r.applyEvent(s, {seq: ++seq, session_id: sid, type, at: seq, stream_id: "r1", data});
-    return [...s.dirty].sort();
-  };
   const out = {};
-  out.submitted = apply("turn.submitted", {turn_id: "u1", stream_id: "r1", text: "hi",
-                                           attachments: []});
-  out.first = apply("text.delta", {stream_id: "r1", item_id: "t1", text: "a"});
+  apply("turn.submitted", {turn_id: "u1", stream_id: "r1", text: "hi", attachments: []});
+  const user = s.messages[0];
+  const userRev = user.rev;
+  apply("text.delta", {stream_id: "r1", item_id: "t1", text: "a"});
   const item = r.liveScene(s).items[0];
   const rev1 = item.rev;
-  out.second = apply("text.delta", {stream_id: "r1", item_id: "t1", text: "b"});
+  apply("text.delta", {stream_id: "r1", item_id: "t1", text: "b"});
   out.grew = item.rev > rev1 && item.text === "ab";
   const rev2 = item.rev;
-  out.tool = apply("tool.started", {stream_id: "r1", call_id: "c1", name: "x", args: {}});
+  apply("tool.started", {stream_id: "r1", call_id: "c1", name: "x", args: {}});
   out.interimBumped = item.rev > rev2 && item.interim === true;
-  out.finished = apply("run.finished", {stream_id: "r1", turn_id: "u1", state: "cancelled"});
+  out.userUntouched = user.rev === userRev;
+  apply("run.finished", {stream_id: "r1", turn_id: "u1", state: "cancelled"});
   out.row = s.messages[1].rev > 0 && s.messages[1].timeline[0] === item;
   out.viewHasRev = JSON.stringify(r.view(s)).includes('"rev"');
   const clock = s.clock;
-  s.dirty.clear();
   r.applySnapshot(s, {session_id: sid, ...r.view(s), last_seq: seq});
   out.snapshotRevsFresh = s.messages.every((m) => m.rev > clock);
-  out.snapshotDirty = [...s.dirty].sort();
   out.ignored = r.applyEvent(s, {seq, session_id: sid, type: "text.delta", data: {}});
   return out;
 }
 """
 
 
-def test_rev_and_dirty_track_what_changed(page: Page) -> None:
+def test_rev_tracks_what_changed(page: Page) -> None:
     out = page.evaluate(REV_JS, SID)
-    assert out["submitted"] == [":live", ":messages", "u1"]
-    assert out["first"] == [":live", "r1.t1"]
-    assert out["second"] == ["r1.t1"]
-    assert out["grew"] and out["interimBumped"] and out["row"]
-    assert out["tool"] == [":live", "r1.t1", "r1.tool.c1"]
-    assert out["finished"] == [":live", ":messages", "r1", "r1.notice"]
+    assert out["grew"] and out["interimBumped"] and out["row"] and out["userUntouched"]
     assert out["viewHasRev"] is False
     assert out["snapshotRevsFresh"]
-    assert out["snapshotDirty"] == [
-        ":live",
-        ":messages",
-        ":queued",
-        "r1",
-        "r1.notice",
-        "r1.t1",
-        "r1.tool.c1",
-        "u1",
-    ]
     assert out["ignored"] is False
+
+
+# After every event of a log (and around a snapshot taken halfway), the page's frame view
+# must equal `view()` without its branches although it reuses the copy of every row whose
+# `rev` did not move: a change to a row that does not bump its rev would show here as a
+# stale copy. Also counts the rows the frame view did not copy again.
+FRAME_JS = """
+async ({logs}) => {
+  const r = await import("/static/js/reducer.js");
+  return logs.map(({sid, events, stale, half}) => {
+    const s = r.createSession(sid);
+    let last = r.frameView(s);
+    const result = {stale: [], copiedOnDelta: [], deltas: 0};
+    const check = (step, type) => {
+      const frame = r.frameView(s);
+      const { branches, ...expected } = r.view(s);
+      if (JSON.stringify(frame) !== JSON.stringify(expected)) result.stale.push(step);
+      if (type === "text.delta" || type === "reasoning.delta") {
+        result.deltas++;
+        const before = new Set(last.messages);
+        if (!frame.messages.every((row) => before.has(row))) result.copiedOnDelta.push(step);
+      }
+      last = frame;
+    };
+    const apply = (from, to) => {
+      for (let i = from; i < to; i++) { r.applyEvent(s, events[i]); check(i, events[i].type); }
+    };
+    if (half === null) {
+      apply(0, events.length);
+      return result;
+    }
+    const other = r.createSession(sid);  // a snapshot taken halfway, met after `stale` events
+    for (const env of events.slice(0, half)) r.applyEvent(other, env);
+    apply(0, stale);
+    r.applySnapshot(s, {session_id: sid, ...r.view(other), last_seq: other.lastSeq});
+    check("snapshot");
+    apply(half, events.length);
+    return result;
+  });
+}
+"""
+
+
+def test_a_frame_copies_only_the_rows_that_changed(page: Page) -> None:
+    """Layer: the page's reducer (`frameView`, web/js/reducer.js). Contract invariant 5 (one
+    renderer path): the page draws each frame from copies it keeps while a row's `rev` is
+    the same, so a live frame of a run costs what changed, not the session's length; and what
+    it draws is still exactly the reducer's `view()`, after every event of 150 generated logs,
+    whole and split by a snapshot."""
+    logs = []
+    for seed in range(150):
+        events = envelopes(generate(seed))
+        half = len(events) // 2
+        logs.append({"sid": SID, "events": events, "stale": 0, "half": None})
+        logs.append({"sid": SID, "events": events, "stale": half // 2, "half": half})
+    results = page.evaluate(FRAME_JS, {"logs": logs})
+    assert [r["stale"] for r in results] == [[] for _ in results]
+    # a delta changes the live row only: every settled row's copy is the last frame's
+    assert [r["copiedOnDelta"] for r in results] == [[] for _ in results]
+    assert sum(r["deltas"] for r in results) > 500
 
 
 def test_a_real_demo_run_folds_to_the_servers_transcript(page: Page, server: ServerProcess) -> None:

@@ -62,11 +62,14 @@ export function openEdits(rowsEl) {
   }));
 }
 
-/** The open edits of rows not in `keys` (their message is no longer shown: another tab
+/** The open edits of rows not among `rows` (their message is no longer shown: another tab
  *  switched, edited or regenerated above it): the render about to remove those rows must
  *  not take what was typed with them. */
-export function editsLeaving(rowsEl, keys) {
-  return openEdits(rowsEl).filter((edit) => !keys.has(edit.key) && edit.text.trim());
+export function editsLeaving(rowsEl, rows) {
+  const open = openEdits(rowsEl);
+  if (open.length === 0) return open;
+  const keys = new Set(rows.map((row) => row.key));
+  return open.filter((edit) => !keys.has(edit.key) && edit.text.trim());
 }
 
 /** The attachments still listed under a row's edit box: what its edit keeps. */

@@ -17,20 +17,33 @@ export function h(tag, props = {}, ...children) {
   return el;
 }
 
+// The key an element was built for, kept as a property too: reading `dataset` is an
+// attribute lookup, paid for every row of the transcript on every frame of a run.
+const keyOf = (el) => el.patchKey ?? el.dataset.key;
+
 /**
  * Make `parent`'s children match `specs` (each with a unique `key`), in order: existing
- * elements are kept and updated, missing ones built, stale ones removed.
+ * elements are kept and updated, missing ones built, stale ones removed. Children already in
+ * order (every frame of a run but the first) are matched as they come, without an index.
  */
 export function patchChildren(parent, specs, build, update) {
-  const existing = new Map();
-  for (const el of parent.children) existing.set(el.dataset.key, el);
   let cursor = parent.firstElementChild;
+  let unused = null; // the children not matched yet, by key, once one is out of place
   for (const spec of specs) {
-    let el = existing.get(spec.key);
-    if (el) existing.delete(spec.key);
+    let el;
+    if (unused === null && cursor !== null && keyOf(cursor) === spec.key) el = cursor;
     else {
-      el = build(spec);
-      el.dataset.key = spec.key;
+      if (unused === null) {
+        unused = new Map();
+        for (let c = cursor; c !== null; c = c.nextElementSibling) unused.set(keyOf(c), c);
+      }
+      el = unused.get(spec.key);
+      if (el) unused.delete(spec.key);
+      else {
+        el = build(spec);
+        el.dataset.key = spec.key;
+        el.patchKey = spec.key;
+      }
     }
     update(el, spec);
     if (el === cursor) cursor = cursor.nextElementSibling;
@@ -46,7 +59,13 @@ export function patchChildren(parent, specs, build, update) {
       cursor = el.nextElementSibling;
     } else parent.insertBefore(el, cursor);
   }
-  for (const el of existing.values()) el.remove();
+  if (unused !== null) for (const el of unused.values()) el.remove();
+  else
+    while (cursor !== null) {
+      const next = cursor.nextElementSibling;
+      cursor.remove();
+      cursor = next;
+    }
 }
 
 /** Set what differs only: writing the same text or attribute again still invalidates the

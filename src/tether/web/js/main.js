@@ -7,8 +7,8 @@ import { BranchActions, openEdits } from "./branches.js";
 import { Composer } from "./composer.js";
 import { Drafts, NEW_CHAT } from "./drafts.js";
 import { setText } from "./dom.js";
-import { applyEvent, applySnapshot, createSession, view } from "./reducer.js";
 import { modelLabel } from "./names.js";
+import { applyEvent, applySnapshot, createSession, frameView, liveScene } from "./reducer.js";
 import { MessageSearch } from "./search.js";
 import { SessionSettings } from "./session_settings.js";
 import { SettingsPanel } from "./settings.js";
@@ -372,7 +372,7 @@ class App {
   renderNow() {
     const entry = this.sessions.get(this.openId);
     if (!entry) return;
-    const v = view(entry.state);
+    const v = frameView(entry.state);
     if (!v.live) this.refreshContext(entry);
     this.transcript.setContext(entry.context);
     this.transcript.render(v, entry.inherited);
@@ -532,7 +532,7 @@ class App {
 
   async stop() {
     const entry = this.sessions.get(this.openId);
-    const live = entry && view(entry.state).live;
+    const live = entry && liveScene(entry.state);
     const body = live ? { stream_id: live.stream_id } : { session_id: this.openId };
     await this.call(() => post("/api/chat/cancel", body));
   }
@@ -540,7 +540,7 @@ class App {
   async steer(text) {
     const sid = this.openId;
     const entry = this.sessions.get(sid);
-    const live = entry && view(entry.state).live;
+    const live = entry && liveScene(entry.state);
     if (!live) {
       this.composer.restore(text);
       return;

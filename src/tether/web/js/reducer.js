@@ -3,11 +3,10 @@
 // `tether/projections/transcript.py` (TranscriptFold), so `view(state)` equals the Python
 // `TranscriptFold.view()` for the same events (tests/browser/test_reducer_equivalence.py).
 //
-// For DOM patching, every row, timeline item, queued entry and live scene carries `rev`, set
-// from a per-state clock that only grows (also across snapshots) whenever it changes, and
-// `state.dirty` collects the ids of rows/items/queued entries created, changed or removed,
-// plus the DIRTY_* sentinels when a list's membership or the live scene itself changed.
-// The renderer clears `state.dirty` after patching. `view()` never contains `rev`.
+// Every row, timeline item, queued entry and live scene carries `rev`, set from a per-state
+// clock that only grows (also across snapshots) whenever it changes: `frameView()`, what the
+// page draws each frame, copies a row again only when its `rev` moved, so a live frame's
+// cost does not grow with the session's length. `view()` never contains `rev`.
 //
 // The folds of timeline items (text, tools, approvals, clarify questions, steers...) are in
 // reducer_items.js, and the tree of branches (edit, regenerate, switch) in
@@ -15,9 +14,6 @@
 
 import { append, createTree, cut, restore, show, snapshot } from "./reducer_branches.js";
 import {
-  DIRTY_LIVE,
-  DIRTY_MESSAGES,
-  DIRTY_QUEUED,
   get,
   has,
   ITEM_FOLDS,
@@ -29,8 +25,6 @@ import {
   touch,
   truthy,
 } from "./reducer_items.js";
-
-export { DIRTY_LIVE, DIRTY_MESSAGES, DIRTY_QUEUED };
 
 function setKey(obj, key, value) {
   if (key === "__proto__") {
@@ -119,13 +113,11 @@ export function createSession(sessionId) {
     active: new Map(), // stream_id -> scene {stream_id, turn_id, started_at, phase, ..., items}
     users: new Map(), // turn_id -> user row (or the snapshot's pending turn)
     queued: new Map(), // queue_id -> entry
-    dirty: new Set(),
   };
 }
 
 function newScene(state, streamId, turnId, startedAt) {
   const scene = {
-    id: DIRTY_LIVE,
     stream_id: streamId,
     turn_id: turnId,
     started_at: startedAt,
@@ -143,7 +135,6 @@ function newScene(state, streamId, turnId, startedAt) {
 function appendRow(state, row) {
   append(state.tree, row);
   touch(state, row);
-  state.dirty.add(DIRTY_MESSAGES);
 }
 
 const HANDLERS = new Map(ITEM_FOLDS); // the item folds live in reducer_items.js
@@ -185,25 +176,18 @@ on(["queue.added", "queue.updated", "queue.removed"], (state, env, data) => {
   if (env.type === "queue.added") {
     state.queued.set(
       id,
-      touch(
-        state,
-        {
-          queue_id: id,
-          text: get(data, "text", ""),
-          attachments: attachments(get(data, "attachments"), env.session_id),
-          created_at: env.at,
-        },
-        id,
-      ),
+      touch(state, {
+        queue_id: id,
+        text: get(data, "text", ""),
+        attachments: attachments(get(data, "attachments"), env.session_id),
+        created_at: env.at,
+      }),
     );
   } else if (env.type === "queue.updated" && state.queued.has(id)) {
-    touch(state, Object.assign(state.queued.get(id), { text: get(data, "text", "") }), id);
-  } else if (env.type === "queue.removed" && state.queued.delete(id)) {
-    state.dirty.add(id);
-  } else {
-    return;
+    touch(state, Object.assign(state.queued.get(id), { text: get(data, "text", "") }));
+  } else if (env.type === "queue.removed") {
+    state.queued.delete(id);
   }
-  state.dirty.add(DIRTY_QUEUED);
 });
 
 on(["run.cancel_requested"], (state, env) => {
@@ -251,23 +235,16 @@ on(["run.finished"], (state, env, data) => {
   if (truthy(get(data, "usage"))) row.usage = { ...data.usage }; // the context meter's source
   if (truthy(get(data, "finish_reason"))) row.finish_reason = data.finish_reason;
   appendRow(state, row);
-  state.dirty.add(DIRTY_LIVE);
 });
 
 // The rows hidden stay in the tree, as a branch beside what comes next.
 on(["transcript.truncated"], (state, _env, data) => {
-  const removed = cut(state.tree, data.keep_count);
-  if (removed.length === 0) return;
-  for (const row of removed) state.dirty.add(row.id);
-  state.dirty.add(DIRTY_MESSAGES);
+  cut(state.tree, data.keep_count);
 });
 
 on(["branch.switched"], (state, _env, data) => {
-  const [removed, shown] = show(state.tree, get(data, "row_id"));
-  if (removed.length === 0 && shown.length === 0) return;
-  for (const row of removed) state.dirty.add(row.id);
-  for (const row of shown) touch(state, row);
-  state.dirty.add(DIRTY_MESSAGES);
+  const [, shown] = show(state.tree, get(data, "row_id"));
+  for (const row of shown) touch(state, row); // relabelled: "‹ 2/3 ›"
 });
 
 on(["agent.imported"], (state, _env, data) => {
@@ -311,7 +288,6 @@ on(["agent.imported"], (state, _env, data) => {
         origin: "agent",
       });
     }
-    state.dirty.add(DIRTY_MESSAGES);
   }
 });
 
@@ -370,23 +346,46 @@ export function applySnapshot(state, session) {
       });
     }
   }
-  state.queued = new Map(
-    (session.queued ?? []).map((q) => [q.queue_id, touch(state, clone(q), q.queue_id)]),
-  );
-  state.dirty.add(DIRTY_MESSAGES).add(DIRTY_LIVE).add(DIRTY_QUEUED);
+  state.queued = new Map((session.queued ?? []).map((q) => [q.queue_id, touch(state, clone(q))]));
   return true;
 }
 
 /** Exactly the shape of the Python `TranscriptFold.view()`, as fresh plain objects. */
 export function view(state) {
+  return { ...transcriptView(state, copyRow, bare), branches: snapshot(state.tree, copyRow) };
+}
+
+// Each row's and live item's last copy, while its `rev` stays the same.
+const copies = new WeakMap();
+
+function kept(copy) {
+  return (obj) => {
+    const last = copies.get(obj);
+    if (last !== undefined && last.rev === obj.rev) return last.copy;
+    const fresh = copy(obj);
+    copies.set(obj, { rev: obj.rev, copy: fresh });
+    return fresh;
+  };
+}
+
+const keptRow = kept(copyRow);
+const keptItem = kept(bare);
+
+/** What the page draws each frame: `view()` without `branches` (the page asks the tree
+ *  itself), a row or item that did not change since the last call the very same object as
+ *  then. Read-only: the copies are shared between calls. */
+export function frameView(state) {
+  return transcriptView(state, keptRow, keptItem);
+}
+
+function transcriptView(state, row, item) {
   const out = {
-    messages: state.messages.map(copyRow),
+    messages: state.messages.map(row),
     pending_user_message: null,
     pending_attachments: [],
     pending_started_at: null,
     live: null,
     queued: [...state.queued.values()].map(bare),
-    branches: snapshot(state.tree, copyRow),
   };
   const scene = state.active.values().next().value;
   if (scene !== undefined) {
@@ -403,7 +402,7 @@ export function view(state) {
       started_at: scene.started_at,
       runtime: scene.runtime,
       model: scene.model,
-      timeline: scene.items.map(bare),
+      timeline: scene.items.map(item),
       pending_steers: [...scene.pendingSteers].map(([steer_id, text]) => ({ steer_id, text })),
     };
   }

@@ -5,11 +5,6 @@
 // folds the session around them (turns, runs, the queue, snapshots) and owns `view()`. Like
 // it, this module is a pure fold: no DOM, no other import.
 
-export const DIRTY_MESSAGES = ":messages"; // rows appended, removed or replaced
-// the live scene started/settled, its phase/runtime/model/pending steers changed, item appended
-export const DIRTY_LIVE = ":live";
-export const DIRTY_QUEUED = ":queued"; // queued entries added, edited or removed
-
 const BARRIERS = new Set(["tool", "compression", "steer"]);
 // A steer that was never delivered is no barrier: the agent never saw it.
 const isBarrier = (item) => BARRIERS.has(item.type) && !truthy(get(item, "leftover"));
@@ -50,9 +45,9 @@ function pySlice(text, length) {
   return Array.from(text).slice(0, length).join("");
 }
 
-export function touch(state, obj, id = obj.id) {
+/** Mark `obj` changed: a view's copy of it is made again (reducer.js `frameView`). */
+export function touch(state, obj) {
   obj.rev = ++state.clock;
-  state.dirty.add(id);
   return obj;
 }
 
@@ -84,7 +79,6 @@ function ensureItem(state, scene, id, make) {
     item = touch(state, { id, ...make });
     scene.items.push(item);
     scene.byId.set(id, item);
-    state.dirty.add(DIRTY_LIVE);
     markInterim(state, scene.items);
   }
   return item;

@@ -89,12 +89,30 @@ function copyMessageButton() {
 /** Whether `el` was last drawn from the same `inputs` (and notes them if not). Every write
  *  to a row costs the browser its style and layout, the same text written again included, so
  *  a render that redrew each row laid out a 1,200-row session whole for every live frame of
- *  a run in it: a settled row is drawn again only when it, or what it is drawn with, changed. */
+ *  a run in it: a settled row is drawn again only when it, or what it is drawn with, changed.
+ *  The reducer hands out the same copy of a row while it is unchanged (`frameView`), so that
+ *  is known without reading it; a new copy (a snapshot's) is compared by its text. */
 function unchanged(el, inputs) {
+  const last = el.drawnInputs;
+  if (last && inputs.every((value, i) => value === last[i])) return true;
+  el.drawnInputs = inputs;
   const drawn = JSON.stringify(inputs);
   if (el.drawnFrom === drawn) return true;
   el.drawnFrom = drawn;
   return false;
+}
+
+// Each row's spec for `patchChildren`, kept while the reducer hands out the same copy of the
+// row (`frameView`): a frame of a run allocates nothing for the rows that did not change.
+const specs = new WeakMap();
+
+function specOf(row) {
+  let spec = specs.get(row);
+  if (spec === undefined) {
+    spec = { ...row, key: row.id, source: row };
+    specs.set(row, spec);
+  }
+  return spec;
 }
 
 function setCopySource(el, source) {
@@ -233,9 +251,9 @@ export class TranscriptView {
       if (this.compressedAt && m.role === "user" && m.turn_id === this.compressedAt.turn_id) {
         rows.push({ key: "context-mark", role: "mark", at: this.compressedAt });
       }
-      rows.push({ ...m, key: m.id });
+      rows.push(specOf(m));
     }
-    if (rows.length && !view.live) rows[rows.length - 1].last = true;
+    if (rows.length && !view.live) rows[rows.length - 1] = { ...rows.at(-1), last: true };
     if (view.live) {
       rows.push({
         key: view.live.stream_id,
@@ -245,7 +263,7 @@ export class TranscriptView {
         timeline: view.live.timeline,
       });
     }
-    const lost = editsLeaving(this.rowsEl, new Set(rows.map((row) => row.key)));
+    const lost = editsLeaving(this.rowsEl, rows);
     // history drawn in one go (a session opened, a branch shown near its start): the answers
     // of its last EAGER_ROWS rows render at once, the ones above when the page is idle
     const built = rows.length - this.rowsEl.childElementCount;
@@ -255,7 +273,7 @@ export class TranscriptView {
       this.updateRow(el, row, index++ < laterBelow),
     );
     for (const edit of lost) this.onEditLost?.(edit);
-    const old = inherited.map((m) => ({ ...m, key: `inh:${m.session_id}:${m.id}` }));
+    const old = inherited.map((m) => ({ ...m, key: `inh:${m.session_id}:${m.id}`, source: m }));
     patchChildren(this.inheritedEl, old, buildRow, (el, row) => this.updateRow(el, row));
     this.dividerEl.hidden = old.length === 0;
   }
@@ -267,7 +285,8 @@ export class TranscriptView {
     }
     // a turn the model no longer sees is marked, with the reason (contract invariant 1)
     const reason = this.excluded.get(row.turn_id);
-    if (!row.live && unchanged(el, [row, reason ?? null, this.running, this.mode])) return;
+    const inputs = [row.source, !!row.last, reason ?? null, this.running, this.mode];
+    if (!row.live && unchanged(el, inputs)) return;
     el.classList.toggle("excluded", reason !== undefined);
     let note = el.querySelector(":scope > .excluded-note");
     if (reason !== undefined && row.role === "user") {

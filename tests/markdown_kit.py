@@ -1,6 +1,7 @@
 """A session's Markdown export as the tests of tests/http/test_markdown_export*.py read it:
-the file of an imported session (`exported`), each message's part of it (`sections`), and
-the raw HTML CommonMark viewers find in it (`live_html`)."""
+the file of an imported session (`exported`), each message's part of it (`sections`), the
+raw HTML CommonMark viewers find in it (`live_html`), and the viewers that render it
+(`VIEWERS`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 import re
 from typing import Any
 
+import cmarkgfm
+from cmarkgfm.cmark import Options
 from markdown_it import MarkdownIt
 
 from helpers import ServerProcess
@@ -89,3 +92,18 @@ def live_html(markdown: str) -> list[str]:
                 found.append(token.content)
             stack += token.children or []
     return found
+
+
+# CommonMark viewers (markdown-it-py, cmark) and GitHub's renderer (cmark-gfm with autolinks,
+# tables and strikethrough), each as Markdown to HTML with raw HTML on.
+VIEWERS = {
+    "markdown-it-py": MarkdownIt("commonmark", {"html": True})
+    .enable(["table", "strikethrough"])
+    .render,
+    "cmark": lambda markdown: cmarkgfm.markdown_to_html(markdown, options=Options.CMARK_OPT_UNSAFE),
+    "cmark-gfm": lambda markdown: cmarkgfm.markdown_to_html_with_extensions(
+        markdown,
+        options=Options.CMARK_OPT_UNSAFE,
+        extensions=["autolink", "table", "strikethrough"],
+    ),
+}

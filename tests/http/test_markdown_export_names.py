@@ -10,15 +10,12 @@ from __future__ import annotations
 
 from html.parser import HTMLParser
 
-import cmarkgfm
 import pytest
-from cmarkgfm.cmark import Options
-from markdown_it import MarkdownIt
 
 from tether.visible_text import visible_line
 
 from helpers import ServerProcess
-from markdown_kit import exported
+from markdown_kit import VIEWERS, exported
 
 NAMES = {
     "entities": "Tom &amp; Jerry &lt;b&gt; &copy; &#42; &#x2A; &nbsp;& &",
@@ -28,18 +25,6 @@ NAMES = {
     "HTTP://A.B/_c_ <https://a.b> ftp://f.g/h_i",
     "hashes": "# ## not a heading #",
     "escapes": "snake_case_name 2*3*4 a\\*b \\\\ \\&amp;",
-}
-
-VIEWERS = {
-    "markdown-it-py": MarkdownIt("commonmark", {"html": True})
-    .enable(["table", "strikethrough"])
-    .render,
-    "cmark": lambda markdown: cmarkgfm.markdown_to_html(markdown, options=Options.CMARK_OPT_UNSAFE),
-    "cmark-gfm": lambda markdown: cmarkgfm.markdown_to_html_with_extensions(
-        markdown,
-        options=Options.CMARK_OPT_UNSAFE,
-        extensions=["autolink", "table", "strikethrough"],
-    ),
 }
 
 

@@ -162,15 +162,20 @@ _INDENTED = re.compile(r"(?: {4}| {0,3}\t)")
 # What opens a list item (CommonMark), a container whose lines may be indented.
 _LIST_ITEM = re.compile(r" {0,3}(?:[-+*]|\d{1,9}[.)])(?:[ \t]|$)")
 _LINE_END = re.compile(r"\r\n|\r|\n")
+# What makes GitHub start a bare link (`://` after a scheme, `www.`), whose text would be the
+# characters it runs over as they are, backslashes too, up to a space or a `<`: escaped in
+# the plain text of a name or a user's message, it makes none.
+_BARE_LINK = r":(?=//)|(?<=www)\."
 # A name (`plain`): what is Markdown anywhere in a line (`&` starts an entity reference), and
-# what makes GitHub start a bare link (`://` after a scheme, `www.`), whose text would be the
-# characters it runs over as they are, backslashes too.
-_PLAIN = re.compile(r"[\\`*_\[\]#~|&]|:(?=//)|(?<=www)\.", re.IGNORECASE)
+# what starts a bare link.
+_PLAIN = re.compile(rf"[\\`*_\[\]#~|&]|{_BARE_LINK}", re.IGNORECASE)
 # A user's message (`user_text`): what is Markdown anywhere in a line, what only at its
-# start, and the number of an ordered list item (escaped at its `.` or `)`).
+# start, the number of an ordered list item (escaped at its `.` or `)`), and what starts a
+# bare link.
 _INLINE = frozenset("\\`*_[]&~|")
 _BLOCK = frozenset("#>-+=")
 _ORDERED = re.compile(r"\d+(?=[.)])")
+_LINK_START = re.compile(_BARE_LINK, re.IGNORECASE)
 
 
 def contained(text: str, check: bool = True) -> str:
@@ -313,18 +318,26 @@ def user_text(text: str) -> str:
 
 def _user_line(line: str) -> str:
     """One line of a user's message: Markdown's inline characters escaped wherever they
-    are (a `<` written `&lt;`, which no autolink turns back into HTML), and what starts a
-    block (`#`, `>`, `-`, `+`, `=`, `1.`, `1)`) at the line's start."""
+    are (a `<` written `&lt;`), what starts a block (`#`, `>`, `-`, `+`, `=`, `1.`, `1)`) at
+    the line's start, and the `:` of a `://` and the `.` of a `www.`, so GitHub makes no bare
+    link that would show the escapes after it (`http://a/x\\_y`) or take the hard break's
+    backslash at the line's end."""
     lead = len(line) - len(line.lstrip(" \t"))
     trail = len(line.rstrip(" \t"))
     start = _ORDERED.match(line)
+    links = {match.start() for match in _LINK_START.finditer(line)}
     out = []
     for i, char in enumerate(line):
         if char in " \t" and (i < lead or i >= trail or line[i - 1] in " \t"):
             out.append("&nbsp;" if char == " " else "&#9;")
         elif char == "<":
             out.append(_LT)
-        elif char in _INLINE or (i == 0 and char in _BLOCK) or (start and i == start.end()):
+        elif (
+            char in _INLINE
+            or (i == 0 and char in _BLOCK)
+            or (start and i == start.end())
+            or i in links
+        ):
             out.append("\\" + char)
         else:
             out.append(char)

@@ -5,6 +5,7 @@
 import { ApiError, post } from "./api.js";
 import { asDraft } from "./composer.js";
 import { h } from "./dom.js";
+import { shownFiles } from "./names.js";
 import { switchesToShow } from "./reducer_branches.js";
 import { catchUp, changed, position, regenerate } from "./refusals.js";
 
@@ -38,7 +39,7 @@ export function updateRowActions(el, row, { running }) {
   const settled = !row.live && !row.session_id; // inherited rows carry their session's id
   actions.hidden = !settled;
   el.dataset.rowId = row.id;
-  el.attachmentList = row.attachments || []; // what an edit keeps unless removed
+  el.attachmentList = shownFiles(row.attachments); // what an edit keeps unless removed
   const branch = row.branch;
   const switcher = actions.querySelector(".branch-switch");
   switcher.hidden = !branch;

@@ -1,10 +1,11 @@
-// Model ids as a person sees them. `GET /api/models` labels the ids it lists, but the page
-// also shows ids no list labels: a session's own model the list lacks, the command line's,
-// a saved default, the model that answered a row. An id is kept byte for byte (the endpoint
-// gets it back), so it may carry bidi controls or zero-width characters that make it pass
-// for another model: it is shown by the server's rule (`tether/visible_text.py`,
-// docs/api.md §3), which this is a copy of (tests/browser/test_page_model_names.py proves
-// the two agree).
+// Model ids and file names as a person sees them. `GET /api/models` labels the ids it lists,
+// but the page also shows ids no list labels: a session's own model the list lacks, the
+// command line's, a saved default, the model that answered a row. An id is kept byte for
+// byte (the endpoint gets it back), so it may carry bidi controls or zero-width characters
+// that make it pass for another model: it is shown by the server's rule
+// (`tether/visible_text.py`, docs/api.md §3), which this is a copy of
+// (tests/browser/test_page_model_names.py proves the two agree). So is a file name a log
+// recorded before names were cleaned where they enter.
 
 const INVISIBLE = new Set(
   "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069" +
@@ -33,6 +34,13 @@ export function visibleLine(text) {
     .join("")
     .replace(/\s{2,}/gu, " ")
     .trim();
+}
+
+/** A message's attachments with each file name as visible text, as the Markdown export
+ *  shows it: the server cleans a name where it enters, but a log an older Tether wrote (or
+ *  a replica running one) holds it as it was given, and the log is never rewritten. */
+export function shownFiles(attachments) {
+  return (attachments || []).map((a) => ({ ...a, name: visibleLine(a.name) }));
 }
 
 /** `shows_something`: a character that draws (not a space, format or control character, a

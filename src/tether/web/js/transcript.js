@@ -4,7 +4,7 @@
 import { buildRowActions, editsLeaving, updateRowActions } from "./branches.js";
 import { activityParts, blocksFor } from "./blocks.js";
 import { formatDuration, h, patchChildren } from "./dom.js";
-import { modelLabel } from "./names.js";
+import { modelLabel, shownFiles } from "./names.js";
 import { buildBlock, TERMINAL_LABELS, updateBlock } from "./timeline_view.js";
 
 // Rows whose answers render at once when history is drawn in one go: more than fill a window
@@ -132,7 +132,7 @@ function updateUserRow(el, row) {
   el.querySelector(".user-text").textContent = row.content;
   const box = el.querySelector(".user-attachments");
   box.replaceChildren(
-    ...(row.attachments || []).map((a) =>
+    ...shownFiles(row.attachments).map((a) =>
       /^image\/(png|jpeg|gif|webp)$/.test(a.mime)
         ? h(
             "a",

@@ -1,0 +1,106 @@
+"""Attachment names a log recorded before names were cleaned (an older Tether, another
+replica of one, stored them as given), as the real page shows them in Chromium: a user row's
+file chip, its download name and an image's text, the files an edit keeps and those an edit
+leaves in the composer are the name as visible text (docs/api.md §3, `js/names.js`), as the
+Markdown export shows it, while the log and the session's view keep the name as recorded.
+Layer: the page's transcript rows (drawing only; the log and the folds are unchanged)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import BrowserContext, expect
+
+from tether.log import Draft
+from tether.services import open_store
+from tether.settings import Settings
+
+from helpers import new_session, running_server, session_body, start_turn, wait_idle
+from pagekit import open_app, wait_settled
+
+pytestmark = pytest.mark.slow
+
+# 1x1 transparent PNG
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+)
+RAW = {"notes.txt": "invoice\u202egnp\u200b.exe\x07", "photo.png": "ph\u2066oto\u2069\u00ad.png"}
+SHOWN = {"notes.txt": "invoicegnp.exe", "photo.png": "photo.png"}
+
+
+def _file(name: str, mime: str, data: bytes) -> dict[str, str]:
+    return {"name": name, "mime": mime, "data_base64": base64.b64encode(data).decode()}
+
+
+async def _append_as_an_older_tether(data_dir: Path, sid: str, refs: list[dict]) -> None:
+    """A second turn naming the session's files as an older Tether wrote names: raw."""
+    store = open_store(Settings(data_dir=data_dir))
+    turn, stream = "u_old", "r_old"
+    files = [{**{k: r[k] for k in ("id", "mime", "size")}, "name": RAW[r["name"]]} for r in refs]
+    submitted = {"turn_id": turn, "stream_id": stream, "text": "files again"}
+    ran = {"stream_id": stream, "turn_id": turn}
+    await store.append(
+        sid,
+        [
+            Draft(
+                "turn.submitted",
+                {**submitted, "attachments": files, "submitted_at": time.time()},
+                stream,
+                turn,
+            ),
+            Draft("run.started", {**ran, "runtime": "demo"}, stream, turn),
+            Draft("text.delta", {"stream_id": stream, "item_id": "t1", "text": "ok"}, stream, turn),
+            Draft("run.finished", {**ran, "state": "completed"}, stream, turn),
+        ],
+    )
+    await store.aclose()
+
+
+def test_file_names_an_older_log_holds_are_shown_as_visible_text(
+    context: BrowserContext, tmp_path: Path
+) -> None:
+    """`invoice\\u202egnp.exe` showed as `invoiceexe.png` in its chip (and was the name the
+    chip's download saved), and the edit box and the composer took it on."""
+    data = tmp_path / "data"
+    with running_server(data) as server, server.client() as client:
+        sid = new_session(client, "older names")
+        files = [_file("notes.txt", "text/plain", b"hi"), _file("photo.png", "image/png", PNG)]
+        start_turn(client, sid, "first", attachments=files)
+        refs = wait_idle(client, sid)["messages"][0]["attachments"]
+    with ThreadPoolExecutor(1) as thread:  # Playwright's loop holds this thread
+        thread.submit(asyncio.run, _append_as_an_older_tether(data, sid, refs)).result()
+
+    with running_server(data, env={"TETHER_DEMO_DELAY": "0.01"}) as server:
+        with server.client() as client:
+            old = session_body(client, sid)["messages"][2]["attachments"]
+            assert [a["name"] for a in old] == list(RAW.values())  # the log is as it was
+            markdown = client.get(f"/api/sessions/{sid}/export", params={"format": "markdown"})
+            assert "Attachment: invoicegnp.exe (2 bytes)" in markdown.text
+        page = context.new_page()
+        open_app(page, server.base_url, f"/s/{sid}")
+        wait_settled(page)
+        row = page.locator("#transcript .rows > .row.user").nth(1)
+        chip = row.locator(".file-chip")
+        expect(chip).to_have_text(SHOWN["notes.txt"])
+        expect(chip).to_have_attribute("download", SHOWN["notes.txt"])
+        expect(row.locator(".user-attachments img")).to_have_attribute("alt", SHOWN["photo.png"])
+
+        row.get_by_role("button", name="Edit").click()
+        kept = row.get_by_role("list", name="Attachments").locator(".chip-name")
+        expect(kept).to_have_text(list(SHOWN.values()))
+        expect(row.get_by_role("button", name=f"Remove {SHOWN['notes.txt']}")).to_be_visible()
+        row.get_by_role("textbox", name="Edit message").fill("files, on second thought")
+        with server.client() as client:  # another tab hides the row being edited
+            first_answer = session_body(client, sid)["messages"][1]["id"]
+            response = client.post(
+                "/api/chat/regenerate", json={"session_id": sid, "row_id": first_answer}
+            )
+            assert response.status_code == 200, response.text
+            wait_idle(client, sid)
+        expect(page.locator("#transcript .rows > .row.user")).to_have_count(1)
+        expect(page.locator("#attachment-chips .chip-name")).to_have_text(list(SHOWN.values()))

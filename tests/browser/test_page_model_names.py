@@ -3,9 +3,10 @@ model the list lacks (PATCH /api/session, an import, a list that changed), the c
 model in Settings, a saved default the list lacks, the model an answer's row names and the
 sidebar's model badge. Each is the id as visible text, by the server's rule for labels
 (`tether/visible_text.py` `visible_line`, docs/api.md §3), never its bidi controls,
-zero-width or control characters; in a picker, one the list lacks says so. The page's copy
-of the rule (`web/js/names.js`) gives what `GET /api/models` gives, proven over hostile and
-legitimate names alike."""
+zero-width or control characters; in a picker, one the list lacks says so. Two ids that clean
+to one label are offered apart, each by its escaped id. The page's copy of the rule
+(`web/js/names.js`) gives what `GET /api/models` gives, proven over hostile and legitimate
+names alike."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 from names_kit import LEGITIMATE
 from playwright.sync_api import BrowserContext, expect
 
-from tether.http.models import model_label
+from tether.http.models import escaped_id, model_label
 
 from fake_openai import FakeOpenAI
 from helpers import ServerProcess, new_session, running_server, start_turn, wait_idle
@@ -95,6 +96,49 @@ HOSTILE = [
 ]
 
 
+def test_ids_that_read_alike_are_offered_apart_in_both_pickers(
+    context: BrowserContext, server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """The endpoint lists `gpt-4` and `gpt\\u200b-4`, the session's own model is
+    `gpt\\u2060-4` and the saved default `\\u200bgpt-4`, neither listed: each picker offered
+    several `gpt-4`s. Each id whose label meets another's is shown escaped, listed
+    (`GET /api/models`, the default among them) or not (the page's copy)."""
+    fake.other_models = ["gpt-4", "gpt\u200b-4"]
+    with server.client() as client:
+        sid = new_session(client, "alike")
+        answer = client.patch("/api/session", json={"session_id": sid, "model": "gpt\u2060-4"})
+        assert answer.status_code == 200, answer.text
+        saved = client.patch("/api/settings", json={"default_model": "\u200bgpt-4"})
+        assert saved.status_code == 200, saved.text
+    page = context.new_page()
+    open_app(page, server.base_url, f"/s/{sid}")
+    picker = page.get_by_role("combobox", name="Model")
+    expect(picker.locator("option")).to_have_text(
+        [
+            "Default (\\u{200B}gpt-4)",
+            "fake-model",
+            "gpt-4",
+            "gpt\\u{200B}-4",
+            "gpt\\u{2060}-4 (not listed)",
+        ]
+    )
+    expect(picker).to_have_value("gpt\u2060-4")
+
+    page.get_by_role("button", name="Settings").click()
+    dialog = page.get_by_role("dialog", name="Settings")
+    default = dialog.get_by_role("combobox", name="Default model")
+    expect(default.locator("option")).to_have_text(
+        [
+            "Command line's (fake-model)",
+            "fake-model",
+            "gpt-4",
+            "gpt\\u{200B}-4",
+            "\\u{200B}gpt-4 (not listed)",
+        ]
+    )
+    expect(default).to_have_value("\u200bgpt-4")
+
+
 def test_the_pages_rule_gives_what_the_server_gives(
     context: BrowserContext, server: ServerProcess
 ) -> None:
@@ -113,12 +157,12 @@ def test_the_pages_rule_gives_what_the_server_gives(
     open_app(page, server.base_url)
     shown = page.evaluate(
         """async (names) => {
-          const { modelLabel } = await import("/static/js/names.js");
-          return names.map(modelLabel);
+          const { escapedId, modelLabel } = await import("/static/js/names.js");
+          return names.map((name) => [modelLabel(name), escapedId(name)]);
         }""",
         names,
     )
-    expected = [model_label(name) for name in names]
+    expected = [[model_label(name), escaped_id(name)] for name in names]
     pairs = zip(names, shown, expected, strict=True)
     wrong = [(json.dumps(name), got, want) for name, got, want in pairs if got != want]
     assert not wrong, wrong[:5]

@@ -191,3 +191,38 @@ def test_a_hostile_model_id_is_shown_as_visible_text_and_sent_back_unchanged(
         markdown = client.get(f"/api/sessions/{sid}/export", params={"format": "markdown"}).text
     assert "## Assistant (big-ledom)" in markdown
     assert "\u202e" not in markdown and "\u200b" not in markdown
+
+
+def test_ids_that_clean_to_one_label_are_labelled_apart(
+    server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """`gpt\\u200b-4` beside `gpt-4` (or ids differing only by controls) both showed as
+    `gpt-4`: nobody could tell which one a picker picks. Ids whose labels meet are each
+    labelled by the id with what the cleaning takes written `\\u{HEX}`, so the clean one
+    keeps its plain label; an id that reads like such an escape is escaped in turn (its
+    `\\` as `\\\\`), and the default takes part."""
+    fake.other_models = [
+        "gpt-4",
+        "gpt\u200b-4",
+        "gpt-4\x07",
+        "gpt\\u{200B}-4",  # reads like the escape of the second
+        "fake\u2060-model",  # meets the default
+        "e\u0301 x",  # not NFC: meets "é x"
+        "\u00e9 x",
+        "solo\u200b",  # meets no other label: cleaned as before
+    ]
+    with server.client() as client:
+        body = client.get("/api/models").json()
+    labels = {m["id"]: m["label"] for m in body["models"]}
+    assert labels == {
+        "fake-model": "fake-model",
+        "gpt-4": "gpt-4",
+        "gpt\u200b-4": "gpt\\u{200B}-4",
+        "gpt-4\x07": "gpt-4\\u{0007}",
+        "gpt\\u{200B}-4": "gpt\\\\u{200B}-4",
+        "fake\u2060-model": "fake\\u{2060}-model",
+        "e\u0301 x": "e\\u{0301} x",
+        "\u00e9 x": "\u00e9 x",
+        "solo\u200b": "solo",
+    }
+    assert body["default_label"] == "fake-model"

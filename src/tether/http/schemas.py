@@ -236,7 +236,9 @@ class SessionRow(Out):
 
 class ModelCard(Out):
     id: str
-    label: str = Field(description="The id as shown: visible text (docs/api.md §3); send `id`")
+    label: str = Field(
+        description="The id as shown: visible text (docs/api.md §3), no two alike; send `id`"
+    )
     context_window: int | None = None
 
 

@@ -60,8 +60,30 @@ export function modelLabel(id) {
   return points.join(" ") || "(no name)";
 }
 
+/** `escaped_id` (tether/http/models.py): the id with each character that does not show as
+ *  itself written `\u{HEX}` (a space but a lone inner one; every non-ASCII one when the id
+ *  is not NFC) and `\` as `\\`, so two ids never read alike. */
+export function escapedId(id) {
+  const chars = [...id];
+  const nfc = id.normalize("NFC") === id;
+  const lone = (i) => i > 0 && i < chars.length - 1 && chars[i - 1] !== " " && chars[i + 1] !== " ";
+  const unshown = (ch, i) =>
+    (NOT_SHOWN.test(ch) && !(ch === " " && lone(i))) ||
+    BLANK_LETTERS.has(ch) ||
+    (!nfc && ch.codePointAt(0) > 0x7f);
+  return chars
+    .map((ch, i) => {
+      if (ch === "\\") return "\\\\";
+      if (!unshown(ch, i)) return ch;
+      return `\\u{${ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}}`;
+    })
+    .join("");
+}
+
 /** A model a picker offers that the endpoint's list does not (a session's own, a saved
- *  default): its label, saying so. */
-export function unlistedLabel(id) {
-  return `${modelLabel(id)} (not listed)`;
+ *  default): its label, saying so; escaped (`escapedId`) when one of `listed`, the labels
+ *  of the list the picker offers, reads the same (as `GET /api/models` labels ids apart). */
+export function unlistedLabel(id, listed = []) {
+  const label = modelLabel(id);
+  return `${listed.includes(label) ? escapedId(id) : label} (not listed)`;
 }

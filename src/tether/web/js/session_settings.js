@@ -57,7 +57,9 @@ export class SessionSettings {
     const picked = pick && (pick.sid === null || pick.sid === row?.session_id);
     const model = picked ? pick.model : (row?.model ?? "");
     if (model && ![...this.picker.options].some((o) => o.value === model)) {
-      this.picker.append(new Option(unlistedLabel(model), model)); // not (or no longer) listed
+      // not (or no longer) listed
+      const listed = this.models.models.map((m) => m.label);
+      this.picker.append(new Option(unlistedLabel(model, listed), model));
     }
     this.picker.value = model;
     if (row?.session_id !== this.row?.session_id) $("model-note").hidden = true; // another session

@@ -92,7 +92,8 @@ export class SettingsPanel {
     ];
     for (const m of models) options.push(new Option(m.label, m.id)); // shown: its label
     if (chosen && !models.some((m) => m.id === chosen)) {
-      options.push(new Option(unlistedLabel(chosen), chosen));
+      const listed = models.map((m) => m.label);
+      options.push(new Option(unlistedLabel(chosen, listed), chosen));
     }
     $("settings-model").replaceChildren(...options);
     $("settings-model").value = chosen;

@@ -87,34 +87,18 @@ export class DraftFiles {
 
   /** Keep `files` under `name` (written at `at`), those that fit the caps. What the user
    *  is to be told, or null: the files not kept (each once), or, the first time, that none
-   *  can be. */
+   *  can be. The total is read and the record written in one readwrite transaction: another
+   *  tab's write waits for it (IndexedDB runs them one at a time), so two tabs saving at
+   *  once cannot both take the room left. */
   async put(name, files, at) {
     try {
-      let total = await this.run("readonly", (store) => this.bytesBesides(store, name));
-      const kept = [];
       const left = []; // what the user is told: each file not kept, once
-      for (const file of files) {
-        const size = sizeOf(file);
-        let why = null;
-        if (size > MAX_FILE_BYTES) why = `over ${mib(MAX_FILE_BYTES)}, the server's limit`;
-        else if (total + size > MAX_TOTAL_BYTES) {
-          why = `over the ${mib(MAX_TOTAL_BYTES)} kept for all drafts' files`;
-        }
-        if (why === null) {
-          kept.push(file);
-          total += size;
-        } else if (!this.told.has(file)) {
-          this.told.add(file);
-          left.push(`${file.name} (${why})`);
-        }
-      }
-      const record = {
-        at,
-        bytes: kept.reduce((sum, file) => sum + sizeOf(file), 0),
-        files: kept.map((file) => ({ name: file.name, mime: file.mime, blob: blobOf(file) })),
-      };
       await this.run("readwrite", (store) =>
-        kept.length ? store.put(record, name) : store.delete(name),
+        this.bytesBesides(store, name, (total) => {
+          const record = this.record(files, at, total, left);
+          if (record.files.length) store.put(record, name);
+          else store.delete(name);
+        }),
       );
       if (!left.length) return null;
       return `Attached, but not kept for a reload (the text is): ${left.join("; ")}.`;
@@ -128,19 +112,42 @@ export class DraftFiles {
     }
   }
 
-  /** The bytes every record but `name` holds (a promise, settled within the transaction). */
-  bytesBesides(store, name) {
-    return new Promise((resolve, reject) => {
-      let total = 0;
-      const cursor = store.openCursor();
-      cursor.onerror = () => reject(cursor.error);
-      cursor.onsuccess = () => {
-        const at = cursor.result;
-        if (!at) return resolve(total);
-        if (at.key !== name) total += at.value.bytes ?? 0;
-        at.continue();
-      };
-    });
+  /** The record of those of `files` that fit beside `total` bytes of other drafts' files;
+   *  each one left out, named once, goes to `left`. */
+  record(files, at, total, left) {
+    const kept = [];
+    for (const file of files) {
+      const size = sizeOf(file);
+      let why = null;
+      if (size > MAX_FILE_BYTES) why = `over ${mib(MAX_FILE_BYTES)}, the server's limit`;
+      else if (total + size > MAX_TOTAL_BYTES) {
+        why = `over the ${mib(MAX_TOTAL_BYTES)} kept for all drafts' files`;
+      }
+      if (why === null) {
+        kept.push(file);
+        total += size;
+      } else if (!this.told.has(file)) {
+        this.told.add(file);
+        left.push(`${file.name} (${why})`);
+      }
+    }
+    return {
+      at,
+      bytes: kept.reduce((sum, file) => sum + sizeOf(file), 0),
+      files: kept.map((file) => ({ name: file.name, mime: file.mime, blob: blobOf(file) })),
+    };
+  }
+
+  /** `then(total)` with the bytes every record but `name` holds, within the transaction. */
+  bytesBesides(store, name, then) {
+    let total = 0;
+    const cursor = store.openCursor();
+    cursor.onsuccess = () => {
+      const at = cursor.result;
+      if (!at) return then(total);
+      if (at.key !== name) total += at.value.bytes ?? 0;
+      at.continue();
+    };
   }
 
   /** Take `name`'s files out (sent, cleared, its session deleted); quietly where the

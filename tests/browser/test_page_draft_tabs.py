@@ -1,0 +1,85 @@
+"""Drafts written by two tabs of one browser at once (docs/page.md, "Drafts"): the files cap
+held across tabs, a draft sent in one tab not coming back in another, and a rotated
+parent's draft moving to its continuation. Real pages of one browser context (they share
+localStorage and IndexedDB) against the real server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import BrowserContext, expect
+
+from helpers import ServerProcess, new_session, start_turn, wait_idle
+from pagekit import chips, open_app, stored_files, written
+
+pytestmark = pytest.mark.slow
+
+MiB = 1024 * 1024
+
+
+def settled_session(client: httpx.Client, title: str) -> str:
+    sid = new_session(client, title)
+    start_turn(client, sid, f"about {title.lower()}")
+    wait_idle(client, sid)
+    return sid
+
+
+def draft_key(sid: str, user: str = "") -> str:
+    return f"tether-draft:v1:{user}:{sid}"
+
+
+# Another page of the browser holds the files store in a readwrite transaction (kept open by
+# reading in a loop) after seeding the New chat's draft with `bytes`: the tabs' writes wait
+# behind it, as behind any other tab's, and are let go together (`held = false`).
+HOLD_JS = """async (bytes) => {
+  const request = indexedDB.open('tether-drafts', 1);
+  request.onupgradeneeded = () => request.result.createObjectStore('files');
+  const db = await new Promise((resolve) => { request.onsuccess = () => resolve(request.result); });
+  const tx = db.transaction('files', 'readwrite');
+  const store = tx.objectStore('files');
+  const blob = new Blob([new Uint8Array(bytes)]);
+  const seed = {at: Date.now(), bytes, files: [{name: 'old.bin', mime: 'image/png', blob}]};
+  window.held = true;
+  window.released = new Promise((resolve) => { tx.oncomplete = resolve; });
+  const spin = () => { if (window.held) store.get('none').onsuccess = spin; };
+  await new Promise((resolve) => { store.put(seed, 'tether-draft:v1::new').onsuccess = resolve; });
+  spin();
+}"""
+
+WAITING_JS = "() => tether.drafts.timer === null && tether.drafts.pending > 0"
+
+
+def test_two_tabs_saving_files_at_once_keep_within_the_cap_and_tell_which_was_not_kept(
+    context: BrowserContext, web_server: ServerProcess, tmp_path: Path
+) -> None:
+    """All drafts' files in a browser are kept up to 50 MiB. Each tab added up what was
+    stored, then wrote in another transaction: two tabs saving at once both found room and
+    kept 54 MiB. The sum and the write are one transaction: the first tab's file is kept,
+    the second tab's is not, and its user is told which file."""
+    with httpx.Client(base_url=web_server.base_url) as client:
+        apples, pears = settled_session(client, "Apples"), settled_session(client, "Pears")
+    first, second, holder = (context.new_page() for _ in range(3))
+    open_app(first, web_server.base_url, f"/s/{apples}")
+    open_app(second, web_server.base_url, f"/s/{pears}")
+    written(first)
+    written(second)
+    holder.goto(web_server.base_url + "/api/health")  # the same origin: the same IndexedDB
+    holder.evaluate(HOLD_JS, 30 * MiB)
+    for page, name in ((first, "first.bin"), (second, "second.bin")):
+        (tmp_path / name).write_bytes(b"\1" * (12 * MiB))  # 30 + 12 fits; 30 + 12 + 12 not
+        page.locator("#file-input").set_input_files(tmp_path / name)
+        expect(chips(page)).to_have_text([name])
+        page.wait_for_function(WAITING_JS)  # its write waits for the store
+    holder.evaluate("async () => { window.held = false; await window.released; }")
+    written(first)
+    written(second)
+
+    files = stored_files(first)
+    assert files[draft_key(apples)] == [["first.bin", "application/octet-stream", 12 * MiB]]
+    assert draft_key(pears) not in files
+    assert sum(size for record in files.values() for _, _, size in record) <= 50 * MiB
+    expect(second.locator("#notice-bar")).to_contain_text("second.bin (over the 50 MiB")
+    expect(first.locator("#notice-bar")).to_be_hidden()
+    expect(chips(second)).to_have_text(["second.bin"])  # still attached in its tab

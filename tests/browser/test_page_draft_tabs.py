@@ -12,11 +12,12 @@ import pytest
 from playwright.sync_api import BrowserContext, expect
 
 from helpers import ServerProcess, new_session, start_turn, wait_idle
-from pagekit import chips, open_app, stored_files, written
+from pagekit import chips, composer, open_app, stored, stored_files, wait_settled, written
 
 pytestmark = pytest.mark.slow
 
 MiB = 1024 * 1024
+NOTES = b"the launch is on Tuesday\n"
 
 
 def settled_session(client: httpx.Client, title: str) -> str:
@@ -83,3 +84,49 @@ def test_two_tabs_saving_files_at_once_keep_within_the_cap_and_tell_which_was_no
     expect(second.locator("#notice-bar")).to_contain_text("second.bin (over the 50 MiB")
     expect(first.locator("#notice-bar")).to_be_hidden()
     expect(chips(second)).to_have_text(["second.bin"])  # still attached in its tab
+
+
+def test_a_draft_sent_in_one_tab_does_not_come_back_in_another(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """A draft typed in one tab and sent from another came back in the first when it showed
+    the session again (its own copy won over the stored draft that was gone), text and
+    files, ready to be sent twice. And a third tab still showing the sent draft, typing on,
+    stored its text without the files it shows (it thought them stored): a reload lost
+    them. Now the first shows an empty composer, and the third stores what it shows."""
+    with httpx.Client(base_url=web_server.base_url) as client:
+        apples, _ = settled_session(client, "Apples"), settled_session(client, "Pears")
+    typist, reader, sender = (context.new_page() for _ in range(3))
+    open_app(typist, web_server.base_url, f"/s/{apples}")
+    composer(typist).fill("for the apples")
+    typist.locator("#file-input").set_input_files(
+        files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": NOTES}]
+    )
+    expect(chips(typist)).to_have_text(["notes.txt"])
+    written(typist)
+    for page in (reader, sender):
+        open_app(page, web_server.base_url, f"/s/{apples}")
+        expect(composer(page)).to_have_value("for the apples")
+        expect(chips(page)).to_have_text(["notes.txt"])
+    composer(sender).press("Enter")
+    wait_settled(sender)
+    expect(sender.locator("#transcript .rows > .row.user")).to_have_count(2)
+    written(sender)
+    assert draft_key(apples) not in stored(sender)
+    assert draft_key(apples) not in stored_files(sender)
+
+    typist.locator(".session-link").filter(has_text="Pears").click()
+    expect(composer(typist)).to_have_value("")
+    typist.locator(".session-link").filter(has_text="Apples").click()
+    expect(typist.locator("#transcript .rows > .row.user")).to_have_count(2)
+    expect(composer(typist)).to_have_value("")
+    expect(chips(typist)).to_have_count(0)
+    written(typist)
+    assert draft_key(apples) not in stored_files(typist)
+
+    composer(reader).fill("for the apples, again")
+    written(reader)
+    assert stored_files(reader) == {draft_key(apples): [["notes.txt", "text/plain", len(NOTES)]]}
+    reader.reload()
+    expect(composer(reader)).to_have_value("for the apples, again")
+    expect(chips(reader)).to_have_text(["notes.txt"])

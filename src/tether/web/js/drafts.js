@@ -4,7 +4,7 @@
 // is created. Text and edits are kept in localStorage, by user and session, so a reload, a
 // crashed tab or a browser closed and opened again finds them; files in IndexedDB
 // (draft_files.js), read back when the draft is shown. Two tabs of one session: the last to
-// write wins. A deleted session's draft leaves: when a stream says so, and when the list is
+// write wins, and a draft another tab sent or emptied is gone in this one too. A deleted session's draft leaves: when a stream says so, and when the list is
 // read again (at start, after a gap) and the server says the session is gone.
 
 import { get, q } from "./api.js";
@@ -104,6 +104,7 @@ export class Drafts {
     this.timer = null;
     this.files = fileStore;
     this.written = new Map(); // storage key -> the files its record holds, as this tab knows
+    this.known = new Map(); // storage key -> `at` of its stored text as this tab last saw it
     this.loads = new Map(); // key -> its newest read of stored files (loadFiles)
     this.chain = Promise.resolve(); // the file store's reads and writes, one after another
     this.pending = 0; // of them, not done yet
@@ -143,10 +144,20 @@ export class Drafts {
     return `${PREFIX}${encodeURIComponent(this.user)}:${encodeURIComponent(key)}`;
   }
 
-  /** `key`'s draft: the newer of this tab's and the stored one (another tab's, a reload's). */
-  read(key) {
-    const mine = this.memory.get(key);
-    const stored = this.user === null ? null : parse(this.getItem(this.storageKey(key)));
+  /** `key`'s draft: the newer of this tab's and the stored one (another tab's, a reload's).
+   *  This tab's, once seen stored and since taken out by another tab (sent, emptied), is
+   *  gone here too, unless `keep` (a rescue: nothing typed is lost). */
+  read(key, keep = false) {
+    let mine = this.memory.get(key);
+    const name = this.user === null ? null : this.storageKey(key);
+    const stored = name === null ? null : parse(this.getItem(name));
+    if (stored) this.known.set(name, stored.at);
+    else if (!keep && mine && this.known.get(name) >= mine.at) {
+      this.memory.delete(key);
+      this.known.delete(name);
+      this.written.delete(name); // what its files' record holds is not known here now
+      mine = undefined;
+    }
     const newer = stored && !(mine?.at >= stored.at) ? stored : mine;
     return { text: newer?.text ?? "", edits: newer?.edits ?? [], files: mine?.files ?? [] };
   }
@@ -166,10 +177,14 @@ export class Drafts {
     else this.memory.set(key, { text, edits, files, at });
     if (this.user === null || sealed) return;
     const name = this.storageKey(key);
+    // another tab wrote or took out the stored draft since this one saw it: its files are
+    // written again (this tab's idea of what the store holds is out of date)
+    if (this.known.get(name) !== parse(this.getItem(name))?.at) this.written.delete(name);
     this.queue(() => this.syncFiles(key));
     try {
-      if (!text.trim() && !edits.length) storage()?.removeItem(name);
-      else this.store(name, JSON.stringify({ text, edits, at }));
+      this.known.delete(name);
+      if (empty) storage()?.removeItem(name);
+      else if (this.store(name, JSON.stringify({ text, edits, at }))) this.known.set(name, at);
     } catch {
       // storage unavailable: this tab's memory keeps the draft
     }
@@ -218,6 +233,7 @@ export class Drafts {
     this.memory.delete(key);
     if (this.user === null) return;
     const name = this.storageKey(key);
+    this.known.delete(name);
     try {
       storage()?.removeItem(name);
     } catch {
@@ -250,8 +266,9 @@ export class Drafts {
     });
   }
 
-  /** Store one draft, within MAX_CHARS for all: the oldest others go first, and when the
-   *  browser's quota is reached anyway, older ones until it fits (or none is left). */
+  /** Store one draft, within MAX_CHARS for all: the oldest others go first (this tab keeps
+   *  its own copies of them), and when the browser's quota is reached anyway, older ones
+   *  until it fits (or none is left). Whether it was stored. */
   store(name, value) {
     const store = storage();
     const others = storedKeys()
@@ -264,14 +281,15 @@ export class Drafts {
       if (total <= MAX_CHARS) {
         try {
           store.setItem(name, value);
-          return;
+          return true;
         } catch {
           if (!others.length) throw new Error("no room for the draft");
         }
       }
-      if (!others.length) return; // alone over the cap: kept in this tab's memory only
+      if (!others.length) return false; // alone over the cap: in this tab's memory only
       const dropped = others.shift();
       store.removeItem(dropped.key);
+      this.known.delete(dropped.key);
       total -= dropped.size;
     }
   }
@@ -298,8 +316,8 @@ export class Drafts {
    *  first time, what was typed while the page loaded is kept after it. */
   show(key) {
     const first = this.key === null;
-    const since = this.memory.get(key)?.at ?? 0;
     const draft = this.read(key);
+    const since = this.memory.get(key)?.at ?? 0;
     const shown = { ...draft, files: [...draft.files] };
     this.key = key;
     this.seen = fingerprint(draft);
@@ -353,7 +371,7 @@ export class Drafts {
    *  lost with it: into the composer shown, unsent, with a notice. */
   rescue(sid) {
     const since = this.memory.get(sid)?.at ?? 0;
-    const { text, files, edits } = this.read(sid);
+    const { text, files, edits } = this.read(sid, true);
     const name = this.user === null ? null : this.storageKey(sid);
     this.queue(async () => {
       // its stored files, when newer than this tab's (a reload, another tab), go along

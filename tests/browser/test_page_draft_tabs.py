@@ -9,9 +9,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import BrowserContext, expect
+from playwright.sync_api import BrowserContext, Request, expect
 
-from helpers import ServerProcess, new_session, start_turn, wait_idle
+from helpers import (
+    ServerProcess,
+    new_session,
+    rotated_conversation,
+    session_body,
+    start_turn,
+    wait_idle,
+    wait_until,
+)
 from pagekit import chips, composer, open_app, stored, stored_files, wait_settled, written
 
 pytestmark = pytest.mark.slow
@@ -130,3 +138,59 @@ def test_a_draft_sent_in_one_tab_does_not_come_back_in_another(
     reader.reload()
     expect(composer(reader)).to_have_value("for the apples, again")
     expect(chips(reader)).to_have_text(["notes.txt"])
+
+
+def test_rotated_parents_drafts_move_to_the_continuation_without_a_request_per_load(
+    context: BrowserContext, tmp_path: Path
+) -> None:
+    """A draft left in a session that then continued in a newer one (rotated) stayed under
+    the parent for good: it is in neither session list, so every page load asked the server
+    whether it still existed. It moves to the newest continuation, files and open edits
+    included: found from the lists for the last parent (no request), from its own row, once,
+    for an older one; and no later load asks after either."""
+    with rotated_conversation(tmp_path / "data") as (client, first, second):
+        base = str(client.base_url).rstrip("/")
+        tabs = {first: context.new_page(), second: context.new_page()}
+        for sid, tab in tabs.items():  # both open before either types: no load sees a draft
+            open_app(tab, base, f"/s/{sid}")
+        for sid, tab in tabs.items():
+            composer(tab).fill("typed in the first" if sid == first else "typed in the second")
+            written(tab)
+        row = tabs[first].locator("#transcript .rows > .row.user").first
+        row.get_by_role("button", name="Edit").click()
+        row.get_by_role("textbox", name="Edit message").fill("an edit left open")
+        tabs[second].locator("#file-input").set_input_files(
+            files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": NOTES}]
+        )
+        expect(chips(tabs[second])).to_have_text(["notes.txt"])
+        for tab in tabs.values():
+            written(tab)
+            tab.close()  # the second continues in a third while no page is open
+        start_turn(client, second, "hello " * 150)
+        third = wait_until(
+            lambda: session_body(client, second)["continuation_session_id"], what="a rotation"
+        )
+        wait_idle(client, third)
+
+        page = context.new_page()
+        asked: list[str] = []
+
+        def on_request(request: Request) -> None:
+            if first in request.url or second in request.url:
+                asked.append(request.url)
+
+        page.on("request", on_request)
+        for load in range(3):
+            page.goto(base + "/")
+            page.wait_for_function("() => window.tether.drafts.pruned > 0")
+            written(page)
+            # the first's own row, read once (its continuation is not listed)
+            assert asked == [f"{base}/api/session?session_id={first}"], load
+        assert list(stored(page)) == [draft_key(third)]
+        assert list(stored_files(page)) == [draft_key(third)]
+        page.locator(".session-link").first.click()
+        expect(page).to_have_url(f"{base}/s/{third}")
+        text = composer(page).input_value()
+        moved = ["an edit left open", "typed in the first", "typed in the second"]
+        assert sorted(text.split("\n\n")) == moved
+        expect(chips(page)).to_have_text(["notes.txt"])

@@ -178,7 +178,7 @@ export class Composer {
 
   /** Put text and attachments back (a refused send, a rotated session, a leftover steer). */
   restore(text, files = []) {
-    this.input.value = this.input.value ? `${text}\n\n${this.input.value}` : text;
+    this.input.value = [text, this.input.value].filter((part) => part.trim()).join("\n\n");
     this.files.push(...files);
     this.renderChips();
     this.autosize();

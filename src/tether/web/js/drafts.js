@@ -4,8 +4,10 @@
 // is created. Text and edits are kept in localStorage, by user and session, so a reload, a
 // crashed tab or a browser closed and opened again finds them; files in IndexedDB
 // (draft_files.js), read back when the draft is shown. Two tabs of one session: the last to
-// write wins, and a draft another tab sent or emptied is gone in this one too. A deleted session's draft leaves: when a stream says so, and when the list is
-// read again (at start, after a gap) and the server says the session is gone.
+// write wins, and a draft another tab sent or emptied is gone in this one too. A deleted
+// session's draft leaves: when a stream says so, and when the list is read again (at start,
+// after a gap) and the server says the session is gone; then a rotated parent's draft moves
+// to its continuation.
 
 import { get, q } from "./api.js";
 import { asDrafts } from "./branches.js";
@@ -66,27 +68,44 @@ export async function forgetDrafts(user) {
   await fileStore.forget(`${PREFIX}${encodeURIComponent(user ?? "")}:`);
 }
 
-/** Which of `sids` the server says are gone. The lists (the default one and the archived one,
- *  each whole in one answer) show which are there; one in neither may still be (a rotated
- *  parent is in neither), so only its own 404 `session_not_found` proves it gone. Throws
- *  when a list cannot be read: then nothing is proven. */
-async function goneSessions(sids) {
-  let unlisted = sids;
+/** What became of those of `sids` the lists do not show (the default one and the archived
+ *  one, each whole in one answer): `gone`, those whose own read says 404
+ *  `session_not_found` (one in neither list may still be there), and `moved`: a rotated
+ *  parent (in neither list) -> the listed session it continues in, found from the lists (a
+ *  continuation's row names its parent) or else from its own row, once: its draft goes
+ *  there, so no later load asks after it again. Throws when a list cannot be read: then
+ *  nothing is proven. */
+async function fates(sids) {
+  const listed = new Set();
+  const child = new Map(); // a listed continuation's parent -> it
+  let unknown = sids;
   for (const params of [{}, { archived: 1 }]) {
-    if (!unlisted.length) return [];
-    const { sessions } = await get(`/api/sessions?${q(params)}`);
-    const listed = new Set(sessions.map((row) => row.session_id));
-    unlisted = unlisted.filter((sid) => !listed.has(sid));
+    if (!unknown.length) break;
+    for (const row of (await get(`/api/sessions?${q(params)}`)).sessions) {
+      listed.add(row.session_id);
+      if (row.parent_session_id) child.set(row.parent_session_id, row.session_id);
+    }
+    unknown = unknown.filter((sid) => !listed.has(sid) && !child.has(sid));
   }
   const gone = [];
-  for (const sid of unlisted) {
-    try {
-      await get(`/api/session/status?${q({ session_id: sid })}`);
-    } catch (err) {
-      if (err.code === "session_not_found") gone.push(sid);
+  const moved = new Map();
+  for (const sid of sids) {
+    let at = sid;
+    for (const seen = new Set(); !listed.has(at) && !seen.has(at); ) {
+      seen.add(at);
+      let next = child.get(at);
+      try {
+        next ??= (await get(`/api/session?${q({ session_id: at })}`)).session
+          .continuation_session_id;
+      } catch (err) {
+        if (err.code === "session_not_found" && at === sid) gone.push(sid);
+      }
+      if (!next) break;
+      at = next;
     }
+    if (at !== sid && listed.has(at)) moved.set(sid, at);
   }
-  return gone;
+  return { gone, moved };
 }
 
 export class Drafts {
@@ -103,7 +122,7 @@ export class Drafts {
     this.seen = null; // the draft shown as last read or written (fingerprint)
     this.timer = null;
     this.files = fileStore;
-    this.written = new Map(); // storage key -> the files its record holds, as this tab knows
+    this.written = new Map(); // storage key -> {files, at} of its record, as this tab knows
     this.known = new Map(); // storage key -> `at` of its stored text as this tab last saw it
     this.loads = new Map(); // key -> its newest read of stored files (loadFiles)
     this.chain = Promise.resolve(); // the file store's reads and writes, one after another
@@ -195,18 +214,19 @@ export class Drafts {
     const name = this.storageKey(key);
     const mine = this.memory.get(key);
     const files = mine?.files ?? [];
-    const before = this.written.get(name);
+    const before = this.written.get(name)?.files;
     if (before?.length === files.length && before.every((file, i) => file === files[i])) return;
-    this.written.set(name, files);
+    this.written.set(name, { files, at: mine?.at ?? 0 });
     if (!files.length) return this.files.remove(name);
     const notice = await this.files.put(name, files, mine.at);
     if (notice) this.notify(notice);
   }
 
   /** `key`'s stored files, when written after `since` (when this tab last wrote its draft;
-   *  0: never), take the place of `from` (the files this tab had for it), before any
-   *  attached since, in this tab's draft and in the composer if it shows `key`. Only the
-   *  newest read of a key does (an older one's `from` is out of date): never twice. */
+   *  0: never) and not by this tab itself since (a second `add`), take the place of `from`
+   *  (the files this tab had for it), before any attached since, in this tab's draft and in
+   *  the composer if it shows `key`. Only the newest read of a key does (an older one's
+   *  `from` is out of date): never twice. */
   loadFiles(key, since, from, shown = null) {
     if (this.user === null) return;
     const read = {};
@@ -214,8 +234,9 @@ export class Drafts {
     this.queue(async () => {
       const name = this.storageKey(key);
       const stored = this.loads.get(key) === read ? await this.files.get(name) : null;
-      if (!stored || !(stored.at > since) || this.loads.get(key) !== read) return;
-      this.written.set(name, stored.files);
+      const ours = stored?.at === this.written.get(name)?.at;
+      if (!stored || !(stored.at > since) || ours || this.loads.get(key) !== read) return;
+      this.written.set(name, stored);
       const merged = (files) => [...stored.files, ...files.filter((file) => !from.includes(file))];
       const mine = this.memory.get(key);
       if (mine) mine.files = merged(mine.files);
@@ -240,14 +261,15 @@ export class Drafts {
       // unreadable storage holds nothing of ours
     }
     this.queue(() => {
-      this.written.set(name, []);
+      this.written.set(name, { files: [], at: 0 });
       return this.files.remove(name);
     });
   }
 
   /** The session list was read again (at start, after a gap in the streams): a draft whose
    *  session the server says is gone leaves, one deleted while no page of this browser was
-   *  there to see it. Any doubt keeps the draft. */
+   *  there to see it, and a rotated parent's moves to its continuation. Any doubt keeps the
+   *  draft. */
   prune() {
     this.pruning = this.pruning.then(async () => {
       try {
@@ -257,7 +279,9 @@ export class Drafts {
         const keys = [...names].map((name) => decodeURIComponent(name.slice(prefix.length)));
         const sids = keys.filter((key) => key !== NEW_CHAT);
         if (!sids.length) return;
-        for (const sid of await goneSessions(sids)) if (sid !== this.key) this.forget(sid);
+        const { gone, moved } = await fates(sids);
+        for (const sid of gone) if (sid !== this.key) this.forget(sid);
+        for (const [sid, to] of moved) if (sid !== this.key) this.move(sid, to);
       } catch {
         // the server could not be asked: every draft stays
       } finally {
@@ -355,7 +379,7 @@ export class Drafts {
     const since = this.memory.get(key)?.at ?? 0;
     const draft = this.read(key);
     this.loadFiles(key, since, draft.files); // the stored ones are not written over
-    draft.text = draft.text ? `${text}\n\n${draft.text}` : text;
+    draft.text = [text, draft.text].filter((part) => part.trim()).join("\n\n");
     draft.files = [...files, ...draft.files];
     this.write(key, draft);
   }
@@ -377,6 +401,24 @@ export class Drafts {
       // its stored files, when newer than this tab's (a reload, another tab), go along
       const stored = name === null ? null : await this.files.get(name);
       this.rescued(text, stored?.at > since ? stored.files : files, edits);
+    });
+    this.forget(sid);
+  }
+
+  /** Session `sid` continues in `to` (rotated): its draft, files and open edits included,
+   *  becomes `to`'s, before what `to` has (a send from `sid` would go there too). */
+  move(sid, to) {
+    const since = this.memory.get(sid)?.at ?? 0;
+    const { text, files, edits } = this.read(sid, true);
+    const name = this.storageKey(sid);
+    this.queue(async () => {
+      const stored = await this.files.get(name);
+      const typed = edits.filter((edit) => edit.text.trim());
+      const kept = [];
+      for (const edit of typed) kept.push(...(await asDrafts(edit.kept)));
+      const all = [...typed.map((edit) => edit.text), text].filter((t) => t.trim());
+      const moving = [...kept, ...(stored?.at > since ? stored.files : files)];
+      if (all.length || moving.length) this.add(to, all.join("\n\n"), moving);
     });
     this.forget(sid);
   }

@@ -42,6 +42,24 @@ WATCH_SETTLED_ROWS = """
 """
 
 
+# Every change under a row as a run ends: [the row's place, the kind of change, the element].
+WATCH_ROWS = """
+() => {
+  window.__rowChanges = [];
+  const rows = document.querySelector('#transcript .rows');
+  window.__rowWatch = new MutationObserver((records) => {
+    for (const r of records) {
+      const el = r.target.nodeType === 1 ? r.target : r.target.parentElement;
+      const row = el.closest('.rows > *');
+      if (row) window.__rowChanges.push([[...rows.children].indexOf(row), r.type, el.nodeName]);
+    }
+  });
+  window.__rowWatch.observe(rows, { subtree: true, childList: true, characterData: true,
+                                    attributes: true });
+}
+"""
+
+
 def test_a_run_in_a_long_session_redraws_its_live_row_and_leaves_the_settled_ones_alone(
     context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
 ) -> None:
@@ -63,9 +81,15 @@ def test_a_run_in_a_long_session_redraws_its_live_row_and_leaves_the_settled_one
     expect(live).to_contain_text("w15")  # about seven live frames later, still live
     changes = page.evaluate("window.__watch.takeRecords(), window.__settledChanges")
     assert changes == []
+    page.evaluate(WATCH_ROWS)
     fake.release("held")
     wait_settled(page)
     expect(page.locator(".row.assistant .markdown").last).to_contain_text("w15 end")
+    # As the run ends, Edit and Regenerate come back on every row, and nothing else changes
+    # but on the rows around the end (the last answer before, the turn, its answer).
+    changes = page.evaluate("window.__rowWatch.takeRecords(), window.__rowChanges")
+    above = [change for change in changes if change[0] < 79]
+    assert above and all(change[1:] == ["attributes", "BUTTON"] for change in above), above[:5]
 
 
 def test_settled_rows_out_of_view_are_skipped_by_the_browser_and_drawn_when_scrolled_to(

@@ -4,7 +4,7 @@
 // like every other change, so this tab, another tab and a reload agree.
 import { ApiError, post } from "./api.js";
 import { asDraft } from "./composer.js";
-import { h } from "./dom.js";
+import { h, setAttr, setHidden } from "./dom.js";
 import { shownFiles } from "./names.js";
 import { switchesToShow } from "./reducer_branches.js";
 import { catchUp, changed, position, regenerate } from "./refusals.js";
@@ -32,25 +32,29 @@ export function buildRowActions(role) {
 }
 
 /** Show `row`'s controls: none on a live row, on a row of an earlier session, or while a
- *  run holds the session (the server would refuse with 409 `session_busy`). */
+ *  run holds the session (the server would refuse with 409 `session_busy`). Writes only what
+ *  differs: a run starting or ending updates every row's controls (transcript.js). */
 export function updateRowActions(el, row, { running }) {
   const actions = el.querySelector(".row-actions");
   if (!actions) return;
   const settled = !row.live && !row.session_id; // inherited rows carry their session's id
-  actions.hidden = !settled;
-  el.dataset.rowId = row.id;
+  setHidden(actions, !settled);
+  setAttr(el, "data-row-id", row.id);
   el.attachmentList = shownFiles(row.attachments); // what an edit keeps unless removed
   const branch = row.branch;
-  const switcher = actions.querySelector(".branch-switch");
-  switcher.hidden = !branch;
+  setHidden(actions.querySelector(".branch-switch"), !branch);
   if (branch) {
     const count = actions.querySelector(".branch-count");
-    count.dataset.text = `${branch.index}/${branch.count}`;
-    count.setAttribute("aria-label", `Branch ${branch.index} of ${branch.count}`);
-    actions.querySelector(".branch-prev").disabled = running || branch.index <= 1;
-    actions.querySelector(".branch-next").disabled = running || branch.index >= branch.count;
+    setAttr(count, "data-text", `${branch.index}/${branch.count}`);
+    setAttr(count, "aria-label", `Branch ${branch.index} of ${branch.count}`);
+    setDisabled(actions.querySelector(".branch-prev"), running || branch.index <= 1);
+    setDisabled(actions.querySelector(".branch-next"), running || branch.index >= branch.count);
   }
-  for (const b of actions.querySelectorAll(".edit-message, .regenerate")) b.disabled = running;
+  for (const b of actions.querySelectorAll(".edit-message, .regenerate")) setDisabled(b, running);
+}
+
+function setDisabled(el, disabled) {
+  if (el.disabled !== disabled) el.disabled = disabled;
 }
 
 /** The open edits (`{key, text, kept}`: the row's key, the typed text, the files kept) in

@@ -245,6 +245,7 @@ export class TranscriptView {
 
   /** Patch the DOM to show `view` (the reducer's view of one session). */
   render(view, inherited = []) {
+    const toggled = this.running !== !!view.live;
     this.running = !!view.live; // Edit, Regenerate and switching wait for the run to end
     const rows = [];
     for (const m of view.messages) {
@@ -276,6 +277,18 @@ export class TranscriptView {
     const old = inherited.map((m) => ({ ...m, key: `inh:${m.session_id}:${m.id}`, source: m }));
     patchChildren(this.inheritedEl, old, buildRow, (el, row) => this.updateRow(el, row));
     this.dividerEl.hidden = old.length === 0;
+    if (toggled) this.updateActions();
+  }
+
+  /** A run started or ended: the controls of every row change (they wait for the run), and
+   *  nothing else of the rows not drawn again; redrawing each whole row for it cost a long
+   *  session two full redraws per run. */
+  updateActions() {
+    for (const parent of [this.rowsEl, this.inheritedEl]) {
+      for (const el of parent.children) {
+        if (el.drawnInputs) updateRowActions(el, el.drawnInputs[0], { running: this.running });
+      }
+    }
   }
 
   updateRow(el, row, later = false) {
@@ -285,7 +298,7 @@ export class TranscriptView {
     }
     // a turn the model no longer sees is marked, with the reason (contract invariant 1)
     const reason = this.excluded.get(row.turn_id);
-    const inputs = [row.source, !!row.last, reason ?? null, this.running, this.mode];
+    const inputs = [row.source, !!row.last, reason ?? null, this.mode];
     if (!row.live && unchanged(el, inputs)) return;
     el.classList.toggle("excluded", reason !== undefined);
     let note = el.querySelector(":scope > .excluded-note");

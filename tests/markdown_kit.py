@@ -1,12 +1,13 @@
 """A session's Markdown export as the tests of tests/http/test_markdown_export*.py read it:
 the file of an imported session (`exported`), each message's part of it (`sections`), the
-raw HTML CommonMark viewers find in it (`live_html`), and the viewers that render it
-(`VIEWERS`)."""
+raw HTML CommonMark viewers find in it (`live_html`), the viewers that render it
+(`VIEWERS`), and what a browser shows of their HTML (`shown_text`)."""
 
 from __future__ import annotations
 
 import json
 import re
+from html.parser import HTMLParser
 from typing import Any
 
 import cmarkgfm
@@ -107,3 +108,27 @@ VIEWERS = {
         extensions=["autolink", "table", "strikethrough"],
     ),
 }
+
+
+class _Shown(HTMLParser):
+    """The text a browser shows of rendered HTML (a `<br>` is a line break), and its tags."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.text, self.tags = "", set()
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self.tags.add(tag)
+        if tag == "br":
+            self.text += "\n"
+
+    def handle_data(self, data: str) -> None:
+        self.text += data
+
+
+def shown_text(html: str) -> tuple[str, set[str]]:
+    """(the text a browser shows of `html`, the tags it builds): one line break per `<br>`,
+    a no-break space shown as a space."""
+    parser = _Shown()
+    parser.feed(html.replace("<br />\n", "<br />"))
+    return parser.text.replace("\u00a0", " "), parser.tags

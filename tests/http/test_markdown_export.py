@@ -8,39 +8,21 @@ from __future__ import annotations
 import random
 import re
 import time
-from html.parser import HTMLParser
 
 import pytest
 from markdown_it import MarkdownIt
 
 from helpers import ServerProcess
-from markdown_kit import DEEP, exported, live_html, sections
+from markdown_kit import DEEP, exported, live_html, sections, shown_text
 
 # A viewer: CommonMark with raw HTML live, plus the GitHub tables and strikethrough.
 VIEWER = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
 
 
-class _Shown(HTMLParser):
-    """The text a browser shows of rendered HTML (a `<br>` is a line break), and the tags."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.text, self.tags = "", set()
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        self.tags.add(tag)
-        if tag == "br":
-            self.text += "\n"
-
-    def handle_data(self, data: str) -> None:
-        self.text += data
-
-
 def shown(markdown: str) -> tuple[list[str], set[str]]:
-    """(the lines a viewer shows, the tags it builds): a no-break space shows as a space."""
-    parser = _Shown()
-    parser.feed(VIEWER.render(markdown).replace("<br />\n", "<br />"))  # one break each
-    return parser.text.removesuffix("\n").replace("\u00a0", " ").split("\n"), parser.tags
+    """(the lines a viewer shows, the tags it builds)."""
+    text, tags = shown_text(VIEWER.render(markdown))
+    return text.removesuffix("\n").split("\n"), tags
 
 
 def page_lines(text: str) -> list[str]:

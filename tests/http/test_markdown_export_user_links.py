@@ -8,12 +8,11 @@ server."""
 from __future__ import annotations
 
 import re
-from html.parser import HTMLParser
 
 import pytest
 
 from helpers import ServerProcess
-from markdown_kit import VIEWERS, exported, sections
+from markdown_kit import VIEWERS, exported, sections, shown_text
 
 LINKED = {
     "escapes in links": "see http://a/x_y and www.example.com/a_b, then https://e.org/a*b*c?q=1"
@@ -27,27 +26,10 @@ LINKED = {
 }
 
 
-class _Shown(HTMLParser):
-    """The text a browser shows of rendered HTML (a `<br>` is a line break), and its tags."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.text, self.tags = "", set()
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        self.tags.add(tag)
-        if tag == "br":
-            self.text += "\n"
-
-    def handle_data(self, data: str) -> None:
-        self.text += data
-
-
 def shown(html: str) -> tuple[list[str], set[str]]:
-    """(the lines shown, the tags built): a no-break space shows as a space."""
-    parser = _Shown()
-    parser.feed(html.replace("<br />\n", "<br />"))
-    return parser.text.strip("\n").replace("\u00a0", " ").split("\n"), parser.tags
+    """(the lines shown, the tags built)."""
+    text, tags = shown_text(html)
+    return text.strip("\n").split("\n"), tags
 
 
 @pytest.mark.parametrize("text", LINKED.values(), ids=LINKED.keys())

@@ -508,18 +508,18 @@ class App {
     return session.session_id;
   }
 
-  async send(text, files) {
+  send(text, files) {
+    return this.submit("/api/chat/start", text, files);
+  }
+
+  /** Send or queue a message with the position of the view it was typed in (409 if another
+   *  tab changed it; a queued message into an idle session starts at once, so it too). */
+  async submit(route, text, files) {
     let sid;
     try {
       sid = await this.ensureSession();
-      // the position of the view it was typed against: 409 if another tab changed it
       const after_seq = position(this, sid);
-      await post("/api/chat/start", {
-        session_id: sid,
-        message: text,
-        attachments: files,
-        after_seq,
-      });
+      await post(route, { session_id: sid, message: text, attachments: files, after_seq });
     } catch (err) {
       this.refused(err, text, files, sid);
     }
@@ -557,21 +557,8 @@ class App {
     }
   }
 
-  async queue(text, files) {
-    let sid;
-    try {
-      sid = await this.ensureSession();
-      // idle by now, it starts at once: 409 if another tab changed the view it was typed in
-      const after_seq = position(this, sid);
-      await post("/api/chat/queue", {
-        session_id: sid,
-        message: text,
-        attachments: files,
-        after_seq,
-      });
-    } catch (err) {
-      this.refused(err, text, files, sid);
-    }
+  queue(text, files) {
+    return this.submit("/api/chat/queue", text, files);
   }
 }
 

@@ -22,17 +22,20 @@ pytestmark = pytest.mark.slow
 TURNS = 150
 
 
-# Every change under a settled row (not the live one), from the moment it is installed.
-WATCH_SETTLED_ROWS = """
+# Every change under a row from the moment it is installed (until the next one):
+# [the row's place, whether it is the live row, the kind of change, the element].
+WATCH_ROWS = """
 () => {
-  window.__settledChanges = [];
+  window.__watch?.disconnect();
+  window.__rowChanges = [];
   const rows = document.querySelector('#transcript .rows');
   window.__watch = new MutationObserver((records) => {
     for (const r of records) {
       const el = r.target.nodeType === 1 ? r.target : r.target.parentElement;
       const row = el.closest('.rows > *');
-      if (row && !row.classList.contains('live')) {
-        window.__settledChanges.push(`${r.type} ${el.className || el.nodeName}`);
+      if (row) {
+        window.__rowChanges.push([[...rows.children].indexOf(row),
+                                  row.classList.contains('live'), r.type, el.nodeName]);
       }
     }
   });
@@ -40,24 +43,7 @@ WATCH_SETTLED_ROWS = """
                                  attributes: true });
 }
 """
-
-
-# Every change under a row as a run ends: [the row's place, the kind of change, the element].
-WATCH_ROWS = """
-() => {
-  window.__rowChanges = [];
-  const rows = document.querySelector('#transcript .rows');
-  window.__rowWatch = new MutationObserver((records) => {
-    for (const r of records) {
-      const el = r.target.nodeType === 1 ? r.target : r.target.parentElement;
-      const row = el.closest('.rows > *');
-      if (row) window.__rowChanges.push([[...rows.children].indexOf(row), r.type, el.nodeName]);
-    }
-  });
-  window.__rowWatch.observe(rows, { subtree: true, childList: true, characterData: true,
-                                    attributes: true });
-}
-"""
+CHANGES = "window.__watch.takeRecords(), window.__rowChanges"
 
 
 def test_a_run_in_a_long_session_redraws_its_live_row_and_leaves_the_settled_ones_alone(
@@ -77,19 +63,19 @@ def test_a_run_in_a_long_session_redraws_its_live_row_and_leaves_the_settled_one
     send(page, "one more")
     live = page.locator(".row.live .markdown")
     expect(live).to_contain_text("start")
-    page.evaluate(WATCH_SETTLED_ROWS)
+    page.evaluate(WATCH_ROWS)
     expect(live).to_contain_text("w15")  # about seven live frames later, still live
-    changes = page.evaluate("window.__watch.takeRecords(), window.__settledChanges")
-    assert changes == []
+    changes = page.evaluate(CHANGES)
+    assert [change for change in changes if not change[1]] == []  # settled rows: untouched
     page.evaluate(WATCH_ROWS)
     fake.release("held")
     wait_settled(page)
     expect(page.locator(".row.assistant .markdown").last).to_contain_text("w15 end")
     # As the run ends, Edit and Regenerate come back on every row, and nothing else changes
     # but on the rows around the end (the last answer before, the turn, its answer).
-    changes = page.evaluate("window.__rowWatch.takeRecords(), window.__rowChanges")
+    changes = page.evaluate(CHANGES)
     above = [change for change in changes if change[0] < 79]
-    assert above and all(change[1:] == ["attributes", "BUTTON"] for change in above), above[:5]
+    assert above and all(change[2:] == ["attributes", "BUTTON"] for change in above), above[:5]
 
 
 def test_settled_rows_out_of_view_are_skipped_by_the_browser_and_drawn_when_scrolled_to(

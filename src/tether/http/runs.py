@@ -32,7 +32,7 @@ from tether.http.schemas import (
 )
 from tether.runs.intake import check_message, decode_uploads
 from tether.runtimes.base import ChoiceNotOffered
-from tether.visible_text import visible_line
+from tether.visible_text import shown_file_name
 
 router = APIRouter(tags=["runs"])
 
@@ -239,7 +239,7 @@ async def get_attachment(
         path,
         media_type=mime,
         # a name stored before names were cleaned may hold a bidi override (docs/security.md)
-        filename=visible_line(upload["name"]) or "attachment",
+        filename=shown_file_name(upload["name"]),
         content_disposition_type="inline" if mime in _INLINE_TYPES else "attachment",
         headers={
             "X-Content-Type-Options": "nosniff",

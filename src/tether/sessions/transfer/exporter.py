@@ -24,7 +24,7 @@ from tether.log import SessionNotFound
 from tether.sessions.service import SessionService
 from tether.sessions.transfer import raw_html
 from tether.sessions.transfer.tether_json import export_entry
-from tether.visible_text import visible_line
+from tether.visible_text import shown_file_name, visible_line
 
 
 def _dumps(value: Any) -> str:
@@ -118,7 +118,7 @@ def markdown_file(title: str, messages: list[dict], now: float) -> str:
                 check = len(content) <= MAX_CHECKED_CHARS and time.monotonic() < deadline
                 lines += [contained(content, check), ""]
         for attachment in row.get("attachments") or []:
-            name, size = plain(attachment["name"]), attachment["size"]
+            name, size = plain(shown_file_name(attachment["name"])), attachment["size"]
             lines += [f"- Attachment: {name} ({size:,} bytes)"]
         for item in row.get("timeline") or []:
             if item["type"] == "tool":

@@ -36,11 +36,15 @@ export function visibleLine(text) {
     .trim();
 }
 
-/** A message's attachments with each file name as visible text, as the Markdown export
- *  shows it: the server cleans a name where it enters, but a log an older Tether wrote (or
- *  a replica running one) holds it as it was given, and the log is never rewritten. */
+/** A message's attachments with each file name as the download and the Markdown export
+ *  name it (`shown_file_name`): visible text, or `attachment` when that shows nothing. The
+ *  server cleans a name where it enters, but a log an older Tether wrote (or a replica
+ *  running one) holds it as it was given, and the log is never rewritten. */
 export function shownFiles(attachments) {
-  return (attachments || []).map((a) => ({ ...a, name: visibleLine(a.name) }));
+  return (attachments || []).map((a) => {
+    const name = visibleLine(a.name);
+    return { ...a, name: showsSomething(name) ? name : "attachment" };
+  });
 }
 
 /** `shows_something`: a character that draws (not a space, format or control character, a

@@ -96,6 +96,20 @@ HOSTILE = [
 ]
 
 
+def _alike_session(server: ServerProcess, fake: FakeOpenAI, *listed: str) -> str:
+    """A session whose own model, `gpt\\u2060-4`, and the saved default, `\\u200bgpt-4`, read
+    as `gpt-4`, which the endpoint lists beside `gpt\\u200b-4` (and `listed`); neither is
+    listed."""
+    fake.other_models = ["gpt-4", "gpt\u200b-4", *listed]
+    with server.client() as client:
+        sid = new_session(client, "alike")
+        answer = client.patch("/api/session", json={"session_id": sid, "model": "gpt\u2060-4"})
+        assert answer.status_code == 200, answer.text
+        saved = client.patch("/api/settings", json={"default_model": "\u200bgpt-4"})
+        assert saved.status_code == 200, saved.text
+    return sid
+
+
 def test_ids_that_read_alike_are_offered_apart_in_both_pickers(
     context: BrowserContext, server: ServerProcess, fake: FakeOpenAI
 ) -> None:
@@ -103,13 +117,7 @@ def test_ids_that_read_alike_are_offered_apart_in_both_pickers(
     `gpt\\u2060-4` and the saved default `\\u200bgpt-4`, neither listed: each picker offered
     several `gpt-4`s. Each id whose label meets another's is shown escaped, listed
     (`GET /api/models`, the default among them) or not (the page's copy)."""
-    fake.other_models = ["gpt-4", "gpt\u200b-4"]
-    with server.client() as client:
-        sid = new_session(client, "alike")
-        answer = client.patch("/api/session", json={"session_id": sid, "model": "gpt\u2060-4"})
-        assert answer.status_code == 200, answer.text
-        saved = client.patch("/api/settings", json={"default_model": "\u200bgpt-4"})
-        assert saved.status_code == 200, saved.text
+    sid = _alike_session(server, fake)
     page = context.new_page()
     open_app(page, server.base_url, f"/s/{sid}")
     picker = page.get_by_role("combobox", name="Model")
@@ -137,6 +145,57 @@ def test_ids_that_read_alike_are_offered_apart_in_both_pickers(
         ]
     )
     expect(default).to_have_value("\u200bgpt-4")
+
+
+def test_answers_and_the_badge_name_models_apart_as_the_pickers_do(
+    context: BrowserContext, server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """Answers from `gpt-4`, `gpt\\u200b-4` and `gpt\\u2060-4` all read `gpt-4`, and the
+    badge read `fake-model` beside a listed `fake-model`: a row's model and the badge are
+    named by the list's label, or escaped when the list lacks the id and its label reads as
+    one of the list's."""
+    sid = _alike_session(server, fake, "fake-model")
+    with server.client() as client:
+        for turn in ({"model": "gpt-4"}, {"model": "gpt\u200b-4"}, {}):  # {}: the session's
+            start_turn(client, sid, "hello", **turn)
+            wait_idle(client, sid)
+    page = context.new_page()
+    open_app(page, server.base_url, f"/s/{sid}")
+    expect(page.locator(".row.assistant .model")).to_have_text(
+        ["gpt-4", "gpt\\u{200B}-4", "gpt\\u{2060}-4"]
+    )
+    expect(page.locator("#runtime-badge")).to_have_text(escaped_id(COMMAND_LINE))
+    expect(page.locator("#runtime-badge")).to_have_attribute("title", escaped_id(COMMAND_LINE))
+
+
+def test_an_answer_is_named_anew_when_the_default_changes(
+    context: BrowserContext, server: ServerProcess
+) -> None:
+    """The saved default `old-default` (not listed) reads as the session's own model
+    `\\u200bold-default`: both are told apart, the answer's row too, until another default
+    is saved: the list read again, the row is named plainly."""
+    with server.client() as client:
+        sid = new_session(client, "old default")
+        own = client.patch("/api/session", json={"session_id": sid, "model": "\u200bold-default"})
+        assert own.status_code == 200, own.text
+        start_turn(client, sid, "hello")
+        wait_idle(client, sid)
+        saved = client.patch("/api/settings", json={"default_model": "old-default"})
+        assert saved.status_code == 200, saved.text
+    page = context.new_page()
+    open_app(page, server.base_url, f"/s/{sid}")
+    escaped = "\\u{200B}old-default"
+    expect(page.get_by_role("combobox", name="Model").locator("option")).to_have_text(
+        ["Default (old-default)", "fake-model", "big-model", f"{escaped} (not listed)"]
+    )
+    answer = page.locator(".row.assistant")
+    expect(answer.locator(".model")).to_have_text(escaped)
+
+    page.get_by_role("button", name="Settings").click()
+    dialog = page.get_by_role("dialog", name="Settings")
+    dialog.get_by_role("combobox", name="Default model").select_option("big-model")
+    dialog.get_by_role("button", name="Save").click()
+    expect(answer.locator(".model")).to_have_text("old-default")
 
 
 def test_the_pages_rule_gives_what_the_server_gives(

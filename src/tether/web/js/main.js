@@ -7,7 +7,6 @@ import { BranchActions, openEdits } from "./branches.js";
 import { Composer } from "./composer.js";
 import { Drafts, NEW_CHAT } from "./drafts.js";
 import { setText } from "./dom.js";
-import { modelLabel } from "./names.js";
 import { applyEvent, applySnapshot, createSession, frameView, liveScene } from "./reducer.js";
 import { MessageSearch } from "./search.js";
 import { SessionSettings } from "./session_settings.js";
@@ -90,6 +89,10 @@ class App {
       onRow: (row, sent) => this.sidebar.onChanged({ session_id: row.session_id, row }, sent),
       stamp: () => this.sidebar.stamp(),
       notify: (msg) => this.notify(msg),
+      onNames: (names) => {
+        this.transcript.setNames(names);
+        this.showBadge();
+      },
     });
     this.panel = new SettingsPanel({
       sessionSettings: this.settings,
@@ -102,11 +105,7 @@ class App {
     const status = await authStatus; // whose drafts these are (drafts.js)
     this.drafts.setUser(status ? (status.username ?? "") : null);
     this.health = await get("/api/health");
-    const badge = $("runtime-badge");
-    const model = this.health.model ? modelLabel(this.health.model) : "";
-    badge.textContent = this.health.demo ? "Demo runtime (offline)" : model;
-    badge.title = badge.textContent; // whole, where its line cuts a long model name
-    badge.classList.toggle("demo", !!this.health.demo);
+    this.showBadge();
     // the model itself is the per-session picker beside it (session_settings.js)
     $("model-label").textContent = this.health.demo ? "Demo runtime: no model is called" : "";
     await Promise.all([this.sidebar.load(), this.settings.load()]);
@@ -123,6 +122,17 @@ class App {
           "Your edit is in the composer.",
       );
     await this.route();
+  }
+
+  /** The runtime's model (`GET /api/health`), named as the pickers name it once the list is
+   *  read (`ModelNames`). */
+  showBadge() {
+    if (!this.health) return;
+    const badge = $("runtime-badge");
+    const model = this.health.model ? this.settings.names.label(this.health.model) : "";
+    badge.textContent = this.health.demo ? "Demo runtime (offline)" : model;
+    badge.title = badge.textContent; // whole, where its line cuts a long model name
+    badge.classList.toggle("demo", !!this.health.demo);
   }
 
   /** The transcript is about to show another session (or none): the edits left open in the

@@ -1,6 +1,7 @@
 // Model ids and file names as a person sees them. `GET /api/models` labels the ids it lists,
 // but the page also shows ids no list labels: a session's own model the list lacks, the
-// command line's, a saved default, the model that answered a row. An id is kept byte for
+// command line's, a saved default, the model that answered a row (`ModelNames` labels them
+// all, apart from the list's). An id is kept byte for
 // byte (the endpoint gets it back), so it may carry bidi controls or zero-width characters
 // that make it pass for another model: it is shown by the server's rule
 // (`tether/visible_text.py`, docs/api.md §3), which this is a copy of
@@ -84,10 +85,32 @@ export function escapedId(id) {
     .join("");
 }
 
+/** The page's names for models, as the endpoint's list (`GET /api/models`, `list`) has them
+ *  apart: an id it lists (or its default) by the list's label, any other by `modelLabel`, or
+ *  by `escapedId` when that reads as one of the list's labels. Made once per list; an id is
+ *  labelled once and then looked up (a live row's model is drawn every frame). */
+export class ModelNames {
+  constructor(list = { models: [] }) {
+    this.labels = new Map((list.models ?? []).map((m) => [m.id, m.label]));
+    if (list.default && !this.labels.has(list.default)) {
+      this.labels.set(list.default, list.default_label);
+    }
+    this.listed = new Set(this.labels.values());
+  }
+
+  label(id) {
+    let label = this.labels.get(id);
+    if (label === undefined) {
+      label = modelLabel(id);
+      if (this.listed.has(label)) label = escapedId(id);
+      this.labels.set(id, label);
+    }
+    return label;
+  }
+}
+
 /** A model a picker offers that the endpoint's list does not (a session's own, a saved
- *  default): its label, saying so; escaped (`escapedId`) when one of `listed`, the labels
- *  of the list the picker offers, reads the same (as `GET /api/models` labels ids apart). */
-export function unlistedLabel(id, listed = []) {
-  const label = modelLabel(id);
-  return `${listed.includes(label) ? escapedId(id) : label} (not listed)`;
+ *  default): its label (`names`, a `ModelNames`), saying so. */
+export function unlistedLabel(id, names) {
+  return `${names.label(id)} (not listed)`;
 }

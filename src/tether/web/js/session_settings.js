@@ -4,18 +4,21 @@
 // row (a fold of the log); a change is a PATCH whose answer is the new row, and another tab
 // sees it through the sidebar stream.
 import { get, patch } from "./api.js";
-import { unlistedLabel } from "./names.js";
+import { ModelNames, unlistedLabel } from "./names.js";
 
 const $ = (id) => document.getElementById(id);
 
 export class SessionSettings {
-  /** onRow(row, sent): a row read by a request sent at `sent`, a `stamp()` (sidebar.js). */
-  constructor({ ensureSession, onRow, stamp, notify }) {
+  /** onRow(row, sent): a row read by a request sent at `sent`, a `stamp()` (sidebar.js);
+   *  onNames(names): the `ModelNames` of a list just read, for what else names a model. */
+  constructor({ ensureSession, onRow, stamp, notify, onNames }) {
     this.ensureSession = ensureSession;
     this.onRow = onRow;
     this.stamp = stamp;
     this.notify = notify;
+    this.onNames = onNames;
     this.models = { models: [], default: "" };
+    this.names = new ModelNames();
     /** Settled once the first `load` has an answer (or an error): the Settings dialog,
      * opened before that, fills its model list then. */
     this.loaded = new Promise((resolve) => {
@@ -36,12 +39,14 @@ export class SessionSettings {
   async load() {
     try {
       this.models = await get("/api/models");
+      this.names = new ModelNames(this.models);
     } catch (err) {
       this.notify(err.message);
       return;
     } finally {
       this.markLoaded();
     }
+    this.onNames(this.names);
     // shown: each model's label (its id as visible text, docs/api.md); sent back: its id
     const options = [new Option(`Default (${this.models.default_label})`, "")];
     for (const model of this.models.models) options.push(new Option(model.label, model.id));
@@ -58,8 +63,7 @@ export class SessionSettings {
     const model = picked ? pick.model : (row?.model ?? "");
     if (model && ![...this.picker.options].some((o) => o.value === model)) {
       // not (or no longer) listed
-      const listed = this.models.models.map((m) => m.label);
-      this.picker.append(new Option(unlistedLabel(model, listed), model));
+      this.picker.append(new Option(unlistedLabel(model, this.names), model));
     }
     this.picker.value = model;
     if (row?.session_id !== this.row?.session_id) $("model-note").hidden = true; // another session

@@ -4,7 +4,7 @@
 // in localStorage). One dialog with labelled controls; Save applies, Cancel or Esc changes
 // nothing.
 import { get, patch } from "./api.js";
-import { modelLabel, unlistedLabel } from "./names.js";
+import { unlistedLabel } from "./names.js";
 
 const $ = (id) => document.getElementById(id);
 export const SEND_KEY = "tether-send-key"; // "enter" (default) | "mod-enter"
@@ -87,13 +87,13 @@ export class SettingsPanel {
    * the list lacks it (a saved default the endpoint no longer offers). */
   fillModels(chosen) {
     const models = this.sessionSettings.models.models ?? [];
+    const names = this.sessionSettings.names;
     const options = [
-      new Option(`Command line's (${modelLabel(this.server.command_line.model)})`, ""),
+      new Option(`Command line's (${names.label(this.server.command_line.model)})`, ""),
     ];
     for (const m of models) options.push(new Option(m.label, m.id)); // shown: its label
     if (chosen && !models.some((m) => m.id === chosen)) {
-      const listed = models.map((m) => m.label);
-      options.push(new Option(unlistedLabel(chosen, listed), chosen));
+      options.push(new Option(unlistedLabel(chosen, names), chosen));
     }
     $("settings-model").replaceChildren(...options);
     $("settings-model").value = chosen;

@@ -4,7 +4,7 @@
 import { buildRowActions, editsLeaving, updateRowActions } from "./branches.js";
 import { activityParts, blocksFor } from "./blocks.js";
 import { formatDuration, h, patchChildren } from "./dom.js";
-import { modelLabel, shownFiles } from "./names.js";
+import { ModelNames, shownFiles } from "./names.js";
 import { buildBlock, TERMINAL_LABELS, updateBlock } from "./timeline_view.js";
 
 // Rows whose answers render at once when history is drawn in one go: more than fill a window
@@ -183,6 +183,7 @@ export class TranscriptView {
     });
     this.excluded = new Map();
     this.compressedAt = null;
+    this.names = new ModelNames(); // how an answer's model is named (setNames)
     this.onEditLost = null; // ({text, kept}): an edit whose row a render removed (main.js)
     this.rowsEl = h("div", { class: "rows" });
     root.append(this.inheritedEl, this.dividerEl, this.rowsEl);
@@ -280,6 +281,24 @@ export class TranscriptView {
     if (toggled) this.updateActions();
   }
 
+  /** The endpoint's list was read (`ModelNames`): the answers name their models by it. Only
+   *  the model line of each drawn row changes; the rows are not drawn again for it. */
+  setNames(names) {
+    this.names = names;
+    for (const parent of [this.rowsEl, this.inheritedEl]) {
+      for (const el of parent.children) {
+        if (el.drawnInputs) this.drawModel(el, el.drawnInputs[0].model);
+      }
+    }
+  }
+
+  /** An answer's model (`run.started`), named as the pickers name it. */
+  drawModel(el, model) {
+    const line = el.querySelector(".model");
+    const text = model ? this.names.label(model) : "";
+    if (line && line.textContent !== text) line.textContent = text;
+  }
+
   /** A run started or ended: the controls of every row change (they wait for the run), and
    *  nothing else of the rows not drawn again; redrawing each whole row for it cost a long
    *  session two full redraws per run. */
@@ -324,7 +343,7 @@ export class TranscriptView {
     }
     // the model that answered (`run.started`), on the live and the settled row alike
     const model = live ? row.live.model : row.model;
-    el.querySelector(".model").textContent = model ? modelLabel(model) : "";
+    this.drawModel(el, model);
     setCopySource(el, live ? "" : row.content); // the answer, once it is settled
     const blocks = blocksFor(row, this.mode, live);
     patchChildren(el.querySelector(".items"), blocks, buildBlock, (child, block) =>

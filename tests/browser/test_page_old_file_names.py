@@ -8,20 +8,14 @@ Layer: the page's transcript rows (drawing only; the log and the folds are uncha
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import BrowserContext, expect
 
-from tether.log import Draft
-from tether.services import open_store
-from tether.settings import Settings
-
 from helpers import new_session, running_server, session_body, start_turn, wait_idle
+from older_log_kit import upload_again_as_an_older_tether
 from pagekit import open_app, wait_settled
 
 pytestmark = pytest.mark.slow
@@ -43,36 +37,6 @@ def _file(name: str, mime: str, data: bytes) -> dict[str, str]:
     return {"name": name, "mime": mime, "data_base64": base64.b64encode(data).decode()}
 
 
-async def _append_as_an_older_tether(data_dir: Path, sid: str, refs: list[dict]) -> None:
-    """A second turn uploading the session's files again, named as an older Tether wrote
-    names: raw, in the event and in the upload it records (what the download is named)."""
-    store = open_store(Settings(data_dir=data_dir))
-    turn, stream = "u_old", "r_old"
-    files = [
-        {"id": f"{r['id']}_old", "mime": r["mime"], "size": r["size"], "name": RAW[r["name"]]}
-        for r in refs
-    ]
-    blobs = {f"{r['id']}_old": (await store.attachment(r["id"], sid))["blob"] for r in refs}
-    submitted = {"turn_id": turn, "stream_id": stream, "text": "files again"}
-    ran = {"stream_id": stream, "turn_id": turn}
-    await store.append(
-        sid,
-        [
-            Draft(
-                "turn.submitted",
-                {**submitted, "attachments": files, "submitted_at": time.time()},
-                stream,
-                turn,
-                blobs=blobs,
-            ),
-            Draft("run.started", {**ran, "runtime": "demo"}, stream, turn),
-            Draft("text.delta", {"stream_id": stream, "item_id": "t1", "text": "ok"}, stream, turn),
-            Draft("run.finished", {**ran, "state": "completed"}, stream, turn),
-        ],
-    )
-    await store.aclose()
-
-
 def test_file_names_an_older_log_holds_are_shown_as_visible_text(
     context: BrowserContext, tmp_path: Path
 ) -> None:
@@ -89,8 +53,7 @@ def test_file_names_an_older_log_holds_are_shown_as_visible_text(
         ]
         start_turn(client, sid, "first", attachments=files)
         refs = wait_idle(client, sid)["messages"][0]["attachments"]
-    with ThreadPoolExecutor(1) as thread:  # Playwright's loop holds this thread
-        thread.submit(asyncio.run, _append_as_an_older_tether(data, sid, refs)).result()
+    upload_again_as_an_older_tether(data, sid, refs, RAW)
 
     with running_server(data, env={"TETHER_DEMO_DELAY": "0.01"}) as server:
         with server.client() as client:

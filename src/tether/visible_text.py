@@ -73,9 +73,10 @@ def shows_something(text: str) -> bool:
 
 
 def shown_file_name(name: str) -> str:
-    """An attachment's file name as shown and saved (the download, the Markdown export):
-    `visible_line`, or `attachment` when that shows nothing. Intake refuses such a name, but
-    a log written before names were cleaned may hold one (`\\u200b\\u202e`), and the log is
-    never rewritten. Copied in `web/js/names.js` (`shownFiles`)."""
+    """An attachment's file name as shown and saved (the download, the Markdown export, and
+    what an import's copy holds): `visible_line`, or `attachment` when that shows nothing.
+    Intake refuses such a name, but a log written before names were cleaned may hold one
+    (`\\u200b\\u202e`), and the log is never rewritten. Copied in `web/js/names.js`
+    (`shownFiles`)."""
     shown = visible_line(name)
     return shown if shows_something(shown) else "attachment"

@@ -306,6 +306,31 @@ CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
         "plain file name",
     ),
     (
+        "a path behind invisible characters as a file name",
+        edited(lambda d: d["attachments"][0].update(name="\u202e..\u200b/etc")),
+        400,
+        "import_invalid",
+        "plain file name",
+    ),
+    (
+        "an over-long file name",
+        edited(lambda d: d["attachments"][0].update(name="x" * 256)),
+        400,
+        "import_invalid",
+        "attachments[0].name",
+    ),
+    (
+        "an over-long name of a missing attachment",
+        edited(
+            lambda d: d.update(
+                missing_attachments=[{"id": "a_gone", "name": "x" * 256, "mime": "", "size": 1}]
+            )
+        ),
+        400,
+        "import_invalid",
+        "missing_attachments[0].name",
+    ),
+    (
         "a truncate keeping more messages than are shown",
         edited(lambda d: _event(d, "transcript.truncated", {"keep_count": 99, **GEN})),
         400,

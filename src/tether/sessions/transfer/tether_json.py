@@ -51,7 +51,7 @@ from tether.sessions.transfer.plan import (
     not_future,
     path_of,
 )
-from tether.visible_text import shows_something, visible_line
+from tether.visible_text import shown_file_name
 
 FORMAT = "tether.session"
 VERSION = 1
@@ -94,7 +94,7 @@ class MissingIn(_Strict):
 
     model_config = ConfigDict(strict=True, extra="forbid")
     id: Id
-    name: str
+    name: Annotated[str, Field(min_length=1, max_length=255)]
     mime: str
     size: Annotated[int, Field(ge=0)]
 
@@ -361,10 +361,12 @@ def _missing(items: list[MissingIn], ids: dict[str, str], where: str) -> dict[st
 
 
 def _file_name(name: str, path: str) -> str:
-    """A file name as the API takes one (runs/intake.py): visible text on one line, without
-    a path; the copy holds it cleaned, as the page and the export show it."""
-    name = visible_line(name)
-    if "/" in name or "\\" in name or not shows_something(name):
+    """A file name without a path (as runs/intake.py takes one), held in the copy as it is
+    shown and saved (`shown_file_name`). One that shows nothing once cleaned is `attachment`,
+    not refused: intake refuses it now, but a log written before names were cleaned may hold
+    one, and its own export must import back."""
+    name = shown_file_name(name)
+    if "/" in name or "\\" in name:
         raise invalid(path, "is not a plain file name")
     return name
 
@@ -421,7 +423,7 @@ def _refs_known(
             else:
                 raise invalid(f"{path}.id", "names an attachment the file does not hold")
             if isinstance(ref["name"], str):  # compared, and kept, as the attachment's is
-                ref["name"] = visible_line(ref["name"])
+                ref["name"] = shown_file_name(ref["name"])
             for key, value in own.items():
                 if ref[key] != value:
                     said = f"is {ref[key]!r}; the attachment's is {value!r}"

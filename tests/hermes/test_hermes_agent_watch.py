@@ -4,7 +4,9 @@ The runtime's `agent_changed()` and `agent_started_elsewhere()` are what every
 `--agent-sync-seconds` pass asks, over a real `state.db` written by hermes-agent's own
 `SessionDB`. With nothing moved, a pass over 2,000 bound sessions reads no binding and takes
 about as long as one over a single session; a change (a row, a new CLI session, a new
-binding) is still found, and a failed pass is retried although nothing moved since."""
+binding) is still found, and a failed pass is retried although nothing moved since. Replicas
+sharing a Hermes home share its ledger: a binding one of them makes is seen by the others'
+polls (issue 17: a session's agent rows are synced by whichever replica is alive)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ pytestmark = pytest.mark.slow
 
 MANY = 2000
 PASSES = 40
+GENERATION_READ = "SELECT COALESCE(MAX(rowid), 0) FROM bindings"
 
 
 def runtime_with(hermes_python: Path, data_dir: Path, count: int) -> HermesRuntime:
@@ -74,7 +77,8 @@ def test_an_idle_pass_reads_nothing_and_a_change_is_still_found(
         idle_many = await idle_pass_seconds(many)
         idle_one = await idle_pass_seconds(one)
         many.proofs._db.set_trace_callback(None)
-        assert ledger_reads == []  # no binding read while nothing moved
+        # no binding read while nothing moved: only the O(1) look at their generation
+        assert set(ledger_reads) == {GENERATION_READ}, set(ledger_reads)
         # O(1): the pass over 2,000 sessions costs about what the pass over one does
         # (before the watch: 5.1 against 1.2 ms).
         assert idle_many < 2 * idle_one, (idle_many, idle_one)
@@ -101,5 +105,39 @@ def test_an_idle_pass_reads_nothing_and_a_change_is_still_found(
         print(f"idle pass: {MANY} sessions {idle_many * 1e6:.0f} us, one {idle_one * 1e6:.0f} us")
         await many.aclose()
         await one.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_binding_another_replica_made_is_seen_by_this_ones_poll(
+    hermes_python: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runtimes on one data directory: two replicas sharing the Hermes home and its
+    ledger, each with its own connection to it (and its own cached bindings)."""
+    monkeypatch.delenv("TETHER_HERMES_HOME", raising=False)
+    monkeypatch.delenv("TETHER_HERMES_PROFILE", raising=False)
+    data_dir = tmp_path / "shared"
+    here = runtime_with(hermes_python, data_dir, 1)
+    there = HermesRuntime(
+        Settings(runtime="hermes", data_dir=data_dir, hermes_python=str(hermes_python))
+    )
+
+    async def scenario() -> None:
+        assert (await one_pass(here))[0] == ["s_0"]
+        assert (await one_pass(there))[0] == ["s_0"]
+        assert await one_pass(there) == ([], [])
+
+        # A continuation the other replica bound gets a first look here too.
+        there.proofs.bind("s_next", "a_next")
+        assert (await one_pass(here))[0] == ["s_next"]
+
+        # A CLI session the other replica adopted is not offered here again.
+        write_state(hermes_python, data_dir / "hermes", [["create", "cli_1", "cli", {}]])
+        there.proofs.bind("s_cli", "cli_1")
+        changed, found = await one_pass(here)
+        assert found == []
+        assert changed == ["s_cli"]
+        await here.aclose()
+        await there.aclose()
 
     asyncio.run(scenario())

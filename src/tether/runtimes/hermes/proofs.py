@@ -69,7 +69,6 @@ class ProofStore:
     def __init__(self, path: Path):
         self.path = path
         self._lock = threading.Lock()
-        self.generation = 0  # moves with every new binding (watch.py: the poll's first question)
         path.parent.mkdir(parents=True, exist_ok=True)
         # One connection for the store's life, used from worker threads one at a time (the
         # lock): no connect and journal-mode pragma per call on a turn's path.
@@ -129,12 +128,19 @@ class ProofStore:
         """Record that this Tether session drives this agent session. An agent session has
         one Tether session: the first binding stands. True when it is (now) this one's."""
         with self._lock:
-            inserted = self._db.execute(
+            self._db.execute(
                 "INSERT OR IGNORE INTO bindings VALUES (?, ?, ?)",
                 (agent_session_id, tether_session_id, time.time()),
-            ).rowcount
-            self.generation += inserted
+            )
         return self.tether_session_of(agent_session_id) == tether_session_id
+
+    @property
+    def generation(self) -> int:
+        """Moves with every new binding, whichever process made it: replicas sharing a Hermes
+        home share this ledger, and each one's sync poll must see the others' bindings
+        (watch.py: the poll's first question). Bindings are only ever added, so the highest
+        rowid is their version, read in O(1)."""
+        return self._run("SELECT COALESCE(MAX(rowid), 0) FROM bindings")[0][0]
 
     def agent_sessions(self, tether_session_id: str) -> list[str]:
         """The agent sessions this Tether session drives, oldest binding first."""

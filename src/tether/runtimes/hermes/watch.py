@@ -8,8 +8,9 @@ reads `state.db`'s sessions table and every binding costs O(sessions). `AgentWat
 - `PRAGMA data_version` on a read-only connection kept open on `state.db`: SQLite changes it
   whenever another connection (hermes-agent, its CLI) commits, and only then;
 - the file's identity (device, inode), so a `state.db` replaced by a restore is reopened;
-- the ledger's binding generation (`ProofStore.generation`): Tether binding a session (a
-  continuation, an adopted CLI session) gives it a first look though `state.db` is unchanged.
+- the ledger's binding generation (`ProofStore.generation`, one O(1) read of the ledger):
+  Tether binding a session (a continuation, an adopted CLI session), on this replica or on
+  another sharing the Hermes home, gives it a first look though `state.db` is unchanged.
 
 The bindings are read from the ledger only when their generation moved. Only when something
 moved does a pass read further (`agent_view.changes`, `agent_view.started_elsewhere`).

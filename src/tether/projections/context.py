@@ -14,6 +14,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from tether.events import summary_message
+from tether.visible_text import shown_file_name
 
 UNFINISHED_TOOL_RESULT = "(no result: the run ended before this tool finished)"
 SUMMARIZED_REASON = (
@@ -24,7 +25,8 @@ SUMMARIZED_REASON = (
 
 def _user_message(row: dict[str, Any]) -> dict[str, Any]:
     """Attachments become `attachment` parts that the runtime resolves to image or text parts
-    (the projection stays pure: it never reads the files)."""
+    (the projection stays pure: it never reads the files), each named as the page shows it
+    (`shown_file_name`: a log written before names were cleaned may hold one raw)."""
     attachments = row.get("attachments") or []
     if not attachments:
         return {"role": "user", "content": row.get("content", "")}
@@ -32,7 +34,12 @@ def _user_message(row: dict[str, Any]) -> dict[str, Any]:
     # files alone (an image to describe): no empty text part, which some providers refuse
     parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text.strip() else []
     parts.extend(
-        {"type": "attachment", "attachment_id": a["id"], "name": a["name"], "mime": a["mime"]}
+        {
+            "type": "attachment",
+            "attachment_id": a["id"],
+            "name": shown_file_name(a["name"]),
+            "mime": a["mime"],
+        }
         for a in attachments
     )
     return {"role": "user", "content": parts}

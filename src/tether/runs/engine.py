@@ -41,6 +41,7 @@ from tether.runtimes.base import AttachmentRef, ProviderError, Runtime, TurnInpu
 from tether.sessions.branching import edit_fork, regenerate_fork, shown_generation
 from tether.sessions.defaults import Defaults
 from tether.sessions.service import SessionService
+from tether.visible_text import shown_file_name
 
 log = logging.getLogger("tether.runs")
 
@@ -534,7 +535,8 @@ class RunEngine:
             for att in row.get("attachments") or []:
                 path = await self._upload_path(run.session_id, att["id"])
                 if path is not None:
-                    refs[att["id"]] = AttachmentRef(att["id"], att["name"], att["mime"], path)
+                    shown = shown_file_name(att["name"])  # as the page names it
+                    refs[att["id"]] = AttachmentRef(att["id"], shown, att["mime"], path)
         run.steer.on_drain = lambda ids: run.inbox.put_nowait(SteerDelivered(ids))
         user = fold.transcript.users.get(run.turn_id)
         agent_prompt = fold.transcript.agent_prompt

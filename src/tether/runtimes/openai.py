@@ -67,7 +67,7 @@ from tether.runtimes.compression import (
     summary_request,
 )
 from tether.runtimes.openai_endpoint import OpenAIEndpoint
-from tether.runtimes.openai_errors import send_streamed, stream_error
+from tether.runtimes.openai_errors import hung_up_unanswered, send_streamed, stream_error
 from tether.runtimes.openai_stream import Accumulator, WrongShape, drain, parse_arguments, sse_lines
 from tether.runtimes.tools import ToolRunner, WorkspaceTools
 from tether.settings import Settings
@@ -247,6 +247,7 @@ class OpenAIRuntime(OpenAIEndpoint):
             body["tools"] = self.tools.schemas
             body["tool_choice"] = "auto"
         idle = self._idle_timeout
+        resent = False
         while True:
             if max_tokens is not None:
                 body[self._max_tokens_key] = max_tokens
@@ -268,6 +269,9 @@ class OpenAIRuntime(OpenAIEndpoint):
             except TimeoutError:
                 self._stalled(idle, started=False)
             except Exception as exc:
+                if hung_up_unanswered(exc) and not resent:
+                    resent = True  # once: one that hangs up on a new connection too is down
+                    continue
                 if not self._renames_max_tokens(exc, body):
                     self._raise_classified(exc, model, streaming=False, tools="tools" in body)
         done = seen_data = False

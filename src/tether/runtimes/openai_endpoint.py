@@ -22,7 +22,7 @@ from tether.runtimes.compression import (
     summary_reply_tokens,
     summary_request,
 )
-from tether.runtimes.openai_errors import classify
+from tether.runtimes.openai_errors import classify, hung_up_unanswered
 from tether.runtimes.openai_models import (
     Unreachable,
     Window,
@@ -144,11 +144,15 @@ class OpenAIEndpoint(Runtime):
         body: dict[str, Any] = {"model": model, "messages": messages}
         if window:
             body[self._max_tokens_key] = summary_reply_tokens(window)
+        resent = False
         while True:
             try:
                 response = await self._client.chat.completions.create(**untransformed(body))
                 break
             except Exception as exc:
+                if hung_up_unanswered(exc) and not resent:
+                    resent = True  # once, as a streamed turn's request (runtimes/openai.py)
+                    continue
                 if not self._renames_max_tokens(exc, body):
                     self._raise_classified(exc, model, streaming=False)
         choices = getattr(response, "choices", None) or []

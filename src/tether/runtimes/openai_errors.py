@@ -224,6 +224,22 @@ def status_error(response: Any) -> openai.APIStatusError:
     return kind(message, response=response, body=data)
 
 
+def hung_up_unanswered(exc: BaseException) -> bool:
+    """The server closed the connection before a byte of its answer (aiohttp's
+    ServerDisconnectedError under the SDK's errors). Mostly a kept-alive connection it closed
+    as idle while the request was on its way (uvicorn, which vLLM and llama-cpp-python serve
+    on, does so after 5 s): nothing was answered, so the request may go once more, on a new
+    connection, as a browser's would."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, aiohttp.ServerDisconnectedError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 def stream_error(error: object, response: Any) -> openai.APIError:
     """An error the provider sent inside the stream, as the SDK itself would raise it."""
     message = (error.get("message") if isinstance(error, dict) else None) or str(error)

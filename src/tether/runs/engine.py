@@ -1,47 +1,38 @@
-"""The run engine: admission and the worker (Stop, steer and answers: runs.controls).
-
-One worker task per run prepares the model context, admits a runtime handle, invokes it,
-pumps its events into the log (`runs.pump`) and appends the one `run.finished`.
+"""The run engine: admitting and recording a turn (its worker: runs.worker; Stop, steer and
+answers: runs.controls).
 
 Agent registration after cancellation (contract): admission, registration in the run registry
-and handle admission (`runs.handles`) happen on the event loop with no await between check and
-publication, so each is one atomic step. Immediately before the runtime is invoked the worker
-re-checks the phase and that it still holds its handle: a Stop that won during preparation or
-construction means zero model requests and no interrupt. The old worker never touches a
-successor: the log fences its stream once `run.finished` is written, the registry removes a run
-only by identity, and the handle cache releases only what this exact stream owns.
+and handle admission (`runs.handles`: a stateless runtime's here, with its turn; any other's in
+the worker, runs/worker.py) happen on the event loop with no await between check and
+publication, so each is one atomic step; the worker re-checks the phase right before it invokes
+the runtime.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Protocol
 
 from tether import events as ev
 from tether.errors import ApiError, InvalidRequest, QueueItemNotFound, ServerClosing
 from tether.events import new_id
-from tether.ingest.normalizer import Normalizer, SteerDelivered
-from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
+from tether.ingest.normalizer import Normalizer
+from tether.log import Draft, SessionNotFound
 from tether.log.attachments import BlobStore
 from tether.log.completion import to_completion
 from tether.log.errors import QueueItemEdited
 from tether.log.store import EventStore, SharedLog
-from tether.runs.controls import leftover_drafts
-from tether.runs.handles import HandleCache, RuntimeHandle, StatelessHandle, open_handle
+from tether.runs.handles import HandleCache, RuntimeHandle, StatelessHandle
 from tether.runs.intake import Upload
-from tether.runs.pump import END, Signal, outcome, pump
-from tether.runs.registry import RUNNING, STARTING, Run, RunRegistry
-from tether.runtimes.base import AttachmentRef, ProviderError, Runtime, TurnInput
+from tether.runs.registry import RUNNING, Run, RunRegistry
+from tether.runs.worker import Rotation, model_for, work
+from tether.runtimes.base import Runtime
 from tether.sessions.branching import edit_fork, regenerate_fork, shown_generation
-from tether.sessions.defaults import Defaults
 from tether.sessions.service import SessionService
-from tether.visible_text import shown_file_name
 
 log = logging.getLogger("tether.runs")
 
@@ -54,15 +45,6 @@ class BeforeStart(Protocol):
     """Runs under the session's lock before a turn is admitted (runs.agent_sync.AgentSync)."""
 
     async def before_start(self, session_id: str) -> None: ...
-
-
-class Rotation(Protocol):
-    """After a completed turn, while its run still holds the session (runs.rotation.Rotator):
-    returns the session the next turn goes to. A rotation that fails (the summary request,
-    the storage) is skipped with a log line and the parent returned; the worker unwinds its
-    run whatever happens here (contract invariant 9: an ended run frees its session)."""
-
-    async def maybe_rotate(self, session_id: str, normalizer: Normalizer) -> str: ...
 
 
 class RunEngine:
@@ -269,7 +251,7 @@ class RunEngine:
         defaults = None
         if self.runtime.stateless:
             defaults = await self.sessions.defaults.current()  # the worker's too: one read
-            model = _model_for(row, model, defaults) or self.runtime.model  # as it says
+            model = model_for(row, model, defaults) or self.runtime.model  # as it says
             opening.append(normalizer.started(self.runtime.name, model))
         async with self.sessions.blob_guard(bool(uploads)):
             new_refs, blobs = await self.store_uploads(uploads)
@@ -299,7 +281,7 @@ class RunEngine:
 
             def start_worker(_: object) -> None:
                 run.worker = asyncio.create_task(
-                    self._work(run, model, normalizer, defaults), name=run.stream_id
+                    work(self, run, model, normalizer, defaults), name=run.stream_id
                 )
 
             async def unregister() -> None:
@@ -339,6 +321,14 @@ class RunEngine:
             await self.sessions.release_blobs_held(blobs.values())
             raise
         return refs, blobs
+
+    def _admit_ready(self, run: Run, handle: RuntimeHandle) -> None:
+        """Admit a handle that needs no building: registration, cache and RUNNING in one
+        step with no await (the contract's atomic Stop admission)."""
+        # What this evicts is stateless too (one runtime per server): nothing to close.
+        self.handles.admit(run.session_id, run.stream_id, handle)
+        run.handle = handle
+        self.registry.move(run, RUNNING)
 
     async def check_admissible(self, session_id: str, *, starting: bool) -> dict[str, Any]:
         """The refusals that come before any mutation: unknown, rotated (409 session_rotated
@@ -385,204 +375,3 @@ class RunEngine:
         return await self.start(
             session_id, item["text"], queue_id=item["queue_id"], after_seq=after_seq
         )
-
-    # -- the worker -------------------------------------------------------------------------
-    async def _work(
-        self, run: Run, model: str | None, normalizer: Normalizer, defaults: Defaults | None
-    ) -> None:
-        state = "error"
-        extra: dict[str, Any] = {}
-        try:
-            turn = await self._turn_input(run, model, defaults)
-            # A stateless runtime's run was admitted, and its run.started written, with the
-            # turn (_record); any other builds or borrows its handle now.
-            handle = run.handle if run.handle is not None else await self._admit_handle(run)
-            if handle is not None and run.phase == STARTING:
-                self.registry.move(run, RUNNING)
-                await self.store.append(
-                    run.session_id,
-                    [normalizer.started(self.runtime.name, turn.model or self.runtime.model)],
-                )
-            # Revalidate right before invocation: Stop may have won during the append.
-            if (
-                handle is not None
-                and run.phase == RUNNING
-                and self.handles.holds(run.session_id, run.stream_id, handle)
-            ):
-                run.producer = asyncio.create_task(self._produce(handle, turn, run.inbox))
-            elif handle is not None:
-                retired = self.handles.retire(run.session_id, run.stream_id)
-                if retired is not None:
-                    await retired.close()
-            signal = await pump(
-                run,
-                normalizer,
-                lambda drafts: self.store.append(run.session_id, drafts),
-                self.coalesce_seconds,
-            )
-            state, extra = outcome(run, signal, normalizer)
-        except StreamClosed:
-            state = ""  # someone else (shutdown, recovery) already ended this run
-        except StorageError as exc:
-            log.error("run %s could not be written: %s", run.stream_id, exc)
-            state, extra = "error", {"error": {"code": "internal", "message": str(exc)}}
-        except Exception as exc:  # a bug: end the run truthfully, keep the server up
-            log.exception("run %s failed", run.stream_id)
-            state, extra = "error", {"error": {"code": "internal", "message": repr(exc)}}
-        finally:
-            run.resolved = True
-            leftovers = run.steer.close()
-            run.approvals.close()  # an agent still asking gets "deny"
-            run.questions.close()  # and no answer to its questions
-            if state:
-                await self._append_ending(
-                    run,
-                    [
-                        *normalizer.end_item(),
-                        *normalizer.open_questions_stopped(),
-                        *leftover_drafts(run, leftovers),
-                        normalizer.finish(state, **extra),
-                    ],
-                )
-            run.channel_open = False
-            run.handle = None  # a final steer drain can never reach a successor's handle
-            next_session = run.session_id
-            try:
-                if self.rotator is not None and state == "completed" and not self.closing:
-                    next_session = await self.rotator.maybe_rotate(run.session_id, normalizer)
-            finally:  # whatever became of the rotation, the ended run frees its session
-                await self._unwind(run)
-        if state == "completed" and not self.closing:
-            await self.start_next(next_session)
-
-    async def _append_ending(self, run: Run, drafts: list[Draft]) -> None:
-        """Write the run's one `run.finished`, retrying while storage fails.
-
-        Fault found by tests/faults/test_storage_faults.py: this append used to swallow a
-        `StorageError` (disk full, database read-only), so the worker unregistered a run whose
-        ending was never written. The log then showed the turn as live forever (until a
-        restart), while the registry already admitted a successor on top of it. Now the run
-        keeps the session (busy) and its model request is stopped, since nothing it says can
-        be recorded; the ending is retried with backoff until the database takes it. Once
-        space returns, the user sees the row settle with its state (`error` and the storage
-        message when the failure cut the run). Shutdown stops retrying: start-up recovery
-        then settles the run as interrupted.
-        """
-        pause = 0.05
-        while True:
-            try:
-                await self.store.append(run.session_id, drafts)
-                return
-            except (StreamClosed, SessionNotFound):
-                return  # someone else ended it, or the session is gone
-            except StorageError as exc:
-                if self.closing:
-                    log.error(
-                        "run %s: could not record its end at shutdown: %s", run.stream_id, exc
-                    )
-                    return
-                if pause == 0.05:  # the first failure: say it once, not every retry
-                    log.warning(
-                        "run %s: could not record its end, retrying: %s", run.stream_id, exc
-                    )
-                if run.producer is not None:
-                    run.producer.cancel()
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 1.0)
-
-    def _admit_ready(self, run: Run, handle: RuntimeHandle) -> None:
-        """Admit a handle that needs no building: registration, cache and RUNNING in one
-        step with no await (the contract's atomic Stop admission)."""
-        # What this evicts is stateless too (one runtime per server): nothing to close.
-        self.handles.admit(run.session_id, run.stream_id, handle)
-        run.handle = handle
-        self.registry.move(run, RUNNING)
-
-    async def _admit_handle(self, run: Run) -> RuntimeHandle | None:
-        """Borrow the session's cached handle or build one; None when Stop won first."""
-        sid = run.session_id
-        handle = self.handles.borrow(sid) if self.handles.owner(sid) is None else None
-        if handle is None:
-            candidate = await open_handle(self.runtime, sid)  # construction may take long
-            if run.phase not in (STARTING, RUNNING):
-                await candidate.close()  # never published: construction-cancellation cleanup
-                return None
-            handle = candidate
-        elif run.phase not in (STARTING, RUNNING):
-            return None  # a rejected cache hit: the borrowed handle is left untouched
-        for evicted in self.handles.admit(sid, run.stream_id, handle):
-            await evicted.close()
-        run.handle = handle
-        return handle
-
-    async def _upload_path(self, session_id: str, attachment_id: str) -> Path | None:
-        upload = await self.store.attachment(attachment_id, session_id)
-        return None if upload is None else await self.attachments.path(upload["blob"])
-
-    async def _turn_input(
-        self, run: Run, model: str | None, defaults: Defaults | None
-    ) -> TurnInput:
-        """What the runtime gets: the context the session shows (invariant 1) and the
-        turn's model (`_model_for`), with the server's defaults as `_record` read them."""
-        fold = await self.sessions.folds.get(run.session_id)
-        if defaults is None:
-            defaults = await self.sessions.defaults.current()
-        model = _model_for(fold.row or {}, model, defaults)
-        system_prompt = fold.system_prompt(defaults.system_prompt)
-        messages = fold.transcript.context(system_prompt)["context_messages"]
-        refs: dict[str, AttachmentRef] = {}
-        for row in fold.transcript.messages:
-            for att in row.get("attachments") or []:
-                path = await self._upload_path(run.session_id, att["id"])
-                if path is not None:
-                    shown = shown_file_name(att["name"])  # as the page names it
-                    refs[att["id"]] = AttachmentRef(att["id"], shown, att["mime"], path)
-        run.steer.on_drain = lambda ids: run.inbox.put_nowait(SteerDelivered(ids))
-        user = fold.transcript.users.get(run.turn_id)
-        agent_prompt = fold.transcript.agent_prompt
-        return TurnInput(
-            run.session_id,
-            run.stream_id,
-            run.turn_id,
-            messages,
-            refs,
-            model,
-            system_prompt=system_prompt,
-            steer=run.steer,
-            submitted_at=user["created_at"] if user else None,
-            approvals=run.approvals,
-            questions=run.questions,
-            agent_system_prompt=agent_prompt.text if agent_prompt is not None else None,
-        )
-
-    async def _produce(self, handle: RuntimeHandle, turn: TurnInput, inbox: asyncio.Queue) -> None:
-        try:
-            async with contextlib.aclosing(handle.stream(turn)) as events:
-                async for event in events:
-                    inbox.put_nowait(event)
-            inbox.put_nowait(END)
-        except ProviderError as exc:
-            inbox.put_nowait(Signal("error", exc))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.exception("runtime failed")
-            inbox.put_nowait(Signal("error", ProviderError("internal", f"{exc!r}")))
-
-    async def _unwind(self, run: Run) -> None:
-        """Wait for the runtime to stop before the session admits a successor; a runtime that
-        ignores cancellation is left to the reclaimer."""
-        producer = run.producer
-        if producer is not None and not producer.done():
-            producer.cancel()
-            await asyncio.wait([producer])
-        # Only now is the handle idle: a wedged run keeps its ownership, so a successor
-        # admitted by the reclaimer builds its own handle instead of sharing this one.
-        self.handles.release(run.session_id, run.stream_id)
-        self.registry.remove(run)
-
-
-def _model_for(row: dict[str, Any], asked: str | None, defaults: Defaults) -> str | None:
-    """A turn's model: the one it asked for, else the session's own (`PATCH /api/session
-    {model}`), else the settings panel's default, else None (the runtime's own)."""
-    return asked or row.get("model") or defaults.model

@@ -37,7 +37,7 @@ class Run:
     started_at: float = field(default_factory=time.time)
     phase: str = STARTING
     cancelled_at: float | None = None
-    # The worker's plumbing (runs.engine): its inbox of runtime events and control signals,
+    # The worker's plumbing (runs.worker): its inbox of runtime events and control signals,
     # the runtime's task, whether the worker decided the outcome, and whether its event
     # channel to the log is still open (the reclaimer's second condition).
     inbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue, repr=False)

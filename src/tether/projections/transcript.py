@@ -3,12 +3,12 @@
 A submitted turn is a visible user row at once (invariant 2: it stays before everything its
 run produces). The run's output gathers in a live scene until `run.finished` settles it into
 exactly one assistant row that keeps its partial timeline and says in a `notice` why it ended.
-Live and settled timelines come from the same items, so a reload shows what streaming showed.
+Live and settled timelines come from the same items (folded in projections/run_items.py), so a
+reload shows what streaming showed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from tether import events as ev
@@ -16,6 +16,7 @@ from tether.events import Event
 from tether.projections.agent_rows import imported_rows
 from tether.projections.branches import BranchTree
 from tether.projections.context import agent_system_message, context_messages
+from tether.projections.run_items import ITEM_FOLDS, RunScene, settle_steer
 from tether.projections.timeline import timeline_view
 
 
@@ -26,40 +27,6 @@ class AgentPrompt(NamedTuple):
 
     text: str
     runtime: str | None
-
-
-@dataclass
-class RunScene:
-    stream_id: str
-    turn_id: str
-    started_at: float
-    phase: str = "starting"
-    runtime: str | None = None
-    model: str | None = None
-    items: list[dict[str, Any]] = field(default_factory=list)
-    by_id: dict[str, dict[str, Any]] = field(default_factory=dict)
-    pending_steers: dict[str, str] = field(default_factory=dict)
-    # The prompts (their item ids) whose answer is recorded: they take no other (never shown).
-    answered: set[str] = field(default_factory=set)
-
-    def item(self, item_id: str, make: dict[str, Any]) -> dict[str, Any]:
-        found = self.by_id.get(item_id)
-        if found is None:
-            found = {"id": item_id, **make}
-            self.items.append(found)
-            self.by_id[item_id] = found
-        return found
-
-
-def _settle_steer(scene: RunScene, steer_id: str, *, leftover: bool) -> None:
-    """Delivered: a timeline row where the agent took it. Leftover: a row saying it was not
-    delivered (its text goes back to the composer); never in the model context."""
-    text = scene.pending_steers.pop(steer_id, None)
-    if text is not None:
-        scene.item(
-            f"{scene.stream_id}.steer.{steer_id}",
-            {"type": "steer", "text": text, "leftover": leftover},
-        )
 
 
 def download_url(session_id: str, attachment_id: str) -> str:
@@ -96,15 +63,6 @@ def notice_text(state: str, data: dict[str, Any]) -> str | None:
             "even after compression."
         )
     return f"Ended: {state}"
-
-
-def _strings(values: Any) -> list[str]:
-    return [v for v in values if isinstance(v, str)] if isinstance(values, list) else []
-
-
-def _offered(choices: Any) -> list[str]:
-    """An approval prompt's answers; a prompt recorded before choices existed offered two."""
-    return _strings(choices) or ["once", "deny"]
 
 
 class TranscriptFold:
@@ -180,6 +138,28 @@ class TranscriptFold:
     def _scene(self, event: Event) -> RunScene | None:
         return self.active.get(event.stream_id or event.data.get("stream_id", ""))
 
+    def _item(self, event: Event) -> None:
+        scene = self._scene(event)
+        if scene is not None:
+            ITEM_FOLDS[event.type](scene, event)
+
+    def _compression_completed(self, event: Event) -> None:
+        """Its divider is an item; its summary is for the agent only (invariant 6)."""
+        self._item(event)
+        scene = self._scene(event)
+        data = event.data
+        if scene is not None and data.get("summary") is not None:
+            self.compressions.append(
+                {
+                    "pass_id": data["pass_id"],
+                    "summary": data["summary"],
+                    "boundary_turn_id": data.get("boundary_turn_id") or scene.turn_id,
+                    "stream_id": scene.stream_id,  # its summary is of that run's branch
+                    "tokens_before": data.get("tokens_before"),
+                    "tokens_after": data.get("tokens_after"),
+                }
+            )
+
     def _run_started(self, event: Event) -> None:
         scene = self._scene(event)
         if scene is not None:
@@ -193,162 +173,6 @@ class TranscriptFold:
     def _agent_system_prompt(self, event: Event) -> None:
         scene = self._scene(event)
         self.agent_prompt = AgentPrompt(event.data["text"], scene.runtime if scene else None)
-
-    def _delta(self, event: Event) -> None:
-        scene = self._scene(event)
-        if scene is None:
-            return
-        kind = "reasoning" if event.type == ev.REASONING_DELTA else "text"
-        item = scene.item(f"{scene.stream_id}.{event.data['item_id']}", {"type": kind, "text": ""})
-        item["text"] += event.data.get("text", "")
-
-    def _tool_started(self, event: Event) -> None:
-        scene = self._scene(event)
-        if scene is None:
-            return
-        data = event.data
-        scene.item(
-            f"{scene.stream_id}.tool.{data['call_id']}",
-            {
-                "type": "tool",
-                "call_id": data["call_id"],
-                "name": data.get("name", ""),
-                "args": data.get("args"),
-                "result_preview": None,
-                "is_error": False,
-                "duration_ms": None,
-                "done": False,
-            },
-        )
-
-    def _tool_completed(self, event: Event) -> None:
-        scene = self._scene(event)
-        if scene is None:
-            return
-        data = event.data
-        item = scene.item(
-            f"{scene.stream_id}.tool.{data['call_id']}",
-            {
-                "type": "tool",
-                "call_id": data["call_id"],
-                "name": data.get("name", ""),
-                "args": None,
-            },
-        )
-        item.update(
-            result_preview=data.get("result_preview"),
-            result=data.get("result"),
-            is_error=bool(data.get("is_error")),
-            duration_ms=data.get("duration_ms"),
-            done=True,
-        )
-
-    def _compression(self, event: Event) -> None:
-        scene = self._scene(event)
-        if scene is None:
-            return
-        data = event.data
-        item = scene.item(
-            f"{scene.stream_id}.compression.{data['pass_id']}",
-            {"type": "compression", "pass_id": data["pass_id"], "done": False},
-        )
-        if event.type == ev.COMPRESSION_COMPLETED:
-            item.update(
-                done=True,
-                tokens_before=data.get("tokens_before"),
-                tokens_after=data.get("tokens_after"),
-            )
-            if data.get("summary") is not None:
-                self.compressions.append(
-                    {
-                        "pass_id": data["pass_id"],
-                        "summary": data["summary"],
-                        "boundary_turn_id": data.get("boundary_turn_id") or scene.turn_id,
-                        "stream_id": scene.stream_id,  # its summary is of that run's branch
-                        "tokens_before": data.get("tokens_before"),
-                        "tokens_after": data.get("tokens_after"),
-                    }
-                )
-
-    def _approval(self, event: Event) -> None:
-        """The agent asked before running a flagged command; the item shows the question and,
-        once known, the answer (the tool result says what happened next)."""
-        scene = self._scene(event)
-        if scene is None:
-            return
-        data = event.data
-        asked = data if event.type == ev.APPROVAL_REQUESTED else {}  # an answer asks nothing
-        item = scene.item(
-            f"{scene.stream_id}.approval.{data['approval_id']}",
-            {
-                "type": "approval",
-                "approval_id": data["approval_id"],
-                "command": asked.get("command", ""),
-                "description": asked.get("description", ""),
-                "choices": _offered(asked.get("choices")),
-                "choice": None,
-                "reason": None,
-            },
-        )
-        if event.type == ev.APPROVAL_RESOLVED:
-            item.update(choice=data.get("choice"), reason=data.get("reason"))
-
-    def _clarify(self, event: Event) -> None:
-        """The agent asked the user a question; the item shows it, its choices and, once
-        known, the answer (or that nobody gave one)."""
-        scene = self._scene(event)
-        if scene is None:
-            return
-        data = event.data
-        asked = data if event.type == ev.CLARIFY_REQUESTED else {}  # an answer asks nothing
-        item = scene.item(
-            f"{scene.stream_id}.clarify.{data['question_id']}",
-            {
-                "type": "clarify",
-                "question_id": data["question_id"],
-                "question": asked.get("question", ""),
-                "choices": _strings(asked.get("choices")),
-                "text": None,
-                "reason": None,
-            },
-        )
-        if event.type == ev.CLARIFY_RESOLVED:
-            item.update(text=data.get("text"), reason=data.get("reason"))
-
-    def _answered(self, event: Event) -> None:
-        """An answer recorded for the replica that runs the stream (runs/controls.py): what
-        the agent got is its `approval.resolved` / `clarify.resolved`, shown above."""
-        scene = self._scene(event)
-        if scene is None:
-            return
-        data = event.data
-        if event.type == ev.APPROVAL_ANSWERED:
-            scene.answered.add(f"{scene.stream_id}.approval.{data['approval_id']}")
-        else:
-            scene.answered.add(f"{scene.stream_id}.clarify.{data['question_id']}")
-
-    def _reasoning_trimmed(self, event: Event) -> None:
-        scene = self._scene(event)
-        if scene is None:
-            return
-        item = scene.by_id.get(f"{scene.stream_id}.{event.data['item_id']}")
-        if item is not None:
-            item["text"] = item["text"][: event.data["length"]]
-
-    def _steer_accepted(self, event: Event) -> None:
-        """Accepted steers wait beside the timeline until the agent takes them in."""
-        scene = self._scene(event)
-        if scene is not None:
-            scene.pending_steers[event.data["steer_id"]] = event.data.get("text", "")
-
-    def _steer_settled(self, event: Event) -> None:
-        """Delivered: a timeline row where the agent took it. Leftover: a row saying it was
-        not delivered (its text goes back to the composer); never in the model context."""
-        scene = self._scene(event)
-        if scene is None:
-            return
-        for steer_id in event.data.get("steer_ids", []):
-            _settle_steer(scene, steer_id, leftover=event.type == ev.STEER_LEFTOVER)
 
     def _queue(self, event: Event) -> None:
         data = event.data
@@ -386,7 +210,7 @@ class TranscriptFold:
         # through another replica as the run ended has no `steer.leftover` (the owner could
         # not append it any more), and shows as left over all the same (docs/api.md §14).
         for steer_id in list(scene.pending_steers):
-            _settle_steer(scene, steer_id, leftover=True)
+            settle_steer(scene, steer_id, leftover=True)
         state = event.data.get("state", "completed")
         # Invariant 6: the compression divider is live-only unless it explains the ending.
         items = [
@@ -536,29 +360,15 @@ def _copy_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 _HANDLERS = {
+    **dict.fromkeys(ITEM_FOLDS, TranscriptFold._item),  # a run's timeline items: run_items.py
+    ev.COMPRESSION_COMPLETED: TranscriptFold._compression_completed,
     ev.SESSION_CREATED: TranscriptFold._session_created,
-    ev.REASONING_TRIMMED: TranscriptFold._reasoning_trimmed,
-    ev.STEER_ACCEPTED: TranscriptFold._steer_accepted,
-    ev.STEER_DELIVERED: TranscriptFold._steer_settled,
-    ev.STEER_LEFTOVER: TranscriptFold._steer_settled,
     ev.QUEUE_ADDED: TranscriptFold._queue,
     ev.QUEUE_UPDATED: TranscriptFold._queue,
     ev.QUEUE_REMOVED: TranscriptFold._queue,
     ev.TURN_SUBMITTED: TranscriptFold._turn_submitted,
     ev.RUN_STARTED: TranscriptFold._run_started,
-    ev.REASONING_DELTA: TranscriptFold._delta,
-    ev.TEXT_DELTA: TranscriptFold._delta,
-    ev.TOOL_STARTED: TranscriptFold._tool_started,
-    ev.TOOL_COMPLETED: TranscriptFold._tool_completed,
-    ev.COMPRESSION_STARTED: TranscriptFold._compression,
-    ev.COMPRESSION_COMPLETED: TranscriptFold._compression,
     ev.RUN_CANCEL_REQUESTED: TranscriptFold._cancel_requested,
-    ev.APPROVAL_REQUESTED: TranscriptFold._approval,
-    ev.APPROVAL_RESOLVED: TranscriptFold._approval,
-    ev.APPROVAL_ANSWERED: TranscriptFold._answered,
-    ev.CLARIFY_REQUESTED: TranscriptFold._clarify,
-    ev.CLARIFY_RESOLVED: TranscriptFold._clarify,
-    ev.CLARIFY_ANSWERED: TranscriptFold._answered,
     ev.RUN_FINISHED: TranscriptFold._run_finished,
     ev.TRANSCRIPT_TRUNCATED: TranscriptFold._truncated,
     ev.BRANCH_SWITCHED: TranscriptFold._branch_switched,

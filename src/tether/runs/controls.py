@@ -31,7 +31,7 @@ from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
 from tether.log.completion import to_completion
 from tether.log.errors import CancelRequested, PromptAnswered
 from tether.log.store import EventStore
-from tether.projections.transcript import RunScene
+from tether.projections.run_items import RunScene
 from tether.runs.pump import STOP
 from tether.runs.registry import CANCELLING, RUNNING, STARTING, Run, RunRegistry
 from tether.runtimes.base import ApprovalDesk, ChoiceNotOffered

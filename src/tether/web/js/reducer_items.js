@@ -1,7 +1,7 @@
 // The page reducer's folds of a run's timeline items (docs/architecture.md §4): text and
 // reasoning deltas, tools, compression passes, approval prompts, clarify questions and
 // steers, and the timeline of a turn another client of the agent wrote; with the helpers that
-// read JSON the way the Python fold does (`tether/projections/transcript.py`). reducer.js
+// read JSON the way the Python fold does (`tether/projections/run_items.py`). reducer.js
 // folds the session around them (turns, runs, the queue, snapshots) and owns `view()`. Like
 // it, this module is a pure fold: no DOM, no other import.
 

@@ -203,7 +203,7 @@ export function updateBlock(el, block, live, last = false, later = false) {
       el.querySelector(".steer-text").textContent = item.text;
       break;
     case "approval": {
-      // The item id is `<stream_id>.approval.<approval_id>` (projections/transcript.py).
+      // The item id is `<stream_id>.approval.<approval_id>` (projections/run_items.py).
       const actions = el.querySelector(".approval-actions");
       actions.dataset.stream = item.id.slice(0, item.id.lastIndexOf(".approval."));
       actions.dataset.approval = item.approval_id;
@@ -229,7 +229,7 @@ export function updateBlock(el, block, live, last = false, later = false) {
       break;
     }
     case "clarify": {
-      // The item id is `<stream_id>.clarify.<question_id>` (projections/transcript.py).
+      // The item id is `<stream_id>.clarify.<question_id>` (projections/run_items.py).
       const form = el.querySelector(".clarify-actions");
       form.dataset.stream = item.id.slice(0, item.id.lastIndexOf(".clarify."));
       form.dataset.question = item.question_id;

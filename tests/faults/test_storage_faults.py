@@ -433,7 +433,7 @@ def rotating_server(fault: Fault, fake: FakeOpenAI) -> Iterator[ServerProcess]:
 def test_a_rotation_the_storage_refuses_is_skipped_and_its_run_still_frees_the_session(
     rotating_server: ServerProcess, fake: FakeOpenAI, fault: Fault
 ) -> None:
-    """Layers: worker lifecycle registry, compression (runs/engine.py, runs/rotation.py;
+    """Layers: worker lifecycle registry, compression (runs/worker.py, runs/rotation.py;
     contract invariant 9: once a run has ended, its session admits the next turn). The
     database stops taking writes after the turn's `run.finished` is written, while the
     rotation's summary is asked for: the child cannot be created. That `StorageError`

@@ -2,7 +2,7 @@
 user sees is what the model gets). A log written before names were cleaned at intake holds
 them raw (`tests/older_log_kit.py`); the page shows each as `shown_file_name` does (visible
 text, `attachment` when nothing shows), and so do `GET /api/session/context` and the request
-the next turn sends the model. Layer: projections/context and runs/engine (the turn's
+the next turn sends the model. Layer: projections/context and runs/worker (the turn's
 input). Real server, real HTTP, real SQLite; the model is the suite's fake over HTTP."""
 
 from __future__ import annotations

@@ -281,7 +281,7 @@ export class Drafts {
         if (!sids.length) return;
         const { gone, moved } = await fates(sids);
         for (const sid of gone) if (sid !== this.key) this.forget(sid);
-        for (const [sid, to] of moved) if (sid !== this.key) this.move(sid, to);
+        if (moved.size) await this.exclusively((locked) => this.moveAll(moved, locked));
       } catch {
         // the server could not be asked: every draft stays
       } finally {
@@ -405,11 +405,35 @@ export class Drafts {
     this.forget(sid);
   }
 
+  /** Run `work(locked)` while no other tab of this browser moves this user's drafts (a Web
+   *  Lock, held until `work` is done); where the browser has no Web Locks (an insecure
+   *  context), at once and unlocked. */
+  exclusively(work) {
+    const locks = navigator.locks;
+    if (!locks) return work(false);
+    return locks.request(`${PREFIX}${encodeURIComponent(this.user)}`, () => work(true));
+  }
+
+  /** Each [sid, to] of `moves`: `sid`'s draft, unless shown, moves to `to` (`move`), and,
+   *  when `locked`, the lock is kept until the text and the files are written: another tab
+   *  moving the same draft at once then finds it moved, never both adding it. */
+  async moveAll(moves, locked) {
+    for (const [sid, to] of moves) if (sid !== this.key) this.move(sid, to, locked);
+    if (!locked) return;
+    for (let tail; tail !== this.chain; ) {
+      tail = this.chain; // a job run queues more (`add`): waited for too
+      await tail;
+    }
+  }
+
   /** Session `sid` continues in `to` (rotated): its draft, files and open edits included,
-   *  becomes `to`'s, before what `to` has (a send from `sid` would go there too). */
-  move(sid, to) {
+   *  becomes `to`'s, before what `to` has (a send from `sid` would go there too). `locked`
+   *  (no other tab moves drafts meanwhile): the draft as stored now decides, so this tab's
+   *  copy of one another tab has moved already is not moved again (`read`); unlocked, this
+   *  tab's copy moves in any case (nothing typed is lost). */
+  move(sid, to, locked = false) {
+    const { text, files, edits } = this.read(sid, !locked);
     const since = this.memory.get(sid)?.at ?? 0;
-    const { text, files, edits } = this.read(sid, true);
     const name = this.storageKey(sid);
     this.queue(async () => {
       const stored = await this.files.get(name);

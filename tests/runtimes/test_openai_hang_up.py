@@ -7,20 +7,28 @@ Nothing was answered, so the runtime sends the request once more, on a new conne
 browser does; a server that hangs up on that one too is still a `network` error.
 
 The model here is a real HTTP server on a socket that closes a connection's second request
-unanswered (the fake model cannot: uvicorn answers every request it reads)."""
+unanswered (the fake model cannot: uvicorn answers every request it reads). It hangs up
+either way uvicorn does: a clean close (aiohttp's ServerDisconnectedError), or a close with
+the request's bytes still unread, which the kernel turns into a reset (ClientOSError,
+ECONNRESET). Against a real uvicorn, the reset is the commoner: of 400 turns each sent as its
+keep-alive close came, 33 ended `network` on a ClientOSError and none on a clean close."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from runtimes.openai_kit import make_runtime, turn
 
 from tether.runtimes.base import ProviderError, TextDelta
+from tether.runtimes.openai_errors import hung_up_unanswered
 
 CHUNK = {
     "id": "c",
@@ -46,12 +54,14 @@ COMPLETION = {
 
 class HangingUpModel:
     """Answers chat completions (streamed or not) on kept-alive connections, but closes a
-    connection without a byte of answer when `hangs_up(nth chat request on it)` says so; any
-    other request (the runtime's look for the model's window) is 404. `seen`: (connection
-    number, chat request number on it) of every chat request read."""
+    connection without a byte of answer when `hangs_up(nth chat request on it)` says so
+    (`resets`: by a reset, as a close with unread bytes is); any other request (the runtime's
+    look for the model's window) is 404. `seen`: (connection number, chat request number on
+    it) of every chat request read."""
 
-    def __init__(self, hangs_up: Callable[[int], bool]) -> None:
+    def __init__(self, hangs_up: Callable[[int], bool], resets: bool = False) -> None:
         self.hangs_up = hangs_up
+        self.resets = resets
         self.seen: list[tuple[int, int]] = []
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -76,6 +86,12 @@ class HangingUpModel:
                 nth += 1
                 self.seen.append((number, nth))
                 if self.hangs_up(nth):
+                    if self.resets:  # no FIN: an RST, as for a request left unread
+                        linger = struct.pack("ii", 1, 0)
+                        writer.get_extra_info("socket").setsockopt(
+                            socket.SOL_SOCKET, socket.SO_LINGER, linger
+                        )
+                        writer.transport.abort()
                     return  # closed below: no status line, no byte
                 if body.get("stream"):
                     kind, payload = (
@@ -114,9 +130,11 @@ def sent_again_on_a_new_connection(seen: list[tuple[int, int]]) -> None:
     assert kept == again != new
 
 
-@pytest.fixture
-def second_request_unanswered() -> Iterator[tuple[HangingUpModel, str]]:
-    model = HangingUpModel(lambda nth: nth == 2)
+@pytest.fixture(params=["closed", "reset"])
+def second_request_unanswered(
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[HangingUpModel, str]]:
+    model = HangingUpModel(lambda nth: nth == 2, resets=request.param == "reset")
     with model as url:
         yield model, url
 
@@ -158,10 +176,11 @@ def test_a_summary_sent_on_a_connection_the_server_closed_is_sent_again(
     sent_again_on_a_new_connection(model.seen)
 
 
+@pytest.mark.parametrize("resets", [False, True], ids=["closed", "reset"])
 def test_a_server_that_never_answers_is_sent_the_request_twice_and_no_more(
-    tmp_path: Path,
+    tmp_path: Path, resets: bool
 ) -> None:
-    model = HangingUpModel(lambda nth: True)
+    model = HangingUpModel(lambda nth: True, resets=resets)
     with model as url:
         rt = make_runtime(url, tmp_path, None)
 
@@ -178,3 +197,30 @@ def test_a_server_that_never_answers_is_sent_the_request_twice_and_no_more(
     assert "Could not reach the model provider" in info.value.message
     assert [nth for _, nth in model.seen] == [1, 1]  # a new connection each
     assert model.seen[0][0] != model.seen[1][0]
+
+
+def test_a_connection_that_could_not_be_opened_is_no_hang_up(tmp_path: Path) -> None:
+    """A refused connection is an aiohttp ClientOSError too (ClientConnectorError), but no
+    request went out on it: the turn ends `network` at once, not after a second try."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    rt = make_runtime(f"http://127.0.0.1:{port}/v1", tmp_path, None)
+
+    async def one_turn() -> None:
+        try:
+            async for _ in rt.stream(turn()):
+                pass
+        finally:
+            await rt.aclose()
+
+    with pytest.raises(ProviderError) as info:
+        asyncio.run(one_turn())
+    assert info.value.code == "network"
+    causes: list[BaseException] = []
+    cause: BaseException | None = info.value
+    while cause is not None:
+        causes.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    assert any(isinstance(c, aiohttp.ClientConnectorError) for c in causes), causes
+    assert not hung_up_unanswered(info.value)

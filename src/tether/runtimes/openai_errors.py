@@ -224,16 +224,26 @@ def status_error(response: Any) -> openai.APIStatusError:
     return kind(message, response=response, body=data)
 
 
+# A connection that failed under a request it carried: closed (FIN) or reset (RST, as a server
+# closing with the request's bytes unread makes it), or unwritable. The two aiohttp itself
+# resends an idempotent request on (RFC 9112 section 9.3.1.1); a POST it never resends.
+_HUNG_UP = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
 def hung_up_unanswered(exc: BaseException) -> bool:
-    """The server closed the connection before a byte of its answer (aiohttp's
-    ServerDisconnectedError under the SDK's errors). Mostly a kept-alive connection it closed
-    as idle while the request was on its way (uvicorn, which vLLM and llama-cpp-python serve
-    on, does so after 5 s): nothing was answered, so the request may go once more, on a new
-    connection, as a browser's would."""
+    """The server hung up before a byte of its answer (aiohttp's ServerDisconnectedError, or
+    a ClientOSError such as ECONNRESET, under the SDK's errors). Mostly a kept-alive
+    connection it closed as idle while the request was on its way (uvicorn, which vLLM and
+    llama-cpp-python serve on, does so after 5 s; a reset more often than a clean close):
+    nothing was answered, so the request may go once more, on a new connection, as a
+    browser's would. A connection that could not be opened (ClientConnectorError, itself a
+    ClientOSError: refused, DNS, TLS) is no hang-up: opening another would fail alike."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
-        if isinstance(cause, aiohttp.ServerDisconnectedError):
+        if isinstance(cause, aiohttp.ClientConnectorError):
+            return False
+        if isinstance(cause, _HUNG_UP):
             return True
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__

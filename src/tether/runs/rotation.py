@@ -51,7 +51,7 @@ def estimate_tokens(messages: list[dict[str, Any]]) -> int:
 
 
 class Rotator:
-    """The engine's `Rotation` (runs/worker.py): it acts on the sessions, not on the engine."""
+    """The worker's `Rotation` (runs/worker.py): it acts on the sessions, not on the engine."""
 
     def __init__(self, sessions: SessionService, runtime: Runtime, settings: Settings):
         self.sessions = sessions

@@ -237,7 +237,11 @@ def hung_up_unanswered(exc: BaseException) -> bool:
     llama-cpp-python serve on, does so after 5 s; a reset more often than a clean close):
     nothing was answered, so the request may go once more, on a new connection, as a
     browser's would. A connection that could not be opened (ClientConnectorError, itself a
-    ClientOSError: refused, DNS, TLS) is no hang-up: opening another would fail alike."""
+    ClientOSError: refused, DNS, TLS) is no hang-up: opening another would fail alike.
+    A streamed turn asks this only before its answer's headers are in, so nothing shown is
+    ever sent twice; the SDK reads a summary's whole answer before returning, so one cut
+    midway is sent again too, which costs only the second request (a summary is never
+    shown as it comes)."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:

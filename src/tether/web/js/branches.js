@@ -4,7 +4,7 @@
 // like every other change, so this tab, another tab and a reload agree.
 import { ApiError, post } from "./api.js";
 import { asDraft } from "./composer.js";
-import { h, setAttr, setHidden } from "./dom.js";
+import { composing, h, setAttr, setHidden } from "./dom.js";
 import { shownFiles } from "./names.js";
 import { switchesToShow } from "./reducer_branches.js";
 import { catchUp, changed, position, regenerate } from "./refusals.js";
@@ -181,7 +181,7 @@ export class BranchActions {
 
   onKey(event) {
     const area = event.target.closest?.(".edit-box textarea");
-    if (!area) return;
+    if (!area || composing(event)) return;
     const row = area.closest(".row");
     if (event.key === "Escape") this.closeEditor(row);
     else if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {

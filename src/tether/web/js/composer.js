@@ -1,7 +1,7 @@
 // The composer: one primary button that sends, or stops while a run is active; Enter sends
 // (Shift+Enter is a newline); while a run is active the text can steer it or wait in the
 // queue, which is shown above, editable and removable. Attachments by picker, paste or drop.
-import { h, patchChildren } from "./dom.js";
+import { composing, h, patchChildren } from "./dom.js";
 import { sendKey } from "./settings.js";
 
 const readBase64 = (file) =>
@@ -46,7 +46,7 @@ export class Composer {
       // the send key is this browser's choice (settings.js): Enter, or Ctrl/Cmd+Enter
       const chord = e.ctrlKey || e.metaKey;
       const sends = sendKey() === "mod-enter" ? chord : true;
-      if (e.key === "Enter" && !e.shiftKey && !e.isComposing && sends) {
+      if (e.key === "Enter" && !e.shiftKey && !composing(e) && sends) {
         e.preventDefault();
         if (this.running) {
           if (this.hasContent()) this.queue();
@@ -300,6 +300,7 @@ export class Composer {
       this.actions.notify(`Not saved: ${failed.message} Your edit is in the composer.`);
     };
     area.addEventListener("keydown", (e) => {
+      if (composing(e)) return;
       if (e.key === "Enter" && !e.shiftKey) {
         e.preventDefault();
         done(true);

@@ -84,6 +84,13 @@ export function setAttr(el, name, value) {
   } else if (el.getAttribute(name) !== value) el.setAttribute(name, value);
 }
 
+/** A key the input method takes (the Enter picking a conversion, the Esc cancelling one):
+ *  Chromium and Firefox mark it `isComposing`; Safari's Enter committing a conversion comes
+ *  with keyCode 229 only. Such a key must not send, save, cancel or close anything. */
+export function composing(event) {
+  return event.isComposing || event.keyCode === 229;
+}
+
 export function formatDuration(seconds) {
   const s = Math.max(0, Math.floor(seconds));
   const ss = String(s % 60).padStart(2, "0");

@@ -5,7 +5,7 @@
 // is marked "in another branch"; choosing it opens its session and shows that branch. Snippets arrive as {text, match} parts and are built as text nodes, the matched
 // words in <mark> elements made here: nothing from the server is ever parsed as HTML.
 import { get, q } from "./api.js";
-import { h } from "./dom.js";
+import { composing, h } from "./dom.js";
 
 const $ = (id) => document.getElementById(id);
 const DEBOUNCE_MS = 200;
@@ -38,10 +38,11 @@ export class MessageSearch {
       this.timer = setTimeout(() => this.run(), DEBOUNCE_MS);
     });
     this.input.addEventListener("keydown", (e) => {
+      if (composing(e)) return;
       if (e.key === "Escape") {
         e.preventDefault(); // a search field would clear itself first: close at once
         this.dialog.close();
-      } else if (e.key === "Enter" && !e.isComposing) {
+      } else if (e.key === "Enter") {
         e.preventDefault();
         this.openFirst();
       } else if (e.key === "ArrowDown") {

@@ -2,7 +2,7 @@
 // sidebar stream (`GET /api/events`). Each row is a link whose accessible name carries its
 // title and its state ("running", "unread"); arrow keys move between rows.
 import { del, get, patch, q } from "./api.js";
-import { h, patchChildren, setAttr, setHidden, setText } from "./dom.js";
+import { composing, h, patchChildren, setAttr, setHidden, setText } from "./dom.js";
 import { SidebarRelay } from "./sidebar_relay.js";
 import { exportLinks } from "./transfer.js";
 
@@ -378,6 +378,7 @@ export class Sidebar {
       link.focus();
     };
     input.addEventListener("keydown", (e) => {
+      if (composing(e)) return;
       if (e.key === "Enter") finish(true);
       if (e.key === "Escape") finish(false);
     });

@@ -1,7 +1,7 @@
 """States that tell the truth (issue 15.4): an unreachable server shown on the running turn
 and the banner cleared when it is back; the header and tab title show a running session; a
 new chat's title as soon as the server has it (during the first run, after a restart);
-sidebar rows with relative time and a failed last run; empty states. Layers: the page, and
+sidebar rows with relative time and a failed last run; empty states (no empty status pill). Layers: the page, and
 the sidebar row's new `last_run_state` (a projection of `run.finished`; invariant 4: it never
 moves `updated_at` or the order)."""
 
@@ -86,9 +86,12 @@ def test_sidebar_rows_show_relative_time_a_failed_run_and_empty_states(
     open_app(page, openai_web.base_url)
     sidebar = page.locator("#session-list")
     expect(sidebar).to_have_text("No sessions yet. Start one with New chat.")
+    # no stream followed yet: no status to say, and no empty pill saying nothing
+    expect(page.locator("#conn")).to_be_hidden()
     fake.script(error(500, "the provider broke"))
     send(page, "this will fail")
     expect(page.locator(".terminal.error")).to_have_count(1, timeout=20_000)
+    expect(page.locator("#conn")).to_be_visible()
     row = page.locator(".session-row").first
     expect(row.locator(".session-when")).to_have_text("now")
     expect(row.locator(".session-failed")).to_have_text("failed")

@@ -335,7 +335,7 @@ def test_markdown_export_shows_html_mid_line_and_odd_tool_names_as_the_page_does
     shown = "".join(t.content for t in inline if t.type == "text")
     assert said in shown and "<i>not this</i>" in shown and "odd <b>names</b>" in shown
     codes = [t.content for t in inline if t.type == "code_inline"]
-    assert codes == ["<b>", tool], text
+    assert codes == [tool, "<b>"], text  # the tool ran before the answer's text
     assert [t.attrs["href"] for t in inline if t.type == "link_open"] == ["https://example.org"]
 
 

@@ -84,9 +84,10 @@ def _when(at: float | None) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-# An answer's raw HTML check (`raw_html.live`) is pure Python, milliseconds per KB: an answer
-# longer than the page formats (docs/page.md) is not checked, nor those left once an export
-# has spent the budget checking; they are escaped the safe way (`_escaped_all`).
+# An answer's raw HTML check (`raw_html.live`, of each of its texts) is pure Python,
+# milliseconds per KB: a text longer than the page formats (docs/page.md) is not checked, nor
+# those left once an export has spent the budget checking; they are escaped the safe way
+# (`_escaped_all`).
 MAX_CHECKED_CHARS = 50_000
 CHECK_BUDGET_SECONDS = 2.0
 
@@ -103,7 +104,8 @@ async def session_markdown(sessions: SessionService, sid: str, offload: Offload)
 
 
 def markdown_file(title: str, messages: list[dict], now: float) -> str:
-    """The Markdown of a session's visible transcript (`session_markdown`)."""
+    """The Markdown of a session's visible transcript (`session_markdown`): each message's
+    blocks under its heading, a blank line after each, so that none runs into the next."""
     deadline = time.monotonic() + CHECK_BUDGET_SECONDS
     lines = [f"# {plain(title)}", "", f"_Exported from Tether on {_when(now)}._", ""]
     for row in messages:
@@ -111,23 +113,51 @@ def markdown_file(title: str, messages: list[dict], now: float) -> str:
         if row.get("model"):
             who += f" ({plain(row['model'])})"
         lines += [f"## {who} · {_when(row.get('created_at'))}", ""]
-        if content := row.get("content"):
-            if row["role"] == "user":
-                lines += [user_text(content), ""]
-            else:
-                check = len(content) <= MAX_CHECKED_CHARS and time.monotonic() < deadline
-                lines += [contained(content, check), ""]
-        for attachment in row.get("attachments") or []:
-            name, size = plain(shown_file_name(attachment["name"])), attachment["size"]
-            lines += [f"- Attachment: {name} ({size:,} bytes)"]
-        for item in row.get("timeline") or []:
-            if item["type"] == "tool":
-                lines += [f"- Tool call: {code_span(item.get('name', ''))}"]
-            elif item["type"] == "notice":
-                lines += [f"> {plain(item['text'])}"]
-        if lines[-1] != "":
-            lines.append("")
+        blocks = _user_blocks(row) if row["role"] == "user" else _answer_blocks(row, deadline)
+        for block in blocks:
+            lines += [block, ""]
     return "\n".join(lines)
+
+
+def _user_blocks(row: dict) -> list[str]:
+    """A user's message, then its attachments as one list."""
+    blocks = [user_text(row["content"])] if row.get("content") else []
+    attached = [
+        f"- Attachment: {plain(shown_file_name(a['name']))} ({a['size']:,} bytes)"
+        for a in row.get("attachments") or []
+    ]
+    return blocks + ["\n".join(attached)] if attached else blocks
+
+
+# Between two texts of an answer: a link reference definition, which shows nothing, at a
+# line's start, where it ends a list the first text leaves open. A blank line does not: a
+# list the second text starts would go on the first's, and its indented lines would be the
+# first's item. So the second starts blocks of its own, as the page renders each text apart.
+_TEXTS_APART = "[//]: #"
+
+
+def _answer_blocks(row: dict, deadline: float) -> list[str]:
+    """An answer's timeline in its order, as the page shows it (js/blocks.js): each text,
+    interim progress too, each tool call and the notice of how the run ended. Reasoning,
+    folded away on the page, is left out. A tool call and a notice start at a line's start
+    after a blank line, and are no list item: whatever a text before them leaves open ends
+    there, so each is a block of its own."""
+    blocks: list[str] = []
+    after_text = False
+    for item in row.get("timeline") or []:
+        if item["type"] == "text" and item["text"].strip():
+            if after_text:
+                blocks.append(_TEXTS_APART)
+            check = len(item["text"]) <= MAX_CHECKED_CHARS and time.monotonic() < deadline
+            blocks.append(contained(item["text"], check))
+        elif item["type"] == "tool":
+            blocks.append(f"Tool call: {code_span(item.get('name', ''))}")
+        elif item["type"] == "notice":
+            blocks.append(f"> {plain(item['text'])}")
+        else:
+            continue
+        after_text = item["type"] == "text"
+    return blocks
 
 
 # Code fences (CommonMark): 3 or more backticks or tildes. An opening one is looked for at

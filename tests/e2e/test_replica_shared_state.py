@@ -8,6 +8,7 @@ reference never dangles on any replica) and the settings panel's defaults."""
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +17,17 @@ import httpx
 import pytest
 from pg import database
 
-from accounts_kit import PASSWORDS, add_user, sign_in
-from fake_openai import FakeOpenAI
-from helpers import ServerProcess, new_session, running_server, start_turn, wait_idle
+from accounts_kit import PASSWORDS, OpenStream, add_user, bearer, new_token, sign_in
+from fake_openai import FakeOpenAI, delay, reply, text
+from helpers import (
+    ServerProcess,
+    new_session,
+    running_server,
+    session_body,
+    start_turn,
+    wait_idle,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 NOTES = b"the ptarmigan winters on the tundra\n"
@@ -131,3 +140,42 @@ def test_failed_logins_through_two_replicas_count_together(tmp_path: Path) -> No
                 assert refused.status_code == 429, refused.text
                 assert refused.json()["code"] == "rate_limited"
                 assert 1 <= int(refused.headers["Retry-After"]) <= 60
+
+
+def test_a_logout_through_one_replica_ends_streams_busy_with_a_run_on_another(
+    tmp_path: Path,
+) -> None:
+    """Layer: the event streams' credential re-check (http/streams.py). Invariant: an open
+    stream re-checks its credential at least every heartbeat interval, busy or idle, so a
+    logout or a revoked token through another replica ends it while a run streams into it
+    (the re-check used to wait for a quiet interval, which a streaming run never leaves)."""
+    with database() as url, FakeOpenAI() as fake:
+        fake.script(reply(*[step for _ in range(300) for step in (text("word "), delay(0.1))]))
+        add_user(tmp_path / "a", "alice", admin=True, database_url=url)
+        flags = ("--database-url", url, "--auth", "accounts", "--heartbeat-seconds", "1")
+        flags += ("--runtime", "openai", "--base-url", fake.base_url, "--model", "fake-model")
+        with (
+            running_server(tmp_path / "a", *flags) as a,
+            running_server(tmp_path / "b", *flags) as b,
+            sign_in(a, "alice") as on_a,
+            as_cookie_of(on_a, b) as on_b,
+        ):
+            token = new_token(on_a)
+            sid = new_session(on_a, "a long answer")
+            start_turn(on_a, sid, "tell me everything")
+            by_token = bearer(a, token["token"])
+            streams = [
+                OpenStream(on_a, f"/api/sessions/{sid}/events?sidebar=1&after=0"),
+                OpenStream(by_token, f"/api/sessions/{sid}/events?after=0"),
+            ]
+            wait_until(lambda: all("text.delta" in s.frames for s in streams), what="deltas")
+
+            assert on_b.delete(f"/api/tokens/{token['token_id']}").status_code == 200
+            assert on_b.post("/api/auth/logout").json()["was_logged_in"] is True
+            ended = time.monotonic()
+            for stream in streams:
+                assert stream.ended.wait(5), "the stream went on after the credential ended"
+                assert stream.ended_at - ended < 3
+            with sign_in(b, "alice") as again:  # the run was streaming all along
+                assert session_body(again, sid)["busy"] is True
+            by_token.close()

@@ -23,6 +23,7 @@ import ipaddress
 import logging
 import re
 import secrets
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -215,8 +216,8 @@ class AccountAuth:
         return principal.via == "header" or user.epoch == principal.user.epoch
 
     # -- open streams -----------------------------------------------------------------------
-    def guard(self, principal: Principal | None) -> StreamGuard | None:
-        return None if principal is None else StreamGuard(self, principal)
+    def guard(self, principal: Principal | None, every: float) -> StreamGuard | None:
+        return None if principal is None else StreamGuard(self, principal, every)
 
     def credentials_changed(self, user_id: str) -> None:
         """A logout, a revoked token or a removed user: the user's open streams re-check."""
@@ -226,14 +227,16 @@ class AccountAuth:
 
 class StreamGuard:
     """Ends an open event stream whose credential stopped holding. The stream asks `holds`
-    at each heartbeat (a change made by another replica) and as soon as it is woken by a
-    change made here."""
+    before each frame it sends; the store is asked at once after a change made here, and at
+    least every `every` seconds (the heartbeat interval) for one made by another replica."""
 
-    def __init__(self, accounts: AccountAuth, principal: Principal) -> None:
+    def __init__(self, accounts: AccountAuth, principal: Principal, every: float) -> None:
         self.accounts = accounts
         self.principal = principal
         self._wakeups: list[asyncio.Event] = []
         self._dirty = False
+        self._every = every
+        self._next_ask = time.monotonic() + every
 
     @contextmanager
     def watching(self, *wakeups: asyncio.Event) -> Iterator[None]:
@@ -252,9 +255,13 @@ class StreamGuard:
         for wakeup in self._wakeups:
             wakeup.set()
 
-    async def holds(self, *, heartbeat: bool) -> bool:
-        """Whether the stream may go on; asks the store only when something may have changed."""
-        if not (heartbeat or self._dirty):
+    async def holds(self) -> bool:
+        """Whether the stream may go on; asks the store only when something may have changed.
+        The clock is the guard's own, not the stream's quiet time: a run streaming into it
+        leaves no quiet interval, and a logout through another replica must end it too."""
+        now = time.monotonic()
+        if not self._dirty and now < self._next_ask:
             return True
         self._dirty = False
+        self._next_ask = now + self._every
         return await self.accounts.still_valid(self.principal)

@@ -113,7 +113,8 @@ async def _changes(app: Services, changes: list[tuple[str, str]] | None) -> list
 
 def _guard(request: Request) -> StreamGuard | None:
     accounts = request.app.state.accounts
-    return None if accounts is None else accounts.guard(PRINCIPAL.get())
+    every = request.app.state.services.settings.heartbeat_seconds
+    return None if accounts is None else accounts.guard(PRINCIPAL.get(), every)
 
 
 async def _session_frames(
@@ -187,12 +188,12 @@ async def _follow(
                 async with asyncio.timeout_at(quiet_until):
                     await sub.wakeup.wait()
             except TimeoutError:
-                if guard and not await guard.holds(heartbeat=True):
+                if guard and not await guard.holds():
                     return  # logged out, token revoked or user removed: the stream ends
                 yield await _heartbeat(app, session_id, sent)
                 quiet_until = loop.time() + interval
                 continue
-        if guard and not await guard.holds(heartbeat=False):
+        if guard and not await guard.holds():
             return
         quiet_until = loop.time() + interval
         if feed is not None and feed.has_pending():
@@ -314,7 +315,7 @@ async def _sidebar_follow(
     yield _sidebar_heartbeat()  # at once: changes are followed from before it (docs/api.md §6)
     while True:
         changes = await client.next(timeout=app.settings.heartbeat_seconds)
-        if guard and not await guard.holds(heartbeat=changes == []):
+        if guard and not await guard.holds():
             return  # logged out, token revoked or user removed: the stream ends
         if changes == []:
             yield _sidebar_heartbeat()

@@ -66,3 +66,30 @@ def test_sign_in_with_a_user_name_shows_only_ones_own_sessions(
     logout.click()
     expect(page).to_have_url(re.compile(r"/login$"))
     assert not [e for e in errors if "Content Security Policy" in e], errors
+
+
+def test_a_logout_in_one_tab_sends_the_other_tabs_to_the_sign_in_page(
+    context: BrowserContext, accounts_server: ServerProcess
+) -> None:
+    """A tab following a session, and one showing no session (the sidebar's own stream),
+    find their sign-in gone when another tab logs out: each goes to the sign-in page by
+    itself, without waiting to be hidden and shown again, instead of saying for ever that
+    the server is unreachable."""
+    with sign_in(accounts_server, "alice") as alice:
+        sid = new_session(alice, "Alice's long talk")
+    following, empty, leaving = (context.new_page() for _ in range(3))
+    leaving.goto(accounts_server.base_url + "/login")  # the profile's cookie signs in all three
+    leaving.get_by_label("User name").fill("alice")
+    leaving.get_by_label("Password").fill(PASSWORDS["alice"])
+    leaving.get_by_label("Password").press("Enter")
+    expect(leaving.get_by_role("textbox", name="Message")).to_be_visible()
+    following.goto(accounts_server.base_url + f"/s/{sid}")
+    expect(following.locator("#conn")).to_have_attribute("data-state", "live")
+    empty.goto(accounts_server.base_url + "/")
+    expect(empty.get_by_text("Alice's long talk").first).to_be_visible()
+
+    leaving.get_by_role("button", name="Log out").click()
+    expect(leaving).to_have_url(re.compile(r"/login$"))
+    for tab in (following, empty):
+        expect(tab).to_have_url(re.compile(r"/login(\?next=.*)?$"), timeout=10_000)
+    assert "next=%2Fs%2F" + sid in following.url

@@ -1,7 +1,7 @@
 // The app: wires the sidebar, the open session (reducer + stream + view) and the composer.
 // One reducer per session over (seq, event): live events, replayed events and snapshots all
 // go through it, so a reload, a reconnect and a session switch show the same rows.
-import { authStatus } from "./session_auth.js";
+import { authStatus, recheckSignIn } from "./session_auth.js";
 import { del, get, patch, post, q } from "./api.js";
 import { BranchActions, openEdits } from "./branches.js";
 import { Composer } from "./composer.js";
@@ -270,6 +270,7 @@ class App {
           this.scheduleRender();
         },
         onState: (state, detail) => this.setConn(state, detail),
+        onBroken: recheckSignIn,
         onDeleted: () => this.onDeleted(sid),
         onResync: () => this.sidebar.reread(),
       },

@@ -1,7 +1,7 @@
 // Login state for the app page (docs/security.md): shows "Log out" when the server has a
 // password, logs out, and sends the page to the login page once its session is gone (checked
-// at load and whenever the tab becomes visible again). Logging out takes this person's drafts
-// out of the browser (drafts.js).
+// at load, whenever the tab becomes visible again, and whenever one of its event streams
+// breaks). Logging out takes this person's drafts out of the browser (drafts.js).
 import { forgetDrafts } from "./drafts.js";
 
 const button = document.getElementById("logout-btn");
@@ -39,6 +39,13 @@ async function logOut() {
     // the cookie is HttpOnly, so the server must clear it; go to the login page regardless
   }
   location.assign("/login");
+}
+
+/** An event stream of the page broke: a logout in another tab or on another device, or the
+ *  person's removal, ends the streams first, and a stream refused for it would otherwise be
+ *  retried for ever under "The server is unreachable". */
+export function recheckSignIn() {
+  checkStatus();
 }
 
 if (button) button.addEventListener("click", logOut);

@@ -3,6 +3,7 @@
 // title and its state ("running", "unread"); arrow keys move between rows.
 import { del, get, patch, q } from "./api.js";
 import { composing, h, patchChildren, setAttr, setHidden, setText } from "./dom.js";
+import { recheckSignIn } from "./session_auth.js";
 import { SidebarRelay } from "./sidebar_relay.js";
 import { exportLinks } from "./transfer.js";
 
@@ -130,7 +131,10 @@ export class Sidebar {
       source.frame();
       this.reread();
     });
-    feed.onerror = () => source.lost(); // the browser reconnects it by itself
+    feed.onerror = () => {
+      source.lost(); // the browser reconnects it by itself, unless it was refused (signed out)
+      recheckSignIn();
+    };
   }
 
   /** The open session's stream carries the changes now: the feed gives way to it. */

@@ -14,7 +14,7 @@ const MAX_BACKOFF_MS = 8000;
 export class SessionStream {
   /**
    * handlers: cursor() → last applied seq; onEvent(envelope); onSnapshot(session);
-   * onHeartbeat(data); onState(state, detail); onDeleted();
+   * onHeartbeat(data); onState(state, detail); onDeleted(); onBroken() (at each reconnect);
    * onResync() (the server could not tell each sidebar change: refetch the list).
    * relay: the sidebar's SidebarRelay, which gets the sidebar changes this stream carries.
    */
@@ -145,6 +145,7 @@ export class SessionStream {
     if (this.stopped) return;
     this.es?.close();
     this.es = null;
+    this.h.onBroken?.();
     this.failures += 1;
     if (this.state !== "stalled") this.setState("reconnecting", { attempt: this.failures });
     const delay = Math.min(MAX_BACKOFF_MS, 250 * 2 ** Math.min(this.failures, 6));

@@ -426,6 +426,15 @@ def users() -> None:
     """The people who sign in to `tether serve --auth accounts` (docs/api.md §15)."""
 
 
+def _new_password(password_env: str | None) -> str:
+    if password_env:
+        password = os.environ.pop(password_env, None)
+        if password is None:
+            raise click.UsageError(f"The environment variable {password_env} is not set.")
+        return password
+    return click.prompt("Password", hide_input=True, confirmation_prompt=True)
+
+
 @users.command("add")
 @click.argument("name")
 @click.option(
@@ -446,12 +455,7 @@ def users_add(
     """Add a user; works without a running server (the first admin of a headless one)."""
     from tether import cli_users
 
-    if password_env:
-        password = os.environ.pop(password_env, None)
-        if password is None:
-            raise click.UsageError(f"The environment variable {password_env} is not set.")
-    else:
-        password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
+    password = _new_password(password_env)
     try:
         claimed = cli_users.add_user(_settings(data_dir, database_url), name, password, admin)
     except (cli_users.Refused, StorageError) as exc:
@@ -474,6 +478,25 @@ def users_list(data_dir: Path | None, database_url: str | None) -> None:
         raise click.ClickException(str(exc)) from None
     for user in found:
         click.echo(f"{user.username}{' (admin)' if user.admin else ''}")
+
+
+@users.command("password")
+@click.argument("name")
+@click.option("--password-env", help="Environment variable holding the password (else: a prompt).")
+@_data_dir_option
+@_users_database_option
+def users_password(
+    name: str, password_env: str | None, data_dir: Path | None, database_url: str | None
+) -> None:
+    """Give a user a new password: their sign-ins end; their sessions and tokens stay."""
+    from tether import cli_users
+
+    password = _new_password(password_env)
+    try:
+        cli_users.set_password(_settings(data_dir, database_url), name, password)
+    except (cli_users.Refused, StorageError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"Changed the password of {name}; their earlier sign-ins have ended.")
 
 
 @users.command("remove")

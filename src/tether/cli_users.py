@@ -1,4 +1,4 @@
-"""What `tether users add|list|remove` does, on the data directory of a server that may be
+"""What `tether users add|list|password|remove` does, on the data directory of a server that may be
 stopped (docs/api.md §15): it opens the log (which applies the migrations) and its account
 store, like the server does, and closes them again."""
 
@@ -67,5 +67,23 @@ def remove_user(settings: Settings, name: str) -> None:
     async def work(_: OwnedStore, accounts: AccountStore) -> None:
         if await accounts.remove_user(name) is None:
             raise Refused(f"There is no user {name}.")
+
+    asyncio.run(_with_stores(settings, work))
+
+
+def set_password(settings: Settings, name: str, password: str) -> None:
+    """Give the user a new password and end every sign-in made before (their cookies fail on
+    every replica at their next request); their sessions stay theirs. Their API tokens stay
+    too: each is a credential of its own, revoked one by one."""
+    if len(password) < MIN_PASSWORD:
+        raise Refused(f"A password has at least {MIN_PASSWORD} characters.")
+    password_hash = PasswordHasher().hash(password)
+
+    async def work(_: OwnedStore, accounts: AccountStore) -> None:
+        user = await accounts.user_by_name(name)
+        if user is None:
+            raise Refused(f"There is no user {name}.")
+        await accounts.set_password(user.user_id, password_hash)
+        await accounts.end_sessions(user.user_id)
 
     asyncio.run(_with_stores(settings, work))

@@ -187,6 +187,39 @@ def test_admins_manage_users_and_a_removed_users_sessions_stay_hidden(
         carol.close()
 
 
+def test_a_forgotten_password_is_reset_on_the_command_line_and_the_person_keeps_their_sessions(
+    tmp_path: Path,
+) -> None:
+    """Removing and adding a person again was the only way to give them a new password, and
+    it took every session they had away (they belong to the removed user id). `tether users
+    password` replaces it while the server runs: the old password and every earlier sign-in
+    stop at once, the new password signs them in to the same sessions."""
+    data = tmp_path / "data"
+    add_user(data, "alice", admin=True)
+    add_user(data, "bob")
+    with running_server(data, *ACCOUNTS, *SLOW_BEAT) as srv, sign_in(srv, "bob") as bob:
+        bobs = new_session(bob, "Bob's notes")
+        stream = OpenStream(bob, "/api/events")
+        short = tether_users(data, "password", "bob", password="short")
+        assert short.returncode != 0 and "at least 8" in short.stderr
+        nobody = tether_users(data, "password", "mallory", password="long enough")
+        assert nobody.returncode != 0 and "no user mallory" in nobody.stderr
+        assert bob.get("/api/sessions").status_code == 200  # refusals changed nothing
+
+        done = tether_users(data, "password", "BOB", password="bob-new-pass-4")
+        assert done.returncode == 0, done.stderr
+        assert bob.get("/api/sessions").status_code == 401  # the sign-in made before ended
+        assert stream.ended.wait(8)  # another process changed it: found at a heartbeat
+        with httpx.Client(base_url=srv.base_url, timeout=10) as old:
+            wrong = old.post("/api/auth/login", json={"username": "bob", "password": "bob-pass-22"})
+            assert wrong.status_code == 401
+        with sign_in(srv, "bob", "bob-new-pass-4") as again:
+            listed = again.get("/api/sessions").json()["sessions"]
+            assert [row["session_id"] for row in listed] == [bobs]
+    listed_users = tether_users(data, "list")
+    assert listed_users.stdout.splitlines() == ["alice (admin)", "bob"]
+
+
 def test_tokens_act_for_their_user_need_no_origin_and_stop_at_once(
     accounts_server: ServerProcess, data_dir: Path
 ) -> None:

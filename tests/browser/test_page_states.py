@@ -1,9 +1,9 @@
 """States that tell the truth (issue 15.4): an unreachable server shown on the running turn
 and the banner cleared when it is back; the header and tab title show a running session; a
 new chat's title as soon as the server has it (during the first run, after a restart);
-sidebar rows with relative time and a failed last run; empty states (no empty status pill). Layers: the page, and
-the sidebar row's new `last_run_state` (a projection of `run.finished`; invariant 4: it never
-moves `updated_at` or the order)."""
+sidebar rows with relative time and a failed last run; empty states (no empty status pill).
+Layers: the page, and the sidebar row's new `last_run_state` (a projection of
+`run.finished`; invariant 4: it never moves `updated_at` or the order)."""
 
 from __future__ import annotations
 

@@ -48,6 +48,9 @@ export class Sidebar {
     this.renderPending = false; // a draw is asked for the next frame (renderSoon)
     this.activeId = null;
     this.feed = null; // the feed's relay handle while it is the sidebar's own stream
+    this.feedWanted = false; // no session stream carries the changes: the feed should follow
+    this.feedRefusals = 0; // in a row, for the wait before connecting again
+    this.feedTimer = null;
     this.relay = new SidebarRelay({
       onChange: (change) => this.onChanged(change),
       onGap: () => this.reread(),
@@ -118,11 +121,15 @@ export class Sidebar {
 
   /** Follow the sidebar stream on its own connection (when no session stream carries it). */
   connectFeed() {
-    if (this.feed) return;
+    this.feedWanted = true;
+    if (this.feed || this.feedTimer) return;
     const feed = new EventSource("/api/events");
     const source = this.relay.add(() => feed.close());
     this.feed = source;
-    feed.addEventListener("heartbeat", () => source.frame());
+    feed.addEventListener("heartbeat", () => {
+      this.feedRefusals = 0;
+      source.frame();
+    });
     feed.addEventListener("session.changed", (e) => {
       source.frame();
       source.change(JSON.parse(e.data));
@@ -134,11 +141,28 @@ export class Sidebar {
     feed.onerror = () => {
       source.lost(); // the browser reconnects it by itself, unless it was refused (signed out)
       recheckSignIn();
+      if (feed.readyState === EventSource.CLOSED && this.feed === source) this.feedRefused();
     };
+  }
+
+  /** The feed was answered with a status (429: the client's stream slots are all held; 503),
+   *  on which a browser gives up for good: connect again after a wait that grows with each
+   *  refusal in a row, unless a session stream carries the changes by then. */
+  feedRefused() {
+    this.feed = null;
+    this.feedRefusals += 1;
+    const wait = Math.min(8000, 500 * 2 ** Math.min(this.feedRefusals - 1, 4));
+    this.feedTimer = setTimeout(() => {
+      this.feedTimer = null;
+      if (this.feedWanted) this.connectFeed();
+    }, wait);
   }
 
   /** The open session's stream carries the changes now: the feed gives way to it. */
   retireFeed() {
+    this.feedWanted = false;
+    clearTimeout(this.feedTimer);
+    this.feedTimer = null;
     this.feed?.retire();
     this.feed = null;
   }

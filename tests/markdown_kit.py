@@ -1,7 +1,9 @@
 """A session's Markdown export as the tests of tests/http/test_markdown_export*.py read it:
-the file of an imported session (`exported`), each message's part of it (`sections`), the
-raw HTML CommonMark viewers find in it (`live_html`), the viewers that render it
-(`VIEWERS`), and what a browser shows of their HTML (`shown_text`)."""
+the file of an imported session (`exported`), each message's part of it (`sections`), a
+session's one answer and its part (`exported_answer`), the raw HTML CommonMark viewers find
+in it (`live_html`), the viewers that render it (`VIEWERS`), what a browser shows of their
+HTML (`shown_text`), its top-level blocks (`top_blocks`), and the blocks the page shows of
+an answer's timeline (`as_the_page_shows`)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,11 @@ from html.parser import HTMLParser
 from typing import Any
 
 import cmarkgfm
+import httpx
 from cmarkgfm.cmark import Options
 from markdown_it import MarkdownIt
 
-from helpers import ServerProcess
+from helpers import ServerProcess, session_body
 
 AT = 1_700_000_000.0
 FILE = {"id": "a_1", "mime": "text/plain", "size": 2}
@@ -132,3 +135,70 @@ def shown_text(html: str) -> tuple[str, set[str]]:
     parser = _Shown()
     parser.feed(html.replace("<br />\n", "<br />"))
     return parser.text.replace("\u00a0", " "), parser.tags
+
+
+def exported_answer(client: httpx.Client, sid: str) -> tuple[dict[str, Any], str]:
+    """(the session's one answer row, the Markdown of that answer in the session's export)."""
+    rows = session_body(client, sid)["messages"]
+    assert [row["role"] for row in rows] == ["user", "assistant"], rows
+    response = client.get(f"/api/sessions/{sid}/export", params={"format": "markdown"})
+    assert response.status_code == 200, response.text
+    return rows[1], sections(response.text)[1]
+
+
+class _TopBlocks(HTMLParser):
+    """The top-level blocks of rendered HTML: each its tag, its text and, for a list, the
+    text of each of its items."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.found: list[tuple[str, str, list[str]]] = []
+        self.depth = 0
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        if tag in ("br", "hr", "img"):
+            if self.depth == 0:
+                self.found.append((tag, "", []))
+            return
+        if self.depth == 0:
+            self.found.append((tag, "", []))
+        elif tag == "li" and self.depth == 1:
+            self.found[-1][2].append("")
+        self.depth += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag not in ("br", "hr", "img"):
+            self.depth -= 1
+
+    def handle_data(self, data: str) -> None:
+        if self.depth > 0:
+            tag, shown, items = self.found[-1]
+            self.found[-1] = (tag, shown + data, items)
+            if items:
+                items[-1] += data
+
+
+def top_blocks(html: str) -> list[tuple[str, str, list[str]]]:
+    """The top-level blocks of `html`, their text's whitespace runs one space."""
+    parser = _TopBlocks()
+    parser.feed(html)
+    return [(tag, _words(shown), [_words(i) for i in items]) for tag, shown, items in parser.found]
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def as_the_page_shows(row: dict[str, Any], render: Any) -> list[tuple[str, str, list[str]]]:
+    """The blocks the page shows of an answer's timeline, in its order (js/blocks.js): each
+    text rendered on its own, a tool call by its name, a notice by its text. Reasoning,
+    folded away on the page, is not in the export."""
+    blocks: list[tuple[str, str, list[str]]] = []
+    for item in row["timeline"]:
+        if item["type"] == "text":
+            blocks += top_blocks(render(item["text"]))
+        elif item["type"] == "tool":
+            blocks.append(("p", f"Tool call: {item['name']}", []))
+        elif item["type"] == "notice":
+            blocks.append(("blockquote", item["text"], []))
+    return blocks

@@ -7,11 +7,8 @@ real HTTP, the fake OpenAI server at the model boundary, the workspace tools for
 from __future__ import annotations
 
 from collections.abc import Iterator
-from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 from fake_openai import FakeOpenAI, error, hang, reasoning, reply, text, tool_call
@@ -19,11 +16,10 @@ from helpers import (
     ServerProcess,
     new_session,
     running_server,
-    session_body,
     start_turn,
     wait_idle,
 )
-from markdown_kit import VIEWERS, sections
+from markdown_kit import VIEWERS, as_the_page_shows, exported_answer, top_blocks
 
 pytestmark = pytest.mark.slow
 
@@ -47,71 +43,6 @@ def server(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
         yield srv
 
 
-class _TopBlocks(HTMLParser):
-    """The top-level blocks of rendered HTML: each its tag, its text and, for a list, the
-    text of each of its items."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.found: list[tuple[str, str, list[str]]] = []
-        self.depth = 0
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        if tag in ("br", "hr", "img"):
-            if self.depth == 0:
-                self.found.append((tag, "", []))
-            return
-        if self.depth == 0:
-            self.found.append((tag, "", []))
-        elif tag == "li" and self.depth == 1:
-            self.found[-1][2].append("")
-        self.depth += 1
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag not in ("br", "hr", "img"):
-            self.depth -= 1
-
-    def handle_data(self, data: str) -> None:
-        if self.depth > 0:
-            tag, shown, items = self.found[-1]
-            self.found[-1] = (tag, shown + data, items)
-            if items:
-                items[-1] += data
-
-
-def top_blocks(html: str) -> list[tuple[str, str, list[str]]]:
-    parser = _TopBlocks()
-    parser.feed(html)
-    return [
-        (tag, " ".join(shown.split()), [" ".join(i.split()) for i in items])
-        for tag, shown, items in parser.found
-    ]
-
-
-def as_the_page_shows(row: dict[str, Any], render: Any) -> list[tuple[str, str, list[str]]]:
-    """The blocks the page shows of an answer's timeline, in its order (js/blocks.js): each
-    text rendered on its own, a tool call by its name, a notice by its text. Reasoning,
-    folded away on the page, is not in the export."""
-    blocks = []
-    for item in row["timeline"]:
-        if item["type"] == "text":
-            blocks += top_blocks(render(item["text"]))
-        elif item["type"] == "tool":
-            blocks.append(("p", f"Tool call: {item['name']}", []))
-        elif item["type"] == "notice":
-            blocks.append(("blockquote", item["text"], []))
-    return blocks
-
-
-def exported(client: httpx.Client, sid: str) -> tuple[dict[str, Any], str]:
-    """(the session's answer row, the Markdown of that answer in the session's export)."""
-    rows = session_body(client, sid)["messages"]
-    assert [row["role"] for row in rows] == ["user", "assistant"], rows
-    response = client.get(f"/api/sessions/{sid}/export", params={"format": "markdown"})
-    assert response.status_code == 200, response.text
-    return rows[1], sections(response.text)[1]
-
-
 def test_tool_calls_are_exported_where_they_ran_between_the_texts(
     server: ServerProcess, fake: FakeOpenAI
 ) -> None:
@@ -130,7 +61,7 @@ def test_tool_calls_are_exported_where_they_ran_between_the_texts(
         sid = new_session(client, "files")
         start_turn(client, sid, "Which files are there?")
         wait_idle(client, sid)
-        row, answer = exported(client, sid)
+        row, answer = exported_answer(client, sid)
     assert [item["type"] for item in row["timeline"]] == ["reasoning", "text", "tool", "text"]
     for viewer, render in VIEWERS.items():
         assert top_blocks(render(answer)) == [
@@ -165,7 +96,7 @@ def test_a_notice_after_a_list_and_a_tool_call_is_its_own_block(
             assert fake.wait_for_requests(2, timeout=20)
             client.post("/api/chat/cancel", json={"session_id": sid})
         wait_idle(client, sid)
-        row, answer = exported(client, sid)
+        row, answer = exported_answer(client, sid)
     notice = row["timeline"][-1]
     assert [item["type"] for item in row["timeline"]] == ["text", "tool", "notice"]
     assert (notice["text"] == "Stopped.") if ending == "stopped" else ("bad key" in notice["text"])
@@ -190,7 +121,7 @@ def test_texts_next_to_each_other_stay_apart_as_on_the_page(
         sid = new_session(client, "lists")
         start_turn(client, sid, "Three things?")
         wait_idle(client, sid)
-        row, answer = exported(client, sid)
+        row, answer = exported_answer(client, sid)
     assert [item["type"] for item in row["timeline"]] == ["text", "reasoning", "text"]
     for viewer, render in VIEWERS.items():
         assert top_blocks(render(answer)) == [

@@ -2,13 +2,14 @@
 the file of an imported session (`exported`), each message's part of it (`sections`), a
 session's one answer and its part (`exported_answer`), the raw HTML CommonMark viewers find
 in it (`live_html`), the viewers that render it (`VIEWERS`), what a browser shows of their
-HTML (`shown_text`), its top-level blocks (`top_blocks`), and the blocks the page shows of
-an answer's timeline (`as_the_page_shows`)."""
+HTML (`shown_text`), its top-level blocks (`top_blocks`) and code blocks (`code_blocks`),
+and the blocks the page shows of an answer's timeline (`as_the_page_shows`)."""
 
 from __future__ import annotations
 
 import json
 import re
+from html import unescape
 from html.parser import HTMLParser
 from typing import Any
 
@@ -189,10 +190,42 @@ def _words(text: str) -> str:
     return " ".join(text.split())
 
 
+# What the page says of an approval's answer and of a question's (js/timeline_view.js), once
+# its run has settled.
+ALLOWED = {
+    "once": "Allowed once.",
+    "session": "Allowed for this session.",
+    "always": "Always allowed.",
+}
+DENIED = {
+    "user": "Denied.",
+    "timeout": "Denied: nobody answered in time.",
+    "stopped": "Denied: the run ended before an answer.",
+}
+UNANSWERED = {
+    "timeout": "Nobody answered in time; the agent decides on its own.",
+    "stopped": "The run ended before an answer.",
+}
+
+
+def _approval_outcome(item: dict[str, Any]) -> str:
+    if item["choice"] == "deny":
+        return DENIED.get(item["reason"], "Denied.")
+    return ALLOWED.get(item["choice"], "Not answered.")
+
+
+def _clarify_outcome(item: dict[str, Any]) -> str:
+    if item["reason"] == "user":
+        return f"You answered: {item['text']}"
+    return UNANSWERED.get(item["reason"], "Not answered.")
+
+
 def as_the_page_shows(row: dict[str, Any], render: Any) -> list[tuple[str, str, list[str]]]:
-    """The blocks the page shows of an answer's timeline, in its order (js/blocks.js): each
-    text rendered on its own, a tool call by its name, a notice by its text. Reasoning,
-    folded away on the page, is not in the export."""
+    """The blocks the page shows of an answer's timeline, in its order and its words
+    (js/blocks.js, js/timeline_view.js): each text rendered on its own, a tool call by its
+    name, a notice by its text, a steer with its label, an approval prompt's question,
+    command and answer, a clarify question, the choices it offered and its answer.
+    Reasoning, folded away on the page, is not in the export."""
     blocks: list[tuple[str, str, list[str]]] = []
     for item in row["timeline"]:
         if item["type"] == "text":
@@ -200,5 +233,28 @@ def as_the_page_shows(row: dict[str, Any], render: Any) -> list[tuple[str, str, 
         elif item["type"] == "tool":
             blocks.append(("p", f"Tool call: {item['name']}", []))
         elif item["type"] == "notice":
-            blocks.append(("blockquote", item["text"], []))
+            blocks.append(("blockquote", _words(item["text"]), []))
+        elif item["type"] == "steer":
+            label = "Not delivered (back in the composer):" if item["leftover"] else "You steered:"
+            blocks.append(("p", _words(f"{label} {item['text']}"), []))
+        elif item["type"] == "approval":
+            blocks += [
+                ("p", _words(f"The agent asks to run this: {item['description']}"), []),
+                ("pre", _words(item["command"]), []),
+                ("p", _approval_outcome(item), []),
+            ]
+        elif item["type"] == "clarify":
+            blocks.append(("p", _words(f"The agent asks: {item['question']}"), []))
+            if item["choices"]:
+                blocks.append(("p", _words("Choices: " + " · ".join(item["choices"])), []))
+            blocks.append(("p", _words(_clarify_outcome(item)), []))
     return blocks
+
+
+_CODE_BLOCK = re.compile(r"<pre><code>(.*?)</code></pre>", re.S)
+
+
+def code_blocks(html: str) -> list[str]:
+    """The text of each code block in rendered `html`, exactly (its last line break, which
+    every viewer adds, taken off)."""
+    return [unescape(code).removesuffix("\n") for code in _CODE_BLOCK.findall(html)]

@@ -137,11 +137,12 @@ _TEXTS_APART = "[//]: #"
 
 
 def _answer_blocks(row: dict, deadline: float) -> list[str]:
-    """An answer's timeline in its order, as the page shows it (js/blocks.js): each text,
-    interim progress too, each tool call and the notice of how the run ended. Reasoning,
-    folded away on the page, is left out. A tool call and a notice start at a line's start
-    after a blank line, and are no list item: whatever a text before them leaves open ends
-    there, so each is a block of its own."""
+    """An answer's timeline in its order, as the page shows it in its default view
+    (js/blocks.js): each text, interim progress too, each tool call, each steer, approval
+    prompt and clarify question, and the notice of how the run ended. Reasoning, folded
+    away on the page, is left out. All but a text start at a line's start after a blank
+    line, and none is a list item or a quote's lazy line: whatever a text before them
+    leaves open ends there, so each is a block of its own."""
     blocks: list[str] = []
     after_text = False
     for item in row.get("timeline") or []:
@@ -152,11 +153,62 @@ def _answer_blocks(row: dict, deadline: float) -> list[str]:
             blocks.append(contained(item["text"], check))
         elif item["type"] == "tool":
             blocks.append(f"Tool call: {code_span(item.get('name', ''))}")
+        elif item["type"] == "steer":
+            label = (
+                "Not delivered (back in the composer):" if item.get("leftover") else "You steered:"
+            )
+            blocks.append(f"{label} {user_text(item.get('text') or '')}")
+        elif item["type"] == "approval":
+            blocks += _approval_blocks(item)
+        elif item["type"] == "clarify":
+            blocks += _clarify_blocks(item)
         elif item["type"] == "notice":
             blocks.append(f"> {plain(item['text'])}")
         else:
             continue
         after_text = item["type"] == "text"
+    return blocks
+
+
+# What the page says of an approval prompt's answer and of a question nobody answered, once
+# the run has settled (js/timeline_view.js); an answer it does not know is "Not answered.".
+_ALLOWED = {
+    "once": "Allowed once.",
+    "session": "Allowed for this session.",
+    "always": "Always allowed.",
+}
+_DENIED = {
+    "user": "Denied.",
+    "timeout": "Denied: nobody answered in time.",
+    "stopped": "Denied: the run ended before an answer.",
+}
+_UNANSWERED = {
+    "timeout": "Nobody answered in time; the agent decides on its own.",
+    "stopped": "The run ended before an answer.",
+}
+
+
+def _approval_blocks(item: dict) -> list[str]:
+    """The agent's question and why it asks, the command as the page shows it (a code
+    block, line for line), and the answer chosen."""
+    if item.get("choice") == "deny":
+        outcome = _DENIED.get(item.get("reason") or "", "Denied.")
+    else:
+        outcome = _ALLOWED.get(item.get("choice") or "", "Not answered.")
+    asks = f"**The agent asks to run this:** {plain(item.get('description') or '')}"
+    return [asks.rstrip(), code_block(item.get("command") or ""), outcome]
+
+
+def _clarify_blocks(item: dict) -> list[str]:
+    """The agent's question, the choices it offered (buttons on the page while it waits),
+    and the user's answer in their words, or that none came."""
+    blocks = [f"**The agent asks:** {plain(item.get('question') or '')}".rstrip()]
+    if item.get("choices"):
+        blocks.append("Choices: " + " · ".join(plain(choice) for choice in item["choices"]))
+    if item.get("reason") == "user":
+        blocks.append(f"You answered: {user_text(item.get('text') or '')}")
+    else:
+        blocks.append(_UNANSWERED.get(item.get("reason") or "", "Not answered."))
     return blocks
 
 
@@ -392,6 +444,17 @@ def code_span(text: str) -> str:
     fence = "`" * (max((len(run) for run in _TICKS.findall(text)), default=0) + 1)
     pad = " " if text[0] in "` " or text[-1] in "` " else ""
     return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def code_block(text: str) -> str:
+    """`text` as one fenced code block, line for line (a final line break draws no line, as
+    in the page's `<pre>`): its fence, backticks with no info string, longer than any
+    backtick run in it, so that none of its lines closes the block before its end."""
+    lines = _LINE_END.split(text) if text else []
+    if len(lines) > 1 and not lines[-1]:
+        lines.pop()
+    fence = "`" * max(3, max((len(run) for run in _TICKS.findall(text)), default=0) + 1)
+    return "\n".join([fence, *lines, fence])
 
 
 def attachment_header(title: str, extension: str) -> str:

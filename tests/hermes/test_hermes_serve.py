@@ -114,3 +114,28 @@ def test_steer_is_delivered_where_the_agent_took_it(
         types = [i["type"] for i in assistant["timeline"]]
         assert types.index("tool") < types.index("steer")
         assert "mention the budget" in str(fake.requests[1]["messages"][-1]["content"])
+
+
+def test_the_turn_after_a_stop_mid_tool_starts_without_the_agents_paragraph_break(
+    hermes_server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """Layer: the runtime's text stream -> visible transcript and model context (invariant 1:
+    the row shows what the model said). Hermes marks a paragraph break to prepend to the text
+    after a tool round; a turn stopped during its tool never streams that text, and the mark
+    used to carry into the next turn, whose answer then began with a blank line in the row,
+    the Copy text and the next turns' model context."""
+    fake.script(
+        reply(text("Sleeping."), tool_call("call_1", "terminal", {"command": "sleep 30"})),
+        reply(text("Next answer.")),
+    )
+    with hermes_server.client() as client:
+        sid = new_session(client)
+        run = start_turn(client, sid, "sleep please")
+        read_events(client, sid, after="0", stop_on="tool.started", timeout=60)
+        client.post("/api/chat/cancel", json={"stream_id": run["stream_id"]})
+        wait_idle(client, sid, timeout=60)
+        start_turn(client, sid, "next")
+        body = wait_idle(client, sid, timeout=60)
+        assert body["messages"][-1]["content"] == "Next answer."
+        context = client.get("/api/session/context", params={"session_id": sid}).json()
+        assert context["context_messages"][-1] == {"role": "assistant", "content": "Next answer."}

@@ -322,6 +322,10 @@ class Session:
         set_current_session_key(str(self.config.get("approval_session_key") or "default"))
         set_approval_callback(self.prompts.on_approval)
         self.after_tool = False
+        # Hermes' own mark for the paragraph break it prepends to the text after a tool
+        # round: a turn that ended during or right after its tools (Stop, a failure, the
+        # iteration limit) leaves it set, and this turn's answer would open with "\n\n".
+        self.agent._stream_needs_break = False
         self.last_usage = None
         self.tool_meta.clear()
         self.written = []

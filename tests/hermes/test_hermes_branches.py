@@ -15,9 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
+from statedb import write_state
 
 from fake_openai import FakeOpenAI, reply, text
-from helpers import ServerProcess, new_session, running_server, start_turn, wait_idle
+from helpers import ServerProcess, new_session, running_server, start_turn, wait_idle, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -172,3 +173,36 @@ def test_an_edit_and_a_switch_back_each_send_the_model_the_branch_shown(
         dumped = json.dumps(request)
         assert "edited question" not in dumped and "edited answer" not in dumped
         assert_context_follows(client, sid, request, "third answer")
+
+
+def test_a_regenerated_answer_the_cli_wrote_leaves_the_model_context(
+    server: ServerProcess, fake: FakeOpenAI, hermes_env: Path, hermes_python: Path
+) -> None:
+    """Layer: model context of an imported turn (`agent.imported`), invariant 1: the model
+    gets the branch shown. A turn the CLI wrote is imported as a user row and an answer row;
+    Regenerate hides that answer behind a new branch, and the imported user row used to carry
+    the agent's messages of the whole turn, the old answer included, into every later
+    request (and into `GET /api/session/context`)."""
+    with server.client() as client:
+        sid = new_session(client)
+        answered(client, fake, sid, "from tether", "one")
+        write_state(
+            hermes_python,
+            hermes_env,
+            [["append", sid, "user", "from the cli", {}], ["append", sid, "assistant", "old", {}]],
+        )
+        wait_until(lambda: len(contents(wait_idle(client, sid))) == 4, 30, "the CLI turn")
+        fake.script(reply(text("new")))
+        response = client.post("/api/chat/regenerate", json={"session_id": sid})
+        assert response.status_code == 200, response.text
+        body = wait_idle(client, sid, timeout=90)
+        assert contents(body)[2:] == [("user", "from the cli"), ("assistant", "new")]
+        assert_context_follows(client, sid, turn_request(fake, "from the cli"), "new")
+        answered(client, fake, sid, "next", "two")
+        assert said(turn_request(fake, "next")["messages"]) == [
+            ("user", "from tether"),
+            ("assistant", "one"),
+            ("user", "from the cli"),
+            ("assistant", "new"),
+            ("user", "next"),
+        ]

@@ -103,8 +103,15 @@ def imported_rows(entry: dict[str, Any]) -> list[dict[str, Any]]:
                 "origin": "agent",
             }
         )
-    if out:  # the model gets the agent's own messages for the whole turn, once
-        out[0]["agent_context"] = list(entry.get("context") or [])
+    # The model gets the agent's own messages, each with the row that shows it: the user's
+    # message with the user row, the rest with the answer, so an answer a regenerate hid
+    # (or an edit, with its message) leaves the context with its row (invariant 1).
+    context = list(entry.get("context") or [])
+    split = 1 if user is not None and context and context[0].get("role") == "user" else 0
+    if len(out) == 2 and split:
+        out[0]["agent_context"], out[1]["agent_context"] = context[:split], context[split:]
+    elif out:  # one row shows the whole turn
+        out[0]["agent_context"] = context
         for row in out[1:]:
             row["agent_context"] = []
     return out

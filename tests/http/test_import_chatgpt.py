@@ -187,3 +187,47 @@ def test_odd_fields_of_an_export_import_what_they_can_and_count_the_rest(tmp_pat
             ("assistant", "", "interrupted"),
         ]
         assert "Traceback" not in server.log()
+
+
+def test_voice_transcripts_are_text_and_uploaded_files_are_counted(tmp_path: Path) -> None:
+    """A voice message's words are in its `audio_transcription` parts, and a file the user
+    uploaded (a PDF, a spreadsheet) is named only in `metadata.attachments` (an image is
+    there too, and in the parts as its asset pointer): the words are the message's text and
+    every file is counted once, never dropped in silence (docs/api.md §12)."""
+    c = Conversation("voice and files", START)
+    audio = {"content_type": "real_time_user_audio_video_asset_pointer", "audio_asset_pointer": {}}
+    said = {"content_type": "audio_transcription", "text": "What's the weather?"}
+    c.add("user", [said, audio], content_type="multimodal_text")
+    answered = {"content_type": "audio_transcription", "text": "Sunny all day.", "direction": "out"}
+    c.add("assistant", [answered, {"content_type": "audio_asset_pointer"}])
+    c.mapping[c.current]["message"]["content"]["content_type"] = "multimodal_text"
+    pdf = c.add("user", "Summarize the report")
+    c.mapping[pdf]["message"]["metadata"]["attachments"] = [
+        {"id": "file-pdf1", "name": "report.pdf", "mime_type": "application/pdf", "size": 1234}
+    ]
+    c.add("assistant", "It says three things.")
+    photo = {"content_type": "image_asset_pointer", "asset_pointer": "file-service://file-img1"}
+    pic = c.add("user", [photo, "And this?"], content_type="multimodal_text")
+    c.mapping[pic]["message"]["metadata"]["attachments"] = [
+        {"id": "file-img1", "name": "cat.png", "mime_type": "image/png"},
+        {"id": "file-csv1", "name": "data.csv", "mime_type": "text/csv"},
+    ]
+    c.add("assistant", "A cat and a table.")
+    c.add("user", [photo | {"asset_pointer": "sediment://file_2"}], content_type="multimodal_text")
+    with running_server(tmp_path / "data") as server, server.client(timeout=60) as client:
+        response = client.post("/api/sessions/import", content=json.dumps([c.data]).encode())
+        assert response.status_code == 201, response.text
+        assert response.json()["skipped"] == {}
+        sid = response.json()["sessions"][0]["session_id"]
+        assert [m["content"] for m in session_body(client, sid)["messages"]] == [
+            "What's the weather?\n\n[1 file or image in the ChatGPT export, not imported]",
+            "Sunny all day.\n\n[1 file or image in the ChatGPT export, not imported]",
+            "Summarize the report\n\n[1 file or image in the ChatGPT export, not imported]",
+            "It says three things.",
+            "And this?\n\n[2 files or images in the ChatGPT export, not imported]",
+            "A cat and a table.",
+            "[1 file or image in the ChatGPT export, not imported]",  # no blank lines first
+            "",
+        ]
+        found = client.get("/api/search", params={"q": "weather"}).json()["results"]
+        assert [r["role"] for r in found] == ["user"]

@@ -144,13 +144,41 @@ def _text(message: dict[str, Any]) -> tuple[str | None, str | None]:
     kind = content.get("content_type")
     if not isinstance(kind, str) or kind not in _TEXT_TYPES:
         return None, "other_content"
-    texts = [p for p in content.get("parts") or [] if isinstance(p, str)]
-    media = sum(1 for p in content.get("parts") or [] if isinstance(p, dict))
-    text = "\n".join(texts).strip()
+    parts = content.get("parts") or []
+    text = "\n".join(_part_text(p) for p in parts if _part_text(p)).strip()
+    media = _files(parts, _metadata(message).get("attachments"))
     if media:
         noun = "file or image" if media == 1 else "files or images"
-        text += f"\n\n[{media} {noun} in the ChatGPT export, not imported]"
+        note = f"[{media} {noun} in the ChatGPT export, not imported]"
+        text = f"{text}\n\n{note}" if text else note
     return (text, None) if text.strip() else (None, "empty")
+
+
+def _part_text(part: Any) -> str:
+    """A part's words: a text part, or what a voice message said (`audio_transcription`)."""
+    if isinstance(part, str):
+        return part
+    if isinstance(part, dict) and part.get("content_type") == "audio_transcription":
+        said = part.get("text")
+        return said if isinstance(said, str) else ""
+    return ""
+
+
+def _files(parts: list[Any], attachments: Any) -> int:
+    """How many files the message had: the uploads `metadata.attachments` names (a PDF is
+    only there) and the media parts (an image, a recording), an image that is in both once:
+    its part points at the upload's id (`file-service://file-abc`)."""
+    listed = attachments if isinstance(attachments, list) else []
+    uploads = [a for a in listed if isinstance(a, dict)]
+    ids = {a["id"] for a in uploads if isinstance(a.get("id"), str) and a["id"]}
+    count = len(uploads)
+    for part in parts:
+        if not isinstance(part, dict) or part.get("content_type") == "audio_transcription":
+            continue
+        pointer = part.get("asset_pointer")
+        if not (isinstance(pointer, str) and pointer.rpartition("://")[2] in ids):
+            count += 1
+    return count
 
 
 def _plan(conversation: Any, where: str) -> SessionPlan:

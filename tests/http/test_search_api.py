@@ -117,6 +117,8 @@ def test_best_matches_come_first_and_limit_caps(server: ServerProcess, fake: Fak
         ("", "invalid_request"),
         ("   ", "invalid_request"),
         ('"*()', "invalid_request"),
+        ("_", "invalid_request"),  # an underscore is punctuation, as the index reads it
+        ("__ -_-", "invalid_request"),
         ("x" * 501, "invalid_request"),
         (" ".join(["w"] * 17), "invalid_request"),
     ],
@@ -135,8 +137,19 @@ def test_query_syntax_is_searched_as_words_never_an_error(
     fake.script(reply(text("fine")))
     with server.client() as client:
         sid = new_session(client)
-        turn(client, sid, 'near the "fox" AND NOT the dog* (really) col:umn')
-        for q in ('"fox', "fox AND", "NOT dog", "NEAR(fox dog)", "col:umn", "fox*", "^fox", "dog)"):
+        turn(client, sid, 'near the "fox" AND NOT the dog* (really) col:umn snake_case')
+        for q in (
+            "snake_case",
+            "_snake",
+            '"fox',
+            "fox AND",
+            "NOT dog",
+            "NEAR(fox dog)",
+            "col:umn",
+            "fox*",
+            "^fox",
+            "dog)",
+        ):
             response = client.get("/api/search", params={"q": q})
             assert response.status_code == 200, (q, response.text)
             assert [r["session_id"] for r in response.json()["results"]] == [sid], q

@@ -36,7 +36,8 @@ LIMIT_MAX = 100
 
 _TEXT_TYPES = frozenset({ev.TEXT_DELTA})
 _NO_CHANGE = SearchChange()
-_WORD = re.compile(r"\w+")
+# Letters and digits: `_`, which `\w` takes too, is punctuation to the index (unicode61)
+_WORD = re.compile(r"[^\W_]+")
 
 
 def _assistant_text(stream_id: str, stream_events: StreamEvents) -> str:

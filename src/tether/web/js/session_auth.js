@@ -7,7 +7,14 @@ import { forgetDrafts } from "./drafts.js";
 const button = document.getElementById("logout-btn");
 const FORGET_MS = 2000; // Log out waits this long at most for the drafts' files to go
 
+// Set once the page is on its way to the login page (Log out, or a sign-in found gone): a
+// logout ends this person's streams first, and the recheck a broken stream asks for must not
+// start a second navigation that aborts the first.
+let leaving = false;
+
 function toLogin() {
+  if (leaving) return;
+  leaving = true;
   const here = location.pathname + location.search;
   location.assign(here === "/" ? "/login" : `/login?next=${encodeURIComponent(here)}`);
 }
@@ -31,6 +38,8 @@ async function checkStatus() {
 }
 
 async function logOut() {
+  if (leaving) return;
+  leaving = true;
   if (button) button.disabled = true;
   await Promise.race([forgetDrafts(username), new Promise((go) => setTimeout(go, FORGET_MS))]);
   try {
@@ -45,7 +54,7 @@ async function logOut() {
  *  person's removal, ends the streams first, and a stream refused for it would otherwise be
  *  retried for ever under "The server is unreachable". */
 export function recheckSignIn() {
-  checkStatus();
+  if (!leaving) checkStatus();
 }
 
 if (button) button.addEventListener("click", logOut);

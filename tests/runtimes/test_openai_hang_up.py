@@ -28,6 +28,7 @@ import pytest
 from runtimes.openai_kit import make_runtime, turn
 
 from tether.runtimes.base import ProviderError, TextDelta
+from tether.runtimes.openai import OpenAIRuntime
 from tether.runtimes.openai_errors import hung_up_unanswered
 
 CHUNK = {
@@ -124,6 +125,19 @@ class HangingUpModel:
         self.thread.join(5)
 
 
+def one_turn(rt: OpenAIRuntime) -> None:
+    """Stream one turn to its end (or its ProviderError), then close the runtime."""
+
+    async def stream() -> None:
+        try:
+            async for _ in rt.stream(turn()):
+                pass
+        finally:
+            await rt.aclose()
+
+    asyncio.run(stream())
+
+
 def sent_again_on_a_new_connection(seen: list[tuple[int, int]]) -> None:
     (kept, first), (again, second), (new, third) = seen
     assert (first, second, third) == (1, 2, 1)
@@ -181,18 +195,8 @@ def test_a_server_that_never_answers_is_sent_the_request_twice_and_no_more(
     tmp_path: Path, resets: bool
 ) -> None:
     model = HangingUpModel(lambda nth: True, resets=resets)
-    with model as url:
-        rt = make_runtime(url, tmp_path, None)
-
-        async def one_turn() -> None:
-            try:
-                async for _ in rt.stream(turn()):
-                    pass
-            finally:
-                await rt.aclose()
-
-        with pytest.raises(ProviderError) as info:
-            asyncio.run(one_turn())
+    with model as url, pytest.raises(ProviderError) as info:
+        one_turn(make_runtime(url, tmp_path, None))
     assert info.value.code == "network"
     assert "Could not reach the model provider" in info.value.message
     assert [nth for _, nth in model.seen] == [1, 1]  # a new connection each
@@ -205,17 +209,8 @@ def test_a_connection_that_could_not_be_opened_is_no_hang_up(tmp_path: Path) -> 
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    rt = make_runtime(f"http://127.0.0.1:{port}/v1", tmp_path, None)
-
-    async def one_turn() -> None:
-        try:
-            async for _ in rt.stream(turn()):
-                pass
-        finally:
-            await rt.aclose()
-
     with pytest.raises(ProviderError) as info:
-        asyncio.run(one_turn())
+        one_turn(make_runtime(f"http://127.0.0.1:{port}/v1", tmp_path, None))
     assert info.value.code == "network"
     causes: list[BaseException] = []
     cause: BaseException | None = info.value

@@ -11,14 +11,13 @@ from typing import TypeVar
 from argon2 import PasswordHasher
 
 from tether.errors import UserExists
-from tether.http.accounts import valid_username
+from tether.http.accounts import MIN_PASSWORD, valid_username
 from tether.log.ownership import OwnedStore
 from tether.log.store import AccountStore, User
 from tether.services import open_accounts, open_store
 from tether.settings import Settings
 
 T = TypeVar("T")
-MIN_PASSWORD = 8
 
 
 class Refused(Exception):

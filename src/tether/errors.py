@@ -95,6 +95,13 @@ class Forbidden(ApiError):
     code, status = "forbidden", 403
 
 
+class WrongPassword(ApiError):
+    """A password change whose current password is not right. Not 401: the request itself
+    is signed in, and a page that hears 401 takes it for a sign-in that ended."""
+
+    code, status = "wrong_password", 403
+
+
 class RouteNotFound(ApiError):
     code, status = "not_found", 404
 
@@ -149,6 +156,13 @@ class TranscriptChanged(ApiError):
 
 class UserExists(ApiError):
     code, status = "user_exists", 409
+
+
+class NoPassword(ApiError):
+    """A password change by a person who signs in through a proxy or an identity provider:
+    there is no password here to change."""
+
+    code, status = "no_password", 409
 
 
 class RequestTimeout(ApiError):

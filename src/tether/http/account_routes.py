@@ -13,6 +13,8 @@ from pydantic import BaseModel, Field, StrictBool, StrictStr
 from tether.errors import Forbidden, InvalidRequest, RouteNotFound, TokenNotFound, UserNotFound
 from tether.events import ID_PATTERN
 from tether.http.accounts import (
+    MAX_PASSWORD,
+    MIN_PASSWORD,
     PRINCIPAL,
     USERNAME_PATTERN,
     AccountAuth,
@@ -47,7 +49,7 @@ class UserCreated(BaseModel):
 
 class NewUser(Body):
     username: Annotated[StrictStr, Field(min_length=1, max_length=64)]
-    password: Annotated[StrictStr, Field(min_length=8, max_length=4096)]
+    password: Annotated[StrictStr, Field(min_length=MIN_PASSWORD, max_length=MAX_PASSWORD)]
     admin: StrictBool = False
 
 

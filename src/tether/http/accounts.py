@@ -49,6 +49,10 @@ TOKEN_PREFIX = "tth_"
 PEER_KEY = "tether.peer"
 USERNAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$"
 _USERNAME = re.compile(USERNAME_PATTERN)
+# A password's rules, the same for `tether users add|password`, `POST /api/users` and a
+# person's own change: long enough that a guess is not cheap, short enough for argon2.
+MIN_PASSWORD = 8
+MAX_PASSWORD = 4096
 
 
 def valid_username(name: str) -> bool:

@@ -1,9 +1,10 @@
 """Login routes (docs/api.md §8 and §15, docs/security.md): the login page, log in, log out,
-and status, for the single-password mode and for `--auth accounts`. The Origin check and the
+status, and a person's own password change under `--auth accounts`. The Origin check and the
 session check of every other route live in `auth.AuthGate`."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Annotated
 from urllib.parse import urlencode
@@ -12,8 +13,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field, StrictStr
 
-from tether.errors import BadCredentials, InvalidRequest, RateLimited
-from tether.http.accounts import PRINCIPAL, AccountAuth
+from tether.errors import (
+    BadCredentials,
+    InvalidRequest,
+    NoPassword,
+    RateLimited,
+    RouteNotFound,
+    WrongPassword,
+)
+from tether.http.accounts import MAX_PASSWORD, MIN_PASSWORD, PRINCIPAL, AccountAuth
 from tether.http.auth import COOKIE_NAME, SESSION_MAX_AGE, Authenticator, safe_next
 from tether.http.errors import documented, error_response
 from tether.http.pages import PAGE_HEADERS, WEB_ROOT
@@ -45,6 +53,15 @@ class AuthStatus(BaseModel):
 class LoginRequest(Body):
     username: Annotated[StrictStr | None, Field(max_length=200)] = None
     password: Annotated[StrictStr, Field(min_length=1, max_length=4096)]
+
+
+class PasswordChange(Body):
+    current_password: Annotated[StrictStr, Field(min_length=1, max_length=MAX_PASSWORD)]
+    new_password: Annotated[StrictStr, Field(max_length=MAX_PASSWORD)]
+
+
+class PasswordChanged(BaseModel):
+    ok: bool
 
 
 def _auth(request: Request) -> Authenticator:
@@ -205,3 +222,55 @@ async def status(request: Request) -> JSONResponse:
         },
         headers={"Cache-Control": "no-store"},
     )
+
+
+@router.post(
+    "/api/me/password",
+    summary="Change my password",
+    response_model=None,
+    responses=documented(400, 403, 404, 409, 429, ok=PasswordChanged),
+)
+async def change_password(request: Request, body: PasswordChange) -> Response:
+    """The signed-in person's own password (`--auth accounts`). The current one is checked
+    as a login's is, and a wrong one counts as a failed login (the same limits): a stolen
+    cookie or token cannot be used to guess it, nor to lock its owner out. Every other
+    sign-in of theirs ends, as after `tether users password`; this one gets a new cookie.
+    Their API tokens stay: each is a credential of its own, revoked one by one."""
+    accounts, principal = _accounts(request), PRINCIPAL.get()
+    if accounts is None or principal is None:
+        raise RouteNotFound("There is no such route (accounts are off).")
+    user = principal.user
+    if accounts.mode != "accounts" or user.password_hash is None:
+        raise NoPassword(
+            "You sign in through this server's proxy or identity provider: there is no "
+            "password here to change."
+        )
+    if len(body.new_password) < MIN_PASSWORD:
+        raise InvalidRequest(f"A new password has at least {MIN_PASSWORD} characters.")
+    if body.new_password == body.current_password:
+        raise InvalidRequest("The new password is the current one; choose another.")
+    client = request.client.host if request.client else "unknown"
+    name_key = "user:" + user.username.casefold()
+    limits = _limits(request)
+    refused = await _limited(limits, [(client, PER_ADDRESS), (name_key, PER_USER)])
+    if refused is not None:
+        return refused
+    if await accounts.verify(user.username, body.current_password) is None:
+        log.warning("failed password change of %s from %s", user.username, client)
+        raise WrongPassword("That is not your current password.")
+    await limits.reset([client, name_key])
+    password_hash = await asyncio.to_thread(accounts.hasher.hash, body.new_password)
+    await accounts.store.set_password(user.user_id, password_hash)
+    await accounts.store.end_sessions(user.user_id)
+    accounts.credentials_changed(user.user_id)
+    log.info("password change of %s from %s", user.username, client)
+    response = JSONResponse({"ok": True}, headers={"Cache-Control": "no-store"})
+    renewed = await accounts.store.user_by_id(user.user_id)
+    if principal.via == "cookie" and renewed is not None:
+        response.set_cookie(
+            COOKIE_NAME,
+            accounts.cookie_for(renewed),
+            max_age=SESSION_MAX_AGE,
+            **_cookie_options(request),
+        )
+    return response

@@ -2,6 +2,7 @@
 // One reducer per session over (seq, event): live events, replayed events and snapshots all
 // go through it, so a reload, a reconnect and a session switch show the same rows.
 import { authStatus, recheckSignIn } from "./session_auth.js";
+import "./password.js";
 import { del, get, patch, post, q } from "./api.js";
 import { BranchActions, openEdits } from "./branches.js";
 import { Composer } from "./composer.js";

@@ -1,0 +1,64 @@
+"""The page's "Change password" dialog under `--auth accounts` (docs/api.md §15): reached
+from the sidebar footer, labelled fields, the server's refusals shown in the dialog, and a
+change that keeps this browser signed in while the person's other sign-in ends."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import BrowserContext, expect
+
+from accounts_kit import PASSWORDS, add_user, sign_in
+from helpers import running_server
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_person_changes_their_password_on_the_page(
+    context: BrowserContext, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    add_user(data, "alice", admin=True)
+    with running_server(data, "--auth", "accounts") as srv, sign_in(srv, "alice") as elsewhere:
+        page = context.new_page()
+        page.goto(srv.base_url + "/login")
+        page.get_by_label("User name").fill("alice")
+        page.get_by_label("Password").fill(PASSWORDS["alice"])
+        page.get_by_role("button", name="Log in").click()
+        expect(page.get_by_role("textbox", name="Message")).to_be_visible()
+
+        page.get_by_role("button", name="Password", exact=True).click()
+        dialog = page.get_by_role("dialog", name="Change password")
+        expect(dialog).to_be_visible()
+        current = dialog.get_by_label("Current password")
+        expect(current).to_be_focused()
+        submit = dialog.get_by_role("button", name="Change password")
+
+        current.fill("not her password")
+        dialog.get_by_label("New password", exact=True).fill("alice-new-pass")
+        dialog.get_by_label("New password again").fill("alice-new-pass")
+        submit.click()
+        expect(dialog.get_by_role("alert")).to_contain_text("not your current password")
+        expect(current).to_be_focused()
+
+        current.fill(PASSWORDS["alice"])
+        dialog.get_by_label("New password again").fill("alice-other-pass")
+        submit.click()
+        expect(dialog.get_by_role("alert")).to_contain_text("The two new passwords differ")
+        assert elsewhere.get("/api/me").status_code == 200  # nothing was sent
+
+        dialog.get_by_label("New password again").fill("alice-new-pass")
+        submit.click()
+        expect(dialog.get_by_role("status")).to_contain_text("Password changed")
+        expect(dialog.get_by_role("alert")).to_be_hidden()
+        assert elsewhere.get("/api/me").status_code == 401  # her other sign-in ended
+        dialog.get_by_role("button", name="Close").click()
+        expect(dialog).to_be_hidden()
+
+        page.reload()  # this browser stays signed in, with the cookie the change gave it
+        expect(page).not_to_have_url(re.compile(r"/login"))
+        expect(page.get_by_role("button", name="Password", exact=True)).to_be_visible()
+        with sign_in(srv, "alice", "alice-new-pass") as again:
+            assert again.get("/api/me").json()["username"] == "alice"

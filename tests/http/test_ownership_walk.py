@@ -145,6 +145,13 @@ ROUTES: dict[tuple[str, str], Call] = {
     ("GET", "/api/events"): lambda i: ("/api/events", None, None),  # followed below
     ("POST", "/api/render"): lambda i: ("/api/render", None, {"texts": [f"**{i.session}**"]}),
     ("GET", "/api/me"): lambda i: ("/api/me", None, None),
+    # the caller's own password: a new one too short, refused before the current one is
+    # checked (a wrong one would count as bob's failed logins)
+    ("POST", "/api/me/password"): lambda i: (
+        "/api/me/password",
+        None,
+        {"current_password": "not bob's", "new_password": "short"},
+    ),
     ("GET", "/api/users"): lambda i: ("/api/users", None, None),
     ("POST", "/api/users"): lambda i: (
         "/api/users",

@@ -146,8 +146,8 @@ async def remove_user(
     request: Request,
     username: Annotated[str, Path(pattern=USERNAME_PATTERN, description="A user name")],
 ) -> dict:
-    """Their tokens and login sessions end at once; their sessions are kept, shown to
-    nobody else."""
+    """Their tokens and login sessions end at once, and their runs stop as by Stop (their
+    queued messages stay queued); their sessions are kept, shown to nobody else."""
     accounts, principal = _me(request)
     if not principal.user.admin:
         raise Forbidden("Only an admin manages users.")
@@ -157,6 +157,7 @@ async def remove_user(
     if removed is None:
         raise UserNotFound(f"There is no user {username}.")
     accounts.credentials_changed(removed.user_id)
+    await request.app.state.services.controls.stop_runs_of(removed.user_id)
     return {"ok": True}
 
 

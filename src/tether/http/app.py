@@ -113,6 +113,15 @@ def create_app(
         reclaimer = asyncio.create_task(
             maintenance.reclaim_forever(engine, settings.cancel_reclaim_seconds)
         )
+        removals = (  # `tether users remove` beside this server: its runs stop too
+            asyncio.create_task(
+                services.controls.stop_removed_forever(
+                    services.accounts, settings.heartbeat_seconds
+                )
+            )
+            if accounts is not None
+            else None
+        )
         syncer = (
             asyncio.create_task(services.agent_sync.forever(settings.agent_sync_seconds))
             if services.agent_sync is not None and settings.agent_sync_seconds > 0
@@ -134,6 +143,8 @@ def create_app(
             yield
         finally:
             reclaimer.cancel()
+            if removals is not None:
+                removals.cancel()
             if syncer is not None:
                 syncer.cancel()
             await maintenance.shutdown(engine)

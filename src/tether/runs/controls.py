@@ -12,6 +12,8 @@ and applies it to its run:
   so of answers sent at once through several replicas (the owner too) exactly one is
   accepted. The runtime's own `approval.resolved` / `clarify.resolved` stays the truth of
   what the agent got.
+- a removed person (docs/api.md §15): each of their runs gets the Stop they could have
+  sent, through the same path; their queued messages stay queued, as after any Stop.
 
 A replica that does not run the stream decides from the log (the session's fold): the run is
 open and not stopping, the prompt was asked, is not resolved and has no answer yet, and a
@@ -30,7 +32,8 @@ from tether.events import new_id
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
 from tether.log.completion import to_completion
 from tether.log.errors import CancelRequested, PromptAnswered
-from tether.log.store import EventStore
+from tether.log.ownership import VIEWER
+from tether.log.store import AccountStore, EventStore
 from tether.projections.run_items import RunScene
 from tether.runs.pump import STOP
 from tether.runs.registry import CANCELLING, RUNNING, STARTING, Run, RunRegistry
@@ -161,6 +164,46 @@ class RunControls:
         except (StreamClosed, CancelRequested, SessionNotFound):
             return {"ok": True, "cancelled": False, "stream_id": target.stream_id}
         return {"ok": True, "cancelled": True, "stream_id": target.stream_id}
+
+    # -- a removed person -------------------------------------------------------------------
+    async def stop_runs_of(self, user_id: str) -> list[str]:
+        """Stop every run of the person's sessions, here or (on a shared log) anywhere, as
+        their own Stop would: one durable `run.cancel_requested` each, then the run's one
+        `run.finished` in state `cancelled` (invariant 9's lifecycle, unchanged). It acts as
+        that person, so it reaches exactly their runs. The streams Stop decided."""
+        viewer = VIEWER.set(user_id)
+        try:
+            streams = {run.stream_id for run in self.registry.runs()}
+            streams.update(stream.stream_id for stream in await self.store.unfinished_streams())
+            stopped = []
+            for stream_id in sorted(streams):
+                if (await self.cancel(stream_id=stream_id))["cancelled"]:
+                    stopped.append(stream_id)
+            return stopped
+        finally:
+            VIEWER.reset(viewer)
+
+    async def stop_runs_of_removed(self, accounts: AccountStore) -> None:
+        """Stop the runs this process runs whose owner is no longer a user: removed by
+        `tether users remove`, which writes the database beside the server, or through
+        another replica. Asked at each heartbeat (`stop_removed_forever`)."""
+        owners = {
+            await self.store.session_owner(run.session_id)
+            for run in self.registry.runs()
+            if run.phase in (STARTING, RUNNING) and not run.resolved
+        }
+        for owner in owners:
+            if owner is not None and await accounts.user_by_id(owner) is None:
+                stopped = await self.stop_runs_of(owner)
+                log.warning("stopped the run(s) %s of a removed user", ", ".join(stopped))
+
+    async def stop_removed_forever(self, accounts: AccountStore, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.stop_runs_of_removed(accounts)
+            except StorageError as exc:
+                log.warning("could not look for the runs of removed users: %s", exc)
 
     # -- steer ------------------------------------------------------------------------------
     async def steer(self, stream_id: str, text: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from playwright.sync_api import BrowserContext, expect
 
 from accounts_kit import PASSWORDS, add_user, sign_in
 from helpers import running_server
+from pagekit import send, wait_settled
 
 pytestmark = pytest.mark.slow
 
@@ -21,13 +22,19 @@ def test_a_person_changes_their_password_on_the_page(
 ) -> None:
     data = tmp_path / "data"
     add_user(data, "alice", admin=True)
-    with running_server(data, "--auth", "accounts") as srv, sign_in(srv, "alice") as elsewhere:
+    demo = {"TETHER_DEMO_DELAY": "0.01"}
+    with (
+        running_server(data, "--auth", "accounts", env=demo) as srv,
+        sign_in(srv, "alice") as elsewhere,
+    ):
         page = context.new_page()
         page.goto(srv.base_url + "/login")
         page.get_by_label("User name").fill("alice")
         page.get_by_label("Password").fill(PASSWORDS["alice"])
         page.get_by_role("button", name="Log in").click()
         expect(page.get_by_role("textbox", name="Message")).to_be_visible()
+        send(page, "before the change")  # a session whose event stream is open
+        wait_settled(page)
 
         page.get_by_role("button", name="Password", exact=True).click()
         dialog = page.get_by_role("dialog", name="Change password")
@@ -57,6 +64,10 @@ def test_a_person_changes_their_password_on_the_page(
         dialog.get_by_role("button", name="Close").click()
         expect(dialog).to_be_hidden()
 
+        send(page, "after the change")  # the page goes on live, without a reload
+        expect(page.get_by_text("after the change").first).to_be_visible()
+        wait_settled(page)
+        expect(page).not_to_have_url(re.compile(r"/login"))
         page.reload()  # this browser stays signed in, with the cookie the change gave it
         expect(page).not_to_have_url(re.compile(r"/login"))
         expect(page.get_by_role("button", name="Password", exact=True)).to_be_visible()

@@ -38,7 +38,7 @@ def test_a_single_user_data_directory_becomes_the_first_admins(tmp_path: Path) -
     made = tether_users(data, "add", "alice", "--admin", password="alice-pass-1")
     assert made.returncode == 0, made.stderr
     assert "alice now owns the 2 session(s) made before accounts" in made.stdout
-    assert _migrations(data / "tether.db")[-1] == "m006_turn_texts"
+    assert _migrations(data / "tether.db")[-1] == "m007_search_words_with_marks"
     add_user(data, "bob")  # added later: owns nothing
 
     with running_server(data, "--auth", "accounts") as srv:

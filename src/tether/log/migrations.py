@@ -189,6 +189,23 @@ def m006_turn_texts(db: sqlite3.Connection) -> None:
     )
 
 
+@migration
+def m007_search_words_with_marks(db: sqlite3.Connection) -> None:
+    """Combining marks (Unicode M*: Devanagari vowel signs and viramas, Arabic harakat, Thai
+    vowel marks, an accent typed as a mark after its letter) are part of a word in the search
+    index, as letters and digits are: m004's tokenizer took only `L* N* Co` and cut such
+    words at every mark. `remove_diacritics 2` still folds Latin accents, precomposed or
+    typed as marks. The query's words are read by the same categories (sessions/search.py).
+    FTS5 cannot change a table's tokenizer: the index is made again and rebuilt from the rows
+    it indexes (their text is unchanged, so the triggers of m004 keep it)."""
+    db.execute("DROP TABLE search_fts")
+    db.execute(
+        "CREATE VIRTUAL TABLE search_fts USING fts5(text, content='search_rows', "
+        "content_rowid='id', tokenize=\"unicode61 remove_diacritics 2 categories 'L* N* Co M*'\")"
+    )
+    db.execute("INSERT INTO search_fts(search_fts) VALUES ('rebuild')")
+
+
 def apply_migrations(db: sqlite3.Connection) -> list[str]:
     """Apply what is missing, each in its own transaction; return the names applied.
 

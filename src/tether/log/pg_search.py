@@ -6,10 +6,11 @@ the index is never behind (nor ahead of) the committed log, whatever crashes whe
 `tsvector` under a GIN index, in the `tether_search` configuration: the `simple` parser and
 dictionary (no stemming, as SQLite's FTS5 `unicode61` tokenizer), behind `unaccent` when the
 server has that extension, so accents are ignored both ways. Without the extension accents
-count (documented in docs/operations.md). Ranking is `ts_rank` over the newest `RANKED_MAX`
-matches (SQLite ranks its newest 2,000 with BM25 for the same reason); snippets come from
-`ts_headline` with control-character markers split into `(text, matched)` parts, exactly as
-the SQLite backend returns them.
+count (documented in docs/operations.md). The parser keeps combining marks inside a word, as
+SQLite's index does since its m007, so the query's words (sessions/search.py) fit both.
+Ranking is `ts_rank` over the newest `RANKED_MAX` matches (SQLite ranks its newest 2,000
+with BM25 for the same reason); snippets come from `ts_headline` with control-character
+markers split into `(text, matched)` parts, exactly as the SQLite backend returns them.
 
 The fold reads a stream's events synchronously (`StreamEvents`) while the writer's connection
 is asynchronous: `fold_change` calls the fold with a reader that answers from what was read

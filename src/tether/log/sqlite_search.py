@@ -2,9 +2,11 @@
 names, written by the log writer on its own connection inside the batch's transaction, so the
 index is never behind (nor ahead of) the committed log, whatever crashes when.
 
-`search_rows` holds each row's text once; `search_fts` is an external-content FTS5 index over
-it, kept by the triggers of migration m004. A deleted session's rows go in the transaction
-that deletes its log; nothing else removes a row (a truncation hides rows as a branch).
+`search_rows` holds each row's text once; `search_fts` is an external-content FTS5 index
+over it, kept by the triggers of migration m004, tokenized as migration m007 says (letters,
+digits and combining marks make a word, as the query's words are read in
+sessions/search.py). A deleted session's rows go in the transaction that deletes its log;
+nothing else removes a row (a truncation hides rows as a branch).
 """
 
 from __future__ import annotations

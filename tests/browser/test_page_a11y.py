@@ -158,3 +158,27 @@ def test_context_meter_is_a_meter_and_statuses_are_announced_once(
         expect(page.locator("#conn-count")).to_have_text("1")
         assert page.evaluate("window.__announced") == ["Replaying events…"]
         page.context.close()
+
+
+@pytest.mark.parametrize("motion", ["no-preference", "reduce"])
+def test_nothing_pulses_for_a_person_who_asks_for_less_motion(
+    browser: Browser, web_server: ServerProcess, motion: str
+) -> None:
+    """The running dots and a running tool's mark pulse, except with the system's "reduce
+    motion" setting (WCAG 2.3.3): then they are shown still."""
+    context = browser.new_context(viewport=SIZES["desktop"], reduced_motion=motion)
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    send(page, "/slow show the tools")
+    expect(page.locator(".row.live .tool-card.running").first).to_be_attached(timeout=20_000)
+    expect(page.locator("#sidebar .running-dot:visible")).to_have_count(1)
+    animated = page.evaluate(
+        """() => [...new Set(document.getAnimations().map((a) => a.animationName))]"""
+    )
+    if motion == "reduce":
+        assert animated == []
+    else:
+        assert animated == ["pulse"]
+    page.get_by_role("button", name="Stop").click()
+    wait_settled(page)
+    context.close()

@@ -17,14 +17,24 @@ import pytest
 from pg import database
 
 from accounts_kit import add_user, sign_in, tether_users
-from fake_openai import FakeOpenAI, delay, reply, text
-from helpers import ServerProcess, new_session, running_server, start_turn
+from fake_openai import FakeOpenAI, barrier, delay, reply, text
+from helpers import (
+    ServerProcess,
+    new_session,
+    running_server,
+    start_turn,
+    wait_idle,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
-# The longest heartbeat: the first look for removed owners comes 5 s after the server
-# starts, after a test through the API waits (2 s from the removal), so a run that ends in
-# time was stopped by the removal itself.
+# The longest heartbeat, so that the look for removed owners (each heartbeat) is rare: a
+# removal through the API is seen to stop the run itself by the log, which holds the Stop
+# when the DELETE answers (it is not left to the next heartbeat).
 SLOW_BEAT = "5"
+# How long a test waits for the model request to close: a bound, not a margin (the slow
+# answer streams for a minute, so a run that was not stopped still fails).
+STOPPED_WITHIN = 15
 
 
 @pytest.fixture
@@ -85,6 +95,10 @@ def logged(data: Path, sid: str) -> list[tuple[str, dict]]:
     return [(kind, json.loads(data)) for kind, data in rows]
 
 
+def stop_recorded(events: list[tuple[str, dict]]) -> bool:
+    return any(kind == "run.cancel_requested" for kind, _ in events)
+
+
 def assert_stopped_as_by_stop(events: list[tuple[str, dict]]) -> None:
     kinds = [kind for kind, _ in events]
     assert kinds.count("run.started") == 1, kinds  # the queued message was not sent
@@ -103,7 +117,8 @@ def test_removing_a_user_through_the_api_stops_their_run_at_once(
     with accounts_server(data, fake, SLOW_BEAT) as srv, sign_in(srv, "alice") as alice:
         sid = bob_streaming(srv, fake)
         assert alice.delete("/api/users/bob").json() == {"ok": True}
-        assert fake.wait_disconnects(1, timeout=2), "the model is still being called"
+        assert stop_recorded(logged(data, sid)), "the removal answered before its Stop"
+        assert fake.wait_disconnects(1, timeout=STOPPED_WITHIN), "the model is still called"
         assert fake.requests_count == 1
     assert_stopped_as_by_stop(logged(data, sid))
 
@@ -120,7 +135,7 @@ def test_removing_a_user_on_the_command_line_stops_their_run_within_a_heartbeat(
         sid = bob_streaming(srv, fake)
         removed = tether_users(data, "remove", "bob")
         assert removed.returncode == 0, removed.stderr
-        assert fake.wait_disconnects(1, timeout=5), "the model is still being called"
+        assert fake.wait_disconnects(1, timeout=STOPPED_WITHIN), "the model is still called"
         assert fake.requests_count == 1
     assert_stopped_as_by_stop(logged(data, sid))
 
@@ -146,10 +161,76 @@ def test_a_removed_users_run_on_another_replica_stops(
             sid = bob_streaming(b, fake)
             if removal == "api":
                 assert alice.delete("/api/users/bob").json() == {"ok": True}
+                recorded = stop_recorded(logged_in_postgres(url, sid))
+                assert recorded, "the removal answered before its Stop"
             else:
                 gone = tether_users(tmp_path / "c", "remove", "bob", "--database-url", url)
                 assert gone.returncode == 0, gone.stderr
-            within = 2 if removal == "api" else 3
-            assert fake.wait_disconnects(1, timeout=within), "the model is still being called"
+            stopped = fake.wait_disconnects(1, timeout=STOPPED_WITHIN)
+            assert stopped, "the model is still being called"
             assert fake.requests_count == 1
         assert_stopped_as_by_stop(logged_in_postgres(url, sid))
+
+
+def remove_bob(srv: ServerProcess, removal: str) -> None:
+    if removal == "api":
+        with sign_in(srv, "alice") as alice:
+            assert alice.delete("/api/users/bob").json() == {"ok": True}
+    else:
+        gone = tether_users(srv.data_dir, "remove", "bob")
+        assert gone.returncode == 0, gone.stderr
+
+
+@pytest.mark.parametrize("removal", ["api", "command line"])
+def test_another_persons_run_goes_on_when_a_user_is_removed(
+    tmp_path: Path, fake: FakeOpenAI, removal: str
+) -> None:
+    """The removal's Stop acts as the removed person, so it reaches their runs only: Carol's
+    run, streaming when Bob goes (held at a barrier in the model's answer until his run
+    stopped), finishes completed, its model request never closed."""
+    data = tmp_path / "data"
+    for name in ("alice", "bob", "carol"):
+        add_user(data, name, admin=name == "alice")
+    carols = reply(text("Carol's first half, "), barrier("carol"), text("and her second."))
+    fake.script(slow_answer(), carols)
+    beat = SLOW_BEAT if removal == "api" else "0.5"
+    with accounts_server(data, fake, beat) as srv, sign_in(srv, "carol") as carol:
+        with sign_in(srv, "bob") as bob:
+            start_turn(bob, new_session(bob, "Bob's long question"), "Tell me everything")
+            assert fake.wait_for_requests(1)
+        sid = new_session(carol, "Carol's question")
+        start_turn(carol, sid, "A short one")
+        assert fake.wait_reached("carol"), "Carol's run did not reach the model"
+        remove_bob(srv, removal)
+        assert fake.wait_disconnects(1, timeout=STOPPED_WITHIN), "Bob's run was not stopped"
+        fake.release("carol")
+        wait_idle(carol, sid)
+        assert fake.disconnects == 1  # Bob's request only
+    events = logged(data, sid)
+    assert not stop_recorded(events), events
+    assert [d["state"] for k, d in events if k == "run.finished"] == ["completed"], events
+
+
+@pytest.mark.parametrize("removal", ["api", "command line"])
+def test_a_removed_users_run_waiting_for_their_approval_stops(tmp_path: Path, removal: str) -> None:
+    """A run that waits for its owner's answer to an approval prompt (the demo's `/approve`,
+    which waits five minutes) is a running run: the removal stops it as a Stop would."""
+    data = tmp_path / "data"
+    add_user(data, "alice", admin=True)
+    add_user(data, "bob")
+    beat = ("--heartbeat-seconds", SLOW_BEAT if removal == "api" else "0.5")
+    with running_server(data, "--auth", "accounts", *beat) as srv:
+        with sign_in(srv, "bob") as bob:
+            sid = new_session(bob, "Bob's risky request")
+            start_turn(bob, sid, "/approve")
+
+        def logged_of(kind: str) -> list[dict]:
+            return [d for k, d in logged(srv.data_dir, sid) if k == kind]
+
+        wait_until(lambda: logged_of("approval.requested"), what="the approval prompt")
+        remove_bob(srv, removal)
+        ended = wait_until(
+            lambda: logged_of("run.finished"), timeout=STOPPED_WITHIN, what="the run's end"
+        )
+    assert [d["state"] for d in ended] == ["cancelled"], ended
+    assert [k for k, _ in logged(data, sid)].count("run.cancel_requested") == 1

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pg import database
 
 from accounts_kit import PASSWORDS, OpenStream, add_user, bearer, new_token, sign_in
 from helpers import new_session, running_server
@@ -111,3 +112,66 @@ def test_the_route_is_absent_in_the_single_user_modes(tmp_path: Path) -> None:
         body = {"current_password": "whatever-1", "new_password": "whatever-2"}
         absent = client.post(PATH, json=body)
         assert absent.status_code == 404 and absent.json()["code"] == "not_found"
+
+
+def test_a_page_of_another_site_cannot_change_it(tmp_path: Path) -> None:
+    """The route changes state with the cookie: the Origin check refuses a cross-site
+    request before anything is checked or counted, and the password stays."""
+    data = tmp_path / "data"
+    add_user(data, "alice", admin=True)
+    with running_server(data, *ACCOUNTS) as srv, sign_in(srv, "alice") as alice:
+        body = {"current_password": PASSWORDS["alice"], "new_password": "taken-over-1"}
+        forged = alice.post(PATH, json=body, headers={"Origin": "http://evil.example"})
+        assert forged.status_code == 403 and forged.json()["code"] == "bad_origin"
+        cross = alice.post(PATH, json=body, headers={"Sec-Fetch-Site": "cross-site"})
+        assert cross.status_code == 403 and cross.json()["code"] == "bad_origin"
+        assert alice.get("/api/me").status_code == 200  # still signed in
+        with sign_in(srv, "alice") as again:  # the password did not change
+            assert again.get("/api/me").json()["username"] == "alice"
+
+
+def test_a_token_changes_the_password_only_with_the_current_one_and_keeps_working(
+    tmp_path: Path,
+) -> None:
+    """A script's token is held to the current password as a browser is (a wrong one is a
+    failed login); a change through it sets no cookie, ends every sign-in, and the token
+    goes on (it is a credential of its own)."""
+    data = tmp_path / "data"
+    add_user(data, "alice", admin=True)
+    with running_server(data, *ACCOUNTS) as srv, sign_in(srv, "alice") as browser:
+        token = new_token(browser)["token"]
+        with bearer(srv, token) as script:
+            body = {"current_password": "not-hers-1", "new_password": "alice-new-2"}
+            wrong = script.post(PATH, json=body)
+            assert wrong.status_code == 403 and wrong.json()["code"] == "wrong_password"
+            assert browser.get("/api/me").status_code == 200  # a refusal ends nothing
+            body["current_password"] = PASSWORDS["alice"]
+            done = script.post(PATH, json=body)
+            assert done.status_code == 200 and "set-cookie" not in done.headers
+            assert browser.get("/api/me").status_code == 401
+            assert script.get("/api/me").json()["username"] == "alice"
+        with sign_in(srv, "alice", "alice-new-2") as again:
+            assert again.get("/api/me").status_code == 200
+
+
+def test_a_change_through_one_replica_ends_the_sign_ins_of_the_others(tmp_path: Path) -> None:
+    """On a shared database the epoch is the database's: a cookie of another replica
+    answers 401 at once, and its open event stream ends within a heartbeat; the cookie the
+    change gave works on every replica."""
+    with database() as url:
+        add_user(tmp_path / "a", "alice", admin=True, database_url=url)
+        shared = ("--auth", "accounts", "--heartbeat-seconds", "0.5", "--database-url", url)
+        with (
+            running_server(tmp_path / "a", *shared) as a,
+            running_server(tmp_path / "b", *shared) as b,
+            sign_in(a, "alice") as here,
+            sign_in(b, "alice") as there,
+        ):
+            stream = OpenStream(there, "/api/events")
+            body = {"current_password": PASSWORDS["alice"], "new_password": "alice-new-3"}
+            assert here.post(PATH, json=body).status_code == 200
+            assert there.get("/api/me").status_code == 401
+            assert stream.ended.wait(10), "the other replica's stream goes on"
+            with httpx.Client(base_url=b.base_url, timeout=10) as moved:
+                moved.cookies.set("tether_session", here.cookies["tether_session"])
+                assert moved.get("/api/me").json()["username"] == "alice"

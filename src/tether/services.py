@@ -199,6 +199,7 @@ def build_services(
         attachments=attachments,
         rotator=Rotator(sessions, runtime, settings),
         agent_sync=syncer,
+        people=accounts if settings.auth != "password" else None,
     )
     if settings.database_url:  # the PostgreSQL backend: leases and takeover (runs/leases.py)
         engine.shared = cast(SharedLog, checked.backend)

@@ -234,3 +234,32 @@ def test_a_removed_users_run_waiting_for_their_approval_stops(tmp_path: Path, re
         )
     assert [d["state"] for d in ended] == ["cancelled"], ended
     assert [k for k, _ in logged(data, sid)].count("run.cancel_requested") == 1
+
+
+def test_a_removed_users_run_that_ends_before_the_heartbeat_sends_no_queued_message(
+    tmp_path: Path, fake: FakeOpenAI
+) -> None:
+    """`tether users remove` while Bob's run is about to end: it completes before the
+    server's next look for removed owners, and the message he queued behind it must not
+    start as the next turn (docs/api.md §15: never sent), for no one may send it now. No
+    event says a start was not made, so after the run's end the test waits a bound for the
+    model request a start would make at once."""
+    data = tmp_path / "data"
+    add_user(data, "alice", admin=True)
+    add_user(data, "bob")
+    fake.script(reply(text("Nearly "), barrier("bob"), text("done.")), reply(text("queued")))
+    with accounts_server(data, fake, SLOW_BEAT) as srv:
+        with sign_in(srv, "bob") as bob:
+            sid = new_session(bob, "Bob's short question")
+            start_turn(bob, sid, "Tell me briefly")
+            assert fake.wait_reached("bob")
+            queued = bob.post("/api/chat/queue", json={"session_id": sid, "message": "Then?"})
+            assert queued.status_code == 200 and queued.json()["started"] is None, queued.text
+        remove_bob(srv, "command line")
+        fake.release("bob")
+        wait_until(
+            lambda: any(k == "run.finished" for k, _ in logged(data, sid)), what="the run's end"
+        )
+        assert not fake.wait_for_requests(2, timeout=3), "the queued message was sent"
+    kinds = [kind for kind, _ in logged(data, sid)]
+    assert kinds.count("run.started") == 1 and "queue.removed" not in kinds, kinds

@@ -25,7 +25,7 @@ from tether.log import Draft, SessionNotFound
 from tether.log.attachments import BlobStore
 from tether.log.completion import to_completion
 from tether.log.errors import QueueItemEdited
-from tether.log.store import EventStore, SharedLog
+from tether.log.store import AccountStore, EventStore, SharedLog
 from tether.runs.handles import HandleCache, RuntimeHandle, StatelessHandle
 from tether.runs.intake import Upload
 from tether.runs.registry import RUNNING, Run, RunRegistry
@@ -62,6 +62,7 @@ class RunEngine:
         attachments: BlobStore,
         rotator: Rotation | None = None,
         agent_sync: BeforeStart | None = None,
+        people: AccountStore | None = None,
         coalesce_seconds: float = 0.016,
     ):
         self.store = store
@@ -73,6 +74,8 @@ class RunEngine:
         # turn can slip into the parent; the next queued message starts once it is free.
         self.rotator = rotator
         self.agent_sync = agent_sync  # for runtimes that keep their own history
+        # The user modes' accounts: a removed person's queued messages are never sent.
+        self.people = people
         self.coalesce_seconds = coalesce_seconds
         self.shared: SharedLog | None = None  # its leases and takeover (runs/leases.py)
         self.handles = HandleCache()
@@ -358,12 +361,24 @@ class RunEngine:
         seen = fold.last_seq  # read before any await: the live tail advances the fold
         if item is None:
             return None
+        if await self._owner_removed(session_id):
+            log.info("queued message %s stays queued: its owner was removed", item["queue_id"])
+            return None
         try:
             started = await self.start_queued(session_id, item, seen)
         except ApiError as exc:  # busy, rotated, closing, gone: it stays queued
             log.info("queued message %s stays queued: %s", item["queue_id"], exc.message)
             return None
         return started["stream_id"]
+
+    async def _owner_removed(self, session_id: str) -> bool:
+        """Whether the session's owner is no longer a user (docs/api.md §15): a run of theirs
+        that completed before the removal's Stop reached it (`tether users remove` is seen
+        at the next heartbeat) must not send what they queued, for no one may send it now."""
+        if self.people is None:
+            return False
+        owner = await self.store.session_owner(session_id)
+        return owner is not None and await self.people.user_by_id(owner) is None
 
     async def start_queued(
         self, session_id: str, item: dict[str, Any], after_seq: int | None = None

@@ -73,3 +73,40 @@ def test_a_person_changes_their_password_on_the_page(
         expect(page.get_by_role("button", name="Password", exact=True)).to_be_visible()
         with sign_in(srv, "alice", "alice-new-pass") as again:
             assert again.get("/api/me").json()["username"] == "alice"
+
+
+def test_the_dialog_serves_password_managers_and_the_keyboard(
+    context: BrowserContext, tmp_path: Path
+) -> None:
+    """A password manager finds whose password changes and which field is which (the
+    `autocomplete` tokens of the HTML standard), Escape closes the dialog without sending,
+    and the focus goes back to the Password button."""
+    data = tmp_path / "data"
+    add_user(data, "alice", admin=True)
+    with running_server(data, "--auth", "accounts") as srv, sign_in(srv, "alice") as elsewhere:
+        page = context.new_page()
+        page.goto(srv.base_url + "/login")
+        page.get_by_label("User name").fill("alice")
+        page.get_by_label("Password").fill(PASSWORDS["alice"])
+        page.get_by_role("button", name="Log in").click()
+        opener = page.get_by_role("button", name="Password", exact=True)
+        opener.click()
+        dialog = page.get_by_role("dialog", name="Change password")
+        fields = {
+            "Current password": "current-password",
+            "New password": "new-password",
+            "New password again": "new-password",
+        }
+        for label, token in fields.items():
+            field = dialog.get_by_label(label, exact=True)
+            expect(field).to_have_attribute("type", "password")
+            expect(field).to_have_attribute("autocomplete", token)
+        username = dialog.locator("input[autocomplete=username]")
+        expect(username).to_have_value("alice")
+        dialog.get_by_label("Current password").fill(PASSWORDS["alice"])
+        dialog.get_by_label("New password", exact=True).fill("alice-escaped-1")
+        dialog.get_by_label("New password again").fill("alice-escaped-1")
+        page.keyboard.press("Escape")
+        expect(dialog).to_be_hidden()
+        expect(opener).to_be_focused()
+        assert elsewhere.get("/api/me").status_code == 200  # nothing was sent

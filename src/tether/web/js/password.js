@@ -2,9 +2,10 @@
 // footer's Password button opens a dialog asking for the current password and the new one
 // twice. The server checks both; its refusal (a wrong current password, a short new one,
 // too many failures) is shown in the dialog, and what was typed stays for another try.
-// Success ends the person's other sign-ins; this browser gets a new cookie with the answer.
+// Success ends the person's other sign-ins; this browser gets a new cookie with the answer,
+// which the page's sign-in checks wait for (its own streams end before it arrives).
 import { post } from "./api.js";
-import { authStatus } from "./session_auth.js";
+import { authStatus, renewingSignIn } from "./session_auth.js";
 
 const $ = (id) => document.getElementById(id);
 const dialog = $("password-dialog");
@@ -38,10 +39,12 @@ async function submit(event) {
   const button = $("password-submit");
   button.disabled = true;
   try {
-    await post("/api/me/password", {
-      current_password: $("password-current").value,
-      new_password: fresh,
-    });
+    await renewingSignIn(
+      post("/api/me/password", {
+        current_password: $("password-current").value,
+        new_password: fresh,
+      }),
+    );
   } catch (err) {
     say(err.message);
     $(err.code === "wrong_password" ? "password-current" : "password-new").focus();

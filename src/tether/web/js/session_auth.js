@@ -21,8 +21,29 @@ function toLogin() {
 
 let username = null; // who is signed in, as the server last said
 
+// This page's own request for a new cookie (a password change), while it is in flight: the
+// server ends the old cookie's streams before the answer that brings the new one arrives,
+// and a check made meanwhile would carry the old cookie and find the sign-in gone.
+let renewal = Promise.resolve();
+
+const RENEWAL_WAIT_MS = 15000; // a request that never answers holds the checks no longer
+
+/** Checks of the sign-in wait for `request`, which answers with this browser's new cookie. */
+export function renewingSignIn(request) {
+  const settled = Promise.race([
+    request.then(
+      () => {},
+      () => {},
+    ),
+    new Promise((go) => setTimeout(go, RENEWAL_WAIT_MS)),
+  ]);
+  renewal = Promise.all([renewal, settled]);
+  return request;
+}
+
 /** `GET /api/auth/status`, or null when it could not be asked. */
 async function checkStatus() {
+  await renewal;
   let status;
   try {
     const response = await fetch("/api/auth/status", { cache: "no-store" });

@@ -195,7 +195,8 @@ class RunControls:
         for owner in owners:
             if owner is not None and await accounts.user_by_id(owner) is None:
                 stopped = await self.stop_runs_of(owner)
-                log.warning("stopped the run(s) %s of a removed user", ", ".join(stopped))
+                if stopped:  # none when a Stop through another replica got there first
+                    log.warning("stopped the run(s) %s of a removed user", ", ".join(stopped))
 
     async def stop_removed_forever(self, accounts: AccountStore, every: float) -> None:
         while True:

@@ -21,7 +21,7 @@ so it can be used from ordinary synchronous pytest fixtures::
 
 Scripted replies are served in order to ``POST /v1/chat/completions``; when the queue is empty
 ``fake.default_reply`` (plain text "ok") is served. Replies are lists of steps: content steps
-(``reasoning``, ``text``, ``tool_call``, ``stream_error``, ``raw``) and control steps
+(``reasoning``, ``text``, ``tool_call``, ``stream_error``, ``raw``, ``verbatim``) and control steps
 (``delay``, ``barrier``, ``hang``, ``drop``, ``end``). Client disconnects during a response
 are detected at once (the ASGI ``http.disconnect`` message is watched by a separate task) and
 counted in
@@ -50,6 +50,7 @@ from .steps import (
     StreamError,
     Text,
     ToolCall,
+    Verbatim,
     barrier,
     delay,
     drop,
@@ -65,6 +66,7 @@ from .steps import (
     stream_error,
     text,
     tool_call,
+    verbatim,
 )
 
 __all__ = [
@@ -85,6 +87,7 @@ __all__ = [
     "StreamError",
     "Text",
     "ToolCall",
+    "Verbatim",
     "barrier",
     "delay",
     "drop",
@@ -100,4 +103,5 @@ __all__ = [
     "stream_error",
     "text",
     "tool_call",
+    "verbatim",
 ]

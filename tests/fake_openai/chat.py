@@ -30,6 +30,7 @@ from .steps import (
     StreamError,
     Text,
     ToolCall,
+    Verbatim,
 )
 
 _TICK = 0.01  # polling period (s) for barrier release / fake shutdown
@@ -204,6 +205,8 @@ class ChatCompletions(FakeState):
                 return  # uvicorn closes the socket: incomplete chunked body
             elif isinstance(step, Raw):
                 await resp.body(f"data: {step.payload}\n\n".encode())
+            elif isinstance(step, Verbatim):
+                await resp.body(step.payload.encode())
             elif isinstance(step, End):
                 await resp.finish()
                 return

@@ -89,6 +89,14 @@ class Raw:
 
 
 @dataclass(frozen=True)
+class Verbatim:
+    """Bytes of the SSE body sent exactly as given: lines other than ``data:`` (llama.cpp's
+    ``error: {...}`` line, a named ``event: error``, CRLF endings, ...)."""
+
+    payload: str
+
+
+@dataclass(frozen=True)
 class End:
     """End the response cleanly here: the HTTP body completes, but with no chunk carrying a
     ``finish_reason`` and no ``[DONE]`` (how a server that crashed mid-answer looks)."""
@@ -100,7 +108,20 @@ class Stall:
     client gives up (a provider that accepted the connection and went quiet)."""
 
 
-Step = Reasoning | Text | ToolCall | Delay | Barrier | Hang | Drop | StreamError | Raw | End | Stall
+Step = (
+    Reasoning
+    | Text
+    | ToolCall
+    | Delay
+    | Barrier
+    | Hang
+    | Drop
+    | StreamError
+    | Raw
+    | Verbatim
+    | End
+    | Stall
+)
 
 
 @dataclass
@@ -195,6 +216,11 @@ def drop() -> Drop:
 def raw(payload: str | dict[str, Any] | list[Any]) -> Raw:
     """A verbatim ``data:`` line; a dict or list is JSON-encoded."""
     return Raw(payload if isinstance(payload, str) else json.dumps(payload))
+
+
+def verbatim(payload: str) -> Verbatim:
+    """Bytes of the SSE body sent as given (give the line endings too)."""
+    return Verbatim(payload)
 
 
 def end() -> End:

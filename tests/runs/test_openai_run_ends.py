@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_openai import FakeOpenAI, end, hang, raw, reply, text
+from fake_openai import FakeOpenAI, end, hang, raw, reply, text, verbatim
 from helpers import ServerProcess, new_session, read_events, running_server, start_turn, wait_idle
 
 pytestmark = pytest.mark.slow
@@ -41,6 +41,14 @@ def server(tmp_path: Path, fake: FakeOpenAI) -> Iterator[ServerProcess]:
         ),
         pytest.param(reply(text("Half an answer"), end()), "network", id="no-finish"),
         pytest.param(reply(text("Half an answer"), hang()), "network", id="stall"),
+        pytest.param(  # llama.cpp's server: an `error:` line, then [DONE]
+            reply(
+                text("Half an answer"),
+                verbatim('error: {"code":500,"message":"slot crashed"}\n\ndata: [DONE]\n\n'),
+            ),
+            "bad_response",
+            id="llama-cpp-error-line",
+        ),
     ],
 )
 def test_a_stream_that_did_not_finish_ends_the_run_in_error_with_its_text(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runtimes.openai_kit import content_events, run
+from runtimes.openai_kit import content_events, run, turn
 
 from tether.runtimes.base import (
     AnswerFinished,
@@ -21,7 +21,7 @@ from tether.runtimes.base import (
 from tether.runtimes.openai import OpenAIRuntime
 from tether.settings import Settings
 
-from fake_openai import FakeOpenAI, delay, end, hang, raw, reply, stall, text
+from fake_openai import FakeOpenAI, delay, end, hang, raw, reply, stall, text, verbatim
 
 
 def runtime_for(fake: FakeOpenAI, tmp_path: Path, **settings: Any) -> OpenAIRuntime:
@@ -136,3 +136,46 @@ def test_an_answer_cut_off_at_the_token_limit_is_reported(fake: FakeOpenAI, tmp_
         AnswerFinished("length"),
     ]
     assert content_events(run(runtime_for(fake, tmp_path))) == [TextDelta("whole")]
+
+
+LLAMA_CPP_OVERFLOW = (
+    'error: {"code":400,"message":"the request exceeds the available context size, try '
+    'increasing it","type":"exceed_context_size_error"}\n\ndata: [DONE]\n\n'
+)
+
+
+def test_llama_cpp_s_error_line_is_the_error_it_reports(fake: FakeOpenAI, tmp_path: Path) -> None:
+    # llama.cpp's server writes a streamed request's failure as an `error: {...}` line, then
+    # `[DONE]`. Before: the line was skipped, so mid-answer the [DONE] made a complete answer of
+    # the text so far, and before any text the provider's words were lost.
+    fake.script(
+        reply(text("Half an "), verbatim('error: {"code":500,"message":"slot crashed"}\n\n'))
+    )
+    seen: list[RuntimeEvent] = []
+    with pytest.raises(ProviderError) as info:
+        run(runtime_for(fake, tmp_path), into=seen)
+    assert info.value.code == "bad_response"
+    assert "slot crashed" in info.value.message
+    assert content_events(seen) == [TextDelta("Half an ")]
+
+
+def test_llama_cpp_s_overflow_line_compresses_and_retries(fake: FakeOpenAI, tmp_path: Path) -> None:
+    history = [
+        {"role": "user", "content": "an earlier question"},
+        {"role": "assistant", "content": "an earlier answer"},
+        {"role": "user", "content": "hi"},
+    ]
+    fake.script(reply(verbatim(LLAMA_CPP_OVERFLOW)), reply(text("summary")), reply(text("fits")))
+    events = run(runtime_for(fake, tmp_path), turn(history))
+    assert [e for e in events if isinstance(e, TextDelta)] == [TextDelta("fits")]
+    assert fake.requests_count == 3  # the turn, the summary, the turn again
+
+
+def test_a_named_error_event_is_the_error_it_reports(fake: FakeOpenAI, tmp_path: Path) -> None:
+    fake.script(reply(text("so far"), verbatim('event: error\ndata: {"message":"Overloaded"}\n\n')))
+    seen: list[RuntimeEvent] = []
+    with pytest.raises(ProviderError) as info:
+        run(runtime_for(fake, tmp_path), into=seen)
+    assert info.value.code == "bad_response"
+    assert "Overloaded" in info.value.message
+    assert content_events(seen) == [TextDelta("so far")]

@@ -275,6 +275,7 @@ class OpenAIRuntime(OpenAIEndpoint):
                 if not self._renames_max_tokens(exc, body):
                     self._raise_classified(exc, model, streaming=False, tools="tools" in body)
         done = seen_data = False
+        event_name = ""  # the SSE event the next data line belongs to ("" for a message)
         lines = sse_lines(response.aiter_bytes(), idle)
         try:
             while True:
@@ -287,9 +288,17 @@ class OpenAIRuntime(OpenAIEndpoint):
                 except Exception as exc:
                     self._raise_classified(exc, model, streaming=True)
                 if not line.startswith("data:"):
+                    if line.startswith("error:"):  # llama.cpp's server: `error: {...}`, [DONE]
+                        self._raise_stream_error(line[6:], response, model)
+                    if line.startswith("event:"):
+                        event_name = line[6:].strip()
+                    elif not line:
+                        event_name = ""
                     continue
                 seen_data = True
                 payload = line[5:].strip()
+                if event_name == "error":  # `event: error` then its data (SSE's named event)
+                    self._raise_stream_error(payload, response, model)
                 if payload == "[DONE]":
                     done = True
                     await drain(lines)
@@ -338,6 +347,17 @@ class OpenAIRuntime(OpenAIEndpoint):
                 f"The model provider at {self._where()} closed the stream before the answer "
                 "was finished (no finish_reason and no [DONE]); the text so far is kept.",
             )
+
+    def _raise_stream_error(self, payload: str, response: Any, model: str) -> NoReturn:
+        """An error the provider sent in the stream outside a chunk's `error` field, as a
+        JSON object or in plain words: the run ends with the provider's own words."""
+        try:
+            error = json.loads(payload)
+        except ValueError:
+            error = payload.strip() or "an error without a message"
+        if isinstance(error, dict) and error.get("error") is not None:
+            error = error["error"]
+        self._raise_classified(stream_error(error, response), model, streaming=True)
 
     def _stalled(self, idle: float, *, started: bool) -> NoReturn:
         what = "stopped sending mid-answer" if started else "sent no answer"

@@ -98,7 +98,7 @@ class ChatCompletions(FakeState):
         if isinstance(rep, ErrorReply):
             await resp.json(rep.status, rep.body, rep.headers)
             return
-        stream = bool(body.get("stream"))
+        stream = bool(body.get("stream")) and not (isinstance(rep, Reply) and rep.unstreamed)
         if isinstance(rep, MalformedReply):
             ctype = "text/event-stream" if stream else "application/json"
             await resp.start(200, ctype)

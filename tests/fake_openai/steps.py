@@ -130,12 +130,14 @@ class Reply:
 
     ``finish_reason=None`` means automatic: ``"tool_calls"`` if any step is a ToolCall, else
     ``"stop"``. ``usage`` (partial dicts allowed) overrides the estimated token counts;
-    ``total_tokens`` is filled in when missing.
+    ``total_tokens`` is filled in when missing. ``unstreamed``: answered as one JSON body even
+    to a streamed request (a server or proxy that ignores ``stream``).
     """
 
     steps: list[Step] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
+    unstreamed: bool = False
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -238,10 +240,15 @@ def stream_error(
 
 
 def reply(
-    *steps: Step | str, finish_reason: str | None = None, usage: dict[str, Any] | None = None
+    *steps: Step | str,
+    finish_reason: str | None = None,
+    usage: dict[str, Any] | None = None,
+    unstreamed: bool = False,
 ) -> Reply:
     """``reply(text("a"), tool_call(...))``; bare strings are treated as ``text(...)``."""
-    return Reply([text(s) if isinstance(s, str) else s for s in steps], finish_reason, usage)
+    return Reply(
+        [text(s) if isinstance(s, str) else s for s in steps], finish_reason, usage, unstreamed
+    )
 
 
 def error(

@@ -17,11 +17,25 @@ from tether.runtimes.base import (
     ProviderError,
     RuntimeEvent,
     TextDelta,
+    ToolCompleted,
 )
 from tether.runtimes.openai import OpenAIRuntime
 from tether.settings import Settings
 
-from fake_openai import FakeOpenAI, delay, end, hang, raw, reply, stall, text, verbatim
+from fake_openai import (
+    FakeOpenAI,
+    delay,
+    end,
+    error,
+    hang,
+    malformed,
+    raw,
+    reply,
+    stall,
+    text,
+    tool_call,
+    verbatim,
+)
 
 
 def runtime_for(fake: FakeOpenAI, tmp_path: Path, **settings: Any) -> OpenAIRuntime:
@@ -179,3 +193,44 @@ def test_a_named_error_event_is_the_error_it_reports(fake: FakeOpenAI, tmp_path:
     assert info.value.code == "bad_response"
     assert "Overloaded" in info.value.message
     assert content_events(seen) == [TextDelta("so far")]
+
+
+def test_a_json_error_answered_with_200_is_the_provider_s_error(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    # Before: any 200 body without `data:` lines was taken for llama.cpp's empty stream, so
+    # this was reported as `context_overflow` (and compressed and sent again).
+    fake.script(error(200, "upstream provider unavailable"))
+    with pytest.raises(ProviderError) as info:
+        run(runtime_for(fake, tmp_path))
+    assert info.value.code == "bad_response"
+    assert "upstream provider unavailable" in info.value.message
+    assert fake.requests_count == 1
+
+
+def test_a_page_answered_with_200_is_a_bad_response(fake: FakeOpenAI, tmp_path: Path) -> None:
+    fake.script(malformed("<html><head><title>Sign in</title></head><body>...</body></html>"))
+    with pytest.raises(ProviderError) as info:
+        run(runtime_for(fake, tmp_path))
+    assert info.value.code == "bad_response"
+    assert "not a stream" in info.value.message and "<html>" in info.value.message
+
+
+def test_a_server_that_ignores_stream_still_answers(
+    fake: FakeOpenAI, tmp_path: Path, workspace: Path
+) -> None:
+    fake.script(
+        reply(
+            text("Reading it."),
+            tool_call("call_1", "read_file", {"path": "a.txt"}),
+            unstreamed=True,
+        ),
+        reply(text("It says hello tools."), unstreamed=True),
+    )
+    events = content_events(run(runtime_for(fake, tmp_path, workspace=workspace)))
+    texts = [e.text for e in events if isinstance(e, TextDelta)]
+    assert texts == ["Reading it.", "It says hello tools."]
+    completed = [e for e in events if isinstance(e, ToolCompleted)]
+    assert [(c.name, c.result, c.is_error) for c in completed] == [
+        ("read_file", "hello tools", False)
+    ]

@@ -68,7 +68,14 @@ from tether.runtimes.compression import (
 )
 from tether.runtimes.openai_endpoint import OpenAIEndpoint
 from tether.runtimes.openai_errors import hung_up_unanswered, send_streamed, stream_error
-from tether.runtimes.openai_stream import Accumulator, WrongShape, drain, parse_arguments, sse_lines
+from tether.runtimes.openai_stream import (
+    Accumulator,
+    WrongShape,
+    completion_as_chunk,
+    drain,
+    parse_arguments,
+    sse_lines,
+)
 from tether.runtimes.tools import ToolRunner, WorkspaceTools
 from tether.settings import Settings
 
@@ -276,6 +283,7 @@ class OpenAIRuntime(OpenAIEndpoint):
                     self._raise_classified(exc, model, streaming=False, tools="tools" in body)
         done = seen_data = False
         event_name = ""  # the SSE event the next data line belongs to ("" for a message)
+        body_lines: list[str] = []  # a body that is not SSE at all (a JSON answer or error)
         lines = sse_lines(response.aiter_bytes(), idle)
         try:
             while True:
@@ -294,6 +302,8 @@ class OpenAIRuntime(OpenAIEndpoint):
                         event_name = line[6:].strip()
                     elif not line:
                         event_name = ""
+                    elif not seen_data and not line.startswith(":") and len(body_lines) < 10_000:
+                        body_lines.append(line)
                     continue
                 seen_data = True
                 payload = line[5:].strip()
@@ -326,7 +336,10 @@ class OpenAIRuntime(OpenAIEndpoint):
                 await lines.aclose()
             finally:  # even when a second cancel lands in the first await
                 await response.aclose()
-        if not seen_data and not done:
+        if not seen_data and not done and body_lines:
+            for event in self._unstreamed("\n".join(body_lines), acc, response, model):
+                yield event
+        elif not seen_data and not done:
             # llama.cpp's server answers a streamed request that does not fit its context
             # with 200 and an empty body (the same request unstreamed is a 400 overflow).
             raise ProviderError(
@@ -347,6 +360,28 @@ class OpenAIRuntime(OpenAIEndpoint):
                 f"The model provider at {self._where()} closed the stream before the answer "
                 "was finished (no finish_reason and no [DONE]); the text so far is kept.",
             )
+
+    def _unstreamed(
+        self, text: str, acc: Accumulator, response: Any, model: str
+    ) -> list[RuntimeEvent]:
+        """A 200 whose body is no SSE stream: a whole answer (from a server or proxy that
+        ignores `stream`) is read as one chunk, an error object is the provider's error, and
+        anything else (a web page: a wrong --base-url, a proxy's sign-in) is said as it is,
+        never taken for llama.cpp's empty stream."""
+        try:
+            body = json.loads(text)
+        except ValueError:
+            body = None
+        if isinstance(body, dict) and body.get("error") is not None:
+            self._raise_classified(stream_error(body["error"], response), model, streaming=True)
+        try:
+            return acc.feed(completion_as_chunk(body))
+        except WrongShape:
+            raise ProviderError(
+                "bad_response",
+                f"The model provider at {self._where()} answered with a body that is not a "
+                f"stream of Chat Completions chunks: {text[:300]!r}",
+            ) from None
 
     def _raise_stream_error(self, payload: str, response: Any, model: str) -> NoReturn:
         """An error the provider sent in the stream outside a chunk's `error` field, as a

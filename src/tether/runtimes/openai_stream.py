@@ -189,6 +189,27 @@ class Accumulator:
         return [self.calls[k] for k in sorted(self.calls)]
 
 
+def completion_as_chunk(body: Any) -> dict[str, Any]:
+    """A whole Chat Completions answer (a `chat.completion`, which a server or proxy that
+    ignores `stream` sends) as the one chunk that says the same, for `Accumulator.feed`."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("message"), dict) for c in choices
+    ):
+        raise WrongShape("the body is neither a stream nor a Chat Completions answer")
+    deltas = []
+    for choice in choices:
+        delta = dict(choice["message"])
+        calls = delta.get("tool_calls")
+        if isinstance(calls, list):  # a whole answer's calls have no index: their order is it
+            delta["tool_calls"] = [
+                {**call, "index": index} if isinstance(call, dict) else call
+                for index, call in enumerate(calls)
+            ]
+        deltas.append({"delta": delta, "finish_reason": choice.get("finish_reason")})
+    return {"choices": deltas, "usage": body.get("usage")}
+
+
 def parse_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
     """`(args, problem)`: the arguments as a dict, or a problem to report as the result."""
     if not raw.strip():

@@ -96,7 +96,11 @@ class ChatCompletions(FakeState):
     async def _chat(self, body: dict[str, Any], seq: int, resp: Response) -> None:
         rep = self._next_reply()
         if isinstance(rep, ErrorReply):
-            await resp.json(rep.status, rep.body, rep.headers)
+            if isinstance(rep.body, str):
+                await resp.start(rep.status, "text/html", rep.headers)
+                await resp.finish(rep.body.encode())
+            else:
+                await resp.json(rep.status, rep.body, rep.headers)
             return
         stream = bool(body.get("stream")) and not (isinstance(rep, Reply) and rep.unstreamed)
         if isinstance(rep, MalformedReply):

@@ -159,10 +159,11 @@ class Reply:
 
 @dataclass
 class ErrorReply:
-    """An HTTP error with an OpenAI-style body ``{"error": {message, type, param, code}}``."""
+    """An HTTP error with an OpenAI-style body ``{"error": {message, type, param, code}}``, any
+    other JSON body, or an HTML page (``body`` a string: a proxy's or web server's page)."""
 
     status: int
-    body: dict[str, Any]
+    body: dict[str, Any] | list[Any] | str
     headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -253,17 +254,18 @@ def reply(
 
 def error(
     status: int,
-    body_or_message: str | dict[str, Any] = "",
+    body_or_message: str | dict[str, Any] | list[Any] = "",
     code: str | None = None,
     type: str | None = None,
     *,
     headers: dict[str, str] | None = None,
 ) -> ErrorReply:
-    """An error reply. A dict is sent verbatim as the JSON body; a string becomes
+    """An error reply. A dict or list is sent verbatim as the JSON body; a string becomes
     ``{"error": {"message": ..., "type": ..., "param": None, "code": code}}`` with ``type``
     defaulting by status (``invalid_request_error`` for 4xx, ``rate_limit_error`` for 429,
     ``server_error`` for 5xx)."""
-    if isinstance(body_or_message, dict):
+    body: dict[str, Any] | list[Any]
+    if isinstance(body_or_message, dict | list):
         body = body_or_message
     else:
         default_type = _DEFAULT_ERROR_TYPES.get(
@@ -278,6 +280,11 @@ def error(
             }
         }
     return ErrorReply(status, body, dict(headers or {}))
+
+
+def error_page(status: int, html: str, *, headers: dict[str, str] | None = None) -> ErrorReply:
+    """An HTTP error whose body is an HTML page (nginx, Cloudflare, a web app)."""
+    return ErrorReply(status, html, dict(headers or {}))
 
 
 def malformed(payload: str | None = None) -> MalformedReply:

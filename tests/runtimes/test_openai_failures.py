@@ -30,6 +30,7 @@ from fake_openai import (
     barrier,
     drop_connection,
     error,
+    error_page,
     hang,
     malformed,
     reasoning,
@@ -99,6 +100,56 @@ def test_errors_map_to_codes(
         run(runtime)
     assert info.value.code == code
     assert says in info.value.message
+
+
+NGINX_404 = (
+    "<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found"
+    "</h1></center>\r\n<hr><center>nginx/1.24.0</center>\r\n</body>\r\n</html>\r\n"
+)
+CLOUDFLARE_403 = (
+    "<!DOCTYPE html><html lang='en-US'><head><title>Just a moment...</title>"
+    "<style>body{font:13px}</style><script>window._cf_chl_opt={cvId: '3'};</script></head>"
+    "<body><h1>Checking your browser</h1></body></html>"
+)
+UNTITLED_502 = (
+    "<html><body><h1>Bad Gateway</h1><p>The upstream &amp; its proxy failed.</p></body></html>"
+)
+
+
+@pytest.mark.parametrize(
+    ("scripted", "code", "says"),
+    [
+        (error_page(404, NGINX_404), "model_not_found", "HTML page: 404 Not Found"),
+        (error_page(403, CLOUDFLARE_403), "auth", "HTML page: Just a moment..."),
+        (error_page(502, UNTITLED_502), "bad_response", "Bad Gateway The upstream & its proxy"),
+        (  # Gemini's OpenAI-compatible endpoint wraps its error in a list
+            error(
+                400,
+                [
+                    {
+                        "error": {
+                            "code": 400,
+                            "message": 'Invalid JSON payload received. Unknown name "x".',
+                            "status": "INVALID_ARGUMENT",
+                        }
+                    }
+                ],
+            ),
+            "internal",
+            'Unknown name "x"',
+        ),
+    ],
+)
+def test_refusals_in_pages_and_lists_are_told_in_words(
+    fake: FakeOpenAI, runtime: OpenAIRuntime, scripted: Any, code: str, says: str
+) -> None:
+    # Before: a page's whole HTML was the message, and a list body left only "Error code: 400".
+    fake.script(scripted)
+    with pytest.raises(ProviderError) as info:
+        run(runtime)
+    assert info.value.code == code
+    assert says in info.value.message
+    assert "<" not in info.value.message and "cf_chl" not in info.value.message
 
 
 def test_auth_error_names_the_key_variable(

@@ -16,6 +16,7 @@ message a person can act on (the provider's own words included). First match win
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import re
 from typing import Any
@@ -60,9 +61,26 @@ def _sentence(text: str) -> str:
     return text if text.endswith((".", "!", "?")) else text + "."
 
 
+_PAGE_RE = re.compile(r"<(?:!doctype|html|head|body)\b", re.IGNORECASE)
+_TITLE_RE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_HIDDEN_RE = re.compile(r"<(script|style|head)\b.*?</\1\s*>", re.IGNORECASE | re.DOTALL)
+_TAG_RE = re.compile(r"<[^>]*>")
+
+
+def _page_words(text: str) -> str:
+    """What an HTML page (a proxy's, a web server's, Cloudflare's) says, in words: its title,
+    else its visible text; its markup is no message a person can read."""
+    title = _TITLE_RE.search(text)
+    words = title.group(1) if title else _TAG_RE.sub(" ", _HIDDEN_RE.sub(" ", text))
+    words = " ".join(html.unescape(words).split())
+    return f"an HTML page: {words[:300]}" if words else "an HTML page"
+
+
 def _detail(exc: openai.APIError) -> str:
     """The provider's own message, without the SDK's "Error code: 400 - {...}" wrapping."""
     body = exc.body
+    if isinstance(body, list) and body:  # Gemini's OpenAI endpoint: [{"error": {...}}]
+        body = body[0]
     if isinstance(body, dict):
         inner = body.get("error", body)
         message = None
@@ -74,7 +92,7 @@ def _detail(exc: openai.APIError) -> str:
         if message:
             return str(message)
     if isinstance(body, str) and body.strip():
-        return body.strip()[:500]
+        return _page_words(body) if _PAGE_RE.search(body) else body.strip()[:500]
     return exc.message
 
 

@@ -243,3 +243,51 @@ def test_an_overflow_with_nothing_to_compress_is_the_error(
     assert info.value.code == "context_overflow"
     assert "empty stream" in info.value.message
     assert fake.requests_count == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "words"),
+    [
+        pytest.param(
+            400,
+            "This model's maximum prompt length is 131072 but the request contains 150000 tokens.",
+            id="xai",
+        ),
+        pytest.param(
+            400,
+            [
+                {
+                    "error": {
+                        "code": 400,
+                        "message": "The input token count (1200000) exceeds the maximum number "
+                        "of tokens allowed (1048576).",
+                        "status": "INVALID_ARGUMENT",
+                    }
+                }
+            ],
+            id="gemini",
+        ),
+        pytest.param(
+            422,
+            {
+                "error": "Input validation error: `inputs` tokens + `max_new_tokens` must be "
+                "<= 4096. Given: 4000 `inputs` tokens and 512 `max_new_tokens`",
+                "error_type": "validation",
+            },
+            id="text-generation-inference",
+        ),
+        pytest.param(
+            400,
+            "The decoder prompt (length 5000) is longer than the maximum model length of 4096. "
+            "Make sure that `max_model_len` is no smaller than the number of text tokens.",
+            id="vllm-v1",
+        ),
+    ],
+)
+def test_each_provider_s_words_for_an_overflow_are_an_overflow(
+    fake: FakeOpenAI, tmp_path: Path, status: int, words: Any
+) -> None:
+    # Before: read as `internal` (a request Tether built wrong), so nothing was compressed.
+    fake.script(error(status, words), reply(text("SUMMARY")), reply(text("fits now")))
+    events = run(runtime(fake, tmp_path), history())
+    assert [type(e) for e in events] == [CompressionStarted, CompressionCompleted, TextDelta]

@@ -29,7 +29,10 @@ from tether.runtimes.base import ProviderError
 
 _CONTEXT_RE = re.compile(
     r"context[_ ]?length|context[_ ]?window|context[_ ]?size|maximum context|too many tokens"
-    r"|prompt is too long|input is too long|exceed_context|reduce the length",
+    r"|prompt is too long|input is too long|exceed_context|reduce the length"
+    # xAI, vLLM V1, Gemini, then text-generation-inference (HF endpoints, Together)
+    r"|maximum prompt length|maximum model length|maximum number of tokens allowed"
+    r"|`inputs` tokens \+ `max_new_tokens`|`inputs` must have less than",
     re.IGNORECASE,
 )
 

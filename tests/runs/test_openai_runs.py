@@ -263,3 +263,28 @@ def test_a_short_echo_is_shown_once_and_a_short_lookalike_stays(
         assert [i["text"] for i in timeline if i["type"] == "text"] == [progress, "Tuesday."]
         frames = read_events(client, sid, after="0", stop_on="heartbeat")
         assert fold_frames(frames)["messages"] == body["messages"]
+
+
+def test_a_think_block_in_the_content_is_shown_and_kept_as_reasoning(
+    openai_server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """Invariant 1: the thoughts a model wrote as `<think>...</think>` in its content are the
+    row's reasoning, and the next request sends back only the answer the row shows."""
+    fake.script(
+        reply(text("<think>The user"), text(" greets me.</th"), text("ink>\n\nHello!")),
+        reply(text("Fine.")),
+    )
+    with openai_server.client() as client:
+        sid = new_session(client)
+        start_turn(client, sid, "Hi")
+        row = wait_idle(client, sid)["messages"][-1]
+        assert row["state"] == "completed" and row["content"] == "Hello!"
+        timeline = [(i["type"], i["text"]) for i in row["timeline"]]
+        assert timeline == [("reasoning", "The user greets me."), ("text", "Hello!")]
+        context = client.get("/api/session/context", params={"session_id": sid}).json()
+        said = [m["content"] for m in context["context_messages"] if m["role"] == "assistant"]
+        assert said == ["Hello!"]
+        start_turn(client, sid, "How are you?")
+        wait_idle(client, sid)
+        sent = [m for m in fake.requests[-1]["messages"] if m["role"] == "assistant"]
+        assert sent == [{"role": "assistant", "content": "Hello!"}]

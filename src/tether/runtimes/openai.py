@@ -347,6 +347,8 @@ class OpenAIRuntime(OpenAIEndpoint):
                 f"The model provider at {self._where()} answered with an empty stream, which "
                 "is how llama.cpp's server says the request does not fit its context window.",
             )
+        for event in acc.flush():
+            yield event
         if not acc.saw_completion:
             raise ProviderError(
                 "bad_response",

@@ -122,6 +122,68 @@ def _check_shape(chunk: Any) -> None:
         raise WrongShape("'usage' is not an object")
 
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def _tag_start_at_end(data: str, tag: str) -> int:
+    """How many of `data`'s last characters could begin `tag` (a tag cut between chunks)."""
+    for size in range(min(len(tag) - 1, len(data)), 0, -1):
+        if tag.startswith(data[-size:]):
+            return size
+    return 0
+
+
+class ThinkTags:
+    """Splits reasoning a model writes into its content as `<think>...</think>` (Qwen3, QwQ,
+    DeepSeek-R1 served without a reasoning parser: vLLM without --reasoning-parser, llama.cpp
+    with --reasoning-format none, LM Studio, older Ollama) from the answer, so the thoughts
+    are shown and kept as reasoning, not as the answer the next request sends back. Only a
+    `<think>` that opens the content (after whitespace) counts; the tags may be cut anywhere
+    between chunks, so a tail that may begin one is held until the next chunk (`flush`
+    gives it back at the stream's end)."""
+
+    def __init__(self) -> None:
+        self.state = "start"  # start: only whitespace so far; think; after: the tag closed; text
+        self.held = ""
+
+    def feed(self, content: str) -> list[TextDelta | ReasoningDelta]:
+        data, self.held = self.held + content, ""
+        if self.state == "start":
+            opened = data.lstrip()
+            if opened.startswith(THINK_OPEN):
+                self.state, data = "think", opened[len(THINK_OPEN) :]
+            elif THINK_OPEN.startswith(opened):  # whitespace, or a tag not whole yet
+                self.held = data
+                return []
+            else:
+                self.state = "text"
+                return [TextDelta(data)]
+        out: list[TextDelta | ReasoningDelta] = []
+        if self.state == "think":
+            end = data.find(THINK_CLOSE)
+            if end < 0:
+                keep = _tag_start_at_end(data, THINK_CLOSE)
+                if keep:
+                    data, self.held = data[:-keep], data[-keep:]
+                return [ReasoningDelta(data)] if data else []
+            if end:
+                out.append(ReasoningDelta(data[:end]))
+            self.state, data = "after", data[end + len(THINK_CLOSE) :]
+        if self.state == "after":  # the blank lines between the thoughts and the answer
+            data = data.lstrip()
+            if not data:
+                return out
+            self.state = "text"
+        out.append(TextDelta(data))
+        return out
+
+    def flush(self) -> list[TextDelta | ReasoningDelta]:
+        held, self.held = self.held, ""
+        if not held:
+            return []
+        return [ReasoningDelta(held) if self.state == "think" else TextDelta(held)]
+
+
 class Accumulator:
     """What one streamed response said: text, tool calls reassembled by index, usage, and
     the finish reason (None until the provider says the answer is complete)."""
@@ -132,6 +194,7 @@ class Accumulator:
         self._slot_for: dict[Any, int] = {}
         self.saw_completion = False
         self.finish_reason: str | None = None
+        self._think = ThinkTags()
 
     def feed(self, chunk: Any) -> list[RuntimeEvent]:
         """The events of one parsed chunk. Once `_check_shape` passed, every level down to
@@ -159,11 +222,22 @@ class Accumulator:
                 events.append(ReasoningDelta(reasoning))
             content = delta.get("content") or delta.get("refusal")  # strings or None
             if content:
-                self.text.append(content)
-                events.append(TextDelta(content))
+                if self._think.state == "text":
+                    self.text.append(content)
+                    events.append(TextDelta(content))
+                else:
+                    events.extend(self._split(self._think.feed(content)))
             for fragment in delta.get("tool_calls") or ():
                 self._add_fragment(fragment)
         return events
+
+    def flush(self) -> list[RuntimeEvent]:
+        """What the stream's end settles: a held tail that did not begin a tag after all."""
+        return self._split(self._think.flush())
+
+    def _split(self, events: list[TextDelta | ReasoningDelta]) -> list[RuntimeEvent]:
+        self.text.extend(e.text for e in events if isinstance(e, TextDelta))
+        return list(events)
 
     def _add_fragment(self, fragment: dict[str, Any]) -> None:
         index = fragment.get("index")

@@ -234,3 +234,17 @@ def test_a_server_that_ignores_stream_still_answers(
     assert [(c.name, c.result, c.is_error) for c in completed] == [
         ("read_file", "hello tools", False)
     ]
+
+
+def test_an_answer_the_provider_finished_with_error_is_an_error(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    # OpenRouter's `finish_reason: "error"` (its error object may be missing): before, the run
+    # ended `completed` with the text so far, as if it were the whole answer.
+    fake.script(reply(text("The first half"), finish_reason="error"))
+    seen: list[RuntimeEvent] = []
+    with pytest.raises(ProviderError) as info:
+        run(runtime_for(fake, tmp_path), into=seen)
+    assert info.value.code == "bad_response"
+    assert 'finish_reason "error"' in info.value.message
+    assert content_events(seen) == [TextDelta("The first half")]

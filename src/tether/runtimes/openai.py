@@ -355,6 +355,12 @@ class OpenAIRuntime(OpenAIEndpoint):
                 f"The model provider at {self._where()} ended the stream "
                 "without sending any completion data.",
             )
+        if acc.finish_reason == "error":  # OpenRouter's, when its error object is missing
+            raise ProviderError(
+                "bad_response",
+                f"The model provider at {self._where()} ended the answer with an error "
+                '(finish_reason "error") and did not say which; the text so far is kept.',
+            )
         if not done and acc.finish_reason is None:
             # A server that crashed mid-answer closes the stream cleanly: not an answer.
             raise ProviderError(

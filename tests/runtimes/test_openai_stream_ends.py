@@ -248,3 +248,32 @@ def test_an_answer_the_provider_finished_with_error_is_an_error(
     assert info.value.code == "bad_response"
     assert 'finish_reason "error"' in info.value.message
     assert content_events(seen) == [TextDelta("The first half")]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param({"code": 429, "message": "Rate limit exceeded upstream"}, id="openrouter"),
+        pytest.param(
+            {"type": "rate_limit_error", "message": "Rate limit exceeded upstream"}, id="by-type"
+        ),
+    ],
+)
+def test_a_rate_limit_reported_in_the_stream_is_rate_limit(
+    fake: FakeOpenAI, tmp_path: Path, error: dict[str, Any]
+) -> None:
+    # Before: `bad_response`, as if the provider had failed rather than asked to wait.
+    fake.script(
+        reply(
+            text("partial"),
+            raw(
+                {"error": error, "choices": [{"delta": {"content": ""}, "finish_reason": "error"}]}
+            ),
+        )
+    )
+    seen: list[RuntimeEvent] = []
+    with pytest.raises(ProviderError) as info:
+        run(runtime_for(fake, tmp_path), into=seen)
+    assert info.value.code == "rate_limit"
+    assert "Rate limit exceeded upstream" in info.value.message
+    assert content_events(seen) == [TextDelta("partial")]

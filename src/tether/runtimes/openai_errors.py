@@ -8,7 +8,8 @@ message a person can act on (the provider's own words included). First match win
   message says so)
 * another 4xx about tools, to a request that offered tools -> ``internal``, saying that this
   server refuses tools with a streamed request and how to enable them
-* 5xx, errors reported inside the stream, unparseable JSON -> ``bad_response``
+* an error reported inside the stream with code 429 (OpenRouter) -> ``rate_limit``
+* 5xx, other errors reported inside the stream, unparseable JSON -> ``bad_response``
 * other 4xx -> ``internal``: the provider refused the request Tether built
 * connection refused / dropped, timeouts, transport errors -> ``network``
 """
@@ -41,6 +42,7 @@ _OTHER_MODEL_RE = re.compile(
     r"server is pinned to|model (?:'[^']*'|\"[^\"]*\"|\S+) (?:was )?not found|unknown model",
     re.IGNORECASE,
 )
+_RATE_LIMIT_CODES = frozenset({"429", "rate_limit_exceeded"})  # an in-stream error's `code`
 _TOOLS_RE = re.compile(r"\btools?\b|tool_choice|function[_ ]call", re.IGNORECASE)
 TOOLS_HINT = (
     "Tether offers its workspace tools with every streamed request (tool_choice auto), and "
@@ -149,6 +151,12 @@ def classify(
             return ProviderError(
                 "context_overflow",
                 f"The conversation no longer fits the model's context window: {_sentence(detail)}",
+            )
+        if str(exc.code) in _RATE_LIMIT_CODES or exc.type == "rate_limit_error":
+            return ProviderError(  # OpenRouter: an upstream's limit, mid-answer
+                "rate_limit",
+                f"The model provider is rate limiting requests: {_sentence(detail)} "
+                "Wait a moment and try again.",
             )
         return ProviderError(
             "bad_response",

@@ -152,6 +152,22 @@ def test_refusals_in_pages_and_lists_are_told_in_words(
     assert "<" not in info.value.message and "cf_chl" not in info.value.message
 
 
+@pytest.mark.parametrize(
+    ("retry_after", "says"),
+    [("20", "asks to wait 20 s"), ("1.5", "asks to wait 2 s"), (None, "Wait a moment")],
+)
+def test_a_rate_limit_says_how_long_the_provider_asks_to_wait(
+    fake: FakeOpenAI, runtime: OpenAIRuntime, retry_after: str | None, says: str
+) -> None:
+    # Before: always "Wait a moment", though the provider said how long.
+    headers = {"retry-after": retry_after} if retry_after else {}
+    fake.script(error(429, "Rate limit reached for requests", headers=headers))
+    with pytest.raises(ProviderError) as info:
+        run(runtime)
+    assert info.value.code == "rate_limit"
+    assert says in info.value.message
+
+
 def test_auth_error_names_the_key_variable(
     fake: FakeOpenAI, runtime: OpenAIRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:

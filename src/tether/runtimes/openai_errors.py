@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import html
 import json
+import math
 import re
 from typing import Any
 
@@ -196,8 +197,8 @@ def _status_error(
     if isinstance(exc, openai.RateLimitError):
         return ProviderError(
             "rate_limit",
-            f"The model provider is rate limiting requests "
-            f"(HTTP 429): {detail} Wait a moment and try again.",
+            f"The model provider is rate limiting requests (HTTP 429): {detail} "
+            f"{_wait_hint(exc.response.headers.get('retry-after'))}",
         )
     if status == 413 or _CONTEXT_RE.search(f"{exc.code or ''} {detail}"):
         return ProviderError(
@@ -222,6 +223,18 @@ def _status_error(
     return ProviderError(
         "internal", f"The model provider rejected the request (HTTP {status}): {detail}"
     )
+
+
+def _wait_hint(retry_after: str | None) -> str:
+    """What to tell a person about a 429's `Retry-After` (seconds; an HTTP date is rarer
+    from model providers and is left to "a moment")."""
+    try:
+        seconds = math.ceil(float(retry_after or ""))
+    except (ValueError, OverflowError):  # not a number, or "inf"
+        seconds = 0
+    if seconds > 0:
+        return f"The provider asks to wait {seconds} s before trying again."
+    return "Wait a moment and try again."
 
 
 _STATUS_ERRORS: dict[int, type[openai.APIStatusError]] = {

@@ -417,7 +417,9 @@ def generate(seed: int) -> list[Event]:
         if rnd.random() < 0.3:
             fin["usage"] = rnd.choice([{"prompt_tokens": 5, "completion_tokens": 2}, {}])
         if rnd.random() < 0.3:  # the provider's finish_reason: "length" is a cut-off answer
-            fin["finish_reason"] = rnd.choice(["length", "length", "stop", "", None])
+            fin["finish_reason"] = rnd.choice(
+                ["length", "length", "content_filter", "stop", "", None]
+            )
         if rnd.random() < 0.1:
             del fin["state"]
         drafts.append(("run.finished", fin, sid_of()))

@@ -81,12 +81,10 @@ def test_reducer_view_equals_the_python_fold(page: Page) -> None:
         item.get("leftover") for v in views for m in v["messages"] for item in m.get("timeline", [])
     )
     assert any("error" in m and "usage" in m for v in views for m in v["messages"])
-    assert any(
-        item.get("kind") == "length"
-        for v in views
-        for m in v["messages"]
-        for item in m.get("timeline", [])
-    )
+    notices = {
+        item.get("kind") for v in views for m in v["messages"] for item in m.get("timeline", [])
+    }
+    assert {"length", "content_filter"} <= notices
     kinds = {item["type"] for v in views for m in v["messages"] for item in m.get("timeline", [])}
     assert kinds == {
         "reasoning",

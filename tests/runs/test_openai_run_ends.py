@@ -95,3 +95,22 @@ def test_an_answer_cut_off_at_the_token_limit_says_so(
         row = wait_idle(client, sid)["messages"][-1]
         assert "finish_reason" not in row
         assert [i["type"] for i in row["timeline"]] == ["text"]
+
+
+def test_an_answer_stopped_by_the_content_filter_says_so(
+    server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    # Before: the row was `completed` with no notice, the text so far passing for the whole
+    # answer (or an empty answer, when the filter stopped it at once).
+    fake.script(reply(text("Here is how to"), finish_reason="content_filter"))
+    with server.client() as client:
+        sid = new_session(client)
+        start_turn(client, sid, "Tell me")
+        row = wait_idle(client, sid)["messages"][-1]
+        assert row["state"] == "completed" and row["finish_reason"] == "content_filter"
+        notice = row["timeline"][-1]
+        assert notice["type"] == "notice" and notice["kind"] == "content_filter"
+        assert notice["text"].startswith("Stopped by the provider's content filter")
+        context = client.get("/api/session/context", params={"session_id": sid}).json()
+        said = [m["content"] for m in context["context_messages"] if m["role"] == "assistant"]
+        assert said == [f"Here is how to\n\n[{notice['text']}]"]

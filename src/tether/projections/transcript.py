@@ -36,19 +36,36 @@ def download_url(session_id: str, attachment_id: str) -> str:
 
 
 CUT_OFF_NOTICE = "Cut off at the token limit: the answer may be incomplete."
+# A completed answer the provider ended early, by its finish_reason (the page's reducer.js
+# holds the same texts).
+FINISH_NOTICES = {
+    "length": CUT_OFF_NOTICE,
+    "content_filter": "Stopped by the provider's content filter: the answer may be incomplete.",
+}
+
+
+def _finish_notice(state: str, data: dict[str, Any]) -> str | None:
+    reason = data.get("finish_reason")
+    return (
+        reason
+        if state == "completed" and isinstance(reason, str) and reason in FINISH_NOTICES
+        else None
+    )
 
 
 def notice_kind(state: str, data: dict[str, Any]) -> str:
-    """The notice's kind: the run's state, or `length` for an answer cut off at the token
-    limit (the page offers Continue there)."""
-    return "length" if state == "completed" and data.get("finish_reason") == "length" else state
+    """The notice's kind: the run's state, or the finish reason of an answer the provider
+    ended early: `length`, cut off at the token limit (the page offers Continue there), or
+    `content_filter`."""
+    return _finish_notice(state, data) or state
 
 
 def notice_text(state: str, data: dict[str, Any]) -> str | None:
     error = data.get("error") or {}
     reason = data.get("reason")
     if state == "completed":
-        return CUT_OFF_NOTICE if data.get("finish_reason") == "length" else None
+        finish = _finish_notice(state, data)
+        return FINISH_NOTICES[finish] if finish else None
     if state == "cancelled":
         return "Stopped." if not reason else f"Stopped: {reason}"
     if state == "interrupted":

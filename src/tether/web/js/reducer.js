@@ -68,17 +68,26 @@ function attachments(list, sessionId) {
   }));
 }
 
-// An answer cut off at the token limit: its notice's kind is `length` (the page offers Continue).
-const cutOff = (state, data) => state === "completed" && get(data, "finish_reason") === "length";
+// A completed answer the provider ended early, by its finish_reason (as FINISH_NOTICES in
+// projections/transcript.py): the notice's kind is that reason (`length`: the page offers
+// Continue).
+const FINISH_NOTICES = new Map([
+  ["length", "Cut off at the token limit: the answer may be incomplete."],
+  ["content_filter", "Stopped by the provider's content filter: the answer may be incomplete."],
+]);
+const finishNotice = (state, data) => {
+  const reason = get(data, "finish_reason");
+  return state === "completed" && FINISH_NOTICES.has(reason) ? reason : null;
+};
 
 export function noticeText(state, data) {
   const error = truthy(get(data, "error")) ? data.error : {};
   const reason = get(data, "reason");
   switch (state) {
-    case "completed":
-      return cutOff(state, data)
-        ? "Cut off at the token limit: the answer may be incomplete."
-        : null;
+    case "completed": {
+      const finish = finishNotice(state, data);
+      return finish === null ? null : FINISH_NOTICES.get(finish);
+    }
     case "cancelled":
       return truthy(reason) ? `Stopped: ${pyStr(reason)}` : "Stopped.";
     case "interrupted":
@@ -211,7 +220,7 @@ on(["run.finished"], (state, env, data) => {
     (item) => item.type !== "compression" || runState === "compression_exhausted",
   );
   const text = noticeText(runState, data);
-  const kind = cutOff(runState, data) ? "length" : runState;
+  const kind = finishNotice(runState, data) ?? runState;
   if (text !== null) {
     items.push(touch(state, { id: `${scene.stream_id}.notice`, type: "notice", kind, text }));
   }

@@ -12,6 +12,7 @@ export const TERMINAL_LABELS = {
   tool_limit_reached: "Tool limit reached",
   compression_exhausted: "Context full",
   length: "Cut off",
+  content_filter: "Filtered",
 };
 
 /** Live text renders at most every LIVE_RENDER_MS (the tail only: markdown.js); settled text

@@ -2,7 +2,7 @@
 served without a reasoning parser: vLLM without --reasoning-parser, llama.cpp with
 --reasoning-format none, LM Studio, older Ollama) is reasoning, not the answer: the answer's
 text, and so the next model context, holds only what follows `</think>`. Before, the tags and
-the thoughts were the answer's text."""
+the thoughts were the answer's text. Mistral's content parts (`thinking`, `text`) likewise."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from runtimes.openai_kit import content_events, make_runtime, run
 
 from tether.runtimes.base import AnswerFinished, ReasoningDelta, RuntimeEvent, TextDelta
 
-from fake_openai import FakeOpenAI, reply, text
+from fake_openai import FakeOpenAI, raw, reply, text
 
 
 def said(events: list[RuntimeEvent]) -> tuple[str, str]:
@@ -63,3 +63,22 @@ def test_what_only_looked_like_a_tag_s_start_is_kept(fake: FakeOpenAI, tmp_path:
     fake.script(reply(text("<thi")), reply(text("  <"), text("b>bold</b>")))
     assert said(run(make_runtime(fake.base_url, tmp_path, None))) == ("", "<thi")
     assert said(run(make_runtime(fake.base_url, tmp_path, None))) == ("", "  <b>bold</b>")
+
+
+def _parts(*parts: dict[str, object]) -> dict[str, object]:
+    return {"choices": [{"index": 0, "delta": {"content": list(parts)}, "finish_reason": None}]}
+
+
+def test_mistral_s_content_parts_are_reasoning_and_text(fake: FakeOpenAI, tmp_path: Path) -> None:
+    # Mistral's API streams magistral's content as a list of parts, its thinking among them.
+    # Before: `bad_response` at the first chunk, so these models could not answer at all.
+    fake.script(
+        reply(
+            raw(_parts({"type": "thinking", "thinking": [{"type": "text", "text": "A greeting"}]})),
+            raw(_parts({"type": "thinking", "thinking": [{"type": "text", "text": ", reply."}]})),
+            raw(_parts({"type": "text", "text": "Hello"})),
+            text(" there!"),
+        )
+    )
+    events = run(make_runtime(fake.base_url, tmp_path, None))
+    assert said(events) == ("A greeting, reply.", "Hello there!")

@@ -110,8 +110,16 @@ def _check_shape(chunk: Any) -> None:
             raise WrongShape("a choice's 'delta' is not an object")
         fields = delta or {}
         for key in ("content", "refusal", "reasoning_content", "reasoning"):
-            if fields.get(key) is not None and not isinstance(fields[key], str):
-                raise WrongShape(f"'delta.{key}' is not a string")
+            value = fields.get(key)
+            if value is None or isinstance(value, str):
+                continue
+            if (
+                key == "content"
+                and isinstance(value, list)
+                and all(isinstance(p, dict) for p in value)
+            ):
+                continue  # Mistral's content parts
+            raise WrongShape(f"'delta.{key}' is not a string")
         calls = fields.get("tool_calls")
         if calls is not None and not (
             isinstance(calls, list) and all(isinstance(c, dict) for c in calls)
@@ -184,6 +192,30 @@ class ThinkTags:
         return [ReasoningDelta(held) if self.state == "think" else TextDelta(held)]
 
 
+def _part_text(value: Any) -> str:
+    """A part's words: a string, or a list of `{type: "text", text}` parts."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(
+            p["text"] for p in value if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+def _content_parts(parts: list[dict[str, Any]]) -> list[TextDelta | ReasoningDelta]:
+    """Content sent as a list of parts (Mistral's API, for its magistral models: `thinking`
+    parts, then `text` ones); parts of other types (references, ...) carry no words."""
+    out: list[TextDelta | ReasoningDelta] = []
+    for part in parts:
+        kind = part.get("type")
+        if kind == "thinking" and (words := _part_text(part.get("thinking"))):
+            out.append(ReasoningDelta(words))
+        elif kind == "text" and (words := _part_text(part.get("text"))):
+            out.append(TextDelta(words))
+    return out
+
+
 class Accumulator:
     """What one streamed response said: text, tool calls reassembled by index, usage, and
     the finish reason (None until the provider says the answer is complete)."""
@@ -221,7 +253,9 @@ class Accumulator:
             if reasoning := _reasoning_of(delta):
                 events.append(ReasoningDelta(reasoning))
             content = delta.get("content") or delta.get("refusal")  # strings or None
-            if content:
+            if isinstance(content, list):
+                events.extend(self._split(_content_parts(content)))
+            elif content:
                 if self._think.state == "text":
                     self.text.append(content)
                     events.append(TextDelta(content))

@@ -277,3 +277,25 @@ def test_a_rate_limit_reported_in_the_stream_is_rate_limit(
     assert info.value.code == "rate_limit"
     assert "Rate limit exceeded upstream" in info.value.message
     assert content_events(seen) == [TextDelta("partial")]
+
+
+def test_empty_chunks_mid_answer_are_skipped(fake: FakeOpenAI, tmp_path: Path) -> None:
+    # `choices: null` (vLLM, gateways in front of Claude) and `data: null` keep-alives come in
+    # healthy streams; before, either ended the run `bad_response` mid-answer.
+    fake.script(
+        reply(
+            text("The answer "),
+            raw({"id": "x", "object": "chat.completion.chunk", "choices": None}),
+            raw("null"),
+            text("goes on."),
+        )
+    )
+    events = run(runtime_for(fake, tmp_path))
+    assert content_events(events) == [TextDelta("The answer "), TextDelta("goes on.")]
+
+
+def test_a_stream_of_only_empty_chunks_is_no_answer(fake: FakeOpenAI, tmp_path: Path) -> None:
+    fake.script(malformed('data: {"choices": null}\n\ndata: null\n\ndata: [DONE]\n\n'))
+    with pytest.raises(ProviderError) as info:
+        run(runtime_for(fake, tmp_path))
+    assert info.value.code == "bad_response"

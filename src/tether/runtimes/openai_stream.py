@@ -96,7 +96,7 @@ def _check_shape(chunk: Any) -> None:
     if not isinstance(chunk, dict):
         raise WrongShape(f"a chunk is a JSON {type(chunk).__name__}, not an object")
     choices = chunk.get("choices")
-    if choices is None and chunk.get("usage") is None:
+    if choices is None and chunk.get("usage") is None and "choices" not in chunk:
         raise WrongShape("a chunk has neither 'choices' nor 'usage'")
     if choices is not None and not isinstance(choices, list):
         raise WrongShape("'choices' is not a list")
@@ -231,7 +231,11 @@ class Accumulator:
     def feed(self, chunk: Any) -> list[RuntimeEvent]:
         """The events of one parsed chunk. Once `_check_shape` passed, every level down to
         the delta's fields is a plain dict, list or string, so they are read with `dict.get`
-        (this runs once per chunk, thousands of times per answer)."""
+        (this runs once per chunk, thousands of times per answer). A chunk with `choices:
+        null`, or a `data: null` keep-alive, is empty: such chunks come in healthy streams
+        (vLLM, gateways), and a stream of nothing else is still no answer."""
+        if chunk is None:
+            return []
         _check_shape(chunk)
         events: list[RuntimeEvent] = []
         usage = chunk.get("usage")

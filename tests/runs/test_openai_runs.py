@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -288,3 +289,42 @@ def test_a_think_block_in_the_content_is_shown_and_kept_as_reasoning(
         wait_idle(client, sid)
         sent = [m for m in fake.requests[-1]["messages"] if m["role"] == "assistant"]
         assert sent == [{"role": "assistant", "content": "Hello!"}]
+
+
+def test_tool_calls_that_share_an_id_are_each_shown_and_kept(
+    openai_server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """Invariant 1: a server that gives every call of a reply (or of each step) the same id
+    (`call_0`, `0`): before, the row and the context kept only
+    the first call of each id, though the model was sent every call and its result."""
+    fake.script(
+        reply(
+            tool_call("call_0", "read_file", {"path": "notes.txt"}),
+            tool_call("call_0", "list_files", {}),
+        ),
+        reply(tool_call("call_0", "search_files", {"pattern": "launch"})),
+        reply(text("Tuesday.")),
+    )
+    with openai_server.client() as client:
+        sid = new_session(client)
+        start_turn(client, sid, "When is the launch?")
+        row = wait_idle(client, sid)["messages"][-1]
+        tools = [i for i in row["timeline"] if i["type"] == "tool"]
+        assert [t["name"] for t in tools] == ["read_file", "list_files", "search_files"]
+        assert len({t["call_id"] for t in tools}) == 3
+        context = client.get("/api/session/context", params={"session_id": sid}).json()
+        # the calls and results the model was sent are those the row shows and the context keeps
+        assert calls_and_results(context["context_messages"]) == calls_and_results(
+            fake.requests[-1]["messages"]
+        )
+        assert [(t["call_id"], t["name"]) for t in tools] == [
+            (c["id"], c["function"]["name"])
+            for m in fake.requests[-1]["messages"]
+            for c in m.get("tool_calls") or ()
+        ]
+
+
+def calls_and_results(messages: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
+    calls = [c for m in messages for c in m.get("tool_calls") or ()]
+    results = [(m["tool_call_id"], m["content"]) for m in messages if m["role"] == "tool"]
+    return calls, results

@@ -137,6 +137,7 @@ class OpenAIRuntime(OpenAIEndpoint):
         reserve = answer_tokens(window, self.settings.max_tokens)
         room = Room(window, reserve)
         overflowed = False  # a provider's context_overflow is answered by one forced pass
+        call_ids: set[str] = set()  # the tool calls' ids in this turn
         for _ in range(self.max_iterations):
             if window:
                 async with contextlib.aclosing(self._fit(ctx, room, model, turn)) as passes:
@@ -192,7 +193,13 @@ class OpenAIRuntime(OpenAIEndpoint):
                 return
             planned = []
             for call in calls:
-                call_id = call["id"] or f"call_{uuid.uuid4().hex[:24]}"
+                call_id = call["id"]
+                # Some servers give every call the same id (`call_0`, "0"), and a run's
+                # tool items are told apart by it: a repeat gets an id of its own, in what the
+                # model is sent as in what the row shows (invariant 1).
+                if not call_id or call_id in call_ids:
+                    call_id = f"call_{uuid.uuid4().hex[:24]}"
+                call_ids.add(call_id)
                 args, problem = parse_arguments(call["arguments"])
                 planned.append((call_id, call["name"], args, problem))
             reply = {

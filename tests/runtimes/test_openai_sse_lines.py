@@ -122,3 +122,15 @@ def test_a_body_kept_open_after_done_still_ends_the_turn_at_once(tmp_path: Path)
         assert fake.wait_disconnects(1), "the open response was cut"
         peers = fake.request_peers
         assert len(set(peers)) == 2, "a cut connection is not reused"
+
+
+def test_a_huge_line_costs_time_in_proportion_to_its_size() -> None:
+    # A multi-megabyte chunk (an image sent as a data URL, a huge tool argument) arrives in
+    # many reads. Each read used to join and split the whole line so far: 20 MB took 5 s of
+    # the server's event loop, 30 MB over 10 s.
+    size = 65536
+    parts = [b"data: "] + [b"x" * size] * (30_000_000 // size) + [b"\n", b"data: [DONE]\n"]
+    started = time.monotonic()
+    got = _lines(parts)
+    assert time.monotonic() - started < 3.0
+    assert [len(line) for line in got] == [6 + size * (30_000_000 // size), 12]

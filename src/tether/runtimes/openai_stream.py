@@ -41,6 +41,7 @@ async def sse_lines(chunks: AsyncIterator[bytes], idle: float) -> AsyncGenerator
     loop = asyncio.get_running_loop()
     last = loop.time()
     pending = b""
+    parts: list[bytes] = []  # reads of a line that has not ended yet, joined when it does
     timer: asyncio.TimerHandle
     async with asyncio.timeout(None) as deadline:
 
@@ -60,6 +61,11 @@ async def sse_lines(chunks: AsyncIterator[bytes], idle: float) -> AsyncGenerator
                 except StopAsyncIteration:
                     break
                 last = loop.time()
+                if pending and b"\n" not in chunk and b"\r" not in chunk:
+                    parts.append(chunk)  # a huge line: joined once, not once per read
+                    continue
+                if parts:
+                    pending, parts = b"".join([pending, *parts]), []
                 data = pending + chunk if pending else chunk
                 lines = data.splitlines()
                 pending = lines.pop() if lines and not data.endswith((b"\n", b"\r")) else b""
@@ -67,6 +73,8 @@ async def sse_lines(chunks: AsyncIterator[bytes], idle: float) -> AsyncGenerator
                     yield line.decode("utf-8", "replace")
         finally:
             timer.cancel()
+    if parts:
+        pending = b"".join([pending, *parts])
     if pending:
         yield pending.decode("utf-8", "replace")
 

@@ -299,3 +299,18 @@ def test_a_stream_of_only_empty_chunks_is_no_answer(fake: FakeOpenAI, tmp_path: 
     with pytest.raises(ProviderError) as info:
         run(runtime_for(fake, tmp_path))
     assert info.value.code == "bad_response"
+
+
+def test_vllm_s_unwrapped_error_chunk_is_the_error_it_reports(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    # Older vLLM sent its ErrorResponse itself as the chunk, not under `error`: before,
+    # a wrong-shaped chunk, and the provider's words were lost.
+    vllm_error = {"object": "error", "message": "CUDA out of memory", "type": "InternalServerError"}
+    fake.script(reply(text("Half"), raw({**vllm_error, "param": None, "code": 500})))
+    seen: list[RuntimeEvent] = []
+    with pytest.raises(ProviderError) as info:
+        run(runtime_for(fake, tmp_path), into=seen)
+    assert info.value.code == "bad_response"
+    assert "CUDA out of memory" in info.value.message
+    assert content_events(seen) == [TextDelta("Half")]

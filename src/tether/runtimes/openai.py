@@ -328,6 +328,8 @@ class OpenAIRuntime(OpenAIEndpoint):
                     self._raise_classified(
                         stream_error(chunk["error"], response), model, streaming=True
                     )
+                if isinstance(chunk, dict) and chunk.get("object") == "error":  # older vLLM
+                    self._raise_classified(stream_error(chunk, response), model, streaming=True)
                 try:
                     events = acc.feed(chunk)
                 except WrongShape as exc:

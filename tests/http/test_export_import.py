@@ -422,6 +422,33 @@ def test_each_session_of_a_rotated_conversation_exports_and_imports_alone(
         wait_idle(client, copies[parent])
 
 
+@pytest.mark.parametrize("first", ["child", "parent"])
+def test_a_rotated_pair_imported_after_one_of_them_links_no_session_it_did_not_make(
+    tmp_path: Path, first: str
+) -> None:
+    """A file holding a rotated parent and its child, imported after one of the two was
+    imported alone: that one is found (idempotence), not made again, so the other's copy
+    may not link to the copy this import planned for it and never made. The parent's copy
+    pointed at that nonexistent continuation and refused every turn with 409
+    `session_rotated`; a child's copy named a parent that does not exist."""
+    with rotated_conversation(tmp_path / "data") as (client, parent, child):
+        alone = parent if first == "parent" else child
+        before = imported(client, client.get(f"/api/sessions/{alone}/export").content)
+        every = client.get("/api/export").content.splitlines()
+        pair = b"\n".join(s for s in every if json.loads(s)["session_id"] in (parent, child))
+        body = imported(client, pair)
+        assert (body["created"], body["existing"]) == (1, 1)
+        copies = {row["session_id"] for row in body["sessions"]}
+        assert before["sessions"][0]["session_id"] in copies
+        for row in body["sessions"]:
+            for link in (row["parent_session_id"], row["continuation_session_id"]):
+                assert link is None or link in copies, (row, link)
+        (made,) = copies - {before["sessions"][0]["session_id"]}
+        start = client.post("/api/chat/start", json={"session_id": made, "message": "go on"})
+        assert start.status_code == 200, start.text
+        wait_idle(client, made)
+
+
 def test_branches_round_trip_through_the_json_export(tmp_path: Path) -> None:
     """Edit and regenerate (docs/api.md §10) are events of the log, so the export carries
     them: the copy shows the same branch, hides the same rows, and switches like the

@@ -43,7 +43,7 @@ from tether.log.ownership import VIEWER
 from tether.log.store import SharedLog
 from tether.sessions.service import SessionService
 from tether.sessions.transfer import worker
-from tether.sessions.transfer.plan import Refusal, SessionPlan, refusal_error
+from tether.sessions.transfer.plan import Refusal, SessionPlan, linked_only_to, refusal_error
 
 log = logging.getLogger("tether.import")
 
@@ -176,7 +176,11 @@ class Importer:
             order[sid] = None
         job.existing = len(order) - len(new)
         if new:
-            await self._create(list(new.values()))
+            made = {plan.session_id for plan in new.values()}
+            creating = list(new.values())
+            if any(plan.session_id not in made for plan in plans):  # some were here before
+                creating = [linked_only_to(plan, made) for plan in creating]
+            await self._create(creating)
         job.created = len(new)
         skipped: Counter[str] = Counter()
         for plan in new.values():

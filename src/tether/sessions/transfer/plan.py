@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from tether import errors
+from tether import events as ev
 from tether.log.store import Draft
 
 # Nesting deeper than this is refused (`import_too_deep`): a Tether export nests about 8 deep
@@ -50,6 +52,27 @@ class SessionPlan:
     uploads: list[Upload] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
     session_id: str = ""  # the new session's id (lineage in the same file points at it)
+
+
+def linked_only_to(plan: SessionPlan, made: Collection[str]) -> SessionPlan:
+    """`plan` without its lineage to sessions of the file this import does not make: one
+    imported before (found by its key, not made again) is not the copy the plan named, which
+    is never created. The parent's copy would be rotated into no session (409
+    `session_rotated` for every turn), a child's copy would name a parent that is not
+    there; so each is imported as a session of a file without the other (docs/api.md §12)."""
+
+    def dangling(key: str, value: Any) -> bool:
+        return key.endswith("session_id") and isinstance(value, str) and value not in made
+
+    drafts = []
+    for draft in plan.drafts:
+        lineage = draft.type in (ev.SESSION_CREATED, ev.SESSION_ROTATED)
+        if lineage and any(dangling(k, v) for k, v in draft.data.items()):
+            if draft.type == ev.SESSION_ROTATED:
+                continue  # not rotated into nothing: the copy takes new turns
+            draft = replace(draft, data={k: v for k, v in draft.data.items() if not dangling(k, v)})
+        drafts.append(draft)
+    return replace(plan, drafts=drafts)
 
 
 class Refusal(Exception):

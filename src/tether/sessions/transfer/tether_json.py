@@ -11,7 +11,8 @@ case per feature. What an import changes, and why:
   are replaced wherever a field names one: a field called `id`, `*_id`, `*_ids` or `*_of`
   (`edit_of`, `row_id` of `branch.switched`), never in text.
 - Lineage (`parent_session_id`, `continuation_session_id`) points at the imported copy of
-  that session when the same file holds it, and at nothing otherwise; so does a link to the
+  that session when the same file holds it and this import makes it (`plan.linked_only_to`),
+  and at nothing otherwise; so does a link to the
   agent's own session (`agent_session_id`): a copy does not follow the agent's history.
 - `session.created` records `imported: {source, key, origin}`: the key makes importing the
   same file twice find the first import instead of making a copy.

@@ -453,7 +453,12 @@ class OpenAIRuntime(OpenAIEndpoint):
                     )
                 )
                 size = ctx.estimate()
-            yield CompressionCompleted(pass_id, before, size, ctx.summary, turn.turn_id)
+            # What later turns get in place of the turns before this one: the conversation
+            # summary alone. The work summary is this turn's own ("work already done in the
+            # current turn"); said to a later turn it would make a past task current
+            # (invariant 6), and the transcript gives that turn's exchanges in full.
+            earlier = ctx.conversation_summary or ""
+            yield CompressionCompleted(pass_id, before, size, earlier, turn.turn_id)
         if window is not None and size > window:
             yield Finished(
                 "compression_exhausted",

@@ -19,6 +19,8 @@ from tether.runtimes.base import Runtime, RuntimeEvent, TextDelta, TurnInput, Us
 from tether.settings import Settings
 
 from engine_harness import Harness, harness
+from fake_openai import FakeOpenAI, hang, reply, text
+from helpers import new_session, running_server, session_body, start_turn, wait_idle
 
 
 class FullContextRuntime(Runtime):
@@ -210,3 +212,36 @@ def test_a_message_queued_during_the_rotating_turn_is_created_with_the_child(
             assert (await h.sessions.view(child))["messages"][0]["content"] == "queued meanwhile"
 
     asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_a_stop_during_the_handoff_summary_skips_the_rotation_and_frees_the_session(
+    tmp_path: Path, fake: FakeOpenAI
+) -> None:
+    """The finished run holds the session while the handoff summary is asked for: a Stop
+    then is the user's word that nothing more should happen. It answered `cancelled: false`
+    and changed nothing, so a model server that never answered the summary kept the session
+    busy (409 `session_busy`) for the request's whole timeout. Now the summary request is
+    closed, the rotation skipped as a failed one is, and the parent takes the next turn."""
+    fake.context_length = 600
+    args = ["--runtime", "openai", "--base-url", fake.base_url, "--model", "fake-model"]
+    with (
+        running_server(tmp_path / "data", *args, "--compression-mode", "rotate") as server,
+        server.client() as client,
+    ):
+        sid = new_session(client)
+        crossing = reply(text("word " * 400), usage={"prompt_tokens": 20, "completion_tokens": 500})
+        fake.script(crossing, reply(hang()))  # the answer, then the handoff summary request
+        stream_id = start_turn(client, sid, "one")["stream_id"]
+        assert fake.wait_for_requests(2)
+        assert session_body(client, sid)["messages"][-1]["state"] == "completed"
+        stop = client.post("/api/chat/cancel", json={"stream_id": stream_id})
+        assert stop.json() == {"ok": True, "cancelled": True, "stream_id": stream_id}
+        assert fake.wait_disconnects(1)  # the summary request is closed
+        body = wait_idle(client, sid, timeout=5)
+        assert body["continuation_session_id"] is None
+        # the parent's context is as large as it was: compressed in place, then rotated
+        fake.script(reply(text("SUMMARY")), reply(text("two answered")), reply(text("HANDOFF")))
+        start_turn(client, sid, "two")
+        assert wait_idle(client, sid)["messages"][-1]["content"] == "two answered"
+        assert session_body(client, sid)["continuation_session_id"] is not None

@@ -49,6 +49,10 @@ class Run:
     approvals: ApprovalDesk = field(default_factory=ApprovalDesk, repr=False)
     questions: QuestionDesk = field(default_factory=QuestionDesk, repr=False)
     handle: RuntimeHandle | None = field(default=None, repr=False)  # admitted for this run
+    # Set once the run ended completed and holds the session for a rotation's handoff
+    # summary (runs/rotation.py); a Stop then sets `rotation_stop`, which skips it.
+    rotating: bool = False
+    rotation_stop: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def move(self, phase: str) -> None:
         if phase not in _NEXT[self.phase]:

@@ -22,7 +22,9 @@ it rotates in its turn if it crosses the threshold).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from tether import events as ev
@@ -50,6 +52,27 @@ def estimate_tokens(messages: list[dict[str, Any]]) -> int:
     ) // 4 + 4 * len(messages)
 
 
+class RotationStopped(Exception):
+    """A Stop came before anything of the rotation was written."""
+
+
+async def _unless_stopped(request: Coroutine[Any, Any, str], stop: asyncio.Event) -> str:
+    """The handoff summary, or RotationStopped as soon as `stop` is set: the request is
+    cancelled, which closes it at the model server."""
+    asking = asyncio.ensure_future(request)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({asking, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (asking, stopping):
+            if not task.done():
+                task.cancel()
+        await asyncio.wait({asking, stopping})
+    if stop.is_set():
+        raise RotationStopped
+    return asking.result()  # the summary, or its ProviderError
+
+
 class Rotator:
     """The worker's `Rotation` (runs/worker.py): it acts on the sessions, not on the engine."""
 
@@ -71,12 +94,17 @@ class Rotator:
         used = usage["prompt_tokens"] + usage["completion_tokens"]
         return used >= self.settings.compression_threshold * window
 
-    async def maybe_rotate(self, session_id: str, normalizer: Normalizer) -> str:
-        """Rotate if this turn crossed the threshold; return where the next turn goes."""
+    async def maybe_rotate(
+        self, session_id: str, normalizer: Normalizer, stop: asyncio.Event | None = None
+    ) -> str:
+        """Rotate if this turn crossed the threshold; return where the next turn goes.
+        `stop` (a Stop of the finished run that holds the session) skips it."""
         if self.settings.compression_mode != "rotate" or not self.crossed(normalizer):
             return session_id
         try:
-            return await self.rotate(session_id)
+            return await self.rotate(session_id, stop or asyncio.Event())
+        except RotationStopped:
+            log.info("rotation of %s skipped: stopped", session_id)
         except ProviderError as exc:
             log.warning(
                 "rotation of %s skipped: the summary request failed: %s", session_id, exc.message
@@ -89,11 +117,11 @@ class Rotator:
         # again and rotates then.
         return session_id
 
-    async def rotate(self, parent_id: str) -> str:
+    async def rotate(self, parent_id: str, stop: asyncio.Event) -> str:
         sessions = self.sessions
         fold = await sessions.folds.get(parent_id)
         messages = fold.transcript.context()["context_messages"]
-        summary = await self.runtime.summarize(messages, None)
+        summary = await _unless_stopped(self.runtime.summarize(messages, None), stop)
         handoff = {
             "summary": summary,
             "tokens_before": estimate_tokens(messages),
@@ -101,6 +129,8 @@ class Rotator:
         }
         for _ in range(PLANS):
             async with sessions.locks(parent_id):
+                if stop.is_set():  # a Stop as the summary came: nothing written yet
+                    raise RotationStopped
                 fold = await sessions.folds.get(parent_id)
                 if fold.transcript.context()["context_messages"] != messages:
                     break  # a turn, an edit or a switch since: the summary is not of it

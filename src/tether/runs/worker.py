@@ -40,7 +40,9 @@ class Rotation(Protocol):
     the storage) is skipped with a log line and the parent returned; the worker unwinds its
     run whatever happens here (contract invariant 9: an ended run frees its session)."""
 
-    async def maybe_rotate(self, session_id: str, normalizer: Normalizer) -> str: ...
+    async def maybe_rotate(
+        self, session_id: str, normalizer: Normalizer, stop: asyncio.Event
+    ) -> str: ...
 
 
 class WorkerHost(Protocol):
@@ -131,10 +133,14 @@ async def work(
         next_session = run.session_id
         try:
             if engine.rotator is not None and state == "completed" and not engine.closing:
-                next_session = await engine.rotator.maybe_rotate(run.session_id, normalizer)
+                run.rotating = True
+                next_session = await engine.rotator.maybe_rotate(
+                    run.session_id, normalizer, run.rotation_stop
+                )
         finally:  # whatever became of the rotation, the ended run frees its session
             await _unwind(engine, run)
-    if state == "completed" and not engine.closing:
+    # a Stop during the rotation: queued messages wait for "Send now", as after any Stop
+    if state == "completed" and not engine.closing and not run.rotation_stop.is_set():
         await engine.start_next(next_session)
 
 

@@ -43,6 +43,14 @@ from fake_openai import (
 # ---- errors ----------------------------------------------------------------------------------
 
 
+def refused(fake: FakeOpenAI, runtime: OpenAIRuntime, scripted: Any) -> ProviderError:
+    """The provider's error a turn against `scripted` must end in."""
+    fake.script(scripted)
+    with pytest.raises(ProviderError) as info:
+        run(runtime)
+    return info.value
+
+
 @pytest.mark.parametrize(
     ("scripted", "code", "says"),
     [
@@ -95,11 +103,9 @@ from fake_openai import (
 def test_errors_map_to_codes(
     fake: FakeOpenAI, runtime: OpenAIRuntime, scripted: Any, code: str, says: str
 ) -> None:
-    fake.script(scripted)
-    with pytest.raises(ProviderError) as info:
-        run(runtime)
-    assert info.value.code == code
-    assert says in info.value.message
+    refusal = refused(fake, runtime, scripted)
+    assert refusal.code == code
+    assert says in refusal.message
 
 
 NGINX_404 = (
@@ -144,12 +150,10 @@ def test_refusals_in_pages_and_lists_are_told_in_words(
     fake: FakeOpenAI, runtime: OpenAIRuntime, scripted: Any, code: str, says: str
 ) -> None:
     # Before: a page's whole HTML was the message, and a list body left only "Error code: 400".
-    fake.script(scripted)
-    with pytest.raises(ProviderError) as info:
-        run(runtime)
-    assert info.value.code == code
-    assert says in info.value.message
-    assert "<" not in info.value.message and "cf_chl" not in info.value.message
+    refusal = refused(fake, runtime, scripted)
+    assert refusal.code == code
+    assert says in refusal.message
+    assert "<" not in refusal.message and "cf_chl" not in refusal.message
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,14 @@ def runtime_for(fake: FakeOpenAI, tmp_path: Path, **settings: Any) -> OpenAIRunt
     )
 
 
+def failed_run(fake: FakeOpenAI, tmp_path: Path) -> tuple[ProviderError, list[RuntimeEvent]]:
+    """One turn that must end in the provider's error: that error and what it sent first."""
+    seen: list[RuntimeEvent] = []
+    with pytest.raises(ProviderError) as info:
+        run(runtime_for(fake, tmp_path), into=seen)
+    return info.value, seen
+
+
 @pytest.mark.parametrize(
     ("chunk", "says"),
     [
@@ -69,11 +77,9 @@ def test_a_chunk_of_the_wrong_shape_is_a_bad_response_and_keeps_the_text(
 ) -> None:
     # Before: these were skipped and the stream's [DONE] made an answer of what was left.
     fake.script(reply(text("partial "), raw(chunk), text("never seen")))
-    seen: list[RuntimeEvent] = []
-    with pytest.raises(ProviderError) as info:
-        run(runtime_for(fake, tmp_path), into=seen)
-    assert info.value.code == "bad_response"
-    assert says in info.value.message
+    error, seen = failed_run(fake, tmp_path)
+    assert error.code == "bad_response"
+    assert says in error.message
     assert content_events(seen) == [TextDelta("partial ")]
 
 
@@ -89,11 +95,9 @@ def test_a_stream_closed_without_finish_reason_or_done_is_a_network_error(
 ) -> None:
     # The HTTP body ends cleanly, as when llama.cpp's server crashes mid-answer.
     fake.script(reply(text("The answer is"), end()))
-    seen: list[RuntimeEvent] = []
-    with pytest.raises(ProviderError) as info:
-        run(runtime_for(fake, tmp_path), into=seen)
-    assert info.value.code == "network"
-    assert "before the answer was finished" in info.value.message
+    error, seen = failed_run(fake, tmp_path)
+    assert error.code == "network"
+    assert "before the answer was finished" in error.message
     assert content_events(seen) == [TextDelta("The answer is")]
 
 
@@ -165,11 +169,9 @@ def test_llama_cpp_s_error_line_is_the_error_it_reports(fake: FakeOpenAI, tmp_pa
     fake.script(
         reply(text("Half an "), verbatim('error: {"code":500,"message":"slot crashed"}\n\n'))
     )
-    seen: list[RuntimeEvent] = []
-    with pytest.raises(ProviderError) as info:
-        run(runtime_for(fake, tmp_path), into=seen)
-    assert info.value.code == "bad_response"
-    assert "slot crashed" in info.value.message
+    error, seen = failed_run(fake, tmp_path)
+    assert error.code == "bad_response"
+    assert "slot crashed" in error.message
     assert content_events(seen) == [TextDelta("Half an ")]
 
 
@@ -187,11 +189,9 @@ def test_llama_cpp_s_overflow_line_compresses_and_retries(fake: FakeOpenAI, tmp_
 
 def test_a_named_error_event_is_the_error_it_reports(fake: FakeOpenAI, tmp_path: Path) -> None:
     fake.script(reply(text("so far"), verbatim('event: error\ndata: {"message":"Overloaded"}\n\n')))
-    seen: list[RuntimeEvent] = []
-    with pytest.raises(ProviderError) as info:
-        run(runtime_for(fake, tmp_path), into=seen)
-    assert info.value.code == "bad_response"
-    assert "Overloaded" in info.value.message
+    error, seen = failed_run(fake, tmp_path)
+    assert error.code == "bad_response"
+    assert "Overloaded" in error.message
     assert content_events(seen) == [TextDelta("so far")]
 
 
@@ -242,11 +242,9 @@ def test_an_answer_the_provider_finished_with_error_is_an_error(
     # OpenRouter's `finish_reason: "error"` (its error object may be missing): before, the run
     # ended `completed` with the text so far, as if it were the whole answer.
     fake.script(reply(text("The first half"), finish_reason="error"))
-    seen: list[RuntimeEvent] = []
-    with pytest.raises(ProviderError) as info:
-        run(runtime_for(fake, tmp_path), into=seen)
-    assert info.value.code == "bad_response"
-    assert 'finish_reason "error"' in info.value.message
+    error, seen = failed_run(fake, tmp_path)
+    assert error.code == "bad_response"
+    assert 'finish_reason "error"' in error.message
     assert content_events(seen) == [TextDelta("The first half")]
 
 
@@ -271,11 +269,9 @@ def test_a_rate_limit_reported_in_the_stream_is_rate_limit(
             ),
         )
     )
-    seen: list[RuntimeEvent] = []
-    with pytest.raises(ProviderError) as info:
-        run(runtime_for(fake, tmp_path), into=seen)
-    assert info.value.code == "rate_limit"
-    assert "Rate limit exceeded upstream" in info.value.message
+    error, seen = failed_run(fake, tmp_path)
+    assert error.code == "rate_limit"
+    assert "Rate limit exceeded upstream" in error.message
     assert content_events(seen) == [TextDelta("partial")]
 
 
@@ -308,9 +304,7 @@ def test_vllm_s_unwrapped_error_chunk_is_the_error_it_reports(
     # a wrong-shaped chunk, and the provider's words were lost.
     vllm_error = {"object": "error", "message": "CUDA out of memory", "type": "InternalServerError"}
     fake.script(reply(text("Half"), raw({**vllm_error, "param": None, "code": 500})))
-    seen: list[RuntimeEvent] = []
-    with pytest.raises(ProviderError) as info:
-        run(runtime_for(fake, tmp_path), into=seen)
-    assert info.value.code == "bad_response"
-    assert "CUDA out of memory" in info.value.message
+    error, seen = failed_run(fake, tmp_path)
+    assert error.code == "bad_response"
+    assert "CUDA out of memory" in error.message
     assert content_events(seen) == [TextDelta("Half")]

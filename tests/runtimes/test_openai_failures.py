@@ -60,6 +60,11 @@ def refused(fake: FakeOpenAI, runtime: OpenAIRuntime, scripted: Any) -> Provider
             "Incorrect API key provided",
         ),
         (error(403, "Project has no access"), "auth", "Project has no access"),
+        (  # OpenRouter, out of credits: the person acts on their account, as for a key
+            error(402, "Insufficient credits. Add more using https://openrouter.ai/credits"),
+            "auth",
+            "payment required (HTTP 402): Insufficient credits",
+        ),
         (
             error(429, "Slow down please", code="rate_limit_exceeded"),
             "rate_limit",

@@ -1,7 +1,7 @@
 """Provider failures of an OpenAI-compatible endpoint as typed `ProviderError`s, with a
 message a person can act on (the provider's own words included). First match wins:
 
-* 401 / 403 -> ``auth``; 429 -> ``rate_limit``
+* 401 / 403, and 402 (payment required: no credits left) -> ``auth``; 429 -> ``rate_limit``
 * 413, or any error whose code or message says the context is too long -> ``context_overflow``
 * 404, or a 400 saying the server serves another model (``transformers serve``'s "Server is
   pinned to ...") -> ``model_not_found`` (a wrong ``--base-url`` also lands on 404; the
@@ -193,6 +193,12 @@ def _status_error(
         verb = "rejected the credentials" if status == 401 else "refused access"
         return ProviderError(
             "auth", f"The model provider at {where} {verb} (HTTP {status}): {detail}{hint}"
+        )
+    if status == 402:  # OpenRouter and others: the account has no credits left
+        return ProviderError(
+            "auth",
+            f"The model provider at {where} refused the account: payment required (HTTP 402): "
+            f"{detail} Check the account's credits or billing.",
         )
     if isinstance(exc, openai.RateLimitError):
         return ProviderError(

@@ -421,9 +421,10 @@ def test_summarize_returns_the_models_text(tmp_path: Path) -> None:
     assert "list_files" in transcript and "It is a list." in transcript
 
 
-def test_summarize_maps_errors(tmp_path: Path) -> None:
+def summary_refusal(tmp_path: Path, scripted: Any) -> ProviderError:
+    """The provider's error a summary request answered by `scripted` ends in."""
     with FakeOpenAI() as fake:
-        fake.script(error(429, "slow down"))
+        fake.script(scripted)
         rt = make_runtime(fake, tmp_path)
 
         async def main() -> str:
@@ -434,7 +435,34 @@ def test_summarize_maps_errors(tmp_path: Path) -> None:
 
         with pytest.raises(ProviderError) as info:
             asyncio.run(main())
-    assert info.value.code == "rate_limit"
+    return info.value
+
+
+def test_summarize_maps_errors(tmp_path: Path) -> None:
+    assert summary_refusal(tmp_path, error(429, "slow down")).code == "rate_limit"
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"error": {"message": "Upstream provider overloaded", "code": 502}}, "bad_response"),
+        (
+            {"error": {"message": "This model's maximum context length is 8192 tokens"}},
+            "context_overflow",
+        ),
+        ({"object": "error", "message": "CUDA out of memory", "code": 500}, "bad_response"),
+    ],
+    ids=["openrouter", "overflow", "vllm-object"],
+)
+def test_a_summary_answered_200_with_an_error_says_the_provider_s_words(
+    tmp_path: Path, body: dict[str, Any], code: str
+) -> None:
+    # OpenRouter and gateways answer a failed non-streamed request with a 200 whose body is an
+    # error. Before: "returned an empty summary", the provider's words lost.
+    refusal = summary_refusal(tmp_path, error(200, body))
+    assert refusal.code == code
+    message = body.get("error", body)["message"]
+    assert message in refusal.message
 
 
 # ---- the pure helpers ------------------------------------------------------------------------

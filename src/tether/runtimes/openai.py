@@ -67,7 +67,12 @@ from tether.runtimes.compression import (
     summary_request,
 )
 from tether.runtimes.openai_endpoint import OpenAIEndpoint
-from tether.runtimes.openai_errors import hung_up_unanswered, send_streamed, stream_error
+from tether.runtimes.openai_errors import (
+    error_in,
+    hung_up_unanswered,
+    send_streamed,
+    stream_error,
+)
 from tether.runtimes.openai_stream import (
     Accumulator,
     WrongShape,
@@ -324,12 +329,10 @@ class OpenAIRuntime(OpenAIEndpoint):
                     chunk = json.loads(payload)
                 except ValueError as exc:
                     self._raise_classified(exc, model, streaming=True)
-                if isinstance(chunk, dict) and chunk.get("error") is not None:
+                if (error := error_in(chunk)) is not None:
                     self._raise_classified(
-                        stream_error(chunk["error"], response), model, streaming=True
+                        stream_error(error, response.request), model, streaming=True
                     )
-                if isinstance(chunk, dict) and chunk.get("object") == "error":  # older vLLM
-                    self._raise_classified(stream_error(chunk, response), model, streaming=True)
                 try:
                     events = acc.feed(chunk)
                 except WrongShape as exc:
@@ -389,8 +392,8 @@ class OpenAIRuntime(OpenAIEndpoint):
             body = json.loads(text)
         except ValueError:
             body = None
-        if isinstance(body, dict) and body.get("error") is not None:
-            self._raise_classified(stream_error(body["error"], response), model, streaming=True)
+        if (error := error_in(body)) is not None:
+            self._raise_classified(stream_error(error, response.request), model, streaming=True)
         try:
             return acc.feed(completion_as_chunk(body))
         except WrongShape:
@@ -409,7 +412,7 @@ class OpenAIRuntime(OpenAIEndpoint):
             error = payload.strip() or "an error without a message"
         if isinstance(error, dict) and error.get("error") is not None:
             error = error["error"]
-        self._raise_classified(stream_error(error, response), model, streaming=True)
+        self._raise_classified(stream_error(error, response.request), model, streaming=True)
 
     def _stalled(self, idle: float, *, started: bool) -> NoReturn:
         what = "stopped sending mid-answer" if started else "sent no answer"

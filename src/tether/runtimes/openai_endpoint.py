@@ -22,7 +22,7 @@ from tether.runtimes.compression import (
     summary_reply_tokens,
     summary_request,
 )
-from tether.runtimes.openai_errors import classify, hung_up_unanswered
+from tether.runtimes.openai_errors import classify, error_in, hung_up_unanswered, stream_error
 from tether.runtimes.openai_models import (
     Unreachable,
     Window,
@@ -147,7 +147,10 @@ class OpenAIEndpoint(Runtime):
         resent = False
         while True:
             try:
-                response = await self._client.chat.completions.create(**untransformed(body))
+                raw = await self._client.chat.completions.with_raw_response.create(
+                    **untransformed(body)
+                )
+                response = raw.parse()
                 break
             except Exception as exc:
                 if hung_up_unanswered(exc) and not resent:
@@ -155,6 +158,9 @@ class OpenAIEndpoint(Runtime):
                     continue
                 if not self._renames_max_tokens(exc, body):
                     self._raise_classified(exc, model, streaming=False)
+        error = error_in(response.to_dict())
+        if error is not None:  # a 200 whose body is an error (OpenRouter, gateways, vLLM)
+            self._raise_classified(stream_error(error, raw.http_request), model, streaming=False)
         choices = getattr(response, "choices", None) or []
         message = getattr(choices[0], "message", None) if choices else None
         summary = clean_summary(getattr(message, "content", None))

@@ -302,10 +302,21 @@ def hung_up_unanswered(exc: BaseException) -> bool:
     return False
 
 
-def stream_error(error: object, response: Any) -> openai.APIError:
-    """An error the provider sent inside the stream, as the SDK itself would raise it."""
+def error_in(body: object) -> object | None:
+    """The error a JSON body is, when it is one: `{"error": ...}` (OpenAI, OpenRouter,
+    gateways) or `{"object": "error", ...}` (older vLLM); None for anything else."""
+    if not isinstance(body, dict):
+        return None
+    if body.get("error") is not None:
+        return body["error"]
+    return body if body.get("object") == "error" else None
+
+
+def stream_error(error: object, request: Any) -> openai.APIError:
+    """An error the provider sent in a 200's body (inside the stream, or as the whole body),
+    as the SDK itself would raise it."""
     message = (error.get("message") if isinstance(error, dict) else None) or str(error)
-    return openai.APIError(message, response.request, body=error)
+    return openai.APIError(message, request, body=error)
 
 
 async def send_streamed(http: Any, request: Any) -> Any:

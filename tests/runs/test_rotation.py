@@ -219,10 +219,12 @@ def test_a_stop_during_the_handoff_summary_skips_the_rotation_and_frees_the_sess
     tmp_path: Path, fake: FakeOpenAI
 ) -> None:
     """The finished run holds the session while the handoff summary is asked for: a Stop
-    then is the user's word that nothing more should happen. It answered `cancelled: false`
-    and changed nothing, so a model server that never answered the summary kept the session
-    busy (409 `session_busy`) for the request's whole timeout. Now the summary request is
-    closed, the rotation skipped as a failed one is, and the parent takes the next turn."""
+    then is the user's word that nothing more should happen. It changed nothing, so a model
+    server that never answered the summary kept the session busy (409 `session_busy`) for
+    the request's whole timeout. Now the summary request is closed, the rotation skipped as
+    a failed one is, and the parent takes the next turn. The Stop still answers `cancelled:
+    false`: the run had ended `completed`, and `cancelled: true` means the Stop decided a
+    run's outcome (docs/api.md §4)."""
     fake.context_length = 600
     args = ["--runtime", "openai", "--base-url", fake.base_url, "--model", "fake-model"]
     with (
@@ -236,7 +238,7 @@ def test_a_stop_during_the_handoff_summary_skips_the_rotation_and_frees_the_sess
         assert fake.wait_for_requests(2)
         assert session_body(client, sid)["messages"][-1]["state"] == "completed"
         stop = client.post("/api/chat/cancel", json={"stream_id": stream_id})
-        assert stop.json() == {"ok": True, "cancelled": True, "stream_id": stream_id}
+        assert stop.json() == {"ok": True, "cancelled": False, "stream_id": stream_id}
         assert fake.wait_disconnects(1)  # the summary request is closed
         body = wait_idle(client, sid, timeout=5)
         assert body["continuation_session_id"] is None

@@ -131,11 +131,12 @@ class RunControls:
         if run is None and self.shared_log:
             return await self._cancel_elsewhere(stream_id, session_id)
         if run is not None and run.rotating and run.phase == RUNNING:
-            # Its run.finished is written; it holds the session for a rotation's summary
-            # request, which a Stop closes: the rotation is skipped, the session freed.
+            # Its run.finished (completed) is written; it holds the session for a rotation's
+            # summary request, which a Stop closes: the rotation is skipped, the session
+            # freed. `cancelled` stays false: this Stop did not decide the run's outcome.
             self.registry.move(run, CANCELLING)
             run.rotation_stop.set()
-            return {"ok": True, "cancelled": True, "stream_id": run.stream_id}
+            return {"ok": True, "cancelled": False, "stream_id": run.stream_id}
         if run is None or run.resolved or run.phase not in (STARTING, RUNNING):
             return {
                 "ok": True,

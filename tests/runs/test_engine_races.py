@@ -91,6 +91,63 @@ def test_stop_before_invocation_means_the_runtime_is_never_called(tmp_path: Path
     asyncio.run(main())
 
 
+class StreamingRuntime(Runtime):
+    """Streams a word every 10 ms until it is interrupted."""
+
+    name = "streaming"
+    model = "streaming-1"
+    demo = False
+
+    def __init__(self) -> None:
+        """No settings: it streams the one word."""
+
+    def accepts(self, mime: str) -> bool:
+        return True
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        while True:
+            yield TextDelta("word ")
+            await asyncio.sleep(0.01)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_a_stop_is_recorded_before_the_run_ends_even_when_its_append_waits(
+    tmp_path: Path,
+) -> None:
+    """Layer: runs controls and worker (invariant 9: a Stop is one durable
+    `run.cancel_requested`, then the run's one `run.finished` in state `cancelled`). Stop
+    closes the model request first and then records itself; when that record waits (on
+    PostgreSQL, or with accounts, the ownership check reads the database first), the worker,
+    stopped at once, must not write its `run.finished` ahead of it: the log then fenced the
+    Stop's record out (StreamClosed, swallowed) and held a cancelled run that no Stop asked
+    for. Found by CI on the removed-user test over two replicas."""
+
+    async def main() -> None:
+        async with harness(tmp_path, StreamingRuntime()) as h:
+            real_append = h.store.append
+
+            async def append(session_id: str, drafts: list) -> list:
+                if any(d.type == "run.cancel_requested" for d in drafts):
+                    await asyncio.sleep(0.2)  # as a database round trip before the write
+                return await real_append(session_id, drafts)
+
+            h.store.append = append  # type: ignore[method-assign]
+            sid = (await h.sessions.create(None))["session_id"]
+            run = await h.engine.start(sid, "go", [], None)
+            while "text.delta" not in await h.types(sid):
+                await asyncio.sleep(0.01)
+            assert (await h.controls.cancel(stream_id=run["stream_id"]))["cancelled"]
+            await h.wait_idle(sid)
+            types = await h.types(sid)
+            assert types.count("run.cancel_requested") == 1, types
+            assert types.index("run.cancel_requested") < types.index("run.finished"), types
+            assert (await h.store.read(sid))[-1].data["state"] == "cancelled"
+
+    asyncio.run(main())
+
+
 def test_wedged_worker_is_busy_not_attachable_then_reclaimed_and_fenced(tmp_path: Path) -> None:
     async def main() -> None:
         runtime = StubbornRuntime()

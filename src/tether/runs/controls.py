@@ -143,12 +143,15 @@ class RunControls:
                 "cancelled": False,
                 "stream_id": run.stream_id if run else stream_id,
             }
+        run.stop_recording = asyncio.Event()
         stop_locally(self.registry, run)
         try:
-            with contextlib.suppress(StreamClosed):  # the worker may have finished meanwhile
+            with contextlib.suppress(StreamClosed):  # recovery or shutdown ended it meanwhile
                 await self.store.append(run.session_id, [_cancel_draft(run.stream_id, run.turn_id)])
         except CancelRequested:  # a Stop through another replica was recorded first
             return {"ok": True, "cancelled": False, "stream_id": run.stream_id}
+        finally:
+            run.stop_recording.set()  # the worker may now write the run's end
         return {"ok": True, "cancelled": True, "stream_id": run.stream_id}
 
     async def _cancel_elsewhere(

@@ -53,6 +53,10 @@ class Run:
     # summary (runs/rotation.py); a Stop then sets `rotation_stop`, which skips it.
     rotating: bool = False
     rotation_stop: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    # A Stop through this process closes the model request before it records its
+    # `run.cancel_requested`; the worker writes `run.finished` only once that record is
+    # settled, or the log would fence the Stop's record out (runs/controls.py `cancel`).
+    stop_recording: asyncio.Event | None = field(default=None, repr=False)
 
     def move(self, phase: str) -> None:
         if phase not in _NEXT[self.phase]:

@@ -117,6 +117,8 @@ async def work(
         leftovers = run.steer.close()
         run.approvals.close()  # an agent still asking gets "deny"
         run.questions.close()  # and no answer to its questions
+        if run.stop_recording is not None:  # a Stop's record goes before the run's end
+            await run.stop_recording.wait()
         if state:
             await _append_ending(
                 engine,

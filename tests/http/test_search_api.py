@@ -111,6 +111,51 @@ def test_best_matches_come_first_and_limit_caps(server: ServerProcess, fake: Fak
         assert len(search(client, "otter", limit=2)) == 2
 
 
+def test_an_answers_snippet_is_its_text_without_markdown_syntax(
+    server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """The transcript shows an answer's Markdown rendered, so its snippet is the text a person
+    reads there (docs/api.md §13: plain text): no emphasis, code, heading, list or quote
+    marks, no link address, nor a table's rule; a link address holding the match is kept
+    whole. Arithmetic and snake_case keep their characters, and a user row, shown as typed,
+    keeps its own."""
+    fake.script(
+        reply(
+            text(
+                "## Numbats\n\nThe **numbat** eats `termites`; see [the *guide*](https://x.example/a)."
+            )
+        ),
+        reply(
+            text(
+                "- 2*3 is six\n- snake_case numbat\n> a numbat quote\n\n```python\nnumbat = 1\n```"
+            )
+        ),
+        reply(text("| animal | food |\n|---|---|\n| numbat | termites |")),
+        reply(text("See [here](https://numbat.example/wiki).")),
+        reply(text("ok")),
+    )
+    with server.client() as client:
+        sid = new_session(client)
+        for message in ("first", "second", "third", "fourth", "**numbat** as typed"):
+            turn(client, sid, message)
+        found = {r["snippet"]: r for r in search(client, "numbat", limit=10)}
+        assert set(found) == {
+            "Numbats The numbat eats termites; see the guide.",
+            "2*3 is six snake_case numbat a numbat quote numbat = 1",
+            "animal food numbat termites",
+            "See [here](https://numbat.example/wiki).",
+            "**numbat** as typed",
+        }, set(found)
+        marked = found["animal food numbat termites"]["snippet_parts"]
+        assert marked == [
+            {"text": "animal food ", "match": False},
+            {"text": "numbat", "match": True},
+            {"text": " termites", "match": False},
+        ]
+        in_link = found["See [here](https://numbat.example/wiki)."]["snippet_parts"]
+        assert {"text": "numbat", "match": True} in in_link
+
+
 @pytest.mark.parametrize(
     ("q", "code"),
     [

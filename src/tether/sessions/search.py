@@ -17,6 +17,7 @@ of the branch it was written on.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from itertools import groupby
 from typing import Any
@@ -24,7 +25,14 @@ from typing import Any
 from tether import events as ev
 from tether.errors import InvalidRequest
 from tether.events import Event
-from tether.log.store import SearchChange, SearchDoc, StreamEvents
+from tether.log.store import (
+    MATCH_CLOSE,
+    MATCH_OPEN,
+    SearchChange,
+    SearchDoc,
+    StreamEvents,
+    snippet_parts,
+)
 from tether.projections.agent_rows import imported_rows
 
 # Bump when what is indexed changes: the store then rebuilds the index from the log.
@@ -109,3 +117,35 @@ def search_terms(query: str) -> list[str]:
     if len(terms) > MAX_TERMS:
         raise InvalidRequest(f"The search text has more than {MAX_TERMS} words.")
     return terms
+
+
+# Markdown's syntax in an answer's snippet. The transcript shows an answer rendered, so its
+# snippet is the text read there (docs/api.md §13: plain text). Only the snippet (a few
+# words) is cleaned, when a search is answered: rendering every answer for the index would
+# cost the log writer a Markdown parse per run. A matched word is never dropped: the match
+# markers are neither word nor space, and a link address holding one is kept whole.
+_LINK = re.compile(rf"!?\[([^\]\n]*)\]\((?:[^)\s{MATCH_OPEN}{MATCH_CLOSE}]*)(?: \"[^\"\n]*\")?\)")
+_LINE_MARK = re.compile(
+    r"^[ \t]*(?:#{1,6}[ \t]+|>[ \t]?|[-*+][ \t]+|\d{1,9}[.)][ \t]+|`{3,}\S*|~{3,}\S*)",
+    re.MULTILINE,
+)
+_TABLE_RULE = re.compile(r"^[ \t|:-]*-{3,}[ \t|:-]*$", re.MULTILINE)
+_TABLE_PIPE = re.compile(r"^[ \t]*\||\|[ \t]*$|(?<= )\|(?= )", re.MULTILINE)
+# A run of `*` or `_` that opens (after no word, before no space) or closes (after no
+# space, before no word) emphasis: `2*3` and `snake_case` keep theirs.
+_EMPHASIS = re.compile(
+    r"(?<![\w*])\*+(?=[^\s*])|(?<=[^\s*])\*+(?![\w*])|(?<!\w)_+(?=[^\s_])|(?<=[^\s_])_+(?!\w)|~~|`+"
+)
+_SPACE = re.compile(r"\s+")
+
+
+def plain_snippet(parts: tuple[tuple[str, bool], ...]) -> tuple[tuple[str, bool], ...]:
+    """An answer's snippet parts as the rendered answer reads (a user row is shown as typed
+    and keeps its own)."""
+    marked = "".join(f"{MATCH_OPEN}{text}{MATCH_CLOSE}" if match else text for text, match in parts)
+    marked = _LINK.sub(r"\1", marked)
+    marked = _TABLE_RULE.sub("", marked)
+    marked = _LINE_MARK.sub("", marked)
+    marked = _TABLE_PIPE.sub("", marked)
+    marked = _EMPHASIS.sub("", marked)
+    return snippet_parts(_SPACE.sub(" ", marked).strip())

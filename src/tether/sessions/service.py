@@ -21,7 +21,7 @@ from tether.sessions.branching import last_run_state, switch_draft
 from tether.sessions.defaults import ServerDefaults
 from tether.sessions.folds import FoldCache
 from tether.sessions.row_texts import RowTexts
-from tether.sessions.search import search_terms
+from tether.sessions.search import plain_snippet, search_terms
 from tether.sessions.titles import TitleRefused, normalise_title
 
 TITLE_MAX_CHARS = 200
@@ -201,6 +201,7 @@ class SessionService:
                 except SessionNotFound:  # deleted since
                     continue
                 shown_rows[hit.session_id] = {row["id"] for row in fold.transcript.messages}
+            snippet = plain_snippet(hit.snippet) if hit.role == "assistant" else hit.snippet
             results.append(
                 {
                     "session_id": hit.session_id,
@@ -208,8 +209,8 @@ class SessionService:
                     "row_id": hit.row_id,
                     "role": hit.role,
                     "at": hit.at,
-                    "snippet": "".join(text for text, _ in hit.snippet),
-                    "snippet_parts": [{"text": t, "match": m} for t, m in hit.snippet],
+                    "snippet": "".join(text for text, _ in snippet),
+                    "snippet_parts": [{"text": t, "match": m} for t, m in snippet],
                     "shown": hit.row_id in shown_rows[hit.session_id],
                 }
             )

@@ -5,10 +5,13 @@ readable. Layers: the page only."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from helpers import ServerProcess
+from accounts_kit import PASSWORDS, add_user
+from helpers import ServerProcess, running_server
 from pagekit import open_app, send, wait_settled
 
 pytestmark = pytest.mark.slow
@@ -215,3 +218,52 @@ def test_an_answers_head_line_keeps_its_width_beside_its_controls(
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
     assert page.evaluate(SMALL_TARGETS_JS) == []
     page.context.close()
+
+
+TEXT_OFFSET_JS = """(el) => {
+  // How far the label's middle sits from the button's middle, vertically, in px.
+  const range = document.createRange();
+  range.selectNodeContents(el);
+  const text = range.getBoundingClientRect();
+  const box = el.getBoundingClientRect();
+  return Math.abs(text.y + text.height / 2 - (box.y + box.height / 2));
+}"""
+
+
+@pytest.mark.parametrize("viewport", [{"width": 1280, "height": 800}, PHONE])
+def test_the_foot_with_accounts_keeps_its_buttons_on_one_row_and_labels_centred(
+    browser: Browser, tmp_path: Path, viewport: dict[str, int]
+) -> None:
+    """With accounts the foot holds Settings, Password and Log out: in the phone's drawer
+    they wrapped one by one, Log out alone on a third line; they now stay one row, inside
+    the drawer. "Export all" (a link styled as a button) had its label at the top of its
+    44 px box, beside Import's centred one."""
+    data = tmp_path / "data"
+    add_user(data, "alice", admin=True)
+    with running_server(data, "--auth", "accounts") as srv:
+        page = browser.new_context(viewport=viewport, has_touch=True).new_page()
+        page.goto(srv.base_url + "/login")
+        page.get_by_label("User name").fill("alice")
+        page.get_by_label("Password").fill(PASSWORDS["alice"])
+        page.get_by_role("button", name="Log in").click()
+        expect(page.locator("#conn")).to_have_attribute("data-state", "idle")
+        if viewport is PHONE:
+            page.get_by_role("button", name="Sessions").click()
+            page.wait_for_function(
+                "() => document.getElementById('sidebar').getBoundingClientRect().x >= 0"
+            )
+        drawer = page.locator("#sidebar").bounding_box()
+        assert drawer is not None
+        tops = set()
+        for name in ("Settings", "Password", "Log out"):
+            button = page.get_by_role("button", name=name, exact=True)
+            expect(button).to_be_visible()
+            box = button.bounding_box()
+            assert box is not None
+            assert (
+                drawer["x"] <= box["x"] and box["x"] + box["width"] <= drawer["x"] + drawer["width"]
+            )
+            tops.add(round(box["y"]))
+        assert len(tops) == 1, f"the foot's buttons are on {len(tops)} rows"
+        for control in (page.locator("#import-btn"), page.locator("#export-all")):
+            assert control.evaluate(TEXT_OFFSET_JS) <= 2, control

@@ -85,7 +85,13 @@ def open_store(
     """The log: PostgreSQL with `--database-url` (several replicas may share it), else the
     embedded SQLite file in the data directory; behind the payload check every service
     write goes through."""
-    private_dir(settings.data_dir)
+    try:
+        private_dir(settings.data_dir)
+    except OSError as exc:  # under a file, on a path the system refuses: one clear line
+        reason = exc.strerror or str(exc)
+        raise StorageError(
+            f"Cannot make the data directory {settings.data_dir}: {reason}"
+        ) from None
     backend: EventStore
     if settings.database_url:
         try:  # the extra is optional: only a PostgreSQL deployment installs the driver

@@ -142,6 +142,32 @@ def test_corrupted_database_stops_start_with_the_file_named(tmp_path: Path) -> N
     assert (data / "tether.db").read_bytes() == b"garbage" * 1000
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["serve", "--no-browser", "--port", "0"], ["users", "list"], ["users", "remove", "bob"]],
+    ids=["serve", "users list", "users remove"],
+)
+def test_a_data_directory_that_cannot_be_made_is_one_clear_line(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """A `--data-dir` under a file (or on a path the system refuses) printed a Python
+    traceback; it is one line naming the directory and the system's reason, exit 1, and
+    nothing is created."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    data = blocker / "data"
+    result = subprocess.run(
+        [sys.executable, "-m", "tether", *command, "--data-dir", str(data)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"Cannot make the data directory {data}: Not a directory" in result.stderr
+    assert blocker.read_text() == "not a directory"
+
+
 def test_acknowledged_writes_survive_kill_minus_nine(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path / "data").start()
     with server.client() as client:

@@ -285,3 +285,41 @@ def test_an_edit_racing_send_now_is_what_is_sent_or_is_refused(tmp_path: Path) -
                 assert len(taken) == attempt + 1 and taken[-1] == submitted[-1] + 1
 
     asyncio.run(main())
+
+
+def test_a_stop_while_the_turn_is_recorded_is_recorded_after_the_turn(tmp_path: Path) -> None:
+    """Layer: runs engine and controls (invariant 9: a Stop is one durable
+    `run.cancel_requested` of an open run, then the run's one `run.finished` in state
+    `cancelled`). A run is in the registry while its `turn.submitted` is being appended, so
+    a Stop by session (the page's Stop before it has the stream) finds it. When that append
+    waited (with accounts on PostgreSQL, the ownership check reads the database before the
+    write), the Stop's record reached the log before the turn it stops, where the transcript
+    fold ignores it (no scene yet): the log held a cancelled run no Stop was seen to ask for."""
+
+    async def main() -> None:
+        async with harness(tmp_path, StreamingRuntime()) as h:
+            real_append = h.store.append
+
+            async def append(session_id: str, drafts: list) -> list:
+                if any(d.type == "turn.submitted" for d in drafts):
+                    await asyncio.sleep(0.2)  # as a database round trip before the write
+                return await real_append(session_id, drafts)
+
+            h.store.append = append  # type: ignore[method-assign]
+            sid = (await h.sessions.create(None))["session_id"]
+            start = asyncio.create_task(h.engine.start(sid, "go", [], None))
+            while not h.registry.busy(sid):
+                await asyncio.sleep(0.001)
+            assert (await h.controls.cancel(session_id=sid))["cancelled"]
+            await start
+            await h.wait_idle(sid)
+            types = await h.types(sid)
+            assert types == [
+                "session.created",
+                "turn.submitted",
+                "run.cancel_requested",
+                "run.finished",
+            ], types
+            assert (await h.store.read(sid))[-1].data["state"] == "cancelled"
+
+    asyncio.run(main())

@@ -146,6 +146,10 @@ class RunControls:
         run.stop_recording = asyncio.Event()
         stop_locally(self.registry, run)
         try:
+            if run.turn_recording is not None:  # the Stop's record goes after the turn's
+                await run.turn_recording.wait()
+                if run.worker is None:  # the turn was refused: there was no run to stop
+                    return {"ok": True, "cancelled": False, "stream_id": run.stream_id}
             with contextlib.suppress(StreamClosed):  # recovery or shutdown ended it meanwhile
                 await self.store.append(run.session_id, [_cancel_draft(run.stream_id, run.turn_id)])
         except CancelRequested:  # a Stop through another replica was recorded first

@@ -258,6 +258,7 @@ class RunEngine:
             opening.append(normalizer.started(self.runtime.name, model))
         async with self.sessions.blob_guard(bool(uploads)):
             new_refs, blobs = await self.store_uploads(uploads)
+            run.turn_recording = asyncio.Event()
             self.registry.add(run)
             submitted_at = time.time()
             submitted = {
@@ -295,11 +296,14 @@ class RunEngine:
             # to its outcome, even for a caller cancelled meanwhile (a client gone, a
             # shutdown): a committed turn always gets its worker, and bytes its event is
             # committing are never released
-            await to_completion(
-                self.store.append(run.session_id, drafts),
-                then=start_worker,
-                undo=unregister,
-            )
+            try:
+                await to_completion(
+                    self.store.append(run.session_id, drafts),
+                    then=start_worker,
+                    undo=unregister,
+                )
+            finally:
+                run.turn_recording.set()  # a Stop that found the run may now record itself
         return {
             "session_id": run.session_id,
             "stream_id": run.stream_id,

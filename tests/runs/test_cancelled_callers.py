@@ -1,15 +1,15 @@
 """Layers: run journal, worker lifecycle registry, the run's steer inbox and the attachment
 store (contract invariant 8 names them).
 
-A caller of `RunEngine.start`, `QueueService.add`, `RunControls.steer` or
-`SessionService.delete` can be cancelled while its append waits for the writer: the client
+A caller of `RunEngine.start`, `QueueService.add`, `RunControls.steer`, `RunControls.cancel`
+or `SessionService.delete` can be cancelled while its append waits for the writer: the client
 went away, or the server is stopping. The append may still commit, so what follows it must
 follow its outcome, not the cancel. Before, a start whose caller was cancelled there left a
 committed turn that no worker ran (the session open until a restart recovered it) and
 removed its upload's bytes while the turn holding them was being committed; a queued
 message's bytes went the same way, and a deletion's bytes stayed on disk for good. A steer
 is handed to its run (or given back) once its `steer.accepted` is committed, whoever stopped
-waiting for it.
+waiting for it; a Stop, which stops its run at once, is recorded all the same.
 """
 
 from __future__ import annotations
@@ -167,5 +167,42 @@ def test_a_steer_cancelled_as_its_append_commits_still_reaches_its_run(tmp_path:
             assert [e.data["steer_ids"] for e in leftovers] == [[accepted.data["steer_id"]]]
             assert leftovers[0].data["text"] == "mention the budget"
             assert leftovers[0].seq < next(e.seq for e in events if e.type == "run.finished")
+
+    asyncio.run(main())
+
+
+def test_a_stop_cancelled_during_its_append_is_still_recorded(tmp_path: Path) -> None:
+    """Layer: runs controls (invariant 9: a Stop is one durable `run.cancel_requested`, then
+    the run's one `run.finished` in state `cancelled`). Stop closes the model request at
+    once and records itself after; a caller cancelled while that record waited in the writer
+    took the record with it (the write was withdrawn before it ran), and the worker, stopped
+    all the same, ended the run `cancelled` with no Stop in the log."""
+
+    async def main() -> None:
+        runtime = StatefulGatedRuntime()  # the gate stays shut: only a Stop ends the run
+        settings = Settings(data_dir=tmp_path)
+        async with harness(tmp_path, runtime, settings) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            other = (await h.sessions.create(None))["session_id"]
+            stream_id = (await h.engine.start(sid, "first"))["stream_id"]
+            await until(lambda: runtime.calls == 1)
+            with writes_held(settings):
+                rename = asyncio.create_task(h.sessions.patch(other, {"title": "x"}))
+                await asyncio.sleep(0.1)  # the writer has it, and waits for the lock
+                stop = asyncio.create_task(h.controls.cancel(stream_id=stream_id))
+                await until(lambda: h.registry.phase(sid) == "cancelling")
+                await asyncio.sleep(0.2)  # its append waits in the writer
+                stop.cancel()
+                await asyncio.sleep(0.05)
+            with pytest.raises(asyncio.CancelledError):
+                await stop
+            await rename
+            await h.wait_idle(sid)
+            events = await h.store.read(sid)
+            assert [e.type for e in events if e.stream_id][-2:] == [
+                "run.cancel_requested",
+                "run.finished",
+            ]
+            assert events[-1].data["state"] == "cancelled"
 
     asyncio.run(main())

@@ -145,6 +145,12 @@ class RunControls:
             }
         run.stop_recording = asyncio.Event()
         stop_locally(self.registry, run)
+        # One step whatever happens to the caller (`to_completion`): the run is stopped
+        # already, so its Stop is recorded even when the client goes away meanwhile.
+        return await to_completion(self._record_stop(run, run.stop_recording))
+
+    async def _record_stop(self, run: Run, recording: asyncio.Event) -> dict[str, Any]:
+        """The `run.cancel_requested` of a run stopped here, then `recording` set."""
         try:
             if run.turn_recording is not None:  # the Stop's record goes after the turn's
                 await run.turn_recording.wait()
@@ -155,7 +161,7 @@ class RunControls:
         except CancelRequested:  # a Stop through another replica was recorded first
             return {"ok": True, "cancelled": False, "stream_id": run.stream_id}
         finally:
-            run.stop_recording.set()  # the worker may now write the run's end
+            recording.set()  # the worker may now write the run's end
         return {"ok": True, "cancelled": True, "stream_id": run.stream_id}
 
     async def _cancel_elsewhere(

@@ -323,3 +323,69 @@ def test_a_stop_while_the_turn_is_recorded_is_recorded_after_the_turn(tmp_path: 
             assert (await h.store.read(sid))[-1].data["state"] == "cancelled"
 
     asyncio.run(main())
+
+
+class HoldingRuntime(Runtime):
+    """Takes steers from the inbox as soon as they come and holds them until its agent takes
+    them in at a step boundary, which never comes; closed (a Stop), it gives back what it
+    holds, as the Hermes runtime does (runtimes/hermes/streaming.py `_Steers`)."""
+
+    name = "holding"
+    model = "holding-1"
+    demo = False
+
+    def __init__(self) -> None:
+        self.held: list[tuple[str, str]] = []
+
+    def accepts(self, mime: str) -> bool:
+        return True
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        inbox = turn.steer
+        assert inbox is not None
+        yield TextDelta("working")
+        try:
+            while True:
+                ids: list[str] = []
+                notify, inbox.on_drain = inbox.on_drain, ids.extend  # not delivered yet
+                try:
+                    texts = inbox.drain()
+                finally:
+                    inbox.on_drain = notify
+                self.held += zip(ids, texts, strict=True)
+                await asyncio.sleep(0.01)
+        finally:
+            for steer_id, text in self.held:  # never taken in: back to the inbox
+                inbox.put(steer_id, text)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_a_steer_the_runtime_gives_back_as_it_is_stopped_comes_back_as_leftover(
+    tmp_path: Path,
+) -> None:
+    """Layer: runs worker (the steer inbox; docs/api.md §4: what the agent never took in
+    comes back as `steer.leftover`, no typed word is lost). A runtime that holds steers it
+    forwarded to its agent gives them back when it is closed; on a Stop the worker, woken
+    first, closed the inbox before the runtime's cleanup ran, and the given-back steer was
+    dropped: no `steer.leftover`, so the page never put the text back in the composer."""
+
+    async def main() -> None:
+        runtime = HoldingRuntime()
+        async with harness(tmp_path, runtime) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            run = await h.engine.start(sid, "go", [], None)
+            while "text.delta" not in await h.types(sid):
+                await asyncio.sleep(0.01)
+            assert (await h.controls.steer(run["stream_id"], "mention the budget"))["accepted"]
+            while not runtime.held:
+                await asyncio.sleep(0.01)
+            assert (await h.controls.cancel(stream_id=run["stream_id"]))["cancelled"]
+            await h.wait_idle(sid)
+            events = await h.store.read(sid)
+            leftovers = [e.data["text"] for e in events if e.type == "steer.leftover"]
+            assert leftovers == ["mention the budget"], [e.type for e in events]
+            assert events[-1].type == "run.finished" and events[-1].data["state"] == "cancelled"
+
+    asyncio.run(main())

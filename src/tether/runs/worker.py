@@ -33,6 +33,11 @@ from tether.visible_text import shown_file_name
 
 log = logging.getLogger("tether.runs")
 
+# How long a stopped runtime gets to give back the steers it holds (forwarded to its agent,
+# never taken in) before the run's end is written with them as `steer.leftover`; one that
+# ignores the cancel is not waited for longer (`_unwind`, then the reclaimer).
+GIVE_BACK_SECONDS = 0.2
+
 
 class Rotation(Protocol):
     """After a completed turn, while its run still holds the session (runs.rotation.Rotator):
@@ -114,6 +119,7 @@ async def work(
         state, extra = "error", {"error": {"code": "internal", "message": repr(exc)}}
     finally:
         run.resolved = True
+        await _given_back(run)
         leftovers = run.steer.close()
         run.approvals.close()  # an agent still asking gets "deny"
         run.questions.close()  # and no answer to its questions
@@ -144,6 +150,15 @@ async def work(
     # a Stop during the rotation: queued messages wait for "Send now", as after any Stop
     if state == "completed" and not engine.closing and not run.rotation_stop.is_set():
         await engine.start_next(next_session)
+
+
+async def _given_back(run: Run) -> None:
+    """A runtime stopped (its task cancelled) gives back in its cleanup what it took from
+    the steer inbox but its agent never took in (runtimes/hermes/streaming.py); the worker,
+    woken by the same Stop first, waits for that cleanup before it closes the inbox."""
+    producer = run.producer
+    if producer is not None and not producer.done() and producer.cancelling():
+        await asyncio.wait([producer], timeout=GIVE_BACK_SECONDS)
 
 
 async def _append_ending(engine: WorkerHost, run: Run, drafts: list[Draft]) -> None:

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from tether.runs.leases import stop_own_runs
 from tether.runs.maintenance import reclaim
 from tether.runtimes.base import Runtime, RuntimeEvent, TextDelta, TurnInput
 
@@ -387,5 +388,34 @@ def test_a_steer_the_runtime_gives_back_as_it_is_stopped_comes_back_as_leftover(
             leftovers = [e.data["text"] for e in events if e.type == "steer.leftover"]
             assert leftovers == ["mention the budget"], [e.type for e in events]
             assert events[-1].type == "run.finished" and events[-1].data["state"] == "cancelled"
+
+    asyncio.run(main())
+
+
+def test_a_run_stopped_for_a_lost_lease_ends_interrupted_by_maintenance_not_cancelled(
+    tmp_path: Path,
+) -> None:
+    """Layer: runs leases and worker (invariant 4: maintenance never reads as the user's
+    act; invariant 9: one `run.finished`). A replica that could not renew its lease (the
+    database unreachable past LEASE_SECONDS, runs/leases.py) stops its runs; when no other
+    replica took them over (one replica, the database back), the worker's end used to be
+    `cancelled`: the page said "Stopped" for a Stop nobody made. It is `interrupted`, marked
+    maintenance, with the reason in words, and no `run.cancel_requested`."""
+
+    async def main() -> None:
+        async with harness(tmp_path, StreamingRuntime()) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            await h.engine.start(sid, "go", [], None)
+            while "text.delta" not in await h.types(sid):
+                await asyncio.sleep(0.01)
+            stop_own_runs(h.engine)
+            await h.wait_idle(sid)
+            events = await h.store.read(sid)
+            assert "run.cancel_requested" not in [e.type for e in events]
+            finished = events[-1]
+            assert finished.type == "run.finished"
+            assert finished.data["state"] == "interrupted", finished.data
+            assert finished.data["maintenance"] is True
+            assert "database" in finished.data["reason"]
 
     asyncio.run(main())

@@ -35,7 +35,7 @@ from tether.log.errors import CancelRequested, PromptAnswered
 from tether.log.ownership import VIEWER
 from tether.log.store import AccountStore, EventStore
 from tether.projections.run_items import RunScene
-from tether.runs.pump import STOP
+from tether.runs.pump import STOP, Signal
 from tether.runs.registry import CANCELLING, RUNNING, STARTING, Run, RunRegistry
 from tether.runtimes.base import ApprovalDesk, ChoiceNotOffered
 from tether.sessions.service import SessionService
@@ -46,11 +46,11 @@ _NOT_RUNNING = "The run is not running any more."
 _JUST_FINISHED = "The run has just finished."
 
 
-def stop_locally(registry: RunRegistry, run: Run) -> None:
+def stop_locally(registry: RunRegistry, run: Run, signal: Signal = STOP) -> None:
     """Stop a run this process runs: busy, never attachable from here on, its model request
-    closed now."""
+    closed now; `signal` says why (runs/pump.py `outcome`)."""
     registry.move(run, CANCELLING)
-    run.inbox.put_nowait(STOP)
+    run.inbox.put_nowait(signal)
     if run.producer is not None:  # only an invocation that started is interrupted
         if run.handle is not None:
             run.handle.interrupt()

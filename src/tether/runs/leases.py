@@ -21,6 +21,7 @@ from tether.log.pg_leases import LEASE_SECONDS, RENEW_SECONDS
 from tether.runs.controls import stop_locally
 from tether.runs.engine import RunEngine
 from tether.runs.maintenance import settle
+from tether.runs.pump import LEASE_LOST
 from tether.runs.registry import RUNNING, STARTING
 
 log = logging.getLogger("tether.runs")
@@ -50,9 +51,10 @@ async def lease_forever(engine: RunEngine, clock: Callable[[], float] = time.mon
 
 
 def stop_own_runs(engine: RunEngine) -> None:
-    """The lease is lost: stop every run this replica runs (their finish is fenced if taken
-    over)."""
+    """The lease is lost: stop every run this replica runs. Their end is fenced if another
+    replica took them over; if none did, it is `interrupted` by maintenance, never the
+    `cancelled` of a Stop nobody made."""
     for run in engine.registry.runs():
         if not run.resolved and run.phase in (STARTING, RUNNING):
             log.warning("stopping run %s: this replica's lease expired", run.stream_id)
-            stop_locally(engine.registry, run)
+            stop_locally(engine.registry, run, LEASE_LOST)

@@ -20,15 +20,17 @@ from tether.runs.registry import CANCELLING, Run
 from tether.runtimes.base import ProviderError, ReasoningDelta, TextDelta
 
 SHUTDOWN_REASON = "the server was shut down while this run was active"
+LEASE_LOST_REASON = "this server could not reach the database for a while and let go of the run"
 
 
 @dataclass(frozen=True)
 class Signal:
-    kind: str  # "end" | "stop" | "shutdown" | "error"
+    kind: str  # "end" | "stop" | "shutdown" | "lease_lost" | "error"
     error: ProviderError | None = None
 
 
 END, STOP, SHUTDOWN = Signal("end"), Signal("stop"), Signal("shutdown")
+LEASE_LOST = Signal("lease_lost")  # runs/leases.py: maintenance, not the user's Stop
 
 
 async def pump(
@@ -78,6 +80,8 @@ def outcome(run: Run, signal: Signal, normalizer: Normalizer) -> tuple[str, dict
     run.resolved = True
     if signal is SHUTDOWN:
         return "interrupted", {"reason": SHUTDOWN_REASON, "maintenance": True}
+    if signal is LEASE_LOST:
+        return "interrupted", {"reason": LEASE_LOST_REASON, "maintenance": True}
     if run.phase == CANCELLING or signal is STOP:
         return "cancelled", {}
     if signal.kind == "error" and signal.error is not None:

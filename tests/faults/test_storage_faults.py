@@ -263,6 +263,38 @@ def test_a_write_fault_mid_run_ends_it_with_a_visible_error_and_the_server_recov
 
 
 @pytest.mark.parametrize("fault", ["full"], indirect=True)
+def test_a_stop_the_storage_cannot_record_yet_is_recorded_with_the_runs_end(
+    server: ServerProcess, fake: FakeOpenAI, fault: Fault
+) -> None:
+    """Layer: runs controls and worker (invariant 9: a cancelled run's log holds the Stop).
+    A Stop while the database refuses writes closes the model request at once, but its
+    `run.cancel_requested` could not be written: it answered 503 "nothing was changed"
+    (the run was stopped), and once the disk had room the run's end read `cancelled` with
+    no Stop in the log. The Stop now answers that it stopped the run, and the run's end,
+    retried until the storage takes it, records the Stop with it."""
+    fake.script(reply(text("Shown before the fault. "), barrier("fault"), hang()))
+    with server.client() as client:
+        sid = new_session(client, "stopped during the fault")
+        run = start_turn(client, sid, "Write this down")
+        assert fake.wait_reached("fault", 10)
+        wait_until(lambda: live_text(client, sid) == "Shown before the fault. ")
+        shown = whole_log(client, sid)
+        fault.inject()
+        stop = client.post("/api/chat/cancel", json={"stream_id": run["stream_id"]})
+        assert stop.status_code == 200, stop.text
+        assert stop.json()["cancelled"] is True
+        assert fake.wait_disconnects(1, 10)
+        assert session_body(client, sid)["busy"] is True  # its end is not written yet
+        fault.lift()
+        assistant = wait_idle(client, sid)["messages"][-1]
+        assert assistant["state"] == "cancelled"
+        log = whole_log(client, sid)
+        assert log[: len(shown)] == shown
+        assert [e["type"] for e in log[len(shown) :]] == ["run.cancel_requested", "run.finished"]
+        assert_each_run_ends_once(log)
+
+
+@pytest.mark.parametrize("fault", ["full"], indirect=True)
 def test_a_shutdown_during_the_fault_leaves_the_run_for_recovery(
     server: ServerProcess, fake: FakeOpenAI, fault: Fault
 ) -> None:

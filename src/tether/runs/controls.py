@@ -57,6 +57,12 @@ def stop_locally(registry: RunRegistry, run: Run, signal: Signal = STOP) -> None
         run.producer.cancel()
 
 
+def unrecorded_stop(run: Run) -> list[Draft]:
+    """The Stop the storage refused when it was made (`RunControls._record_stop`), written
+    with the run's end."""
+    return [_cancel_draft(run.stream_id, run.turn_id)] if run.stop_unrecorded else []
+
+
 def leftover_drafts(run: Run, leftovers: list[tuple[str, str]]) -> list[Draft]:
     """Steers the run never took in, given back (the page puts them in the composer)."""
     if not leftovers:
@@ -160,6 +166,9 @@ class RunControls:
                 await self.store.append(run.session_id, [_cancel_draft(run.stream_id, run.turn_id)])
         except CancelRequested:  # a Stop through another replica was recorded first
             return {"ok": True, "cancelled": False, "stream_id": run.stream_id}
+        except StorageError as exc:  # the run is stopped all the same: its end, retried
+            run.stop_unrecorded = True  # until the storage takes it, records this Stop
+            log.warning("the Stop of run %s is recorded with its end: %s", run.stream_id, exc)
         finally:
             recording.set()  # the worker may now write the run's end
         return {"ok": True, "cancelled": True, "stream_id": run.stream_id}

@@ -57,6 +57,8 @@ class Run:
     # `run.cancel_requested`; the worker writes `run.finished` only once that record is
     # settled, or the log would fence the Stop's record out (runs/controls.py `cancel`).
     stop_recording: asyncio.Event | None = field(default=None, repr=False)
+    # That record was refused (the storage failing): the run's end carries it instead.
+    stop_unrecorded: bool = False
     # Set once the append of the run's `turn.submitted` has its outcome (the worker started,
     # or the run unregistered): a Stop that found the run meanwhile records itself only then,
     # after the turn it stops (runs/engine.py `_record`, runs/controls.py `cancel`).

@@ -22,7 +22,7 @@ from tether.ingest.normalizer import Normalizer, SteerDelivered
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
 from tether.log.attachments import BlobStore
 from tether.log.store import EventStore
-from tether.runs.controls import leftover_drafts
+from tether.runs.controls import leftover_drafts, unrecorded_stop
 from tether.runs.handles import HandleCache, RuntimeHandle, open_handle
 from tether.runs.pump import END, Signal, outcome, pump
 from tether.runs.registry import RUNNING, STARTING, Run, RunRegistry
@@ -130,6 +130,7 @@ async def work(
                 engine,
                 run,
                 [
+                    *unrecorded_stop(run),
                     *normalizer.end_item(),
                     *normalizer.open_questions_stopped(),
                     *leftover_drafts(run, leftovers),

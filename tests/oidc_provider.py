@@ -6,13 +6,17 @@ verifier (S256) and issues an RS256 ID token signed by joserfc, and its JWKS.
 It is not a mock of Tether's client: Tether's Authlib client talks to it over HTTP exactly as
 to any provider. `flaw` makes it misbehave the way the tests need, one way at a time:
 `wrong_nonce`, `expired`, `wrong_audience`, `audience_with_azp`, `wrong_issuer`,
-`bad_signature`.
+`bad_signature`. `host` is the name its issuer URL uses (`localhost` makes it another site
+than a Tether on 127.0.0.1, as a real provider is), `issuer_tail` what the issuer ends with
+after it (some providers' issuer ends with `/`), and `sign_in_page` makes the authorization
+endpoint answer a page with a "Continue" link to follow, as a person signs in at a real one.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import html
 import secrets
 import socket
 import threading
@@ -27,12 +31,15 @@ from joserfc import jwt
 from joserfc.jwk import KeySet, RSAKey
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 
 class Provider:
-    def __init__(self, client_id: str, client_secret: str) -> None:
+    def __init__(self, client_id: str, client_secret: str, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.issuer_tail = ""
+        self.sign_in_page = False
         self.client_id = client_id
         self.client_secret = client_secret
         self.key = RSAKey.generate_key(2048, parameters={"kid": "k1", "alg": "RS256"})
@@ -45,17 +52,21 @@ class Provider:
         self.port = 0
 
     @property
+    def base(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
     def issuer(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.base + self.issuer_tail
 
     # -- endpoints ------------------------------------------------------------------------
     async def discovery(self, request: Request) -> Response:
         return JSONResponse(
             {
                 "issuer": self.issuer,
-                "authorization_endpoint": f"{self.issuer}/authorize",
-                "token_endpoint": f"{self.issuer}/token",
-                "jwks_uri": f"{self.issuer}/jwks",
+                "authorization_endpoint": f"{self.base}/authorize",
+                "token_endpoint": f"{self.base}/token",
+                "jwks_uri": f"{self.base}/jwks",
                 "response_types_supported": ["code"],
                 "subject_types_supported": ["public"],
                 "id_token_signing_alg_values_supported": ["RS256"],
@@ -84,10 +95,10 @@ class Provider:
             "nonce": q.get("nonce"),
             "user": dict(self.user),
         }
-        return RedirectResponse(
-            q["redirect_uri"] + "?" + urlencode({"code": code, "state": q.get("state", "")}),
-            status_code=302,
-        )
+        back = q["redirect_uri"] + "?" + urlencode({"code": code, "state": q.get("state", "")})
+        if self.sign_in_page:  # the person acts on the provider's page: it starts what follows
+            return HTMLResponse(f'<a href="{html.escape(back)}">Continue</a>')
+        return RedirectResponse(back, status_code=302)
 
     def _client_ok(self, request: Request, form: dict[str, str]) -> bool:
         header = request.headers.get("authorization", "")
@@ -161,8 +172,10 @@ class Provider:
 
 
 @contextmanager
-def running_provider(client_id: str, client_secret: str) -> Iterator[Provider]:
-    provider = Provider(client_id, client_secret)
+def running_provider(
+    client_id: str, client_secret: str, host: str = "127.0.0.1"
+) -> Iterator[Provider]:
+    provider = Provider(client_id, client_secret, host)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     provider.port = sock.getsockname()[1]

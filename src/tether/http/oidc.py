@@ -10,18 +10,20 @@ with `--oidc-allowed-group`, whether their `groups` claim names one of those gro
 from __future__ import annotations
 
 import copy
+import html
 import logging
 import os
 from typing import Any
 
 from authlib.integrations.starlette_client import OAuth, OAuthError
 from fastapi import APIRouter, Request
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import HTMLResponse, Response
 from joserfc.errors import JoseError
 
 from tether.errors import BadCredentials, Forbidden, RouteNotFound, UserExists
 from tether.http.accounts import COOKIE_NAME, SESSION_MAX_AGE, AccountAuth, valid_username
 from tether.http.auth import safe_next
+from tether.http.pages import PAGE_HEADERS
 from tether.settings import Settings
 
 log = logging.getLogger("tether.auth")
@@ -94,6 +96,21 @@ def _parts(request: Request) -> tuple[OIDCLogin, AccountAuth]:
     return oidc, request.app.state.accounts
 
 
+def _onward(target: str) -> HTMLResponse:
+    """A page that goes on to `target` at once. Not a redirect: the navigation that reached
+    the callback was started by the provider's page, another site, and the browser withholds
+    the SameSite=Strict session cookie from it and from every redirect it follows, so `next`
+    would open signed out and go back to the provider. The page's own navigation is Tether's
+    (tests/browser/test_login_oidc.py)."""
+    where = html.escape(target)
+    page = (
+        '<!doctype html><meta charset="utf-8">'
+        f'<meta http-equiv="refresh" content="0;url={where}">'
+        f'<title>Signed in</title><a href="{where}">Continue</a>'
+    )
+    return HTMLResponse(page, headers={**PAGE_HEADERS, "Referrer-Policy": "no-referrer"})
+
+
 @router.get(LOGIN_PATH, include_in_schema=False)
 async def oidc_login(request: Request, next: str | None = None) -> Response:
     oidc, _ = _parts(request)
@@ -136,7 +153,7 @@ async def oidc_callback(request: Request) -> Response:
                     f"The user name {name} is taken here by someone else; ask an admin."
                 ) from None
     target = safe_next(request.session.pop("next", None))
-    response = RedirectResponse(target, status_code=303, headers={"Cache-Control": "no-store"})
+    response = _onward(target)
     response.set_cookie(
         COOKIE_NAME,
         accounts.cookie_for(user),

@@ -6,10 +6,12 @@ verifier (S256) and issues an RS256 ID token signed by joserfc, and its JWKS.
 It is not a mock of Tether's client: Tether's Authlib client talks to it over HTTP exactly as
 to any provider. `flaw` makes it misbehave the way the tests need, one way at a time:
 `wrong_nonce`, `expired`, `wrong_audience`, `audience_with_azp`, `wrong_issuer`,
-`bad_signature`. `host` is the name its issuer URL uses (`localhost` makes it another site
-than a Tether on 127.0.0.1, as a real provider is), `issuer_tail` what the issuer ends with
-after it (some providers' issuer ends with `/`), and `sign_in_page` makes the authorization
-endpoint answer a page with a "Continue" link to follow, as a person signs in at a real one.
+`bad_signature`, and `token_down` (its token endpoint answers 502, as a provider behind a
+proxy whose backend is down). `host` is the name its issuer URL uses (`localhost` makes it
+another site than a Tether on 127.0.0.1, as a real provider is), `issuer_tail` what the
+issuer ends with after it (some providers' issuer ends with `/`), and `sign_in_page` makes
+the authorization endpoint answer a page with a "Continue" link to follow, as a person signs
+in at a real one.
 """
 
 from __future__ import annotations
@@ -116,6 +118,8 @@ class Provider:
 
     async def token(self, request: Request) -> Response:
         form = dict(parse_qsl((await request.body()).decode()))  # x-www-form-urlencoded
+        if self.flaw == "token_down":
+            return Response("<html>Bad Gateway</html>", status_code=502, media_type="text/html")
         if not self._client_ok(request, form):
             return self._refuse("client")
         grant = self.codes.pop(form.get("code", ""), None)

@@ -197,6 +197,10 @@ class ServerClosing(ApiError):
     code, status = "server_closing", 503
 
 
+class SignInUnavailable(ApiError):
+    code, status = "sign_in_unavailable", 503
+
+
 class RenderBusy(ApiError):
     code, status = "render_busy", 503
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import html
 import re
+import socket
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -18,7 +20,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import httpx
 import pytest
 
-from helpers import ServerProcess, new_session, running_server
+from helpers import ServerProcess, free_port, new_session, running_server
 from oidc_provider import Provider, running_provider
 
 pytestmark = pytest.mark.slow
@@ -203,6 +205,41 @@ def test_only_allowed_groups_may_sign_in(provider: Provider, tmp_path: Path) -> 
         client, done, _ = sign_in(srv)
         assert onward(done) == "/" and client.get("/api/me").json()["username"] == "ivy"
         client.close()
+
+
+def test_a_provider_that_cannot_be_reached_answers_503_not_a_bug(
+    provider: Provider, server: ServerProcess, tmp_path: Path
+) -> None:
+    """A provider that is down, that never answers, or whose token endpoint fails: the sign-in
+    answers 503 `sign_in_unavailable` within the HTTP client's timeout (5 s), never 500
+    `internal` (docs/api.md §2: 500 is a bug), and nobody is signed in."""
+    silent = socket.socket()  # accepts connections and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        for issuer in (
+            f"http://127.0.0.1:{free_port()}",
+            f"http://127.0.0.1:{silent.getsockname()[1]}",
+        ):
+            args = ("--auth", "oidc", "--oidc-issuer", issuer, "--oidc-client-id", CLIENT_ID)
+            secret = ("--oidc-client-secret-env", "TETHER_TEST_OIDC_SECRET")
+            with (
+                running_server(tmp_path / issuer[-5:], *args, *secret, env=ENV) as srv,
+                srv.client(timeout=30) as client,
+            ):
+                began = time.monotonic()
+                answer = client.get("/api/auth/oidc/login", params={"next": "/"})
+                assert answer.status_code == 503, answer.text
+                assert answer.json()["code"] == "sign_in_unavailable"
+                assert time.monotonic() - began < 15
+    finally:
+        silent.close()
+    provider.flaw = "token_down"  # the provider fails between the redirect and the callback
+    provider.user = {"sub": "u-tom", "preferred_username": "tom"}
+    client, done, _ = sign_in(server)
+    assert done.status_code == 503 and done.json()["code"] == "sign_in_unavailable", done.text
+    assert "tether_session" not in client.cookies and "tom" not in _users(server)
+    client.close()
 
 
 def test_serve_refuses_oidc_without_its_settings(tmp_path: Path) -> None:

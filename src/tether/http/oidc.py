@@ -9,18 +9,27 @@ with `--oidc-allowed-group`, whether their `groups` claim names one of those gro
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import html
+import importlib
 import logging
 import os
 from typing import Any
 
+import httpx
 from authlib.integrations.starlette_client import OAuth, OAuthError
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from joserfc.errors import JoseError
 
-from tether.errors import BadCredentials, Forbidden, RouteNotFound, UserExists
+from tether.errors import (
+    BadCredentials,
+    Forbidden,
+    RouteNotFound,
+    SignInUnavailable,
+    UserExists,
+)
 from tether.http.accounts import COOKIE_NAME, SESSION_MAX_AGE, AccountAuth, valid_username
 from tether.http.auth import safe_next
 from tether.http.pages import PAGE_HEADERS
@@ -33,6 +42,29 @@ STATE_COOKIE = "tether_oidc"  # the flow's state, nonce and PKCE verifier, for 1
 LOGIN_PATH = "/api/auth/oidc/login"
 CALLBACK_PATH = "/api/auth/oidc/callback"
 USERNAME_CLAIMS = ("preferred_username", "email", "sub")
+
+
+def _http_errors() -> tuple[type[Exception], ...]:
+    """What the HTTP client Authlib talks to the provider with raises when the provider cannot
+    be reached, does not answer in time (its 5 s timeout) or answers an error status: httpx's
+    family, and httpx2's, which Authlib uses instead when it is installed."""
+    errors: list[type[Exception]] = [httpx.HTTPError]
+    with contextlib.suppress(ImportError):
+        errors.append(importlib.import_module("httpx2").HTTPError)
+    return tuple(errors)
+
+
+HTTP_ERRORS = _http_errors()
+# ... and its discovery document may be no JSON at all (a proxy's error page)
+DISCOVERY_ERRORS: tuple[type[Exception], ...] = (*HTTP_ERRORS, ValueError)
+
+
+def _unavailable(exc: Exception) -> SignInUnavailable:
+    log.warning("the OIDC provider could not be used: %r", exc)
+    return SignInUnavailable(
+        "The identity provider could not be reached or answered with an error; try again "
+        "in a moment."
+    )
 
 
 class OIDCConfigError(Exception):
@@ -116,7 +148,10 @@ async def oidc_login(request: Request, next: str | None = None) -> Response:
     oidc, _ = _parts(request)
     request.session["next"] = safe_next(next)
     redirect_uri = str(request.url_for("oidc_callback"))
-    return await oidc.client.authorize_redirect(request, redirect_uri)
+    try:  # the provider's discovery document, read at the first sign-in
+        return await oidc.client.authorize_redirect(request, redirect_uri)
+    except DISCOVERY_ERRORS as exc:
+        raise _unavailable(exc) from None
 
 
 @router.get(CALLBACK_PATH, include_in_schema=False, name="oidc_callback")
@@ -126,6 +161,8 @@ async def oidc_callback(request: Request) -> Response:
         token = await oidc.client.authorize_access_token(
             request, claims_options=copy.deepcopy(oidc.claims_options)
         )
+    except HTTP_ERRORS as exc:  # the token endpoint or the keys: down, silent or failing
+        raise _unavailable(exc) from None
     except (
         OAuthError,
         JoseError,

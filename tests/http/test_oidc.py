@@ -207,6 +207,29 @@ def test_only_allowed_groups_may_sign_in(provider: Provider, tmp_path: Path) -> 
         client.close()
 
 
+def test_an_issuer_that_ends_with_a_slash_signs_people_in(
+    provider: Provider, tmp_path: Path
+) -> None:
+    """Some providers' issuer ends with `/` (Auth0's does), and their ID tokens name it so:
+    `--oidc-issuer` given as they write it must verify them. The discovery document is still
+    found (`<issuer without the slash>/.well-known/openid-configuration`), and a token of
+    another issuer is still refused."""
+    provider.issuer_tail = "/"
+    try:
+        with running_server(tmp_path / "data", *_oidc_args(provider), env=ENV) as srv:
+            provider.user = {"sub": "u-uma", "preferred_username": "uma"}
+            client, done, _ = sign_in(srv)
+            assert onward(done) == "/", done.text
+            assert client.get("/api/me").json()["username"] == "uma"
+            client.close()
+            provider.flaw = "wrong_issuer"
+            client, done, _ = sign_in(srv)
+            assert done.status_code == 401 and "iss" in done.json()["message"], done.text
+            client.close()
+    finally:
+        provider.issuer_tail = ""
+
+
 def test_a_provider_that_cannot_be_reached_answers_503_not_a_bug(
     provider: Provider, server: ServerProcess, tmp_path: Path
 ) -> None:

@@ -91,9 +91,12 @@ class OIDCLogin:
         self.allowed_groups = frozenset(settings.oidc_allowed_groups)
         # Checked by Authlib on the ID token. Its default checks only `iss`, and the audience
         # only through `azp`: a token for another client that names this one as its `azp`
-        # would pass, so the audience is required here (tests/http/test_oidc.py).
+        # would pass, so the audience is required here (tests/http/test_oidc.py). The issuer
+        # is taken with or without a final `/`, as the provider writes it (Auth0's ends with
+        # one, most do not): the same URL either way.
+        issuer = settings.oidc_issuer.rstrip("/")
         self.claims_options = {
-            "iss": {"essential": True, "values": [settings.oidc_issuer.rstrip("/")]},
+            "iss": {"essential": True, "values": [issuer, issuer + "/"]},
             "aud": {"essential": True, "values": [settings.oidc_client_id]},
         }
         self.oauth = OAuth()

@@ -230,6 +230,27 @@ def test_an_issuer_that_ends_with_a_slash_signs_people_in(
         provider.issuer_tail = ""
 
 
+def test_the_flow_cookie_is_secure_when_the_request_came_over_https(
+    provider: Provider, tmp_path: Path
+) -> None:
+    """The `tether_oidc` cookie (the flow's state, nonce and PKCE verifier) is `Secure` when
+    the request arrived over https, as a `--trusted-proxy`'s `X-Forwarded-Proto` says, like
+    the session cookie (docs/security.md): a browser must never send it over plain http."""
+    args = _oidc_args(provider, "--trusted-proxy", "127.0.0.1")
+    with running_server(tmp_path / "data", *args, env=ENV) as srv, srv.client() as client:
+        for proto, secure in (("https", True), ("http", False)):
+            start = client.get(
+                "/api/auth/oidc/login", params={"next": "/"}, headers={"X-Forwarded-Proto": proto}
+            )
+            assert start.status_code == 302, start.text
+            assert start.headers["location"].startswith(provider.issuer)
+            [cookie] = [c for c in start.headers.get_list("set-cookie") if "tether_oidc=" in c]
+            attributes = [part.strip().lower() for part in cookie.split(";")]
+            assert ("secure" in attributes) is secure, (proto, cookie)
+            assert "httponly" in attributes and "samesite=lax" in attributes
+            client.cookies.clear()
+
+
 def test_a_provider_that_cannot_be_reached_answers_503_not_a_bug(
     provider: Provider, server: ServerProcess, tmp_path: Path
 ) -> None:

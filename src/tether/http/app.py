@@ -17,7 +17,6 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
-from starlette.middleware.sessions import SessionMiddleware
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from tether import __version__
@@ -193,14 +192,7 @@ def create_app(
     # body limit, then HEAD; a request refused by one never reaches those after it.
     app.add_middleware(HeadAsGet)
     if signin is not None and accounts is not None:  # the sign-in flow's state, for Authlib
-        app.add_middleware(
-            SessionMiddleware,
-            secret_key=accounts.flow_secret,
-            session_cookie=oidc.STATE_COOKIE,
-            max_age=600,
-            same_site="lax",  # it must come back with the provider's redirect
-            path="/api/auth/oidc/",
-        )
+        app.add_middleware(oidc.FlowState, secret_key=accounts.flow_secret)
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes,

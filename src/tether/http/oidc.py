@@ -22,6 +22,8 @@ from authlib.integrations.starlette_client import OAuth, OAuthError
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from joserfc.errors import JoseError
+from starlette.middleware.sessions import SessionMiddleware
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tether.errors import (
     BadCredentials,
@@ -65,6 +67,28 @@ def _unavailable(exc: Exception) -> SignInUnavailable:
         "The identity provider could not be reached or answered with an error; try again "
         "in a moment."
     )
+
+
+class FlowState:
+    """Starlette's SessionMiddleware keeping the sign-in flow's state (Authlib's) in the
+    `tether_oidc` cookie, `Secure` when the request came over https (directly or as a
+    `--trusted-proxy` says), like the session cookie; SessionMiddleware alone sets one or the
+    other for every request."""
+
+    def __init__(self, app: ASGIApp, secret_key: str) -> None:
+        options: dict[str, Any] = {
+            "secret_key": secret_key,
+            "session_cookie": STATE_COOKIE,
+            "max_age": 600,
+            "same_site": "lax",  # it must come back with the provider's redirect
+            "path": "/api/auth/oidc/",
+        }
+        self.plain = SessionMiddleware(app, https_only=False, **options)
+        self.secure = SessionMiddleware(app, https_only=True, **options)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        https = scope.get("scheme") in ("https", "wss")
+        await (self.secure if https else self.plain)(scope, receive, send)
 
 
 class OIDCConfigError(Exception):

@@ -300,6 +300,16 @@ def test_login_failures_are_limited_per_address_and_per_user(tmp_path: Path) -> 
         assert per_user.status_code == 429 and per_user.json()["code"] == "rate_limited"
         assert attempt("10.2.0.1", "alice", PASSWORDS["alice"]).status_code == 200
 
+        # Someone with an account of their own: signing in to it forgets that one attempt,
+        # not the address's guesses at other names, else one account guesses without limit.
+        for i in range(4):
+            assert attempt("10.3.0.1", f"other{i}", "wrong-pass").status_code == 401
+        for _ in range(3):  # their own sign-ins, as often as they like
+            assert attempt("10.3.0.1", "alice", PASSWORDS["alice"]).status_code == 200
+        assert attempt("10.3.0.1", "other4", "wrong-pass").status_code == 401
+        sprayed = attempt("10.3.0.1", "other5", "wrong-pass")
+        assert sprayed.status_code == 429 and sprayed.json()["code"] == "rate_limited"
+
 
 def test_the_trusted_header_is_believed_only_from_the_proxy(tmp_path: Path) -> None:
     data = tmp_path / "data"

@@ -172,7 +172,10 @@ async def _account_login(
     if user is None:
         log.warning("failed login for %r from %s", body.username[:64], client)
         raise BadCredentials("That user name and password do not match.")
-    await limits.reset([client, name_key])
+    # The name's failures go; of the address's, only this attempt's: a sign-in to one's own
+    # account must not wipe out the address's guesses at other names.
+    await limits.reset([name_key])
+    await limits.forgive(client)
     log.info("login of %s from %s", user.username, client)
     response = JSONResponse(
         {"ok": True, "password_required": True, "username": user.username},
@@ -258,7 +261,8 @@ async def change_password(request: Request, body: PasswordChange) -> Response:
     if await accounts.verify(user.username, body.current_password) is None:
         log.warning("failed password change of %s from %s", user.username, client)
         raise WrongPassword("That is not your current password.")
-    await limits.reset([client, name_key])
+    await limits.reset([name_key])
+    await limits.forgive(client)  # as a sign-in does
     password_hash = await asyncio.to_thread(accounts.hasher.hash, body.new_password)
     await accounts.store.set_password(user.user_id, password_hash)
     await accounts.store.end_sessions(user.user_id)

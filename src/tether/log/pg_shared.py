@@ -129,6 +129,14 @@ class PostgresLoginLimits:
             "the login failures",
         )
 
+    async def forgive(self, key: str) -> None:
+        await self.pool.rows(
+            "DELETE FROM login_failures WHERE ctid IN (SELECT ctid FROM login_failures "
+            "WHERE key=%s ORDER BY expires_at DESC LIMIT 1)",
+            (_clean(key),),
+            "the login failures",
+        )
+
     async def aclose(self) -> None:
         await self.pool.aclose()
 

@@ -69,6 +69,11 @@ class LoginLimits(Protocol):
     async def reset(self, keys: Sequence[str]) -> None:
         """A successful login forgets the keys' failures."""
 
+    async def forgive(self, key: str) -> None:
+        """Forget the key's latest failure: the attempt counted before its check was right.
+        (Under `--auth accounts` a sign-in forgives its address this one attempt and no
+        more, so one's own account cannot wipe out guesses at other names.)"""
+
     async def aclose(self) -> None: ...
 
 
@@ -109,6 +114,11 @@ class MemoryLoginLimits:
     async def reset(self, keys: Sequence[str]) -> None:
         for key in keys:
             self._failures.pop(key, None)
+
+    async def forgive(self, key: str) -> None:
+        found = self._failures.get(key)
+        if found is not None and found[1]:
+            found[1].pop()
 
     async def aclose(self) -> None:
         return None

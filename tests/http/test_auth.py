@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from accounts_kit import OpenStream
 from helpers import (
     ServerProcess,
     free_port,
@@ -214,6 +215,20 @@ def test_logout_refuses_the_same_cookie_afterwards(pw_server: ServerProcess) -> 
         assert replay.get("/api/auth/status").json()["authenticated"] is False
     with logged_in(pw_server) as again:  # a new login still works
         assert again.get("/api/sessions").status_code == 200
+
+
+def test_logout_ends_the_open_streams_of_that_cookie(pw_server: ServerProcess) -> None:
+    """A logout in one tab ends the event streams another tab of that browser holds open with
+    the same cookie (docs/security.md, "What needs a login": the page then goes to the login
+    page), at once, and leaves those of another login alone."""
+    with logged_in(pw_server) as tab, logged_in(pw_server) as elsewhere:
+        sid = new_session(tab, "open in a tab")
+        streams = [OpenStream(tab, "/api/events"), OpenStream(tab, f"/api/sessions/{sid}/events")]
+        kept = OpenStream(elsewhere, "/api/events")
+        with pw_server.client(cookies={COOKIE: tab.cookies[COOKIE]}) as other_tab:
+            assert other_tab.post("/api/auth/logout").json()["was_logged_in"] is True
+        assert all(stream.ended.wait(5) for stream in streams)
+        assert not kept.ended.wait(1)  # another login's stream goes on
 
 
 def test_tampered_or_foreign_cookies_are_refused(pw_server: ServerProcess) -> None:

@@ -25,9 +25,10 @@ import re
 import secrets
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Protocol
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -227,6 +228,15 @@ class AccountAuth:
         """A logout, a revoked token or a removed user: the user's open streams re-check."""
         for guard in list(self._watchers.get(user_id, ())):
             guard.changed()
+
+
+class Guard(Protocol):
+    """What an open event stream asks before each frame: whether its credential still holds
+    (`StreamGuard` in the user modes, `auth.CookieGuard` with the single password)."""
+
+    def watching(self, *wakeups: asyncio.Event) -> AbstractContextManager[None]: ...
+
+    async def holds(self) -> bool: ...
 
 
 class StreamGuard:

@@ -24,6 +24,8 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
@@ -115,6 +117,7 @@ class Authenticator:
         self._verify_slots = asyncio.Semaphore(2)  # argon2 takes 64 MiB per check
         self._lock = threading.Lock()
         self._revoked: dict[str, float] = {}
+        self._watchers: set[CookieGuard] = set()
         self._hash = ""
         if password is None:
             return
@@ -236,8 +239,50 @@ class Authenticator:
             self._serializer = self._make_serializer(self._new_secret())
         else:
             self._revoked[nonce] = issued + SESSION_MAX_AGE
+        for guard in list(self._watchers):  # its open streams end at once
+            guard.changed()
         await asyncio.to_thread(self._save)
         return True
+
+    def guard(self, cookie: str | None, every: float) -> CookieGuard:
+        return CookieGuard(self, cookie, every)
+
+
+class CookieGuard:
+    """Ends an open event stream of the single-password mode once its cookie is logged out
+    (or the secret rotated): a logout in another tab wakes it at once, and it asks again at
+    least every `every` seconds (the heartbeat interval), when the cookie may have expired.
+    The `accounts.Guard` a stream asks before each frame."""
+
+    def __init__(self, auth: Authenticator, cookie: str | None, every: float) -> None:
+        self.auth = auth
+        self.cookie = cookie
+        self._wakeups: list[asyncio.Event] = []
+        self._dirty = False
+        self._every = every
+        self._next_ask = time.monotonic() + every
+
+    @contextmanager
+    def watching(self, *wakeups: asyncio.Event) -> Iterator[None]:
+        self._wakeups = list(wakeups)
+        self.auth._watchers.add(self)
+        try:
+            yield
+        finally:
+            self.auth._watchers.discard(self)
+
+    def changed(self) -> None:
+        self._dirty = True
+        for wakeup in self._wakeups:
+            wakeup.set()
+
+    async def holds(self) -> bool:
+        now = time.monotonic()
+        if not self._dirty and now < self._next_ask:
+            return True
+        self._dirty = False
+        self._next_ask = now + self._every
+        return self.auth.is_authenticated(self.cookie)
 
 
 # -- the gate ---------------------------------------------------------------------------

@@ -23,7 +23,8 @@ from starlette.background import BackgroundTask
 
 from tether.errors import TooManyStreams
 from tether.events import ID_PATTERN, Event
-from tether.http.accounts import PRINCIPAL, StreamGuard
+from tether.http.accounts import PRINCIPAL, Guard
+from tether.http.auth import COOKIE_NAME
 from tether.http.deps import App, Services
 from tether.http.errors import documented
 from tether.log import SessionDeleted, SessionNotFound, StorageError, compact_json
@@ -111,10 +112,15 @@ async def _changes(app: Services, changes: list[tuple[str, str]] | None) -> list
     ]
 
 
-def _guard(request: Request) -> StreamGuard | None:
+def _guard(request: Request) -> Guard | None:
     accounts = request.app.state.accounts
     every = request.app.state.services.settings.heartbeat_seconds
-    return None if accounts is None else accounts.guard(PRINCIPAL.get(), every)
+    if accounts is not None:
+        return accounts.guard(PRINCIPAL.get(), every)
+    auth = request.app.state.auth
+    if auth.password_required:  # a logout of this cookie ends the stream too
+        return auth.guard(request.cookies.get(COOKIE_NAME), every)
+    return None
 
 
 async def _session_frames(
@@ -122,7 +128,7 @@ async def _session_frames(
     session_id: str,
     cursor_raw: str | None,
     with_sidebar: bool,
-    guard: StreamGuard | None,
+    guard: Guard | None,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     interval = app.settings.heartbeat_seconds
     wakeup = asyncio.Event()
@@ -146,7 +152,7 @@ async def _follow(
     sub: Subscription,
     feed: FeedClient | None,
     interval: float,
-    guard: StreamGuard | None,
+    guard: Guard | None,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     current = await app.store.last_seq(session_id)
     if current is None:
@@ -297,9 +303,7 @@ def _stream(
     )
 
 
-async def _sidebar_frames(
-    app: Services, guard: StreamGuard | None
-) -> AsyncIterator[ServerSentEvent]:
+async def _sidebar_frames(app: Services, guard: Guard | None) -> AsyncIterator[ServerSentEvent]:
     client = app.feed.connect()
     try:
         with guard.watching(client.wakeup) if guard else contextlib.nullcontext():
@@ -310,7 +314,7 @@ async def _sidebar_frames(
 
 
 async def _sidebar_follow(
-    app: Services, client: FeedClient, guard: StreamGuard | None
+    app: Services, client: FeedClient, guard: Guard | None
 ) -> AsyncIterator[ServerSentEvent]:
     yield _sidebar_heartbeat()  # at once: changes are followed from before it (docs/api.md §6)
     while True:

@@ -11,7 +11,7 @@ from typing import TypeVar
 from argon2 import PasswordHasher
 
 from tether.errors import UserExists
-from tether.http.accounts import MIN_PASSWORD, valid_username
+from tether.http.accounts import MAX_PASSWORD, MIN_PASSWORD, valid_username
 from tether.log.ownership import OwnedStore
 from tether.log.store import AccountStore, User
 from tether.services import open_accounts, open_store
@@ -22,6 +22,15 @@ T = TypeVar("T")
 
 class Refused(Exception):
     """The command was refused; the message says why. Nothing changed."""
+
+
+def _check_password(password: str) -> None:
+    """The rules of `POST /api/users` and of a person's own change: a longer password could
+    never be sent to `POST /api/auth/login`, which takes 4096 characters at most."""
+    if len(password) < MIN_PASSWORD:
+        raise Refused(f"A password has at least {MIN_PASSWORD} characters.")
+    if len(password) > MAX_PASSWORD:
+        raise Refused(f"A password has at most {MAX_PASSWORD} characters.")
 
 
 async def _with_stores(
@@ -43,8 +52,7 @@ def add_user(settings: Settings, name: str, password: str, admin: bool) -> int:
         raise Refused(
             "A user name is 1-64 letters, digits and ._@+-, starting with a letter or digit."
         )
-    if len(password) < MIN_PASSWORD:
-        raise Refused(f"A password has at least {MIN_PASSWORD} characters.")
+    _check_password(password)
     password_hash = PasswordHasher().hash(password)
 
     async def work(store: OwnedStore, accounts: AccountStore) -> int:
@@ -74,8 +82,7 @@ def set_password(settings: Settings, name: str, password: str) -> None:
     """Give the user a new password and end every sign-in made before (their cookies fail on
     every replica at their next request); their sessions stay theirs. Their API tokens stay
     too: each is a credential of its own, revoked one by one."""
-    if len(password) < MIN_PASSWORD:
-        raise Refused(f"A password has at least {MIN_PASSWORD} characters.")
+    _check_password(password)
     password_hash = PasswordHasher().hash(password)
 
     async def work(_: OwnedStore, accounts: AccountStore) -> None:

@@ -62,6 +62,8 @@ def test_the_first_admin_is_made_on_the_command_line_of_a_headless_server(tmp_pa
     assert again.returncode != 0 and "already a user called ALICE" in again.stderr
     short = tether_users(data, "add", "bob", password="short")
     assert short.returncode != 0 and "at least 8 characters" in short.stderr
+    long = tether_users(data, "add", "bob", password="x" * 4097)  # a sign-in takes 4096 at most
+    assert long.returncode != 0 and "at most 4096 characters" in long.stderr
     bad = tether_users(data, "add", "bob smith", password="long enough")
     assert bad.returncode != 0 and "user name is 1-64" in bad.stderr
     gone = tether_users(data, "remove", "nobody")
@@ -202,6 +204,8 @@ def test_a_forgotten_password_is_reset_on_the_command_line_and_the_person_keeps_
         stream = OpenStream(bob, "/api/events")
         short = tether_users(data, "password", "bob", password="short")
         assert short.returncode != 0 and "at least 8" in short.stderr
+        long = tether_users(data, "password", "bob", password="x" * 4097)
+        assert long.returncode != 0 and "at most 4096" in long.stderr
         nobody = tether_users(data, "password", "mallory", password="long enough")
         assert nobody.returncode != 0 and "no user mallory" in nobody.stderr
         assert bob.get("/api/sessions").status_code == 200  # refusals changed nothing

@@ -64,3 +64,27 @@ def test_signing_in_at_the_provider_opens_the_page_asked_for(
     assert session == 201
     page.goto(oidc_server.base_url + "/")
     expect(page.get_by_text("Olga plans").first).to_be_visible()
+
+
+def test_log_out_stays_signed_out_though_the_provider_remembers_the_person(
+    context: BrowserContext, oidc_server: ServerProcess, provider: Provider
+) -> None:
+    """The provider keeps its own sign-in and sends the browser straight back signed in, so
+    after **Log out** (in this tab, or another tab of the browser whose streams it ends) the
+    login page offers a button instead of going to the provider by itself."""
+    provider.sign_in_page = False  # remembers the person: no page, straight back
+    page = context.new_page()
+    page.goto(oidc_server.base_url + "/")
+    expect(page.get_by_role("textbox", name="Message")).to_be_visible()
+    other_tab = context.new_page()
+    other_tab.goto(oidc_server.base_url + "/")
+    expect(other_tab.get_by_role("textbox", name="Message")).to_be_visible()
+    page.get_by_role("button", name="Log out").click()
+    for tab in (page, other_tab):
+        expect(tab.get_by_role("link", name="Sign in")).to_be_visible()
+        assert tab.evaluate("fetch('/api/me').then(r => r.status)") == 401
+    page.get_by_role("link", name="Sign in").click()  # and signing in again is one click
+    expect(page.get_by_role("textbox", name="Message")).to_be_visible()
+    assert page.evaluate("fetch('/api/me').then(r => r.status)") == 200
+    page.goto(oidc_server.base_url + "/login")  # signed in: no button, straight on
+    expect(page).to_have_url(oidc_server.base_url + "/")

@@ -21,6 +21,7 @@ from tether.errors import (
     RouteNotFound,
     WrongPassword,
 )
+from tether.http import oidc
 from tether.http.accounts import MAX_PASSWORD, MIN_PASSWORD, PRINCIPAL, AccountAuth
 from tether.http.auth import COOKIE_NAME, SESSION_MAX_AGE, Authenticator, safe_next
 from tether.http.errors import documented, error_response
@@ -112,6 +113,8 @@ async def login_page(request: Request, next: str | None = None) -> Response:
             safe_next(next), status_code=303, headers={"Cache-Control": "no-store"}
         )
     if accounts is not None and accounts.mode == "oidc":  # the provider's sign-in page
+        if request.cookies.get(oidc.SIGNED_OUT_COOKIE):  # not straight back in: a button
+            return oidc.signed_out_page(safe_next(next))
         return RedirectResponse(
             "/api/auth/oidc/login?" + urlencode({"next": safe_next(next)}),
             status_code=303,
@@ -204,6 +207,8 @@ async def logout(request: Request) -> Response:
         {"ok": True, "was_logged_in": revoked}, headers={"Cache-Control": "no-store"}
     )
     response.delete_cookie(COOKIE_NAME, **_cookie_options(request))
+    if accounts is not None and accounts.mode == "oidc":
+        oidc.mark_signed_out(response, secure=request.url.scheme == "https")
     return response
 
 

@@ -16,6 +16,7 @@ import importlib
 import logging
 import os
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 from authlib.integrations.starlette_client import OAuth, OAuthError
@@ -41,6 +42,10 @@ log = logging.getLogger("tether.auth")
 router = APIRouter()
 
 STATE_COOKIE = "tether_oidc"  # the flow's state, nonce and PKCE verifier, for 10 minutes
+# Set by a logout, until the next sign-in: `GET /login` then offers a button rather than going
+# to the provider, which would sign the person straight back in (it keeps its own sign-in).
+SIGNED_OUT_COOKIE = "tether_signed_out"
+SIGNED_OUT_PATH = "/login"
 LOGIN_PATH = "/api/auth/oidc/login"
 CALLBACK_PATH = "/api/auth/oidc/callback"
 USERNAME_CLAIMS = ("preferred_username", "email", "sub")
@@ -170,6 +175,37 @@ def _onward(target: str) -> HTMLResponse:
     return HTMLResponse(page, headers={**PAGE_HEADERS, "Referrer-Policy": "no-referrer"})
 
 
+def signed_out_page(target: str) -> HTMLResponse:
+    """The login page after a logout: one button to sign in through the provider again."""
+    where = html.escape(LOGIN_PATH + "?" + urlencode({"next": target}))
+    page = (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta name="color-scheme" content="light dark"><title>Signed out · Tether</title>'
+        '<link rel="icon" href="data:,">'
+        '<link rel="stylesheet" href="/static/css/app.css">'
+        '<link rel="stylesheet" href="/static/css/main.css">'
+        '<link rel="stylesheet" href="/static/css/auth.css"></head>'
+        '<body><main class="login-shell"><div class="login-card">'
+        '<h1 class="brand login-brand">Tether</h1><p>You are signed out.</p>'
+        f'<a class="btn primary login-submit" href="{where}">Sign in</a>'
+        "</div></main></body></html>"
+    )
+    return HTMLResponse(page, headers=PAGE_HEADERS)
+
+
+def mark_signed_out(response: Response, secure: bool) -> None:
+    response.set_cookie(
+        SIGNED_OUT_COOKIE,
+        "1",
+        max_age=SESSION_MAX_AGE,
+        path=SIGNED_OUT_PATH,
+        httponly=True,
+        samesite="lax",
+        secure=secure,
+    )
+
+
 @router.get(LOGIN_PATH, include_in_schema=False)
 async def oidc_login(request: Request, next: str | None = None) -> Response:
     oidc, _ = _parts(request)
@@ -218,6 +254,7 @@ async def oidc_callback(request: Request) -> Response:
                 ) from None
     target = safe_next(request.session.pop("next", None))
     response = _onward(target)
+    response.delete_cookie(SIGNED_OUT_COOKIE, path=SIGNED_OUT_PATH)
     response.set_cookie(
         COOKIE_NAME,
         accounts.cookie_for(user),

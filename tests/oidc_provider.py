@@ -5,7 +5,7 @@ verifier (S256) and issues an RS256 ID token signed by joserfc, and its JWKS.
 
 It is not a mock of Tether's client: Tether's Authlib client talks to it over HTTP exactly as
 to any provider. `flaw` makes it misbehave the way the tests need, one way at a time:
-`wrong_nonce`, `expired`, `wrong_audience`, `audience_with_azp`, `wrong_issuer`,
+`wrong_nonce`, `no_nonce`, `expired`, `wrong_audience`, `audience_with_azp`, `wrong_issuer`,
 `bad_signature`, and `token_down` (its token endpoint answers 502, as a provider behind a
 proxy whose backend is down). `host` is the name its issuer URL uses (`localhost` makes it
 another site than a Tether on 127.0.0.1, as a real provider is), `issuer_tail` what the
@@ -144,6 +144,8 @@ class Provider:
         key = self.key
         if self.flaw == "wrong_nonce":
             claims["nonce"] = "not-the-one-sent"
+        elif self.flaw == "no_nonce":
+            del claims["nonce"]
         elif self.flaw == "expired":
             claims["iat"], claims["exp"] = now - 7200, now - 3600
         elif self.flaw == "wrong_audience":

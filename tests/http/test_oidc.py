@@ -163,10 +163,30 @@ def test_a_wrong_state_is_refused_before_the_code_is_redeemed(
     client.close()
 
 
+def test_a_replayed_callback_signs_nobody_in(server: ServerProcess, provider: Provider) -> None:
+    """The callback's URL replayed with the flow cookie it was sent with (a captured one):
+    the provider refuses its code a second time, and nobody is signed in."""
+    provider.user = {"sub": "u-rex", "preferred_username": "rex"}
+    with httpx.Client(base_url=server.base_url, timeout=15) as client:
+        start = client.get("/api/auth/oidc/login", params={"next": "/"})
+        flow = client.cookies["tether_oidc"]
+        back = urlsplit(httpx.get(start.headers["location"], timeout=15).headers["location"])
+        callback = f"{back.path}?{back.query}"
+        assert onward(client.get(callback)) == "/"
+    with httpx.Client(
+        base_url=server.base_url, timeout=15, cookies={"tether_oidc": flow}
+    ) as replay:
+        again = replay.get(callback)
+        assert again.status_code == 401 and again.json()["code"] == "bad_credentials"
+        assert "tether_session" not in replay.cookies
+    assert provider.token_refusals[-1] == "code"
+
+
 @pytest.mark.parametrize(
     ("flaw", "reason"),
     [
         ("wrong_nonce", "nonce"),
+        ("no_nonce", "nonce"),
         ("expired", "expired"),
         ("wrong_audience", "aud"),
         ("audience_with_azp", "aud"),

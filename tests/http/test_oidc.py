@@ -163,6 +163,37 @@ def test_a_wrong_state_is_refused_before_the_code_is_redeemed(
     client.close()
 
 
+BROWSER = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
+
+
+def test_a_browser_refused_or_cancelled_at_the_provider_gets_a_page_not_json(
+    server: ServerProcess,
+) -> None:
+    """The callback is a browser's navigation: a person who cancels at the provider (it
+    sends back `error=access_denied`) or whose sign-in does not verify saw a raw JSON body.
+    A browser now gets a page saying so in words, with a way to try again, under the same
+    status; a client that asks for JSON still gets the error object."""
+    client = httpx.Client(base_url=server.base_url, timeout=15)
+    start = client.get(client.get("/login").headers["location"])
+    state = parse_qs(urlsplit(start.headers["location"]).query)["state"][0]
+    cancelled = {"error": "access_denied", "error_description": "User said no", "state": state}
+    page = client.get("/api/auth/oidc/callback", params=cancelled, headers=BROWSER)
+    assert page.status_code == 401, page.text
+    assert page.headers["content-type"].startswith("text/html")
+    assert "default-src" in page.headers["content-security-policy"]
+    assert "The sign-in was cancelled at the provider." in page.text
+    assert 'href="/login"' in page.text
+    failed = {"error": "server_error", "error_description": "<b>Down</b>", "state": state}
+    page = client.get("/api/auth/oidc/callback", params=failed, headers=BROWSER)
+    assert page.status_code == 401, page.text
+    assert "could not be verified" in page.text
+    assert "<b>Down</b>" not in page.text and "&lt;b&gt;Down&lt;/b&gt;" in page.text
+    assert "tether_session" not in client.cookies
+    as_json = client.get("/api/auth/oidc/callback", params={"state": "forged"})
+    assert as_json.status_code == 401 and as_json.json()["code"] == "bad_credentials"
+    client.close()
+
+
 def test_a_replayed_callback_signs_nobody_in(server: ServerProcess, provider: Provider) -> None:
     """The callback's URL replayed with the flow cookie it was sent with (a captured one):
     the provider refuses its code a second time, and nobody is signed in."""

@@ -27,6 +27,7 @@ from starlette.middleware.sessions import SessionMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tether.errors import (
+    ApiError,
     BadCredentials,
     Forbidden,
     RouteNotFound,
@@ -175,23 +176,34 @@ def _onward(target: str) -> HTMLResponse:
     return HTMLResponse(page, headers={**PAGE_HEADERS, "Referrer-Policy": "no-referrer"})
 
 
-def signed_out_page(target: str) -> HTMLResponse:
-    """The login page after a logout: one button to sign in through the provider again."""
-    where = html.escape(LOGIN_PATH + "?" + urlencode({"next": target}))
+def _card_page(title: str, words: str, link: str, label: str, status: int = 200) -> HTMLResponse:
+    """A login-card page of a sentence and one button; `words` and `link` are escaped here."""
     page = (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        '<meta name="color-scheme" content="light dark"><title>Signed out · Tether</title>'
+        f'<meta name="color-scheme" content="light dark"><title>{title} · Tether</title>'
         '<link rel="icon" href="data:,">'
         '<link rel="stylesheet" href="/static/css/app.css">'
         '<link rel="stylesheet" href="/static/css/main.css">'
         '<link rel="stylesheet" href="/static/css/auth.css"></head>'
         '<body><main class="login-shell"><div class="login-card">'
-        '<h1 class="brand login-brand">Tether</h1><p>You are signed out.</p>'
-        f'<a class="btn primary login-submit" href="{where}">Sign in</a>'
+        f'<h1 class="brand login-brand">Tether</h1><p>{html.escape(words)}</p>'
+        f'<a class="btn primary login-submit" href="{html.escape(link)}">{label}</a>'
         "</div></main></body></html>"
     )
-    return HTMLResponse(page, headers=PAGE_HEADERS)
+    return HTMLResponse(page, status_code=status, headers=PAGE_HEADERS)
+
+
+def signed_out_page(target: str) -> HTMLResponse:
+    """The login page after a logout: one button to sign in through the provider again."""
+    link = LOGIN_PATH + "?" + urlencode({"next": target})
+    return _card_page("Signed out", "You are signed out.", link, "Sign in")
+
+
+def _wants_page(request: Request) -> bool:
+    """A browser's navigation (it asks for HTML first), not a client that reads JSON."""
+    accept = request.headers.get("accept", "")
+    return "text/html" in accept and "application/json" not in accept
 
 
 def mark_signed_out(response: Response, secure: bool) -> None:
@@ -219,6 +231,17 @@ async def oidc_login(request: Request, next: str | None = None) -> Response:
 
 @router.get(CALLBACK_PATH, include_in_schema=False, name="oidc_callback")
 async def oidc_callback(request: Request) -> Response:
+    """The provider sends the browser here: a refusal is a page for a person (with the API's
+    status), the error object for a client that asks for JSON."""
+    try:
+        return await _signed_in(request)
+    except ApiError as exc:
+        if not _wants_page(request):
+            raise
+        return _card_page("Not signed in", exc.message, "/login", "Try again", exc.status)
+
+
+async def _signed_in(request: Request) -> Response:
     oidc, accounts = _parts(request)
     try:
         token = await oidc.client.authorize_access_token(
@@ -226,11 +249,12 @@ async def oidc_callback(request: Request) -> Response:
         )
     except HTTP_ERRORS as exc:  # the token endpoint or the keys: down, silent or failing
         raise _unavailable(exc) from None
-    except (
-        OAuthError,
-        JoseError,
-        ValueError,
-    ) as exc:  # wrong state, nonce, audience, signature, expiry
+    except OAuthError as exc:
+        log.warning("OIDC sign-in refused: %s", exc)
+        if exc.error == "access_denied":  # the person said no, or closed the provider's page
+            raise BadCredentials("The sign-in was cancelled at the provider.") from None
+        raise BadCredentials(f"The sign-in could not be verified ({exc}).") from None
+    except (JoseError, ValueError) as exc:  # wrong state, nonce, audience, signature, expiry
         log.warning("OIDC sign-in refused: %s", exc)
         raise BadCredentials(f"The sign-in could not be verified ({exc}).") from None
     claims = token.get("userinfo")

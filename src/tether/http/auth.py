@@ -8,7 +8,9 @@ other request.
   noticed: it rotates the cookie secret, so every earlier session is logged out.
 - The session cookie `tether_session` is an itsdangerous-signed, timestamped token carrying a
   random nonce. Logout revokes the nonce: revoked nonces are kept (with their expiry) in
-  memory and in `auth.json`, so a logged-out cookie stays refused across restarts.
+  memory and in `auth.json`, so a logged-out cookie stays refused across restarts, and on
+  every replica sharing the data directory: each save merges the file's list under a lock
+  file (`auth.lock`), and a check reads the file again once it changed.
 - Login failures are limited per client address (`log.shared.LoginLimits`: in memory, or
   with PostgreSQL in the database, counted for every replica at once); the argon2 check runs
   in a thread.
@@ -17,6 +19,7 @@ other request.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import json
 import logging
@@ -117,6 +120,7 @@ class Authenticator:
         self._verify_slots = asyncio.Semaphore(2)  # argon2 takes 64 MiB per check
         self._lock = threading.Lock()
         self._revoked: dict[str, float] = {}
+        self._seen: tuple[int, int, int] | None = None  # auth.json as last read or written
         self._watchers: set[CookieGuard] = set()
         self._hash = ""
         if password is None:
@@ -124,6 +128,7 @@ class Authenticator:
         self._hasher = PasswordHasher()
         private_dir(data_dir)
         self._state_path = data_dir / "auth.json"
+        self._lock_path = data_dir / "auth.lock"
         self._secret_path = data_dir / "secret_key"
         state = self._read_state()
         stored = state.get("password_hash")
@@ -131,22 +136,17 @@ class Authenticator:
             self._hash = stored
             if self._hasher.check_needs_rehash(stored):
                 self._hash = self._hasher.hash(password)
-            revoked = state.get("revoked")
-            now = time.time()
-            if isinstance(revoked, dict):
-                self._revoked = {
-                    n: float(t)
-                    for n, t in revoked.items()
-                    if isinstance(t, int | float) and t > now
-                }
+            self._merge(state.get("revoked"))
             secret = self._load_secret()
+            merge = True
         else:  # first start, or a new password: every earlier cookie is logged out
             if stored is not None:
                 log.warning("the password changed: earlier login sessions are logged out")
             self._hash = self._hasher.hash(password)
             secret = self._new_secret()
+            merge = False
         self._serializer = self._make_serializer(secret)
-        self._save()
+        self._save(merge)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Authenticator:
@@ -161,10 +161,44 @@ class Authenticator:
             return {}
         return state if isinstance(state, dict) else {}
 
-    def _save(self) -> None:
-        with self._lock:
-            state = {"password_hash": self._hash, "revoked": dict(self._revoked)}
+    def _save(self, merge: bool = True) -> None:
+        """Write the state, first taking in the logouts another replica sharing the data
+        directory wrote (docs/operations.md), under a lock file so that neither drops the
+        other's."""
+        with os.fdopen(os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)) as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            if merge:
+                self._merge(self._read_state().get("revoked"))
+            with self._lock:
+                state = {"password_hash": self._hash, "revoked": dict(self._revoked)}
             _write_private(self._state_path, json.dumps(state))
+            self._seen = self._signature()
+
+    def _signature(self) -> tuple[int, int, int] | None:
+        try:
+            st = self._state_path.stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    def _merge(self, revoked: object) -> None:
+        """Take in a list of logged-out nonces (their expiry by nonce), dropping expired ones."""
+        now = time.time()
+        with self._lock:
+            merged = {n: t for n, t in self._revoked.items() if t > now}
+            if isinstance(revoked, dict):
+                for nonce, expiry in revoked.items():
+                    if isinstance(expiry, int | float) and expiry > now:
+                        merged[nonce] = max(float(expiry), merged.get(nonce, 0.0))
+            self._revoked = merged
+
+    def _catch_up(self) -> None:
+        """A logout through another replica sharing the data directory holds here at the next
+        request: `auth.json` is read again when it changed (a stat per check)."""
+        seen = self._signature()
+        if seen is not None and seen != self._seen:
+            self._seen = seen
+            self._merge(self._read_state().get("revoked"))
 
     def _load_secret(self) -> str:
         try:
@@ -220,6 +254,7 @@ class Authenticator:
         except BadData:
             return None
         nonce = payload.get("n") if isinstance(payload, dict) else None
+        self._catch_up()
         if not isinstance(nonce, str) or nonce in self._revoked:
             return None
         return nonce, issued.timestamp()
@@ -233,15 +268,13 @@ class Authenticator:
         if decoded is None:
             return False
         nonce, issued = decoded
-        now = time.time()
-        self._revoked = {n: t for n, t in self._revoked.items() if t > now}
-        if len(self._revoked) >= MAX_REVOKED:  # never forget a revocation: rotate instead
+        self._merge({nonce: issued + SESSION_MAX_AGE})
+        rotated = len(self._revoked) > MAX_REVOKED
+        if rotated:  # never forget a revocation: rotate instead
             self._serializer = self._make_serializer(self._new_secret())
-        else:
-            self._revoked[nonce] = issued + SESSION_MAX_AGE
         for guard in list(self._watchers):  # its open streams end at once
             guard.changed()
-        await asyncio.to_thread(self._save)
+        await asyncio.to_thread(self._save, not rotated)
         return True
 
     def guard(self, cookie: str | None, every: float) -> CookieGuard:

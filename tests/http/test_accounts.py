@@ -336,7 +336,12 @@ def test_the_trusted_header_is_believed_only_from_the_proxy(tmp_path: Path) -> N
             assert passed.status_code == 200 and passed.json()["username"] == "dora"
         with srv.client() as nobody:
             assert nobody.get("/api/sessions").status_code == 401
-            assert nobody.get("/").status_code == 401  # no login page to send anyone to
+            # No form can sign anyone in: the login page (where a page goes) says how
+            went = nobody.get("/")
+            assert went.status_code == 303 and went.headers["location"] == "/login"
+            told = nobody.get("/login")
+            assert told.status_code == 401 and "through the proxy" in told.text
+            assert 'id="login-form"' not in told.text
             bad = nobody.get("/api/sessions", headers={header: "not a name"})
             assert bad.status_code == 401
     # The same data directory, with a proxy at another address: the header is ignored,

@@ -421,7 +421,7 @@ class AuthGate:
         principal = None if quiet and not bearer else await accounts.identify(scope, headers)
         if principal is None and not is_public(path):
             page = not websocket and method in ("GET", "HEAD") and not path.startswith("/api/")
-            if page and accounts.mode in ("accounts", "oidc"):
+            if page:  # the login page signs in, or (trusted-header) says how
                 await self._redirect(scope, send)
             else:
                 await self._refuse(scope, send, Unauthenticated("Log in first."))

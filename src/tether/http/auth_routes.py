@@ -25,7 +25,7 @@ from tether.http import oidc
 from tether.http.accounts import MAX_PASSWORD, MIN_PASSWORD, PRINCIPAL, AccountAuth
 from tether.http.auth import COOKIE_NAME, SESSION_MAX_AGE, Authenticator, safe_next
 from tether.http.errors import documented, error_response
-from tether.http.pages import PAGE_HEADERS, WEB_ROOT
+from tether.http.pages import PAGE_HEADERS, WEB_ROOT, card_page
 from tether.http.schemas import Body
 from tether.log.shared import PER_ADDRESS, PER_USER, LoginLimits, Rule
 
@@ -120,6 +120,12 @@ async def login_page(request: Request, next: str | None = None) -> Response:
             status_code=303,
             headers={"Cache-Control": "no-store"},
         )
+    if accounts is not None and accounts.mode == "trusted-header":  # no form can sign in
+        words = (
+            "Tether signs people in through the proxy in front of it, which names them; this "
+            "request did not come through it. Open Tether at the address your proxy serves."
+        )
+        return card_page("Not signed in", words, "/", "Try again", 401)
     return HTMLResponse((WEB_ROOT / "login.html").read_text(encoding="utf-8"), headers=PAGE_HEADERS)
 
 

@@ -36,7 +36,7 @@ from tether.errors import (
 )
 from tether.http.accounts import COOKIE_NAME, SESSION_MAX_AGE, AccountAuth, valid_username
 from tether.http.auth import safe_next
-from tether.http.pages import PAGE_HEADERS
+from tether.http.pages import PAGE_HEADERS, card_page
 from tether.settings import Settings
 
 log = logging.getLogger("tether.auth")
@@ -176,28 +176,10 @@ def _onward(target: str) -> HTMLResponse:
     return HTMLResponse(page, headers={**PAGE_HEADERS, "Referrer-Policy": "no-referrer"})
 
 
-def _card_page(title: str, words: str, link: str, label: str, status: int = 200) -> HTMLResponse:
-    """A login-card page of a sentence and one button; `words` and `link` are escaped here."""
-    page = (
-        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f'<meta name="color-scheme" content="light dark"><title>{title} · Tether</title>'
-        '<link rel="icon" href="data:,">'
-        '<link rel="stylesheet" href="/static/css/app.css">'
-        '<link rel="stylesheet" href="/static/css/main.css">'
-        '<link rel="stylesheet" href="/static/css/auth.css"></head>'
-        '<body><main class="login-shell"><div class="login-card">'
-        f'<h1 class="brand login-brand">Tether</h1><p>{html.escape(words)}</p>'
-        f'<a class="btn primary login-submit" href="{html.escape(link)}">{label}</a>'
-        "</div></main></body></html>"
-    )
-    return HTMLResponse(page, status_code=status, headers=PAGE_HEADERS)
-
-
 def signed_out_page(target: str) -> HTMLResponse:
     """The login page after a logout: one button to sign in through the provider again."""
     link = LOGIN_PATH + "?" + urlencode({"next": target})
-    return _card_page("Signed out", "You are signed out.", link, "Sign in")
+    return card_page("Signed out", "You are signed out.", link, "Sign in")
 
 
 def _wants_page(request: Request) -> bool:
@@ -238,7 +220,7 @@ async def oidc_callback(request: Request) -> Response:
     except ApiError as exc:
         if not _wants_page(request):
             raise
-        return _card_page("Not signed in", exc.message, "/login", "Try again", exc.status)
+        return card_page("Not signed in", exc.message, "/login", "Try again", exc.status)
 
 
 async def _signed_in(request: Request) -> Response:

@@ -6,6 +6,7 @@ into sanitized HTML for API clients (the page renders Markdown itself, in `web/j
 
 from __future__ import annotations
 
+import html
 import json
 from importlib.resources import files
 
@@ -33,6 +34,24 @@ PAGE_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+
+
+def card_page(title: str, words: str, link: str, label: str, status: int = 200) -> HTMLResponse:
+    """A login-card page of a sentence and one button; `words` and `link` are escaped here."""
+    page = (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<meta name="color-scheme" content="light dark"><title>{title} · Tether</title>'
+        '<link rel="icon" href="data:,">'
+        '<link rel="stylesheet" href="/static/css/app.css">'
+        '<link rel="stylesheet" href="/static/css/main.css">'
+        '<link rel="stylesheet" href="/static/css/auth.css"></head>'
+        '<body><main class="login-shell"><div class="login-card">'
+        f'<h1 class="brand login-brand">Tether</h1><p>{html.escape(words)}</p>'
+        f'<a class="btn primary login-submit" href="{html.escape(link)}">{label}</a>'
+        "</div></main></body></html>"
+    )
+    return HTMLResponse(page, status_code=status, headers=PAGE_HEADERS)
 
 
 def _shell() -> HTMLResponse:

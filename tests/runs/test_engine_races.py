@@ -14,7 +14,7 @@ from tether.runs.leases import stop_own_runs
 from tether.runs.maintenance import reclaim
 from tether.runtimes.base import Runtime, RuntimeEvent, TextDelta, TurnInput
 
-from engine_harness import harness
+from engine_harness import harness, has, hold_append
 
 
 class StubbornRuntime(Runtime):
@@ -127,14 +127,8 @@ def test_a_stop_is_recorded_before_the_run_ends_even_when_its_append_waits(
 
     async def main() -> None:
         async with harness(tmp_path, StreamingRuntime()) as h:
-            real_append = h.store.append
-
-            async def append(session_id: str, drafts: list) -> list:
-                if any(d.type == "run.cancel_requested" for d in drafts):
-                    await asyncio.sleep(0.2)  # as a database round trip before the write
-                return await real_append(session_id, drafts)
-
-            h.store.append = append  # type: ignore[method-assign]
+            # as a database round trip before the write
+            hold_append(h, has("run.cancel_requested"), lambda: asyncio.sleep(0.2))
             sid = (await h.sessions.create(None))["session_id"]
             run = await h.engine.start(sid, "go", [], None)
             while "text.delta" not in await h.types(sid):
@@ -299,14 +293,8 @@ def test_a_stop_while_the_turn_is_recorded_is_recorded_after_the_turn(tmp_path: 
 
     async def main() -> None:
         async with harness(tmp_path, StreamingRuntime()) as h:
-            real_append = h.store.append
-
-            async def append(session_id: str, drafts: list) -> list:
-                if any(d.type == "turn.submitted" for d in drafts):
-                    await asyncio.sleep(0.2)  # as a database round trip before the write
-                return await real_append(session_id, drafts)
-
-            h.store.append = append  # type: ignore[method-assign]
+            # as a database round trip before the write
+            hold_append(h, has("turn.submitted"), lambda: asyncio.sleep(0.2))
             sid = (await h.sessions.create(None))["session_id"]
             start = asyncio.create_task(h.engine.start(sid, "go", [], None))
             while not h.registry.busy(sid):

@@ -25,10 +25,9 @@ import re
 import secrets
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Protocol
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -230,23 +229,15 @@ class AccountAuth:
             guard.changed()
 
 
-class Guard(Protocol):
+class Guard:
     """What an open event stream asks before each frame: whether its credential still holds
-    (`StreamGuard` in the user modes, `auth.CookieGuard` with the single password)."""
+    (`StreamGuard` in the user modes, `auth.CookieGuard` with the single password). A change
+    made here wakes the stream at once (`changed`); the credential is asked again at least
+    every `every` seconds (the heartbeat interval), for a change made by another replica or
+    an expiry. The clock is the guard's own, not the stream's quiet time: a run streaming
+    into it leaves no quiet interval, and a logout through another replica must end it too."""
 
-    def watching(self, *wakeups: asyncio.Event) -> AbstractContextManager[None]: ...
-
-    async def holds(self) -> bool: ...
-
-
-class StreamGuard:
-    """Ends an open event stream whose credential stopped holding. The stream asks `holds`
-    before each frame it sends; the store is asked at once after a change made here, and at
-    least every `every` seconds (the heartbeat interval) for one made by another replica."""
-
-    def __init__(self, accounts: AccountAuth, principal: Principal, every: float) -> None:
-        self.accounts = accounts
-        self.principal = principal
+    def __init__(self, every: float) -> None:
         self._wakeups: list[asyncio.Event] = []
         self._dirty = False
         self._every = every
@@ -255,14 +246,11 @@ class StreamGuard:
     @contextmanager
     def watching(self, *wakeups: asyncio.Event) -> Iterator[None]:
         self._wakeups = list(wakeups)
-        watchers = self.accounts._watchers.setdefault(self.principal.user.user_id, set())
-        watchers.add(self)
+        self._watch()
         try:
             yield
         finally:
-            watchers.discard(self)
-            if not watchers:
-                self.accounts._watchers.pop(self.principal.user.user_id, None)
+            self._unwatch()
 
     def changed(self) -> None:
         self._dirty = True
@@ -270,12 +258,40 @@ class StreamGuard:
             wakeup.set()
 
     async def holds(self) -> bool:
-        """Whether the stream may go on; asks the store only when something may have changed.
-        The clock is the guard's own, not the stream's quiet time: a run streaming into it
-        leaves no quiet interval, and a logout through another replica must end it too."""
+        """Whether the stream may go on; asks only when something may have changed."""
         now = time.monotonic()
         if not self._dirty and now < self._next_ask:
             return True
         self._dirty = False
         self._next_ask = now + self._every
+        return await self._ask()
+
+    def _watch(self) -> None:
+        raise NotImplementedError
+
+    def _unwatch(self) -> None:
+        raise NotImplementedError
+
+    async def _ask(self) -> bool:
+        raise NotImplementedError
+
+
+class StreamGuard(Guard):
+    """A user mode's stream: its person's logout, revoked token or removal ends it."""
+
+    def __init__(self, accounts: AccountAuth, principal: Principal, every: float) -> None:
+        super().__init__(every)
+        self.accounts = accounts
+        self.principal = principal
+
+    def _watch(self) -> None:
+        self.accounts._watchers.setdefault(self.principal.user.user_id, set()).add(self)
+
+    def _unwatch(self) -> None:
+        watchers = self.accounts._watchers.get(self.principal.user.user_id, set())
+        watchers.discard(self)
+        if not watchers:
+            self.accounts._watchers.pop(self.principal.user.user_id, None)
+
+    async def _ask(self) -> bool:
         return await self.accounts.still_valid(self.principal)

@@ -27,8 +27,6 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
@@ -40,7 +38,7 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tether.errors import ApiError, BadOrigin, Unauthenticated
-from tether.http.accounts import PRINCIPAL, AccountAuth, bearer_token
+from tether.http.accounts import PRINCIPAL, AccountAuth, Guard, bearer_token
 from tether.http.refusals import send_refusal
 from tether.log.ownership import NOBODY, VIEWER
 from tether.log.private import private_dir
@@ -281,40 +279,22 @@ class Authenticator:
         return CookieGuard(self, cookie, every)
 
 
-class CookieGuard:
-    """Ends an open event stream of the single-password mode once its cookie is logged out
-    (or the secret rotated): a logout in another tab wakes it at once, and it asks again at
-    least every `every` seconds (the heartbeat interval), when the cookie may have expired.
-    The `accounts.Guard` a stream asks before each frame."""
+class CookieGuard(Guard):
+    """A single-password stream: a logout of its cookie (in another tab at once, through
+    another replica at the next ask) or a rotated secret ends it, and so does its expiry."""
 
     def __init__(self, auth: Authenticator, cookie: str | None, every: float) -> None:
+        super().__init__(every)
         self.auth = auth
         self.cookie = cookie
-        self._wakeups: list[asyncio.Event] = []
-        self._dirty = False
-        self._every = every
-        self._next_ask = time.monotonic() + every
 
-    @contextmanager
-    def watching(self, *wakeups: asyncio.Event) -> Iterator[None]:
-        self._wakeups = list(wakeups)
+    def _watch(self) -> None:
         self.auth._watchers.add(self)
-        try:
-            yield
-        finally:
-            self.auth._watchers.discard(self)
 
-    def changed(self) -> None:
-        self._dirty = True
-        for wakeup in self._wakeups:
-            wakeup.set()
+    def _unwatch(self) -> None:
+        self.auth._watchers.discard(self)
 
-    async def holds(self) -> bool:
-        now = time.monotonic()
-        if not self._dirty and now < self._next_ask:
-            return True
-        self._dirty = False
-        self._next_ask = now + self._every
+    async def _ask(self) -> bool:
         return self.auth.is_authenticated(self.cookie)
 
 

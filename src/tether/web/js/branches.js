@@ -138,7 +138,7 @@ export class BranchActions {
     const sid = this.app.openId;
     const rowId = row.dataset.rowId;
     if (target.matches(".branch-prev, .branch-next")) {
-      this.switchFrom(row, target.matches(".branch-next") ? 1 : -1);
+      this.switchFrom(row, target.matches(".branch-next") ? 1 : -1, target);
     } else if (target.matches(".regenerate")) {
       if (target.dataset.sending !== undefined) return; // a double click starts one run
       target.dataset.sending = "";
@@ -156,9 +156,11 @@ export class BranchActions {
    *  before left that fork: its answer says, until its events have been folded here. A
    *  second click before then named the row the first one hid, and the server's 404 told
    *  the user to reload. */
-  switchFrom(row, step) {
+  switchFrom(row, step, pressed) {
     const sid = this.app.openId;
-    const position = [...row.parentElement.children].filter((el) => el.dataset.rowId).indexOf(row);
+    const rowsEl = row.parentElement;
+    const position = [...rowsEl.children].filter((el) => el.dataset.rowId).indexOf(row);
+    const focused = document.activeElement === pressed;
     this.switching = this.switching.then(async () => {
       const state = this.app.sessions.get(sid)?.state;
       const last = this.lastSwitch;
@@ -176,7 +178,30 @@ export class BranchActions {
       this.lastSwitch = now?.branch
         ? { sid, position, rowId: now.id, ...now.branch, seq: answer.session.last_seq }
         : null;
+      if (focused && now) this.refocus(rowsEl, position, now.id, pressed);
     });
+  }
+
+  /** A switch pressed from the keyboard shows another row in that place, another element,
+   *  and may disable the button pressed at either end: once the row is shown, the focus goes
+   *  to its same button, or to the other one then, unless the user has moved it meanwhile. */
+  async refocus(rowsEl, position, rowId, pressed) {
+    const until = Date.now() + SHOWN_WAIT_MS;
+    const same = pressed.matches(".branch-next") ? ".branch-next" : ".branch-prev";
+    const other = same === ".branch-next" ? ".branch-prev" : ".branch-next";
+    const moved = () =>
+      document.activeElement !== pressed && document.activeElement !== document.body;
+    for (;;) {
+      const row = [...rowsEl.children].filter((el) => el.dataset.rowId)[position];
+      if (row?.dataset.rowId === rowId) {
+        if (moved()) return;
+        const button = row.querySelector(same);
+        (button && !button.disabled ? button : row.querySelector(other))?.focus();
+        return;
+      }
+      if (moved() || Date.now() > until) return;
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
   }
 
   onKey(event) {

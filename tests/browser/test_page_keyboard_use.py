@@ -1,0 +1,51 @@
+"""A daily user at the keyboard: where the focus goes after a control they pressed has done
+its work, and what the page says about keys and defaults chosen in another tab. One server
+for the module (the browser suite is long already)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import BrowserContext, expect
+
+from helpers import ServerProcess, running_server
+from pagekit import open_app, send, wait_settled
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    data: Path = tmp_path_factory.mktemp("keyboard") / "data"
+    with running_server(data, env={"TETHER_DEMO_DELAY": "0.005"}) as srv:
+        yield srv
+
+
+def test_a_branch_switched_from_the_keyboard_keeps_the_focus_on_its_switcher(
+    context: BrowserContext, server: ServerProcess
+) -> None:
+    """‹ and › show another row in that place (another element) and one of them turns
+    disabled at either end: the focus stays on the switcher, so the next key press switches
+    on instead of starting again from the top of the page."""
+    page = context.new_page()
+    open_app(page, server.base_url)
+    send(page, "first words")
+    wait_settled(page)
+    user = page.locator("#transcript .rows > .row.user").first
+    user.get_by_role("button", name="Edit").click()
+    user.get_by_role("textbox", name="Edit message").fill("better words")
+    page.keyboard.press("Control+Enter")
+    expect(user.get_by_label("Branch 2 of 2")).to_be_visible()
+    wait_settled(page)
+
+    user.get_by_role("button", name="Previous branch").focus()
+    page.keyboard.press("Enter")
+    expect(user.get_by_label("Branch 1 of 2")).to_be_visible()
+    expect(user.locator(".user-text")).to_have_text("first words")
+    # ‹ is disabled at the first branch: the focus is on ›, ready to go back
+    expect(user.get_by_role("button", name="Next branch")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(user.get_by_label("Branch 2 of 2")).to_be_visible()
+    expect(user.get_by_role("button", name="Previous branch")).to_be_focused()

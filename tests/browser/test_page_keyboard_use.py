@@ -49,3 +49,31 @@ def test_a_branch_switched_from_the_keyboard_keeps_the_focus_on_its_switcher(
     page.keyboard.press("Enter")
     expect(user.get_by_label("Branch 2 of 2")).to_be_visible()
     expect(user.get_by_role("button", name="Previous branch")).to_be_focused()
+
+
+def test_the_system_prompt_dialog_shows_a_default_changed_in_another_tab(
+    context: BrowserContext, server: ServerProcess
+) -> None:
+    """The default system prompt is what the model gets first in a session without its own:
+    one changed elsewhere (another tab's Settings, another device) since this tab loaded is
+    what its dialog and button show, not the one the tab read at load time."""
+    page = context.new_page()
+    open_app(page, server.base_url)
+    send(page, "no prompt of its own")
+    wait_settled(page)
+    prompt_button = page.locator("#system-prompt-btn")
+    expect(prompt_button).to_have_attribute("aria-label", "System prompt (none)")
+    with server.client() as client:
+        changed = client.patch("/api/settings", json={"default_system_prompt": "Be terse."})
+        assert changed.status_code == 200, changed.text
+    try:
+        prompt_button.click()
+        dialog = page.locator("#system-prompt-dialog")
+        expect(dialog.get_by_role("textbox", name="System prompt text")).to_have_value("Be terse.")
+        expect(dialog).to_contain_text("The server's default system prompt")
+        page.keyboard.press("Escape")
+        expect(prompt_button).to_have_attribute("aria-label", "System prompt (default)")
+        expect(prompt_button).to_be_focused()
+    finally:
+        with server.client() as client:
+            client.patch("/api/settings", json={"default_system_prompt": None})

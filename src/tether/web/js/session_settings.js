@@ -103,6 +103,7 @@ export class SessionSettings {
    *  again with what was typed, saying why: the text is not lost with the dialog. */
   async editPrompt() {
     const dialog = $("system-prompt-dialog");
+    await this.readDefaults();
     const own = this.row?.system_prompt ?? null;
     const fallback = this.models.default_system_prompt ?? null;
     let text = own ?? fallback ?? "";
@@ -129,6 +130,19 @@ export class SessionSettings {
       if (!failed) return;
       note = `Not saved: ${failed.message} Your text is still here: try again, or Cancel.`;
     }
+  }
+
+  /** The server's defaults as they are now (`GET /api/settings`): another tab or device may
+   *  have changed them since this tab read the model list, and the default prompt is what a
+   *  session without its own sends first. Unread (offline), what was read before stays. */
+  async readDefaults() {
+    try {
+      const now = await get("/api/settings");
+      this.models.default_system_prompt = now.default_system_prompt;
+    } catch {
+      return;
+    }
+    this.show(this.row);
   }
 
   /** PATCH the open session (creating it in a new chat); the error when it failed. */

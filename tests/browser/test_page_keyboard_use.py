@@ -77,3 +77,26 @@ def test_the_system_prompt_dialog_shows_a_default_changed_in_another_tab(
     finally:
         with server.client() as client:
             client.patch("/api/settings", json={"default_system_prompt": None})
+
+
+def test_a_message_sent_while_scrolled_up_is_shown_with_its_answer(
+    context: BrowserContext, server: ServerProcess
+) -> None:
+    """A reader scrolled up in a long session (reading back, or opened at a search result)
+    who sends a message sees it and its answer come, as in other chat apps: sending follows
+    the end of the transcript again, instead of leaving the message below, out of sight."""
+    page = context.new_page()
+    open_app(page, server.base_url)
+    for i in range(3):
+        send(page, f"turn {i} " + "words " * 80)
+        wait_settled(page)
+    transcript = page.locator("#transcript")
+    transcript.evaluate("(t) => { t.scrollTop = 0; }")
+    page.wait_for_function("document.querySelector('#transcript').scrollTop === 0")
+    send(page, "sent while scrolled up")
+    wait_settled(page)
+    expect(page.locator("#transcript .rows > .row.user").last).to_have_text(
+        "sent while scrolled up"
+    )
+    expect(page.locator("#transcript .rows > .row.assistant").last).to_be_in_viewport()
+    expect(page.get_by_role("button", name="Jump to latest")).to_be_hidden()

@@ -521,6 +521,7 @@ class App {
   }
 
   send(text, files) {
+    this.transcript.follow(); // a reader scrolled up sees their message and its answer come
     return this.submit("/api/chat/start", text, files);
   }
 

@@ -204,11 +204,7 @@ export class TranscriptView {
       class: "btn jump-latest",
       text: "Jump to latest",
       hidden: true,
-      onclick: () => {
-        this.following = true;
-        this.jumpEl.hidden = true;
-        root.scrollTop = root.scrollHeight;
-      },
+      onclick: () => this.follow(),
     });
     root.append(h("div", { class: "jump-wrap" }, this.jumpEl));
     const atBottom = () => root.scrollHeight - root.scrollTop - root.clientHeight < 40;
@@ -223,6 +219,14 @@ export class TranscriptView {
       if (this.following) root.scrollTop = root.scrollHeight;
       else if (grew && this.rowsEl.querySelector(".row.live")) this.jumpEl.hidden = false;
     }).observe(this.rowsEl);
+  }
+
+  /** Follow the end again (Jump to latest, or the reader sending a message): what comes
+   *  next is shown as it arrives. */
+  follow() {
+    this.following = true;
+    this.jumpEl.hidden = true;
+    this.root.scrollTop = this.root.scrollHeight;
   }
 
   setMode(mode) {

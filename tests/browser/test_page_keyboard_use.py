@@ -100,3 +100,28 @@ def test_a_message_sent_while_scrolled_up_is_shown_with_its_answer(
     )
     expect(page.locator("#transcript .rows > .row.assistant").last).to_be_in_viewport()
     expect(page.get_by_role("button", name="Jump to latest")).to_be_hidden()
+
+
+def test_a_send_key_chosen_in_another_tab_is_the_one_this_tab_names(
+    context: BrowserContext, server: ServerProcess
+) -> None:
+    """The send key is this browser's (localStorage), so a choice made in one tab applies in
+    every tab at once: the hint under each composer names the key that sends there now,
+    not the one chosen when that tab loaded."""
+    first, second = context.new_page(), context.new_page()
+    open_app(first, server.base_url)
+    open_app(second, server.base_url)
+    hint = second.locator("#composer-hint")
+    expect(hint).to_have_text("Enter sends · Shift+Enter for a new line")
+    first.get_by_role("button", name="Settings").click()
+    settings = first.locator("#settings-dialog")
+    settings.get_by_label("Send key").select_option("mod-enter")
+    settings.get_by_role("button", name="Save").click()
+    expect(first.locator("#composer-hint")).to_have_text("Ctrl+Enter sends · Enter for a new line")
+    expect(hint).to_have_text("Ctrl+Enter sends · Enter for a new line")
+    box = second.get_by_role("textbox", name="Message")
+    box.fill("two")
+    box.press("Enter")  # what the hint says: a new line
+    expect(box).to_have_value("two\n")
+    first.evaluate("localStorage.removeItem('tether-send-key')")  # back to the default
+    expect(hint).to_have_text("Enter sends · Shift+Enter for a new line")

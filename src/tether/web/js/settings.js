@@ -47,6 +47,10 @@ export class SettingsPanel {
       if (this.dialog.returnValue === "save") this.save();
     });
     this.showHint();
+    // chosen in another tab of this browser: it applies here at once, so the hint says so
+    addEventListener("storage", (e) => {
+      if (e.key === SEND_KEY || e.key === null) this.showHint();
+    });
   }
 
   showHint() {

@@ -125,3 +125,36 @@ def test_a_send_key_chosen_in_another_tab_is_the_one_this_tab_names(
     expect(box).to_have_value("two\n")
     first.evaluate("localStorage.removeItem('tether-send-key')")  # back to the default
     expect(hint).to_have_text("Enter sends · Shift+Enter for a new line")
+
+
+def test_an_edit_box_sends_with_the_send_key_chosen_for_the_composer(
+    context: BrowserContext, server: ServerProcess
+) -> None:
+    """An edit's "Save and send" is a send: with Enter chosen as the send key (the default),
+    Enter in a message's edit box saves and sends it and Shift+Enter is a new line, as in
+    the composer; with Ctrl+Enter chosen, Enter is a new line. Ctrl+Enter saves in either."""
+    page = context.new_page()
+    open_app(page, server.base_url)
+    send(page, "a message to edit")
+    wait_settled(page)
+    user = page.locator("#transcript .rows > .row.user").first
+    user.get_by_role("button", name="Edit").click()
+    box = user.get_by_role("textbox", name="Edit message")
+    box.fill("edited")
+    box.press("Shift+Enter")
+    box.press("End")
+    box.type("twice")
+    expect(box).to_have_value("edited\ntwice")
+    box.press("Enter")
+    expect(user.locator(".user-text")).to_have_text("edited\ntwice")
+    wait_settled(page)
+
+    page.evaluate("localStorage.setItem('tether-send-key', 'mod-enter')")
+    user.get_by_role("button", name="Edit").click()
+    box = user.get_by_role("textbox", name="Edit message")
+    box.fill("again")
+    box.press("Enter")
+    expect(box).to_have_value("again\n")
+    box.press("Control+Enter")
+    expect(user.locator(".user-text")).to_have_text("again")
+    wait_settled(page)

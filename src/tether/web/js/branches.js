@@ -8,6 +8,7 @@ import { composing, h, setAttr, setHidden } from "./dom.js";
 import { shownFiles } from "./names.js";
 import { switchesToShow } from "./reducer_branches.js";
 import { catchUp, changed, position, regenerate } from "./refusals.js";
+import { sendKey } from "./settings.js";
 
 const SHOWN_WAIT_MS = 5000; // how long a switched branch may take to arrive as events
 
@@ -208,8 +209,12 @@ export class BranchActions {
     const area = event.target.closest?.(".edit-box textarea");
     if (!area || composing(event)) return;
     const row = area.closest(".row");
+    // "Save and send" is a send: the send key chosen for the composer (settings.js), or
+    // Ctrl/Cmd+Enter in either case
+    const chord = event.ctrlKey || event.metaKey;
+    const sends = chord || (sendKey() === "enter" && !event.shiftKey);
     if (event.key === "Escape") this.closeEditor(row);
-    else if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+    else if (event.key === "Enter" && sends) {
       event.preventDefault();
       this.save(row, this.app.openId, row.dataset.rowId);
     }

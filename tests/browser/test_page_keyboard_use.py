@@ -8,12 +8,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import BrowserContext, expect
+from playwright.sync_api import BrowserContext, Page, expect
 
 from helpers import ServerProcess, running_server
 from pagekit import open_app, send, wait_settled
 
 pytestmark = pytest.mark.slow
+
+
+def say(page: Page, text: str) -> None:
+    """Send `text` and wait for its answer to settle (not for the answer before it: the
+    page is settled too until the message sent shows)."""
+    send(page, text)
+    expect(page.locator("#transcript .rows > .row.user .user-text").last).to_have_text(text)
+    wait_settled(page)
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +39,7 @@ def test_a_branch_switched_from_the_keyboard_keeps_the_focus_on_its_switcher(
     on instead of starting again from the top of the page."""
     page = context.new_page()
     open_app(page, server.base_url)
-    send(page, "first words")
-    wait_settled(page)
+    say(page, "first words")
     user = page.locator("#transcript .rows > .row.user").first
     user.get_by_role("button", name="Edit").click()
     user.get_by_role("textbox", name="Edit message").fill("better words")
@@ -59,8 +66,7 @@ def test_the_system_prompt_dialog_shows_a_default_changed_in_another_tab(
     what its dialog and button show, not the one the tab read at load time."""
     page = context.new_page()
     open_app(page, server.base_url)
-    send(page, "no prompt of its own")
-    wait_settled(page)
+    say(page, "no prompt of its own")
     prompt_button = page.locator("#system-prompt-btn")
     expect(prompt_button).to_have_attribute("aria-label", "System prompt (none)")
     with server.client() as client:
@@ -88,16 +94,11 @@ def test_a_message_sent_while_scrolled_up_is_shown_with_its_answer(
     page = context.new_page()
     open_app(page, server.base_url)
     for i in range(3):
-        send(page, f"turn {i} " + "words " * 80)
-        wait_settled(page)
+        say(page, f"turn {i} " + "words " * 80)
     transcript = page.locator("#transcript")
     transcript.evaluate("(t) => { t.scrollTop = 0; }")
     page.wait_for_function("document.querySelector('#transcript').scrollTop === 0")
-    send(page, "sent while scrolled up")
-    wait_settled(page)
-    expect(page.locator("#transcript .rows > .row.user").last).to_have_text(
-        "sent while scrolled up"
-    )
+    say(page, "sent while scrolled up")
     expect(page.locator("#transcript .rows > .row.assistant").last).to_be_in_viewport()
     expect(page.get_by_role("button", name="Jump to latest")).to_be_hidden()
 
@@ -135,8 +136,7 @@ def test_an_edit_box_sends_with_the_send_key_chosen_for_the_composer(
     the composer; with Ctrl+Enter chosen, Enter is a new line. Ctrl+Enter saves in either."""
     page = context.new_page()
     open_app(page, server.base_url)
-    send(page, "a message to edit")
-    wait_settled(page)
+    say(page, "a message to edit")
     user = page.locator("#transcript .rows > .row.user").first
     user.get_by_role("button", name="Edit").click()
     box = user.get_by_role("textbox", name="Edit message")

@@ -107,6 +107,43 @@ def test_a_chunked_body_that_never_ends_is_answered_408(tmp_path: Path) -> None:
         assert "Traceback" not in server.log()
 
 
+def read_to_end(sock: socket.socket, limit: float = 5) -> bytes:
+    """Everything the server sends until it shuts its side down."""
+    sock.setblocking(True)
+    sock.settimeout(limit)
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def still_writable(sock: socket.socket) -> bool:
+    """Whether two writes 0.1 s apart both go through: a server that has closed its socket
+    answers the first with a reset, which fails the second."""
+    try:
+        for _ in range(2):
+            sock.send(b"X-Late: 1\r\n")
+            time.sleep(0.1)
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("stage", ["head", "body"])
+def test_a_client_still_sending_after_its_408_is_not_reset(tmp_path: Path, stage: str) -> None:
+    """Closing a socket with unread input sends a reset, which can destroy the 408 before the
+    client reads it (under load, one of 40 dribbling sockets read nothing). So the server shuts
+    down its side and drains what the client still sends for a while before closing."""
+    with running_server(tmp_path / "data", *DEADLINES) as server, sockets(server, 1) as (sock,):
+        head = f"POST /api/sessions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+        if stage == "body":
+            head += "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        sock.send(head.encode())
+        answer = read_to_end(sock)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
+        assert still_writable(sock)
+
+
 def test_streams_and_prompt_requests_outlive_the_deadlines(tmp_path: Path) -> None:
     with running_server(tmp_path / "data", *DEADLINES) as server, server.client() as client:
         started = time.monotonic()

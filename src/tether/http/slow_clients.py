@@ -8,12 +8,19 @@ any byte cancels it), and the app is not called before the head is complete, so 
 deadline lives in the connection's protocol: a subclass of uvicorn's httptools protocol that
 arms a timer when a connection opens and when a new request begins, and disarms it once the
 head is parsed. The body deadline is plain ASGI middleware around `receive`.
+
+A connection closed while its request is unfinished (either deadline's 408) closes lingering,
+as Apache and nginx do: closing a socket whose client is still sending makes the kernel answer
+with a reset, which can destroy the 408 before the client reads it (seen under load: one of 40
+dribbling sockets read nothing). So the server sends its answer, shuts down its own side, and
+discards what still arrives until the client closes or `LINGER_SECONDS` pass.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -21,6 +28,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from tether.errors import RequestTimeout
 from tether.http.refusals import send_refusal
 
+LINGER_SECONDS = 2.0
 REQUEST_TIMEOUT = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
     b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
@@ -32,45 +40,133 @@ def _timeout_body(what: str, seconds: float) -> bytes:
     return json.dumps(refusal.body()).encode()
 
 
-def header_deadline_protocol(seconds: float) -> type[asyncio.Protocol]:
-    """uvicorn's httptools protocol with a deadline for each request head."""
-    body = _timeout_body("headers", seconds)
+class _LingeringTransport(asyncio.Transport):
+    """The connection's transport as uvicorn sees it: `close()` lingers while the protocol's
+    request is unfinished; everything else goes to the real transport."""
 
-    class HeaderDeadlineProtocol(HttpToolsProtocol):
-        _head_timer: asyncio.TimerHandle | None = None
+    def __init__(self, real: asyncio.Transport, protocol: HeaderDeadlineProtocol) -> None:
+        super().__init__()
+        self._real = real
+        self._protocol = protocol
 
-        def _arm(self) -> None:
-            if self._head_timer is None:
-                self._head_timer = self.loop.call_later(seconds, self._head_too_slow)
+    def close(self) -> None:
+        if self._protocol.mid_request and not self._real.is_closing():
+            self._protocol.linger()
+        else:
+            self._real.close()
 
-        def _disarm(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
 
-        def _head_too_slow(self) -> None:
+    # asyncio.Transport defines these as raising NotImplementedError, so __getattr__ alone
+    # would never reach the real transport's.
+    def is_closing(self) -> bool:
+        return self._real.is_closing() or self._protocol.lingering
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._real.write(data)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._real.get_extra_info(name, default)
+
+    def pause_reading(self) -> None:
+        self._real.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._real.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self._real.is_reading()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._real.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._real.get_protocol()
+
+    def get_write_buffer_size(self) -> int:
+        return self._real.get_write_buffer_size()
+
+    def abort(self) -> None:
+        self._real.abort()
+
+
+class HeaderDeadlineProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a deadline for each request head (`head_seconds`, set
+    by `header_deadline_protocol`) and a lingering close for an unfinished request."""
+
+    head_seconds: float = 10.0
+    head_timeout_body: bytes = b""
+    mid_request = False
+    lingering = False
+    _head_timer: asyncio.TimerHandle | None = None
+    _real_transport: asyncio.Transport
+
+    def _arm(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_seconds, self._head_too_slow)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
             self._head_timer = None
-            if not self.transport.is_closing():
-                self.transport.write(REQUEST_TIMEOUT % (len(body), body))
-                self.transport.close()
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()  # a connection that sends nothing at all is held too
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            body = self.head_timeout_body
+            self.transport.write(REQUEST_TIMEOUT % (len(body), body))
+            self.transport.close()
 
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._arm()
+    def linger(self) -> None:
+        """Send what is buffered and a FIN, keep reading (and discarding) until the client
+        closes, and close for good after `LINGER_SECONDS`."""
+        self.lingering = True
+        self._disarm()
+        real = self._real_transport
+        real.resume_reading()  # uvicorn may have paused it for a body nobody will read now
+        if real.can_write_eof():
+            real.write_eof()
+        self.loop.call_later(LINGER_SECONDS, real.close)
 
-        def on_headers_complete(self) -> None:
-            self._disarm()
-            super().on_headers_complete()
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._real_transport = transport
+        super().connection_made(_LingeringTransport(transport, self))
+        self._arm()  # a connection that sends nothing at all is held too
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
+    def data_received(self, data: bytes) -> None:
+        if not self.lingering:
+            super().data_received(data)
 
-    return HeaderDeadlineProtocol
+    def eof_received(self) -> None:
+        if self.lingering:
+            self._real_transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.mid_request = True
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self.mid_request = False
+        super().on_message_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+def header_deadline_protocol(seconds: float) -> type[asyncio.Protocol]:
+    """The protocol class uvicorn is given: `HeaderDeadlineProtocol` with this deadline."""
+    return type(
+        "HeaderDeadlineProtocol",
+        (HeaderDeadlineProtocol,),
+        {"head_seconds": seconds, "head_timeout_body": _timeout_body("headers", seconds)},
+    )
 
 
 class BodyDeadline:

@@ -71,11 +71,12 @@ def _users(server: ServerProcess) -> list[str]:
 
 
 def sign_in(
-    server: ServerProcess, *, next_path: str = "/", state: str | None = None
+    server: ServerProcess, *, next_path: str = "/", state: str | None = None, probe: bool = False
 ) -> tuple[httpx.Client, httpx.Response, str]:
     """Follow the sign-in as a browser would: Tether's login page, Tether's redirect to the
     provider, the provider's redirect back, the callback. `state` replaces the state the
-    provider sends back. Returns the client, the callback's answer and the code."""
+    provider sends back; `probe` sends a HEAD to the callback first, as a link checker would.
+    Returns the client, the callback's answer and the code."""
     client = httpx.Client(base_url=server.base_url, timeout=15)
     page = client.get("/login", params={"next": next_path})
     assert page.status_code == 303, page.text
@@ -87,8 +88,21 @@ def sign_in(
     query = {k: v[0] for k, v in parse_qs(back.query).items()}
     if state is not None:
         query["state"] = state
+    if probe:
+        probed = client.head(f"{back.path}?{urlencode(query)}")
+        assert probed.status_code == 405 and probed.headers["allow"] == "GET", probed.headers
+        assert "tether_session" not in client.cookies
     done = client.get(f"{back.path}?{urlencode(query)}")
     return client, done, query["code"]
+
+
+def test_a_head_on_the_callback_does_not_spend_the_sign_in(server: ServerProcess) -> None:
+    """The callback's code works once: a HEAD (a link checker, a prefetcher) answered as the
+    GET would have signed that client in and left the person's own GET refused."""
+    client, done, _ = sign_in(server, next_path="/s/abc", probe=True)
+    assert onward(done) == "/s/abc", done.text
+    assert client.get("/api/me").json()["username"] == "olga"
+    client.close()
 
 
 def onward(done: httpx.Response) -> str | None:

@@ -6,11 +6,23 @@ A plain ASGI middleware rather than HEAD on each route: one place covers the pag
 API and the event streams, and the OpenAPI document does not list a second operation per
 route. The response ends as soon as its head is sent, so a HEAD on an event stream returns
 at once (uvicorn then reports the request as finished, which ends the stream and frees its
-slot)."""
+slot).
+
+A GET that acts rather than reads (the sign-in callback spends a one-time code) asks
+`asked_with_head` and refuses the HEAD, so a link checker's probe does not act for the person.
+"""
 
 from __future__ import annotations
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+HEAD_SCOPE_KEY = "tether.head"
+
+
+def asked_with_head(request: Request) -> bool:
+    """Whether this GET is really a HEAD answered as one."""
+    return bool(request.scope.get(HEAD_SCOPE_KEY))
 
 
 class HeadAsGet:
@@ -31,4 +43,4 @@ class HeadAsGet:
             await send(message)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        await self.app({**scope, "method": "GET"}, receive, head_only)
+        await self.app({**scope, "method": "GET", HEAD_SCOPE_KEY: True}, receive, head_only)

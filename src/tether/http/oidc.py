@@ -23,6 +23,7 @@ from authlib.integrations.starlette_client import OAuth, OAuthError
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from joserfc.errors import JoseError
+from starlette.exceptions import HTTPException
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -36,6 +37,7 @@ from tether.errors import (
 )
 from tether.http.accounts import COOKIE_NAME, SESSION_MAX_AGE, AccountAuth, valid_username
 from tether.http.auth import safe_next
+from tether.http.head import asked_with_head
 from tether.http.pages import PAGE_HEADERS, card_page
 from tether.settings import Settings
 
@@ -215,6 +217,8 @@ async def oidc_login(request: Request, next: str | None = None) -> Response:
 async def oidc_callback(request: Request) -> Response:
     """The provider sends the browser here: a refusal is a page for a person (with the API's
     status), the error object for a client that asks for JSON."""
+    if asked_with_head(request):  # the code works once: a probe must not spend it
+        raise HTTPException(405, "The sign-in callback takes GET only.", {"Allow": "GET"})
     try:
         return await _signed_in(request)
     except ApiError as exc:

@@ -7,15 +7,19 @@ invariant 6), run admission (409 session_rotated before any mutation)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from pg import database
 
 from tether.errors import SessionRotated
 from tether.events import SUMMARY_PREFIX
+from tether.log import Draft
 from tether.runtimes.base import Runtime, RuntimeEvent, TextDelta, TurnInput, Usage
+from tether.services import open_store
 from tether.settings import Settings
 
 from engine_harness import Harness, harness
@@ -247,3 +251,71 @@ def test_a_stop_during_the_handoff_summary_skips_the_rotation_and_frees_the_sess
         start_turn(client, sid, "two")
         assert wait_idle(client, sid)["messages"][-1]["content"] == "two answered"
         assert session_body(client, sid)["continuation_session_id"] is not None
+
+
+def _make_children(data_dir: Path, url: str | None, parent: str, updated_at: float) -> None:
+    """What a process killed between a rotation's two writes leaves: a child created with its
+    handoff, the parent never recorded as rotated; and a second such child someone has used
+    since (a turn of its own)."""
+
+    async def main() -> None:
+        store = open_store(Settings(data_dir=data_dir, database_url=url))
+        created = {
+            "title": "Research",
+            "parent_session_id": parent,
+            "inherited_updated_at": updated_at,
+            "inherited_last_message_at": updated_at,
+            "handoff": {"summary": "handoff", "tokens_before": 900, "tokens_after": 2},
+        }
+        turn = {"turn_id": "u_used", "stream_id": "r_used"}
+        try:
+            await store.create_session("s_unfinished", [Draft("session.created", created)])
+            await store.create_session(
+                "s_used",
+                [
+                    Draft("session.created", created),
+                    Draft(
+                        "turn.submitted",
+                        {**turn, "text": "go on", "attachments": [], "submitted_at": updated_at},
+                        "r_used",
+                        "u_used",
+                    ),
+                    Draft("run.started", {**turn, "runtime": "demo"}, "r_used", "u_used"),
+                    Draft("run.finished", {**turn, "state": "completed"}, "r_used", "u_used"),
+                ],
+            )
+        finally:
+            await store.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_child_left_by_a_rotation_cut_short_is_removed_at_start(
+    tmp_path: Path, backend: str
+) -> None:
+    """Killed between creating the child and recording `session.rotated`, a rotation left a
+    second copy of the conversation in the sidebar (the parent, not rotated, and the child
+    showing its history). At start it is removed: nothing continues in it and it holds
+    nothing the parent does not (its queued copies are still the parent's); the parent's next
+    turn rotates again. A child someone has used is a conversation of its own and stays. On a
+    shared log a child younger than ten minutes stays too: another replica may be between
+    the two writes. Layers: log, sidebar; maintenance moves no `updated_at` (invariant 4)."""
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(database()) if backend == "postgres" else None
+        args = ("--database-url", url) if url else ()
+        data = tmp_path / "data"
+        with running_server(data, *args) as server, server.client() as client:
+            parent = new_session(client, "Research")
+            start_turn(client, parent, "first question")
+            before = wait_idle(client, parent)
+        _make_children(data, url, parent, before["updated_at"])
+        with running_server(data, *args) as server, server.client() as client:
+            listed = {s["session_id"] for s in client.get("/api/sessions").json()["sessions"]}
+            kept = {parent, "s_used"} | ({"s_unfinished"} if url else set())
+            assert listed == kept
+            unfinished = client.get("/api/session", params={"session_id": "s_unfinished"})
+            assert unfinished.status_code == (200 if url else 404)
+            after = session_body(client, parent)
+            assert after["updated_at"] == before["updated_at"]
+            assert after["messages"] == before["messages"]

@@ -46,7 +46,7 @@ from tether.http.render_pool import RenderPool
 from tether.http.slow_clients import BodyDeadline
 from tether.http.stream_slots import StreamSlots
 from tether.log import StorageError
-from tether.runs import leases, maintenance
+from tether.runs import leases, maintenance, rotation
 from tether.runtimes.base import Runtime
 from tether.services import build_services, open_secret
 from tether.settings import Settings
@@ -109,6 +109,7 @@ def create_app(
             log.warning(
                 "marked %d run(s) left open by the previous process as interrupted", recovered
             )
+        await rotation.remove_cut_short(services.sessions, shared=engine.shared is not None)
         reclaimer = asyncio.create_task(
             maintenance.reclaim_forever(engine, settings.cancel_reclaim_seconds)
         )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -32,13 +33,23 @@ from tether.events import new_id
 from tether.ingest.normalizer import Normalizer
 from tether.log import Draft
 from tether.log.completion import to_completion
-from tether.log.errors import SessionContinued, SessionOccupied, StorageError, TranscriptMoved
+from tether.log.errors import (
+    SessionContinued,
+    SessionNotFound,
+    SessionOccupied,
+    StorageError,
+    TranscriptMoved,
+)
 from tether.runtimes.base import ProviderError, Runtime
 from tether.sessions.folds import SessionFold
 from tether.sessions.service import SessionService
 from tether.settings import Settings
 
 log = logging.getLogger("tether.runs")
+
+# On a log shared by replicas, a child younger than this may be another replica's rotation
+# between its two writes, not one cut short.
+UNFINISHED_AFTER_SECONDS = 600.0
 
 # How many times a rotation is planned again when another replica wrote to the parent
 # between its last look and its write, before it is left to a later turn.
@@ -239,3 +250,40 @@ async def _remove_unused(sessions: SessionService, child_id: str) -> None:
         await to_completion(sessions.delete(child_id))
     except StorageError as exc:
         log.error("session %s, made for a rotation that failed, stays: %s", child_id, exc)
+
+
+async def remove_cut_short(sessions: SessionService, *, shared: bool) -> int:
+    """Remove the children of rotations cut short between their two writes (the process
+    killed after creating the child, before `session.rotated`): each showed the conversation
+    a second time beside its parent. Only a child nothing continues in, made by a rotation
+    (a handoff; an agent's continuation is completed by the next sync pass instead), holding
+    nothing but its creation and copies of the parent's queue (the parent still has them):
+    the parent's next turn rotates again. A child someone has used stays."""
+    store = sessions.store
+    states = await store.index_states()
+    removed = 0
+    for child_id, state in states.items():
+        parent = states.get(state["parent_session_id"] or "")
+        if parent is None or parent["continuation_session_id"] == child_id:
+            continue
+        if state["message_count"] or state["open_stream"] or state["last_run_state"]:
+            continue
+        if shared and time.time() - state["created_at"] < UNFINISHED_AFTER_SECONDS:
+            continue
+        events = await store.read(child_id)
+        if not events or "handoff" not in events[0].data:
+            continue
+        if any(e.type not in (ev.SESSION_CREATED, ev.QUEUE_ADDED) for e in events):
+            continue
+        try:
+            await sessions.delete(child_id)
+        except (SessionNotFound, SessionOccupied, StorageError) as exc:  # another replica's
+            log.warning("session %s, left by a rotation cut short, stays: %s", child_id, exc)
+            continue
+        log.warning(
+            "removed session %s: the rotation of %s into it was cut short; it rotates again",
+            child_id,
+            state["parent_session_id"],
+        )
+        removed += 1
+    return removed

@@ -50,6 +50,8 @@ class _LingeringTransport(asyncio.Transport):
         self._protocol = protocol
 
     def close(self) -> None:
+        if self._protocol.lingering:
+            return  # closes on its own: when the client does, or at the linger's end
         if self._protocol.mid_request and not self._real.is_closing():
             self._protocol.linger()
         else:

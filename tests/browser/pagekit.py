@@ -4,6 +4,7 @@ blocks, in order) and small waits."""
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 from playwright.sync_api import Page, expect
 
@@ -23,10 +24,25 @@ def open_app(page: Page, base_url: str, path: str = "/") -> None:
     expect(page.get_by_role("textbox", name="Message")).to_be_visible()
 
 
+CHAT_POSTS = ("/api/chat/start", "/api/chat/queue")
+
+SHOWN_JS = """(turnId) => [...document.querySelectorAll('#transcript .rows > [data-key]')].some(
+  (row) => row.dataset.key === turnId || row.dataset.key.endsWith(`:${turnId}`))"""
+
+
 def send(page: Page, text: str) -> None:
+    """Type and send a message; once the server has taken a new turn, wait until the page
+    shows it. Without that wait, a `wait_settled` right after a second message found the
+    first one's settled page and returned before the new turn began."""
     box = page.get_by_role("textbox", name="Message")
     box.fill(text)
-    box.press("Enter")
+    with page.expect_response(
+        lambda r: r.request.method == "POST" and urlsplit(r.url).path in CHAT_POSTS
+    ) as answered:
+        box.press("Enter")
+    response = answered.value
+    if response.ok and urlsplit(response.url).path == "/api/chat/start":
+        page.wait_for_function(SHOWN_JS, arg=response.json()["turn_id"])
 
 
 SETTLED_JS = """() => {

@@ -155,3 +155,22 @@ def test_an_edit_box_sends_with_the_send_key_chosen_for_the_composer(
     box.press("Control+Enter")
     expect(user.locator(".user-text")).to_have_text("again")
     wait_settled(page)
+
+
+def test_a_regenerate_pressed_from_the_keyboard_leaves_the_focus_on_the_new_answer(
+    context: BrowserContext, server: ServerProcess
+) -> None:
+    """Regenerate hides the answer it was pressed on (another element takes its place): the
+    focus, left on nothing, goes to the new answer's Regenerate once it is settled, so the
+    next key press goes on from there instead of from the top of the page."""
+    page = context.new_page()
+    open_app(page, server.base_url)
+    say(page, "answer me twice")
+    answer = page.locator("#transcript .rows > .row.assistant").last
+    answer.get_by_role("button", name="Regenerate").focus()
+    page.keyboard.press("Enter")
+    expect(answer.get_by_label("Branch 2 of 2")).to_be_visible()
+    wait_settled(page)
+    expect(answer.get_by_role("button", name="Regenerate")).to_be_focused()
+    page.keyboard.press("Shift+Tab")  # on, within that row: its branch switcher
+    expect(answer.get_by_role("button", name="Previous branch")).to_be_focused()

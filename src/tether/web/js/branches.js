@@ -104,6 +104,7 @@ export class BranchActions {
     this.app = app;
     this.switching = Promise.resolve(); // ‹ › switches, one at a time (switchFrom)
     this.lastSwitch = null; // what the last one left shown at its fork, from its answer
+    this.answerWatch = null; // a keyboard Regenerate's wait for its answer (focusNewAnswer)
     root.addEventListener("click", (event) => this.onClick(event));
     root.addEventListener("keydown", (event) => this.onKey(event));
   }
@@ -143,7 +144,14 @@ export class BranchActions {
     } else if (target.matches(".regenerate")) {
       if (target.dataset.sending !== undefined) return; // a double click starts one run
       target.dataset.sending = "";
-      regenerate(this.app, sid, rowId).finally(() => delete target.dataset.sending);
+      const focused = document.activeElement === target;
+      const rowsEl = row.parentElement; // the row may be gone by the answer: its run's events
+      const position = [...rowsEl.children].filter((el) => el.dataset.rowId).indexOf(row);
+      regenerate(this.app, sid, rowId)
+        .then((answer) => {
+          if (focused && answer) this.focusNewAnswer(rowsEl, position, rowId, target);
+        })
+        .finally(() => delete target.dataset.sending);
     } else if (target.matches(".edit-message")) {
       this.openEditor(row);
     } else if (target.matches(".edit-cancel")) {
@@ -203,6 +211,35 @@ export class BranchActions {
       if (moved() || Date.now() > until) return;
       await new Promise((resolve) => setTimeout(resolve, 50));
     }
+  }
+
+  /** A Regenerate pressed from the keyboard hides the answer it was on (another element,
+   *  then a live row, takes its place) and the focus falls to the page: once the new answer
+   *  is settled there, its Regenerate has the focus, unless the user has moved it meanwhile
+   *  or opened another session. Runs take long: this waits on the rows' changes, not a clock. */
+  focusNewAnswer(rowsEl, position, oldId, pressed) {
+    this.answerWatch?.disconnect();
+    const sid = this.app.openId;
+    const check = () => {
+      const active = document.activeElement;
+      if (this.app.openId !== sid || (active !== pressed && active !== document.body)) {
+        return watch.disconnect();
+      }
+      const row = [...rowsEl.children].filter((el) => el.dataset.rowId)[position];
+      const button = row?.querySelector(".regenerate");
+      if (!button || row.dataset.rowId === oldId || row.matches(".live") || button.disabled) return;
+      watch.disconnect();
+      button.focus();
+    };
+    const watch = new MutationObserver(check);
+    this.answerWatch = watch;
+    watch.observe(rowsEl, {
+      childList: true,
+      subtree: true,
+      attributes: true,
+      attributeFilter: ["disabled"],
+    });
+    check();
   }
 
   onKey(event) {

@@ -157,6 +157,33 @@ def test_browser_preferences_apply_and_persist(
     expect(other.locator("html")).to_have_attribute("data-theme", "light")
 
 
+def test_a_theme_chosen_in_another_tab_applies_here_at_once(
+    context: BrowserContext, server: ServerProcess
+) -> None:
+    """The theme is this browser's (localStorage), like the send key: chosen in Settings or
+    with ◐ in one tab, every open tab shows it at once, not only those opened after; and
+    System follows the system's scheme as it changes."""
+    first, second = context.new_page(), context.new_page()
+    open_app(first, server.base_url)
+    open_app(second, server.base_url)
+    theme = second.locator("html")
+    dialog = open_settings(first)
+    dialog.get_by_role("combobox", name="Theme").select_option("dark")
+    dialog.get_by_role("button", name="Save").click()
+    expect(first.locator("html")).to_have_attribute("data-theme", "dark")
+    expect(theme).to_have_attribute("data-theme", "dark")
+    first.get_by_role("button", name="Switch theme").click()
+    expect(theme).to_have_attribute("data-theme", "light")
+    second.emulate_media(color_scheme="dark")  # a theme chosen stays, whatever the system's
+    expect(theme).to_have_attribute("data-theme", "light")
+    dialog = open_settings(first)
+    dialog.get_by_role("combobox", name="Theme").select_option("system")
+    dialog.get_by_role("button", name="Save").click()
+    expect(theme).to_have_attribute("data-theme", "dark")
+    second.emulate_media(color_scheme="light")
+    expect(theme).to_have_attribute("data-theme", "light")
+
+
 def test_the_panel_works_on_a_phone(browser: Browser, server: ServerProcess) -> None:
     page = browser.new_context(viewport=PHONE, has_touch=True).new_page()
     open_app(page, server.base_url)

@@ -11,7 +11,7 @@ import { setText } from "./dom.js";
 import { applyEvent, applySnapshot, createSession, frameView, liveScene } from "./reducer.js";
 import { MessageSearch } from "./search.js";
 import { SessionSettings } from "./session_settings.js";
-import { SettingsPanel } from "./settings.js";
+import { SettingsPanel, showTheme } from "./settings.js";
 import { Sidebar } from "./sidebar.js";
 import { position, refused, sendQueued } from "./refusals.js";
 import { RunPrompts } from "./run_prompts.js";
@@ -147,9 +147,7 @@ class App {
 
   setupChrome() {
     const root = document.documentElement;
-    const saved = localStorage.getItem("tether-theme");
-    const dark = saved ? saved === "dark" : matchMedia("(prefers-color-scheme: dark)").matches;
-    root.dataset.theme = dark ? "dark" : "light";
+    showTheme();
     $("theme-toggle").addEventListener("click", () => {
       root.dataset.theme = root.dataset.theme === "dark" ? "light" : "dark";
       localStorage.setItem("tether-theme", root.dataset.theme);

@@ -18,12 +18,19 @@ export function sendKey() {
   return localStorage.getItem(SEND_KEY) === "mod-enter" ? "mod-enter" : "enter";
 }
 
+const systemDark = matchMedia("(prefers-color-scheme: dark)");
+
+/** The theme this browser chose (here, with ◐ or in another tab), or the system's. */
+export function showTheme() {
+  const saved = localStorage.getItem(THEME_KEY);
+  const dark = saved === "light" || saved === "dark" ? saved === "dark" : systemDark.matches;
+  document.documentElement.dataset.theme = dark ? "dark" : "light";
+}
+
 function applyTheme(choice) {
   if (choice === "system") localStorage.removeItem(THEME_KEY);
   else localStorage.setItem(THEME_KEY, choice);
-  const dark =
-    choice === "system" ? matchMedia("(prefers-color-scheme: dark)").matches : choice === "dark";
-  document.documentElement.dataset.theme = dark ? "dark" : "light";
+  showTheme();
 }
 
 export class SettingsPanel {
@@ -48,9 +55,12 @@ export class SettingsPanel {
     });
     this.showHint();
     // chosen in another tab of this browser: it applies here at once, so the hint says so
+    // and the theme is that one
     addEventListener("storage", (e) => {
       if (e.key === SEND_KEY || e.key === null) this.showHint();
+      if (e.key === THEME_KEY || e.key === null) showTheme();
     });
+    systemDark.addEventListener("change", showTheme); // System: as the system's changes
   }
 
   showHint() {

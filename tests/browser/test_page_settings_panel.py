@@ -184,6 +184,32 @@ def test_a_theme_chosen_in_another_tab_applies_here_at_once(
     expect(theme).to_have_attribute("data-theme", "light")
 
 
+def test_a_default_model_saved_in_another_tab_is_the_one_this_tab_names(
+    context: BrowserContext, server: ServerProcess
+) -> None:
+    """The composer's picker says which model a session without its own gets ("Default
+    (…)"): saved in another tab's Settings, it is the one this tab's picker names at once,
+    not the one read when it loaded (what would be sent is the new one)."""
+    first, second = context.new_page(), context.new_page()
+    open_app(first, server.base_url)
+    open_app(second, server.base_url)
+    picker = second.get_by_role("combobox", name="Model").locator("option").first
+    expect(picker).to_have_text("Default (fake-model)")
+    dialog = open_settings(first)
+    model = dialog.get_by_role("combobox", name="Default model")
+    expect(model.locator("option")).to_have_text(
+        ["Command line's (fake-model)", "fake-model", "big-model"], timeout=20_000
+    )
+    model.select_option("big-model")
+    dialog.get_by_role("textbox", name="Default system prompt").fill("Be brief.")
+    dialog.get_by_role("button", name="Save").click()
+    expect(first.get_by_role("combobox", name="Model").locator("option").first).to_have_text(
+        "Default (big-model)"
+    )
+    expect(picker).to_have_text("Default (big-model)")
+    expect(second.get_by_role("button", name="System prompt (default)")).to_be_visible()
+
+
 def test_the_panel_works_on_a_phone(browser: Browser, server: ServerProcess) -> None:
     page = browser.new_context(viewport=PHONE, has_touch=True).new_page()
     open_app(page, server.base_url)

@@ -61,6 +61,10 @@ export class SettingsPanel {
       if (e.key === THEME_KEY || e.key === null) showTheme();
     });
     systemDark.addEventListener("change", showTheme); // System: as the system's changes
+    // the server's defaults saved in another tab of this browser: the picker's "Default (…)"
+    // and the prompt button here follow at once (another device's show at the next load)
+    this.saved = new BroadcastChannel("tether-settings");
+    this.saved.addEventListener("message", () => this.followDefaults());
   }
 
   showHint() {
@@ -145,7 +149,13 @@ export class SettingsPanel {
       this.dialog.showModal();
       return;
     }
-    await this.sessionSettings.load(); // "Default (model)" and the prompt button follow
+    this.saved.postMessage("saved");
+    await this.followDefaults();
+  }
+
+  /** The server's defaults changed: "Default (model)" and the prompt button follow. */
+  async followDefaults() {
+    await this.sessionSettings.load();
     this.sessionSettings.show(this.sessionSettings.row);
   }
 }

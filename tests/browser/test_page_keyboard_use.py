@@ -174,3 +174,32 @@ def test_a_regenerate_pressed_from_the_keyboard_leaves_the_focus_on_the_new_answ
     expect(answer.get_by_role("button", name="Regenerate")).to_be_focused()
     page.keyboard.press("Shift+Tab")  # on, within that row: its branch switcher
     expect(answer.get_by_role("button", name="Previous branch")).to_be_focused()
+
+
+def test_esc_while_the_settings_dialog_is_loading_closes_it(
+    context: BrowserContext, server: ServerProcess
+) -> None:
+    """Settings opens at once, its server part off until the server's defaults are read (a
+    slow server): an Esc pressed meanwhile closes it, as later, instead of being lost and the
+    dialog opening after it."""
+    page = context.new_page()
+    open_app(page, server.base_url)
+    held: list = []
+    page.route("**/api/settings", lambda route: held.append(route))
+    button = page.get_by_role("button", name="Settings")
+    button.click()
+    dialog = page.get_by_role("dialog", name="Settings")
+    expect(dialog).to_be_visible()
+    expect(dialog.get_by_role("combobox", name="Default model")).to_be_disabled()
+    expect(dialog.get_by_text("Reading the server's settings")).to_be_visible()
+    expect(dialog.get_by_role("combobox", name="Theme")).to_be_focused()
+    page.keyboard.press("Escape")
+    expect(dialog).to_be_hidden()
+    expect(button).to_be_focused()
+    held[0].continue_()
+    page.unroute("**/api/settings")
+    button.click()  # read again: the server's part is on
+    expect(dialog.get_by_role("combobox", name="Default model")).to_be_enabled()
+    expect(dialog.get_by_text("Reading the server's settings")).to_be_hidden()
+    page.keyboard.press("Escape")
+    expect(dialog).to_be_hidden()

@@ -71,34 +71,54 @@ export class SettingsPanel {
     $("composer-hint").textContent = HINTS[sendKey()];
   }
 
+  /** Opens at once, this browser's part ready and the server's off until it is read: an
+   * Esc (or Cancel) meanwhile closes the dialog, as at any time, and the answer is dropped. */
   async open() {
-    try {
-      this.server = await get("/api/settings");
-    } catch (err) {
-      // the server's part cannot be read (offline, the database away): this browser's own
-      // preferences still open; the server's fieldset says why it is off
-      this.server = null;
-      this.notify(err.message);
-    }
-    $("settings-server").disabled = this.server === null;
-    $("settings-server-off").hidden = this.server !== null;
-    if (this.server !== null) {
-      this.fillModels(this.server.saved.default_model ?? "");
-      $("settings-prompt").value = this.server.default_system_prompt ?? "";
-      // opened before the endpoint's list arrived (a slow endpoint, a busy server): it is
-      // filled in when it does, keeping what is chosen
-      this.sessionSettings.loaded.then(() => {
-        if (this.dialog.open && this.server !== null) this.fillModels($("settings-model").value);
-      });
-    }
     this.resetPrompt = false;
     $("settings-save-error").hidden = true;
     const theme = localStorage.getItem(THEME_KEY);
     $("settings-theme").value = theme === "light" || theme === "dark" ? theme : "system";
     $("settings-view").value = $("display-mode").value;
     $("settings-send").value = sendKey();
+    this.server = null;
+    this.showServer("reading");
     this.dialog.returnValue = "";
     this.dialog.showModal();
+    const reading = {}; // this opening's: a later one (closed and opened again) has its own
+    this.reading = reading;
+    let server = null;
+    let error = null;
+    try {
+      server = await get("/api/settings");
+    } catch (err) {
+      error = err;
+    }
+    if (this.reading !== reading || !this.dialog.open) return;
+    if (error) this.notify(error.message);
+    this.server = server;
+    // the server's part cannot be read (offline, the database away): this browser's own
+    // preferences still save; the server's fieldset says why it is off
+    this.showServer(server === null ? "off" : "on");
+    if (server === null) return;
+    this.fillModels(server.saved.default_model ?? "");
+    $("settings-prompt").value = server.default_system_prompt ?? "";
+    // opened before the endpoint's list arrived (a slow endpoint, a busy server): it is
+    // filled in when it does, keeping what is chosen
+    this.sessionSettings.loaded.then(() => {
+      if (this.dialog.open && this.server !== null) this.fillModels($("settings-model").value);
+    });
+  }
+
+  /** The server's fieldset: "reading" (empty, off, saying so), "off" (could not be read), or
+   *  "on". */
+  showServer(state) {
+    $("settings-server").disabled = state !== "on";
+    $("settings-server-reading").hidden = state !== "reading";
+    $("settings-server-off").hidden = state !== "off";
+    if (state === "reading") {
+      $("settings-model").replaceChildren();
+      $("settings-prompt").value = "";
+    }
   }
 
   /** The default-model choices: the command line's, the endpoint's list, and `chosen` when

@@ -8,6 +8,7 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
 import threading
 import webbrowser
 from collections.abc import Callable
@@ -298,6 +299,7 @@ def serve(log_level: str, **options: object) -> None:
             "other users; consider chmod 600.",
             err=True,
         )
+    _check_can_listen(settings.host, settings.port)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
 
     from tether.http.app import create_app
@@ -348,6 +350,24 @@ def serve(log_level: str, **options: object) -> None:
         dir_lock.close()
     if not server.started:
         raise SystemExit(1)
+
+
+def _check_can_listen(host: str, port: int) -> None:
+    """uvicorn binds only once the app has started and logged that it is ready; a port in use or
+    a host that does not resolve is refused here first, in one line, before anything is
+    written (uvicorn's own bind stays the last word on a port taken in between)."""
+
+    async def listen_and_close() -> None:
+        server = await asyncio.get_running_loop().create_server(asyncio.Protocol, host, port)
+        server.close()
+        await server.wait_closed()
+
+    try:
+        asyncio.run(listen_and_close())
+    except OSError as exc:
+        # asyncio rewords a failed bind but keeps its errno; a failed look-up has no errno text
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else os.strerror(exc.errno or 0)
+        raise click.ClickException(f"Cannot listen on {host} port {port}: {reason}.") from None
 
 
 def _check_auth_mode(settings: Settings) -> None:

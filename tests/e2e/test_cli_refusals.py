@@ -1,0 +1,43 @@
+"""`tether serve` refusing a configuration it cannot serve: one line naming what is wrong, a
+non-zero exit, no traceback, and nothing written (docs/configuration.md)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def refused(args: list[str], env: dict[str, str] | None = None) -> str:
+    """Run `tether` with `args`; the one line it printed, having checked the rest."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tether", *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_a_port_in_use_is_refused_before_the_data_directory_is_made(tmp_path: Path) -> None:
+    """uvicorn bound the port only after the app had started: the log said "ready", the data
+    directory was made, then a bind error and exit 3."""
+    data = tmp_path / "data"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = refused(["serve", "--port", str(port), "--data-dir", str(data), "--no-browser"])
+    assert line == f"Error: Cannot listen on 127.0.0.1 port {port}: Address already in use."
+    assert not data.exists()

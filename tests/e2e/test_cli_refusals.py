@@ -41,3 +41,16 @@ def test_a_port_in_use_is_refused_before_the_data_directory_is_made(tmp_path: Pa
         line = refused(["serve", "--port", str(port), "--data-dir", str(data), "--no-browser"])
     assert line == f"Error: Cannot listen on 127.0.0.1 port {port}: Address already in use."
     assert not data.exists()
+
+
+@pytest.mark.parametrize("url", ["localhost:11434/v1", "ftp://models.example/v1", "http://"])
+def test_a_base_url_that_is_not_http_is_refused_at_start(tmp_path: Path, url: str) -> None:
+    """It was taken as is: the server started, and every turn then failed."""
+    line = refused(
+        ["serve", "--runtime", "openai", "--model", "m", "--base-url", url]
+        + ["--data-dir", str(tmp_path / "data"), "--port", "0", "--no-browser"]
+    )
+    assert line == (
+        f"Error: --base-url {url!r} is not an http:// or https:// URL "
+        "(e.g. http://localhost:11434/v1)."
+    )

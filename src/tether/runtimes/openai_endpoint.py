@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 import openai
 
@@ -41,12 +42,24 @@ TIMEOUT = openai.Timeout(600.0, connect=10.0)
 TOKENIZE_CHARS = 20_000  # the sample a server's /tokenize measures
 
 
+def _check_base_url(url: str | None) -> None:
+    """The SDK takes any string, so a URL without its scheme would fail only at each turn."""
+    if not url:
+        return
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise RuntimeUnavailable(
+            f"--base-url {url!r} is not an http:// or https:// URL (e.g. http://localhost:11434/v1)."
+        )
+
+
 class OpenAIEndpoint(Runtime):
     """One OpenAI-compatible endpoint, as the runtime's turns use it."""
 
     def __init__(self, settings: Settings):
         if not settings.model:
             raise RuntimeUnavailable("--model is required with --runtime openai.")
+        _check_base_url(settings.base_url)
         self.settings = settings
         self.model: str = settings.model
         self._windows: dict[str, Window | None] = {}

@@ -274,7 +274,59 @@ def main() -> None:
 def serve(log_level: str, **options: object) -> None:
     """Serve the web UI and the API."""
     settings = Settings(**options)  # type: ignore[arg-type]
-    from tether.http.auth import Authenticator, PasswordError, load_password
+    from tether.http.auth import Authenticator
+
+    password, secret = _refuse_before_writing(settings)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+
+    from tether.http.app import create_app
+    from tether.http.slow_clients import header_deadline_protocol
+    from tether.services import open_store
+
+    try:  # a database that cannot be opened is a clear one-line error, not a traceback
+        # One process per SQLite data directory, held until this process ends (log/dirlock.py).
+        dir_lock = None if settings.database_url else lock_data_dir(settings.data_dir)
+        asyncio.run(open_store(settings).aclose())
+    except StorageError as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:  # so is a runtime that cannot start, before anything is served
+        runtime = load_runtime(settings)
+    except RuntimeUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+
+    try:
+        auth = Authenticator(settings.data_dir, password)  # keeps only the argon2 hash
+    except OSError as exc:
+        raise click.ClickException(f"Cannot set up login in {settings.data_dir}: {exc}") from exc
+    del password
+    config = uvicorn.Config(
+        create_app(settings, auth, runtime, oidc_secret=secret),
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+        http=header_deadline_protocol(settings.header_timeout_seconds),
+        proxy_headers=False,  # uvicorn would trust 127.0.0.1's X-Forwarded-For; the app decides
+    )
+    server = uvicorn.Server(config)
+    if not settings.no_browser:
+        _open_browser_when_ready(server, f"http://{settings.host}:{settings.port}/")
+    # uvicorn re-raises the signal that stopped it once it has shut down; by then every run is
+    # durable, so that re-raise lands on a no-op and the process exits 0 (docs/api.md §1).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    server.run()
+    if dir_lock is not None:
+        dir_lock.close()
+    if not server.started:
+        raise SystemExit(1)
+
+
+def _refuse_before_writing(settings: Settings) -> tuple[str | None, str | None]:
+    """Every check of the configuration that needs no data directory, so a refused one leaves
+    nothing on disk; the login password and the OIDC client secret, read once."""
+    from tether.http.auth import PasswordError, load_password
 
     _check_auth_mode(settings)
     try:
@@ -299,57 +351,18 @@ def serve(log_level: str, **options: object) -> None:
             "other users; consider chmod 600.",
             err=True,
         )
-    _check_can_listen(settings.host, settings.port)
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
-
-    from tether.http.app import create_app
-    from tether.http.slow_clients import header_deadline_protocol
-    from tether.services import open_store
-
-    try:  # a database that cannot be opened is a clear one-line error, not a traceback
-        # One process per SQLite data directory, held until this process ends (log/dirlock.py).
-        dir_lock = None if settings.database_url else lock_data_dir(settings.data_dir)
-        asyncio.run(open_store(settings).aclose())
-    except StorageError as exc:
-        raise click.ClickException(str(exc)) from exc
-    try:  # so is a runtime that cannot start, before anything is served
-        runtime = load_runtime(settings)
-    except RuntimeUnavailable as exc:
-        raise click.ClickException(str(exc)) from None
-
-    try:
-        auth = Authenticator(settings.data_dir, password)  # keeps only the argon2 hash
-    except OSError as exc:
-        raise click.ClickException(f"Cannot set up login in {settings.data_dir}: {exc}") from exc
-    del password
     from tether.http.oidc import OIDCConfigError, client_secret
 
     try:
         secret = client_secret(settings) if settings.auth == "oidc" else None
     except OIDCConfigError as exc:
         raise click.UsageError(str(exc)) from None
-    config = uvicorn.Config(
-        create_app(settings, auth, runtime, oidc_secret=secret),
-        host=settings.host,
-        port=settings.port,
-        log_level=log_level,
-        lifespan="on",
-        timeout_graceful_shutdown=10,
-        http=header_deadline_protocol(settings.header_timeout_seconds),
-        proxy_headers=False,  # uvicorn would trust 127.0.0.1's X-Forwarded-For; the app decides
-    )
-    server = uvicorn.Server(config)
-    if not settings.no_browser:
-        _open_browser_when_ready(server, f"http://{settings.host}:{settings.port}/")
-    # uvicorn re-raises the signal that stopped it once it has shut down; by then every run is
-    # durable, so that re-raise lands on a no-op and the process exits 0 (docs/api.md §1).
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
-    server.run()
-    if dir_lock is not None:
-        dir_lock.close()
-    if not server.started:
-        raise SystemExit(1)
+    try:  # a misspelt or broken runtime, before the data directory is made
+        runtime_class(settings.runtime)
+    except RuntimeUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+    _check_can_listen(settings.host, settings.port)
+    return password, secret
 
 
 def _check_can_listen(host: str, port: int) -> None:

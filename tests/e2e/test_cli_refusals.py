@@ -14,8 +14,9 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def refused(args: list[str], env: dict[str, str] | None = None) -> str:
-    """Run `tether` with `args`; the one line it printed, having checked the rest."""
+def refused(args: list[str], env: dict[str, str] | None = None, code: int = 1) -> str:
+    """Run `tether` with `args`; the one error line it printed, having checked the rest (a
+    usage error, exit 2, comes after click's two lines of usage)."""
     result = subprocess.run(
         [sys.executable, "-m", "tether", *args],
         env={**os.environ, **(env or {})},
@@ -23,11 +24,11 @@ def refused(args: list[str], env: dict[str, str] | None = None) -> str:
         text=True,
         timeout=20,
     )
-    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert result.returncode == code, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
+    assert len(lines) == (1 if code == 1 else 4), result.stderr
+    return lines[-1]
 
 
 def test_a_port_in_use_is_refused_before_the_data_directory_is_made(tmp_path: Path) -> None:
@@ -54,3 +55,28 @@ def test_a_base_url_that_is_not_http_is_refused_at_start(tmp_path: Path, url: st
         f"Error: --base-url {url!r} is not an http:// or https:// URL "
         "(e.g. http://localhost:11434/v1)."
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "error"),
+    [
+        (["--runtime", "nosuch"], 1, "There is no runtime 'nosuch' in this installation"),
+        (
+            ["--auth", "oidc", "--oidc-issuer", "https://id.example", "--oidc-client-id", "t"]
+            + ["--oidc-client-secret-env", "TETHER_TEST_UNSET_SECRET"],
+            2,
+            "The environment variable TETHER_TEST_UNSET_SECRET (named by",
+        ),
+    ],
+    ids=["unknown runtime", "unset client secret"],
+)
+def test_a_refused_configuration_leaves_no_data_directory(
+    tmp_path: Path, args: list[str], code: int, error: str
+) -> None:
+    """Both were found only after the data directory and its database had been made."""
+    data = tmp_path / "data"
+    line = refused(
+        ["serve", *args, "--data-dir", str(data), "--port", "0", "--no-browser"], code=code
+    )
+    assert line.startswith(f"Error: {error}"), line
+    assert not data.exists()

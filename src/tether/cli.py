@@ -507,7 +507,7 @@ def users_list(data_dir: Path | None, database_url: str | None) -> None:
 
     try:
         found = cli_users.list_users(_settings(data_dir, database_url))
-    except StorageError as exc:
+    except (cli_users.Refused, StorageError) as exc:
         raise click.ClickException(str(exc)) from None
     for user in found:
         click.echo(f"{user.username}{' (admin)' if user.admin else ''}")

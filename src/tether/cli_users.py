@@ -33,6 +33,17 @@ def _check_password(password: str) -> None:
         raise Refused(f"A password has at most {MAX_PASSWORD} characters.")
 
 
+def _existing(settings: Settings) -> Settings:
+    """The settings of a server that has run: opening the log would make a new, empty one in a
+    misspelt --data-dir (only `add` may, for the first admin of a new server)."""
+    if not settings.database_url and not settings.database_path.exists():
+        raise Refused(
+            f"There is no Tether data in {settings.data_dir}: give the --data-dir of the server "
+            "(`tether users add` makes a new one)."
+        )
+    return settings
+
+
 async def _with_stores(
     settings: Settings, work: Callable[[OwnedStore, AccountStore], Awaitable[T]]
 ) -> T:
@@ -67,7 +78,7 @@ def add_user(settings: Settings, name: str, password: str, admin: bool) -> int:
 
 
 def list_users(settings: Settings) -> list[User]:
-    return asyncio.run(_with_stores(settings, lambda _, accounts: accounts.users()))
+    return asyncio.run(_with_stores(_existing(settings), lambda _, accounts: accounts.users()))
 
 
 def remove_user(settings: Settings, name: str) -> None:
@@ -75,7 +86,7 @@ def remove_user(settings: Settings, name: str) -> None:
         if await accounts.remove_user(name) is None:
             raise Refused(f"There is no user {name}.")
 
-    asyncio.run(_with_stores(settings, work))
+    asyncio.run(_with_stores(_existing(settings), work))
 
 
 def set_password(settings: Settings, name: str, password: str) -> None:
@@ -92,4 +103,4 @@ def set_password(settings: Settings, name: str, password: str) -> None:
         await accounts.set_password(user.user_id, password_hash)
         await accounts.end_sessions(user.user_id)
 
-    asyncio.run(_with_stores(settings, work))
+    asyncio.run(_with_stores(_existing(settings), work))

@@ -80,3 +80,19 @@ def test_a_refused_configuration_leaves_no_data_directory(
     )
     assert line.startswith(f"Error: {error}"), line
     assert not data.exists()
+
+
+@pytest.mark.parametrize(
+    "command", [["list"], ["remove", "bob"], ["password", "bob", "--password-env", "PW"]]
+)
+def test_users_on_a_data_directory_that_does_not_exist_is_refused(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """A misspelt --data-dir made a new, empty one: `users list` printed nothing, exit 0."""
+    data = tmp_path / "typo"
+    line = refused(["users", *command, "--data-dir", str(data)], env={"PW": "a new password"})
+    assert line == (
+        f"Error: There is no Tether data in {data}: give the --data-dir of the server "
+        "(`tether users add` makes a new one)."
+    )
+    assert not data.exists()

@@ -488,6 +488,10 @@ def users_add(
     """Add a user; works without a running server (the first admin of a headless one)."""
     from tether import cli_users
 
+    try:
+        cli_users.check_name(name)
+    except cli_users.Refused as exc:
+        raise click.ClickException(str(exc)) from None
     password = _new_password(password_env)
     try:
         claimed = cli_users.add_user(_settings(data_dir, database_url), name, password, admin)

@@ -56,13 +56,19 @@ async def _with_stores(
         await store.aclose()
 
 
-def add_user(settings: Settings, name: str, password: str, admin: bool) -> int:
-    """Add the user; the number of unowned sessions the first admin now owns."""
+def check_name(name: str) -> str:
+    """The name `add` would give the user, checked before a password is asked for."""
     name = name.strip()
     if not valid_username(name):
         raise Refused(
             "A user name is 1-64 letters, digits and ._@+-, starting with a letter or digit."
         )
+    return name
+
+
+def add_user(settings: Settings, name: str, password: str, admin: bool) -> int:
+    """Add the user; the number of unowned sessions the first admin now owns."""
+    name = check_name(name)
     _check_password(password)
     password_hash = PasswordHasher().hash(password)
 

@@ -20,6 +20,7 @@ def refused(args: list[str], env: dict[str, str] | None = None, code: int = 1) -
     result = subprocess.run(
         [sys.executable, "-m", "tether", *args],
         env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=20,
@@ -94,5 +95,15 @@ def test_users_on_a_data_directory_that_does_not_exist_is_refused(
     assert line == (
         f"Error: There is no Tether data in {data}: give the --data-dir of the server "
         "(`tether users add` makes a new one)."
+    )
+    assert not data.exists()
+
+
+def test_users_add_refuses_a_bad_name_before_asking_for_a_password(tmp_path: Path) -> None:
+    """The password was asked for twice first, and only then was the name refused."""
+    data = tmp_path / "data"
+    line = refused(["users", "add", "bob smith", "--data-dir", str(data)])
+    assert line == (
+        "Error: A user name is 1-64 letters, digits and ._@+-, starting with a letter or digit."
     )
     assert not data.exists()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 import uvicorn
@@ -76,6 +77,20 @@ def _database_url(value: str | None) -> str | None:
         return None
     if not value.startswith(("postgresql://", "postgres://")):
         raise click.BadParameter("give a postgresql:// URL (e.g. postgresql://tether@db/tether)")
+    return value
+
+
+def _oidc_issuer(value: str | None) -> str | None:
+    """Discovery is fetched from it only at the first sign-in, so a bare host name (no scheme)
+    would fail there, for every person, rather than here."""
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise click.BadParameter(
+            "give the provider's http:// or https:// issuer URL "
+            "(e.g. https://id.example.com/realms/main)"
+        )
     return value
 
 
@@ -187,7 +202,11 @@ def main() -> None:
     "(`tether users add`), the user a trusted reverse proxy names, or an OpenID Connect "
     "provider's.",
 )
-@option("--oidc-issuer", help="The OpenID Connect provider's issuer URL (--auth oidc).")
+@option(
+    "--oidc-issuer",
+    callback=lambda _ctx, _param, value: _oidc_issuer(value),
+    help="The OpenID Connect provider's issuer URL (--auth oidc).",
+)
 @option("--oidc-client-id", help="Tether's client id at the provider (--auth oidc).")
 @option(
     "--oidc-client-secret-env",

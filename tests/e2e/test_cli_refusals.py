@@ -107,3 +107,21 @@ def test_users_add_refuses_a_bad_name_before_asking_for_a_password(tmp_path: Pat
         "Error: A user name is 1-64 letters, digits and ._@+-, starting with a letter or digit."
     )
     assert not data.exists()
+
+
+@pytest.mark.parametrize("issuer", ["id.example.com", "ftp://id.example.com", "https://"])
+def test_an_oidc_issuer_that_is_not_a_url_is_refused(tmp_path: Path, issuer: str) -> None:
+    """It was taken as is: the server started and every sign-in then failed."""
+    data = tmp_path / "data"
+    line = refused(
+        ["serve", "--auth", "oidc", "--oidc-issuer", issuer, "--oidc-client-id", "tether"]
+        + ["--oidc-client-secret-env", "SECRET", "--data-dir", str(data), "--port", "0"]
+        + ["--no-browser"],
+        env={"SECRET": "s3cret"},
+        code=2,
+    )
+    assert line == (
+        "Error: Invalid value for '--oidc-issuer' (env var: 'TETHER_OIDC_ISSUER'): give the "
+        "provider's http:// or https:// issuer URL (e.g. https://id.example.com/realms/main)"
+    )
+    assert not data.exists()

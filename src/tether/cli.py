@@ -7,6 +7,7 @@ import asyncio
 import ipaddress
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -90,6 +91,18 @@ def _oidc_issuer(value: str | None) -> str | None:
         raise click.BadParameter(
             "give the provider's http:// or https:// issuer URL "
             "(e.g. https://id.example.com/realms/main)"
+        )
+    return value
+
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token
+
+
+def _header_name(value: str) -> str:
+    """No request can carry a header whose name is not a token: nobody could sign in."""
+    if not _HEADER_NAME.fullmatch(value):
+        raise click.BadParameter(
+            f"give an HTTP header name such as X-Forwarded-User, not {value!r}"
         )
     return value
 
@@ -223,6 +236,7 @@ def main() -> None:
 )
 @option(
     "--trusted-header",
+    callback=lambda _ctx, _param, value: _header_name(value),
     help="The header a --trusted-proxy names the signed-in user in (--auth trusted-header).",
 )
 @option(

@@ -125,3 +125,19 @@ def test_an_oidc_issuer_that_is_not_a_url_is_refused(tmp_path: Path, issuer: str
         "provider's http:// or https:// issuer URL (e.g. https://id.example.com/realms/main)"
     )
     assert not data.exists()
+
+
+@pytest.mark.parametrize("header", ["", "X Forwarded User", "X-User:"])
+def test_a_trusted_header_that_is_no_header_name_is_refused(tmp_path: Path, header: str) -> None:
+    """No request can carry it, so the server started and nobody could ever sign in."""
+    data = tmp_path / "data"
+    line = refused(
+        ["serve", "--auth", "trusted-header", "--trusted-proxy", "10.0.0.1"]
+        + ["--trusted-header", header, "--data-dir", str(data), "--port", "0", "--no-browser"],
+        code=2,
+    )
+    assert line == (
+        "Error: Invalid value for '--trusted-header' (env var: 'TETHER_TRUSTED_HEADER'): give "
+        f"an HTTP header name such as X-Forwarded-User, not {header!r}"
+    )
+    assert not data.exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from pathlib import Path
 
 import click
@@ -14,7 +15,7 @@ import click
 import tether.cli
 import tether.http.app  # noqa: F401 - loads every module that defines a member of the family
 from tether import events
-from tether.cli import serve
+from tether.cli import serve, users
 from tether.errors import ApiError
 from tether.runtimes.base import ERROR_CODES
 from tether.settings import Settings
@@ -58,6 +59,37 @@ def test_every_serve_flag_is_documented_with_its_variable_and_default() -> None:
 def test_every_documented_flag_exists() -> None:
     flags = {max(p.opts, key=len) for p in serve.params if isinstance(p, click.Option)}
     assert set(_table("configuration.md", "flag")) <= flags
+
+
+def test_every_users_option_and_variable_is_documented() -> None:
+    """`tether users ...` has no table, but each of its flags and TETHER_* variables is named
+    in docs/configuration.md's paragraph on it."""
+    text = " ".join((DOCS / "configuration.md").read_text(encoding="utf-8").split())
+    commands = list(users.commands.values())
+    assert {c.name for c in commands} == {"add", "list", "password", "remove"}
+    assert "`tether users list`" in text
+    for command in commands:
+        assert f"`tether users {command.name}" in text, command.name
+        for option in (p for p in command.params if isinstance(p, click.Option)):
+            assert max(option.opts, key=len) in text, (command.name, option.opts)
+            assert not option.envvar or f"`{option.envvar}`" in text, option.envvar
+
+
+def test_every_tether_variable_the_code_reads_is_documented() -> None:
+    """The TETHER_* variables read outside the serve flags (TETHER_DEMO_DELAY, the
+    TETHER_HERMES_* knobs) are each named somewhere in docs/."""
+    docs = "\n".join(p.read_text(encoding="utf-8") for p in DOCS.glob("*.md"))
+    source = Path(tether.cli.__file__).parent
+    named = {
+        node.value
+        for path in source.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and re.fullmatch(r"TETHER_[A-Z][A-Z0-9_]*", node.value)
+    }
+    assert {"TETHER_DEMO_DELAY", "TETHER_HERMES_HOME"} <= named
+    assert [name for name in sorted(named) if not re.search(rf"\b{name}\b", docs)] == []
 
 
 def test_every_durable_event_type_is_in_the_event_table() -> None:

@@ -344,7 +344,7 @@ def serve(log_level: str, **options: object) -> None:
     )
     server = uvicorn.Server(config)
     if not settings.no_browser:
-        _open_browser_when_ready(server, f"http://{settings.host}:{settings.port}/")
+        _open_browser_when_ready(server, settings.host)
     # uvicorn re-raises the signal that stopped it once it has shut down; by then every run is
     # durable, so that re-raise lands on a no-op and the process exits 0 (docs/api.md §1).
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -451,11 +451,19 @@ def runtimes() -> None:
         click.echo(f"{name:<12} {entry.distribution}: {cls.description} [{capabilities}]")
 
 
-def _open_browser_when_ready(server: uvicorn.Server, url: str) -> None:
+def _browser_url(server: uvicorn.Server, host: str) -> str:
+    """An address the browser can reach: the port actually bound (--port 0 picks one), an
+    IPv6 address in brackets, loopback for a listen-on-everything address."""
+    port = server.servers[0].sockets[0].getsockname()[1]
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def _open_browser_when_ready(server: uvicorn.Server, host: str) -> None:
     def wait_then_open() -> None:
         for _ in range(600):
             if server.started:
-                webbrowser.open(url)
+                webbrowser.open(_browser_url(server, host))
                 return
             if server.should_exit:
                 return

@@ -141,3 +141,13 @@ def test_a_trusted_header_that_is_no_header_name_is_refused(tmp_path: Path, head
         f"an HTTP header name such as X-Forwarded-User, not {header!r}"
     )
     assert not data.exists()
+
+
+def test_the_log_level_is_taken_in_capitals_too(tmp_path: Path) -> None:
+    """TETHER_LOG_LEVEL=DEBUG, as Python's logging writes its levels, was refused as an invalid
+    value; it is taken as debug (the refusal that follows is the unknown runtime's)."""
+    line = refused(
+        ["serve", "--runtime", "nosuch", "--data-dir", str(tmp_path / "data"), "--port", "0"],
+        env={"TETHER_LOG_LEVEL": "DEBUG"},
+    )
+    assert line.startswith("Error: There is no runtime 'nosuch'"), line

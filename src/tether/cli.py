@@ -500,13 +500,21 @@ def users() -> None:
     """The people who sign in to `tether serve --auth accounts` (docs/api.md §15)."""
 
 
-def _new_password(password_env: str | None) -> str:
+def _new_password(password_env: str | None) -> Callable[[], str]:
+    """How to get the new password: the variable is read and checked now (refused before
+    anything is opened); the prompt is put only once the name has been checked."""
+    from tether import cli_users
+
     if password_env:
         password = os.environ.pop(password_env, None)
         if password is None:
             raise click.UsageError(f"The environment variable {password_env} is not set.")
-        return password
-    return click.prompt("Password", hide_input=True, confirmation_prompt=True)
+        try:
+            cli_users.check_password(password)
+        except cli_users.Refused as exc:
+            raise click.ClickException(str(exc)) from None
+        return lambda: password
+    return lambda: click.prompt("Password", hide_input=True, confirmation_prompt=True)
 
 
 @users.command("add")
@@ -533,9 +541,9 @@ def users_add(
         cli_users.check_name(name)
     except cli_users.Refused as exc:
         raise click.ClickException(str(exc)) from None
-    password = _new_password(password_env)
+    ask = _new_password(password_env)
     try:
-        claimed = cli_users.add_user(_settings(data_dir, database_url), name, password, admin)
+        claimed = cli_users.add_user(_settings(data_dir, database_url), name, ask, admin)
     except (cli_users.Refused, StorageError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"Added {'admin ' if admin else ''}{name}.")
@@ -569,9 +577,9 @@ def users_password(
     """Give a user a new password: their sign-ins end; their sessions and tokens stay."""
     from tether import cli_users
 
-    password = _new_password(password_env)
+    ask = _new_password(password_env)
     try:
-        cli_users.set_password(_settings(data_dir, database_url), name, password)
+        cli_users.set_password(_settings(data_dir, database_url), name, ask)
     except (cli_users.Refused, StorageError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"Changed the password of {name}; their earlier sign-ins have ended.")

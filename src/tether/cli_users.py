@@ -24,13 +24,18 @@ class Refused(Exception):
     """The command was refused; the message says why. Nothing changed."""
 
 
-def _check_password(password: str) -> None:
+def check_password(password: str) -> str:
     """The rules of `POST /api/users` and of a person's own change: a longer password could
     never be sent to `POST /api/auth/login`, which takes 4096 characters at most."""
     if len(password) < MIN_PASSWORD:
         raise Refused(f"A password has at least {MIN_PASSWORD} characters.")
     if len(password) > MAX_PASSWORD:
         raise Refused(f"A password has at most {MAX_PASSWORD} characters.")
+    return password
+
+
+def _hashed(password: str) -> str:
+    return PasswordHasher().hash(check_password(password))
 
 
 def _existing(settings: Settings) -> Settings:
@@ -66,13 +71,15 @@ def check_name(name: str) -> str:
     return name
 
 
-def add_user(settings: Settings, name: str, password: str, admin: bool) -> int:
-    """Add the user; the number of unowned sessions the first admin now owns."""
+def add_user(settings: Settings, name: str, ask: Callable[[], str], admin: bool) -> int:
+    """Add the user, asking for the password once the name is known to be free; the number of
+    unowned sessions the first admin now owns."""
     name = check_name(name)
-    _check_password(password)
-    password_hash = PasswordHasher().hash(password)
 
     async def work(store: OwnedStore, accounts: AccountStore) -> int:
+        if await accounts.user_by_name(name) is not None:
+            raise Refused(f"There is already a user called {name}.")
+        password_hash = _hashed(ask())
         first_admin = admin and not any(u.admin for u in await accounts.users())
         try:
             user = await accounts.add_user(name, password_hash, admin)
@@ -95,18 +102,17 @@ def remove_user(settings: Settings, name: str) -> None:
     asyncio.run(_with_stores(_existing(settings), work))
 
 
-def set_password(settings: Settings, name: str, password: str) -> None:
-    """Give the user a new password and end every sign-in made before (their cookies fail on
-    every replica at their next request); their sessions stay theirs. Their API tokens stay
-    too: each is a credential of its own, revoked one by one."""
-    _check_password(password)
-    password_hash = PasswordHasher().hash(password)
+def set_password(settings: Settings, name: str, ask: Callable[[], str]) -> None:
+    """Give the user a new password (asked for once the user is found) and end every sign-in
+    made before (their cookies fail on every replica at their next request); their sessions
+    stay theirs. Their API tokens stay too: each is a credential of its own, revoked one by
+    one."""
 
     async def work(_: OwnedStore, accounts: AccountStore) -> None:
         user = await accounts.user_by_name(name)
         if user is None:
             raise Refused(f"There is no user {name}.")
-        await accounts.set_password(user.user_id, password_hash)
+        await accounts.set_password(user.user_id, _hashed(ask()))
         await accounts.end_sessions(user.user_id)
 
     asyncio.run(_with_stores(_existing(settings), work))

@@ -151,3 +151,39 @@ def test_the_log_level_is_taken_in_capitals_too(tmp_path: Path) -> None:
         env={"TETHER_LOG_LEVEL": "DEBUG"},
     )
     assert line.startswith("Error: There is no runtime 'nosuch'"), line
+
+
+@pytest.mark.parametrize(
+    ("command", "error"),
+    [
+        (["password", "bob"], "There is no user bob."),
+        (["add", "alice"], "There is already a user called alice."),
+    ],
+    ids=["password of no one", "add an existing name"],
+)
+def test_users_refuses_the_name_before_asking_for_a_password(
+    tmp_path: Path, command: list[str], error: str
+) -> None:
+    """The new password was asked for twice first, and only then was the name refused."""
+    data = tmp_path / "data"
+    added = subprocess.run(
+        [sys.executable, "-m", "tether", "users", "add", "alice", "--password-env", "PW"]
+        + ["--data-dir", str(data)],
+        env={**os.environ, "PW": "alice's password"},
+        capture_output=True,
+        timeout=20,
+    )
+    assert added.returncode == 0, added.stderr
+    assert refused(["users", *command, "--data-dir", str(data)]) == f"Error: {error}"
+
+
+def test_users_add_refuses_a_short_password_before_making_the_data_directory(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    line = refused(
+        ["users", "add", "alice", "--password-env", "PW", "--data-dir", str(data)],
+        env={"PW": "short"},
+    )
+    assert line == "Error: A password has at least 8 characters."
+    assert not data.exists()

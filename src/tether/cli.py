@@ -4,29 +4,25 @@ so a service file can configure it without arguments."""
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import os
-import re
 import signal
-import socket
 import threading
 import webbrowser
 from collections.abc import Callable
 from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import click
 import uvicorn
 
 from tether import __version__
+from tether import cli_checks as checks
 from tether.log import StorageError
 from tether.log.dirlock import lock_data_dir
 from tether.runtimes import load_runtime, registered, runtime_class
 from tether.runtimes.base import RuntimeUnavailable
-from tether.sessions.defaults import SYSTEM_PROMPT_MAX_CHARS
 from tether.settings import Settings, is_loopback
 
 # Each knob's default lives in Settings only; the flags show it.
@@ -44,75 +40,6 @@ def option(flag: str, *names: str, envvar: str | None = None, **kwargs: Any):  #
     return click.option(flag, *names, envvar=envvar, show_envvar=True, **kwargs)
 
 
-class CommaListed(click.ParamType):
-    """A repeatable option whose environment variable lists its values separated by commas
-    (`TETHER_ALLOWED_HOSTS=a.example,b.example`); an empty item is ignored."""
-
-    def __init__(self, name: str, check: Callable[[str], object]) -> None:
-        self.name = name
-        self._check = check
-
-    def split_envvar_value(self, rv: str) -> list[str]:
-        return [item.strip() for item in rv.split(",") if item.strip()]
-
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):  # noqa: ANN201
-        text = str(value).strip()
-        try:
-            self._check(text)
-        except ValueError as exc:
-            self.fail(f"{text!r} is not a valid {self.name}: {exc}", param, ctx)
-        return text
-
-
-def _proxy_address(value: str) -> None:
-    ipaddress.ip_network(value, strict=False)
-
-
-def _host_name(value: str) -> None:
-    if value != "*" and (not value or any(c in value for c in "/ @?#")):
-        raise ValueError("give a host name such as tether.example.com, or *")
-
-
-def _database_url(value: str | None) -> str | None:
-    if not value:
-        return None
-    if not value.startswith(("postgresql://", "postgres://")):
-        raise click.BadParameter("give a postgresql:// URL (e.g. postgresql://tether@db/tether)")
-    return value
-
-
-def _oidc_issuer(value: str | None) -> str | None:
-    """Discovery is fetched from it only at the first sign-in, so a bare host name (no scheme)
-    would fail there, for every person, rather than here."""
-    if value is None:
-        return None
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise click.BadParameter(
-            "give the provider's http:// or https:// issuer URL "
-            "(e.g. https://id.example.com/realms/main)"
-        )
-    return value
-
-
-_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token
-
-
-def _header_name(value: str) -> str:
-    """No request can carry a header whose name is not a token: nobody could sign in."""
-    if not _HEADER_NAME.fullmatch(value):
-        raise click.BadParameter(
-            f"give an HTTP header name such as X-Forwarded-User, not {value!r}"
-        )
-    return value
-
-
-def _system_prompt(value: str | None) -> str | None:
-    if value is not None and len(value) > SYSTEM_PROMPT_MAX_CHARS:
-        raise click.BadParameter(f"at most {SYSTEM_PROMPT_MAX_CHARS:,} characters")
-    return value if value and value.strip() else None
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tether")
 def main() -> None:
@@ -127,7 +54,7 @@ def main() -> None:
     "allowed_hosts",
     envvar="TETHER_ALLOWED_HOSTS",
     multiple=True,
-    type=CommaListed("host name", _host_name),
+    type=checks.CommaListed("host name", checks.host_name),
     help="A host name the server may be reached by, besides loopback and --host (repeatable; "
     "* allows any). Other Host headers get 421.",
 )
@@ -136,7 +63,7 @@ def main() -> None:
     "trusted_proxies",
     envvar="TETHER_TRUSTED_PROXIES",
     multiple=True,
-    type=CommaListed("proxy address", _proxy_address),
+    type=checks.CommaListed("proxy address", checks.proxy_address),
     help="Address or network of a reverse proxy whose X-Forwarded-For and X-Forwarded-Proto "
     "are believed (repeatable; default: none).",
 )
@@ -157,7 +84,7 @@ def main() -> None:
 )
 @option(
     "--database-url",
-    callback=lambda _ctx, _param, value: _database_url(value),
+    callback=lambda _ctx, _param, value: checks.database_url_of(value),
     help="Keep the log in PostgreSQL (postgresql://user@host/db) instead of the data "
     "directory, so several replicas can share it (needs tether[postgres]).",
 )
@@ -169,7 +96,7 @@ def main() -> None:
 @option("--model", help="Model name to request.")
 @option(
     "--system-prompt",
-    callback=lambda _ctx, _param, value: _system_prompt(value),
+    callback=lambda _ctx, _param, value: checks.system_prompt_of(value),
     help="The system prompt of every session that has none of its own (at most 20,000 characters).",
 )
 @option(
@@ -217,7 +144,7 @@ def main() -> None:
 )
 @option(
     "--oidc-issuer",
-    callback=lambda _ctx, _param, value: _oidc_issuer(value),
+    callback=lambda _ctx, _param, value: checks.oidc_issuer(value),
     help="The OpenID Connect provider's issuer URL (--auth oidc).",
 )
 @option("--oidc-client-id", help="Tether's client id at the provider (--auth oidc).")
@@ -230,13 +157,13 @@ def main() -> None:
     "oidc_allowed_groups",
     envvar="TETHER_OIDC_ALLOWED_GROUPS",
     multiple=True,
-    type=CommaListed("group", lambda v: None),
+    type=checks.CommaListed("group", lambda v: None),
     help="Only people whose `groups` claim names this group may sign in (repeatable; "
     "default: anyone the provider signs in).",
 )
 @option(
     "--trusted-header",
-    callback=lambda _ctx, _param, value: _header_name(value),
+    callback=lambda _ctx, _param, value: checks.header_name(value),
     help="The header a --trusted-proxy names the signed-in user in (--auth trusted-header).",
 )
 @option(
@@ -394,26 +321,8 @@ def _refuse_before_writing(settings: Settings) -> tuple[str | None, str | None]:
         runtime_class(settings.runtime)
     except RuntimeUnavailable as exc:
         raise click.ClickException(str(exc)) from None
-    _check_can_listen(settings.host, settings.port)
+    checks.check_can_listen(settings.host, settings.port)
     return password, secret
-
-
-def _check_can_listen(host: str, port: int) -> None:
-    """uvicorn binds only once the app has started and logged that it is ready; a port in use or
-    a host that does not resolve is refused here first, in one line, before anything is
-    written (uvicorn's own bind stays the last word on a port taken in between)."""
-
-    async def listen_and_close() -> None:
-        server = await asyncio.get_running_loop().create_server(asyncio.Protocol, host, port)
-        server.close()
-        await server.wait_closed()
-
-    try:
-        asyncio.run(listen_and_close())
-    except OSError as exc:
-        # asyncio rewords a failed bind but keeps its errno; a failed look-up has no errno text
-        reason = exc.strerror if isinstance(exc, socket.gaierror) else os.strerror(exc.errno or 0)
-        raise click.ClickException(f"Cannot listen on {host} port {port}: {reason}.") from None
 
 
 def _check_auth_mode(settings: Settings) -> None:
@@ -485,7 +394,7 @@ _users_database_option = click.option(
     "--database-url",
     envvar="TETHER_DATABASE_URL",
     show_envvar=True,
-    callback=lambda _ctx, _param, value: _database_url(value),
+    callback=lambda _ctx, _param, value: checks.database_url_of(value),
     help="The PostgreSQL database of the server's --database-url (its users are kept there).",
 )
 

@@ -184,6 +184,23 @@ def test_a_theme_chosen_in_another_tab_applies_here_at_once(
     expect(theme).to_have_attribute("data-theme", "light")
 
 
+def test_a_view_mode_chosen_in_another_tab_applies_here_at_once(
+    context: BrowserContext, server: ServerProcess
+) -> None:
+    """The view mode is this browser's too: chosen in Settings or the header's View select
+    in one tab, every open tab shows it at once, as the theme and the send key."""
+    first, second = context.new_page(), context.new_page()
+    open_app(first, server.base_url)
+    open_app(second, server.base_url)
+    view = second.get_by_role("combobox", name="Display mode")
+    first.get_by_role("combobox", name="Display mode").select_option("final")
+    expect(view).to_have_value("final")
+    dialog = open_settings(first)
+    dialog.get_by_role("combobox", name="View mode").select_option("stream")
+    dialog.get_by_role("button", name="Save").click()
+    expect(view).to_have_value("stream")
+
+
 def test_a_default_model_saved_in_another_tab_is_the_one_this_tab_names(
     context: BrowserContext, server: ServerProcess
 ) -> None:

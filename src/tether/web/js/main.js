@@ -160,6 +160,13 @@ class App {
       this.transcript.setMode(mode.value);
       this.scheduleRender();
     });
+    addEventListener("storage", (e) => {
+      if (e.key !== "tether-display-mode" && e.key !== null) return;
+      // chosen in another tab of this browser: shown here at once, as the theme is
+      mode.value = localStorage.getItem("tether-display-mode") || "worklog";
+      this.transcript.setMode(mode.value);
+      this.scheduleRender();
+    });
     $("new-chat").addEventListener("click", () => this.newChat());
     const shell = $("shell");
     const toggle = $("menu-toggle");

@@ -427,6 +427,20 @@ CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
         "[0].create_time",
     ),
     (
+        "a ChatGPT time too large for a float",
+        lambda e: _chatgpt_at(1_700_000_000, 1_700_000_000).replace(b"1700000000", b"1" * 400, 1),
+        400,
+        "import_invalid",
+        "[0].create_time: is 1.79769e+308 (after the year 9999)",
+    ),
+    (
+        "a ChatGPT time JSON reads as infinity",
+        lambda e: _chatgpt_at(1_700_000_000, 1_700_000_000).replace(b"1700000000", b"1e400", 1),
+        400,
+        "import_invalid",
+        "[0].create_time: is 1.79769e+308 (after the year 9999)",
+    ),
+    (
         "a ChatGPT message created in the future",
         lambda e: _chatgpt_at(1_700_000_000, FUTURE),
         400,

@@ -9,6 +9,7 @@ API error itself; `refusal_error` turns it back into the `tether.errors` class o
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
@@ -131,10 +132,17 @@ def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
 
 
 def finite_time(value: Any) -> float | None:
-    """A time in seconds since the epoch, or None for anything that is not one."""
+    """A time in seconds since the epoch, or None for anything that is not one. A time past
+    a float's range (an integer that large, or `1e400`, which JSON reads as infinity) is the
+    largest float, so `not_future` refuses it as it refuses 1e308."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        value = math.inf if value > 0 else -math.inf
+    if value == math.inf:
+        return sys.float_info.max
     return value if math.isfinite(value) and value >= 0 else None
 
 

@@ -427,6 +427,13 @@ CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
         "[0].create_time",
     ),
     (
+        "a session id that is not text",
+        edited(lambda d: d.update(session_id=5)),
+        400,
+        "import_invalid",
+        "session_id: Input should be a valid string",
+    ),
+    (
         "a ChatGPT time too large for a float",
         lambda e: _chatgpt_at(1_700_000_000, 1_700_000_000).replace(b"1700000000", b"1" * 400, 1),
         400,

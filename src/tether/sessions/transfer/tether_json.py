@@ -104,6 +104,7 @@ class SessionIn(_Strict):
     model_config = ConfigDict(strict=True, extra="ignore")
     format: Literal["tether.session"]
     version: int
+    session_id: str | None = None  # the copy's `imported.origin`
     events: Annotated[list[EventIn], Field(min_length=1, max_length=MAX_EVENTS_PER_SESSION)]
     attachments: list[AttachmentIn] = []
     missing_attachments: list[MissingIn] = []

@@ -133,6 +133,12 @@ def _chatgpt_with_children_not_a_list() -> bytes:
     return json.dumps([conversation.data]).encode()
 
 
+def _chatgpt_saying(text: str) -> bytes:
+    conversation = Conversation("x", 1_700_000_000)
+    conversation.add("user", text)
+    return json.dumps([conversation.data]).encode()
+
+
 FUTURE = 4_102_444_800.0  # 2100-01-01
 
 
@@ -427,6 +433,20 @@ CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
         "[0].create_time",
     ),
     (
+        "half a UTF-16 pair in a message",
+        edited(lambda d: _first(d, "turn.submitted")["data"].update(text="cut \ud83d here")),
+        400,
+        "import_invalid",
+        "events[1].data.text: holds half a UTF-16 pair",
+    ),
+    (
+        "half a UTF-16 pair in a ChatGPT message",
+        lambda e: _chatgpt_saying("cut \ud83d here"),
+        400,
+        "import_invalid",
+        ".message.content.parts: holds half a UTF-16 pair",
+    ),
+    (
         "a session id that is not text",
         edited(lambda d: d.update(session_id=5)),
         400,
@@ -583,7 +603,9 @@ def test_a_stored_attachment_is_released_when_its_import_is_refused(tmp_path: Pa
         export["attachments"][0].update(data_base64=fresh, size=13)
         turn = _first(export, "turn.submitted")["data"]
         turn["attachments"][0].update(size=13)
-        turn["text"] = "lone \ud800"  # JSON can say it; UTF-8 cannot store it
+        # JSON can say it, UTF-8 cannot store it; in an event's data the check refuses it
+        # before anything is stored, in the id the copy keeps as its origin only the log does
+        export["session_id"] = "s_lone \ud800"
         response = client.post(
             "/api/sessions/import", content=json.dumps(export).encode("utf-8", "surrogatepass")
         )

@@ -29,11 +29,13 @@ from tether.events import new_id
 from tether.log.store import Draft
 from tether.sessions.service import TITLE_MAX_CHARS, clean_title
 from tether.sessions.transfer.plan import (
+    HALF_PAIR,
     MAX_EVENTS_PER_SESSION,
     MAX_NODES_PER_CONVERSATION,
     Refusal,
     SessionPlan,
     finite_time,
+    half_pair_at,
     invalid,
     not_future,
 )
@@ -233,6 +235,8 @@ class _Tree:
             text, reason = _text(message)
             if text is None:
                 self.skipped[reason or "empty"] += 1
+            elif half_pair_at(text) is not None:
+                raise invalid(f"{where}.mapping.{node_id}.message.content.parts", HALF_PAIR)
             else:
                 self.texts[node_id] = text
         self._refuse_cycles(where)

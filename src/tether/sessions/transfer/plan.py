@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -144,6 +144,57 @@ def finite_time(value: Any) -> float | None:
     if value == math.inf:
         return sys.float_info.max
     return value if math.isfinite(value) and value >= 0 else None
+
+
+HALF_PAIR = "holds half a UTF-16 pair (such as \\ud83d alone), which is not text"
+
+
+def half_pair_at(value: Any, path: str = "") -> str | None:
+    """Where under `value` a string holds a lone surrogate (`.text`, `[0]`), or None. JSON may
+    escape one, and the log cannot store it: found here, the refusal names where it is.
+    Paths are spelled only on the way down to one (most events hold none)."""
+    if isinstance(value, str):
+        return path if _half_pair(value) else None
+    if isinstance(value, dict):
+        if any(_half_pair(k) for k in value):
+            return path
+        inner: Iterable[tuple[Any, Any]] = value.items()
+    elif isinstance(value, list):
+        inner = enumerate(value)
+    else:
+        return None
+    for key, item in inner:
+        if isinstance(item, str | dict | list) and _holds_half_pair(item):
+            where = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}"
+            return half_pair_at(item, where)
+    return None
+
+
+def _holds_half_pair(value: Any) -> bool:
+    """Iterative: nesting depth is the file's choice (the path walk above only goes down one
+    branch this found, no deeper than `check_depth` let the file be)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if _half_pair(item):
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
+
+
+def _half_pair(text: str) -> bool:
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def not_future(at: float | None, path: str) -> None:

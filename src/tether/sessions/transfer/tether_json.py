@@ -43,10 +43,12 @@ from tether.projections.transcript import TranscriptFold
 from tether.sessions.defaults import MODEL_MAX_CHARS, SYSTEM_PROMPT_MAX_CHARS
 from tether.sessions.service import clean_title
 from tether.sessions.transfer.plan import (
+    HALF_PAIR,
     MAX_EVENTS_PER_SESSION,
     Refusal,
     SessionPlan,
     Upload,
+    half_pair_at,
     invalid,
     join,
     not_future,
@@ -282,6 +284,9 @@ def _plan(
                 first = exc.errors()[0]
                 path = path_of(first["loc"], where, f"events[{i}].data")
                 raise invalid(path, first["msg"]) from None
+        bad = half_pair_at(event.data)
+        if bad is not None:
+            raise invalid(join(where, f"events[{i}].data{bad}"), HALF_PAIR)
         _titles(event, join(where, f"events[{i}].data.title"))
         not_future(event.at, join(where, f"events[{i}].at"))
         if event.type == ev.TURN_SUBMITTED:  # the time the transcript shows the message at

@@ -231,3 +231,19 @@ def test_voice_transcripts_are_text_and_uploaded_files_are_counted(tmp_path: Pat
         ]
         found = client.get("/api/search", params={"q": "weather"}).json()["results"]
         assert [r["role"] for r in found] == ["user"]
+
+
+def test_a_title_holding_a_control_character_is_kept_as_the_text_it_shows(
+    tmp_path: Path,
+) -> None:
+    """A conversation's title is what ChatGPT showed: a tab or an escape in it (refused
+    where a person types a title) is shown as a space, not a reason to drop the title in
+    silence for the first message's words."""
+    c = Conversation("Trip\tplan\x1b for\x00 June", START)
+    c.add("user", "Where should we go?")
+    with running_server(tmp_path / "data") as server, server.client(timeout=60) as client:
+        response = client.post("/api/sessions/import", content=json.dumps([c.data]).encode())
+        assert response.status_code == 201, response.text
+        [row] = response.json()["sessions"]
+        assert row["title"] == "Trip plan for June"
+        assert session_body(client, row["session_id"])["title"] == "Trip plan for June"

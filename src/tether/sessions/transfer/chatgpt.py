@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -65,11 +66,16 @@ def _key(conversation: dict[str, Any]) -> str:
     return "chatgpt:" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+_CONTROLS = re.compile(r" *[\x00-\x1f\x7f-\x9f][\x00-\x1f\x7f-\x9f ]*")
+
+
 def _title(raw: Any) -> str | None:
+    """The title as ChatGPT showed it: control characters (a tab, an escape), which a title
+    typed here may not hold, are a space, so the title is kept rather than dropped."""
     if not isinstance(raw, str):
         return None
     try:
-        return clean_title(raw[:TITLE_MAX_CHARS])
+        return clean_title(_CONTROLS.sub(" ", raw[:TITLE_MAX_CHARS]))
     except Exception:  # InvalidRequest: a title that is nothing visible; the first message names it
         return None
 

@@ -247,3 +247,21 @@ def test_a_title_holding_a_control_character_is_kept_as_the_text_it_shows(
         [row] = response.json()["sessions"]
         assert row["title"] == "Trip plan for June"
         assert session_body(client, row["session_id"])["title"] == "Trip plan for June"
+
+
+def test_a_message_keeps_its_leading_indentation(tmp_path: Path) -> None:
+    """Code pasted from inside a class starts indented: stripping the message would unindent
+    its first line only, and the transcript would show other code than was sent."""
+    pasted = "    def area(self):\n        return self.w * self.h\n"
+    answer = "    indented code\n\nthen words"
+    c = Conversation("paste", START)
+    c.add("user", pasted)
+    c.add("assistant", answer)
+    with running_server(tmp_path / "data") as server, server.client(timeout=60) as client:
+        response = client.post("/api/sessions/import", content=json.dumps([c.data]).encode())
+        assert response.status_code == 201, response.text
+        sid = response.json()["sessions"][0]["session_id"]
+        assert seen(session_body(client, sid)) == [
+            ("user", pasted, None),
+            ("assistant", answer, "completed"),
+        ]

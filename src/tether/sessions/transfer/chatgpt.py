@@ -153,12 +153,12 @@ def _text(message: dict[str, Any]) -> tuple[str | None, str | None]:
     if not isinstance(kind, str) or kind not in _TEXT_TYPES:
         return None, "other_content"
     parts = content.get("parts") or []
-    text = "\n".join(_part_text(p) for p in parts if _part_text(p)).strip()
+    text = "\n".join(_part_text(p) for p in parts if _part_text(p))  # as written: not stripped
     media = _files(parts, _metadata(message).get("attachments"))
     if media:
         noun = "file or image" if media == 1 else "files or images"
         note = f"[{media} {noun} in the ChatGPT export, not imported]"
-        text = f"{text}\n\n{note}" if text else note
+        text = f"{text}\n\n{note}" if text.strip() else note
     return (text, None) if text.strip() else (None, "empty")
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import base64
 import copy
+import io
 import json
 import sqlite3
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -131,6 +133,13 @@ def _chatgpt_with_children_not_a_list() -> bytes:
     conversation.mapping[conversation.root]["children"] = 5
     del conversation.data["current_node"]
     return json.dumps([conversation.data]).encode()
+
+
+def _zipped(name: str, data: bytes) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        archive.writestr(name, data)
+    return out.getvalue()
 
 
 def _chatgpt_saying(text: str) -> bytes:
@@ -431,6 +440,20 @@ CASES: list[tuple[str, Callable[[dict], bytes], int, str, str]] = [
         400,
         "import_invalid",
         "[0].create_time",
+    ),
+    (
+        "ChatGPT's data export as it is downloaded, a zip archive",
+        lambda e: _zipped("conversations.json", b"[]"),
+        400,
+        "import_not_json",
+        "a zip archive: import the conversations.json inside it",
+    ),
+    (
+        "the chat.html beside conversations.json",
+        lambda e: b"<!DOCTYPE html>\n<html><head><title>ChatGPT Data Export</title></head></html>",
+        400,
+        "import_not_json",
+        "an HTML page, not JSON",
     ),
     (
         "half a UTF-16 pair in a message",

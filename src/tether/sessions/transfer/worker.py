@@ -33,6 +33,12 @@ CHUNK = 5  # plans per message: each is unpickled in a few ms, the GIL held mean
 
 
 def _load(raw: bytes) -> Any:
+    if raw.startswith(b"PK\x03\x04"):  # ChatGPT's data export arrives as one
+        raise Refusal(
+            "import_not_json",
+            "The file is a zip archive: import the conversations.json inside it (ChatGPT's "
+            "data export), or a file Tether exported.",
+        )
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -46,6 +52,12 @@ def _load(raw: bytes) -> Any:
     except json.JSONDecodeError as exc:
         if exc.msg == "Extra data" and text.lstrip().startswith("{"):
             return _json_lines(text)
+        if text.lstrip()[:1] == "<":  # such as the chat.html beside conversations.json
+            raise Refusal(
+                "import_not_json",
+                "The file is an HTML page, not JSON: import conversations.json (ChatGPT's "
+                "data export), or a file Tether exported.",
+            ) from None
         raise Refusal(
             "import_not_json",
             f"The file is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}.",

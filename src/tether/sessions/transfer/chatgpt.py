@@ -377,15 +377,17 @@ class _Tree:
         assistant messages is one answer, and where it forks each way is another."""
         if self._role(node) != "assistant":
             return []
+        # Each chain is a link (last node, the link before it): copying the chain at every
+        # step made a long answer quadratic (80,000 messages: 29 s, holding other imports).
         out: list[list[str]] = []
-        stack = [[node]]
+        stack: list[_Link] = [(node, None)]
         while stack:
-            chain = stack.pop()
-            kids = self.kids.get(chain[-1], [])
+            link = stack.pop()
+            kids = self.kids.get(link[0], [])
             further = [k for k in kids if self._role(k) == "assistant"]
             if not further or any(self._role(k) == "user" for k in kids):
-                out.append(chain)
-            stack.extend([*chain, kid] for kid in reversed(further))
+                out.append(_unlinked(link))
+            stack.extend((kid, link) for kid in reversed(further))
             if len(out) + len(stack) > MAX_NODES_PER_CONVERSATION:
                 raise Refusal(
                     "import_too_large",
@@ -413,6 +415,18 @@ class _Tree:
             self.drafts.append(Draft(ev.TEXT_DELTA, item, stream, turn, at=self._at(node)))
         done = {"stream_id": stream, "turn_id": turn, "state": "completed"}
         self.drafts.append(Draft(ev.RUN_FINISHED, done, stream, turn, at=self.clock))
+
+
+_Link = tuple[str, "_Link | None"]
+
+
+def _unlinked(link: _Link | None) -> list[str]:
+    """The chain a link ends, first node first."""
+    chain = []
+    while link is not None:
+        chain.append(link[0])
+        link = link[1]
+    return chain[::-1]
 
 
 def _text_or_none(value: Any) -> str | None:

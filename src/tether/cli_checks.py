@@ -41,7 +41,13 @@ def proxy_address(value: str) -> None:
 
 
 def host_name(value: str) -> None:
-    if value != "*" and (not value or any(c in value for c in "/ @?#")):
+    """As the host check reads a Host header (a port, if given, is a number): a value it
+    cannot read would match no request."""
+    from tether.http.hosts import host_name as read  # `tether users` loads no web code
+
+    if value == "*":
+        return
+    if any(c in value for c in "/ @?#") or read(value) is None:
         raise ValueError("give a host name such as tether.example.com, or *")
 
 

@@ -187,3 +187,16 @@ def test_users_add_refuses_a_short_password_before_making_the_data_directory(
     )
     assert line == "Error: A password has at least 8 characters."
     assert not data.exists()
+
+
+@pytest.mark.parametrize("host", ["example.com:abc", "[::1]x", "example.com:"])
+def test_an_allowed_host_the_host_check_cannot_read_is_refused(tmp_path: Path, host: str) -> None:
+    """The host check could not parse it, so it was accepted and then matched no request."""
+    data = tmp_path / "data"
+    line = refused(
+        ["serve", "--allowed-host", host, "--data-dir", str(data), "--port", "0", "--no-browser"],
+        code=2,
+    )
+    assert line.startswith("Error: Invalid value for '--allowed-host'"), line
+    assert repr(host) in line, line
+    assert not data.exists()

@@ -162,6 +162,12 @@ def main() -> None:
     "default: anyone the provider signs in).",
 )
 @option(
+    "--oidc-session-hours",
+    type=click.FloatRange(min=0, min_open=True),
+    help="How long an OpenID Connect sign-in lasts; then the page goes back through the "
+    "provider, which checks the person and --oidc-allowed-group anew (--auth oidc).",
+)
+@option(
     "--trusted-header",
     callback=lambda _ctx, _param, value: checks.header_name(value),
     help="The header a --trusted-proxy names the signed-in user in (--auth trusted-header).",

@@ -53,6 +53,7 @@ class Settings:
     oidc_client_id: str | None = None
     oidc_client_secret_env: str | None = None
     oidc_allowed_groups: tuple[str, ...] = ()
+    oidc_session_hours: float = 12.0
     hermes_agents: int = 16
     password_env: str | None = None
     password_file: Path | None = None

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import httpx
 import pytest
 
-from helpers import ServerProcess, free_port, new_session, running_server
+from helpers import ServerProcess, free_port, new_session, running_server, wait_until
 from oidc_provider import Provider, running_provider
 
 pytestmark = pytest.mark.slow
@@ -270,6 +270,31 @@ def test_only_allowed_groups_may_sign_in(provider: Provider, tmp_path: Path) -> 
         client, done, _ = sign_in(srv)
         assert onward(done) == "/" and client.get("/api/me").json()["username"] == "ivy"
         client.close()
+
+
+def test_a_sign_in_lasts_oidc_session_hours_then_the_group_is_checked_again(
+    provider: Provider, tmp_path: Path
+) -> None:
+    """Groups are checked at sign-in: a person the provider took out of the allowed group
+    kept Tether for the cookie's 30 days. An OIDC sign-in lasts `--oidc-session-hours`; the
+    page then goes back through the provider, which checks the groups anew."""
+    args = _oidc_args(provider, "--oidc-allowed-group", "staff", "--oidc-session-hours", "0.001")
+    with running_server(tmp_path / "data", *args, env=ENV) as srv:
+        provider.user = {"sub": "u-ivy", "preferred_username": "ivy", "groups": ["staff"]}
+        client, done, _ = sign_in(srv)
+        assert onward(done) == "/"
+        [cookie] = [c for c in done.headers.get_list("set-cookie") if "tether_session=" in c]
+        assert "Max-Age=3;" in cookie or "Max-Age=4;" in cookie, cookie
+        held = {"cookie": f"tether_session={client.cookies['tether_session']}"}
+        me = srv.base_url + "/api/me"
+        assert httpx.get(me, headers=held).status_code == 200
+        # the browser drops it at its Max-Age; the server refuses it after that too
+        wait_until(lambda: httpx.get(me, headers=held).status_code == 401, timeout=10)
+        provider.user["groups"] = ["former-staff"]
+        again, refused, _ = sign_in(srv)
+        assert refused.status_code == 403 and refused.json()["code"] == "forbidden"
+        for c in (client, again):
+            c.close()
 
 
 def test_an_issuer_that_ends_with_a_slash_signs_people_in(

@@ -114,6 +114,11 @@ class AccountAuth:
 
     def __init__(self, settings: Settings, secret: str) -> None:
         self.mode = settings.auth
+        # An OIDC sign-in is the provider's word at that moment (a group it may take back):
+        # it lasts hours, and the next one asks the provider again.
+        self.max_age = (
+            round(settings.oidc_session_hours * 3600) if self.mode == "oidc" else SESSION_MAX_AGE
+        )
         self.header = settings.trusted_header.lower()
         self.proxies = [ipaddress.ip_network(p, strict=False) for p in settings.trusted_proxies]
         self.hasher = PasswordHasher()
@@ -161,7 +166,7 @@ class AccountAuth:
         if not cookie:
             return None
         try:
-            payload = self._serializer.loads(cookie, max_age=SESSION_MAX_AGE)
+            payload = self._serializer.loads(cookie, max_age=self.max_age)
         except BadData:
             return None
         if not isinstance(payload, dict) or not isinstance(payload.get("u"), str):

@@ -268,7 +268,7 @@ async def _signed_in(request: Request) -> Response:
     response.set_cookie(
         COOKIE_NAME,
         accounts.cookie_for(user),
-        max_age=SESSION_MAX_AGE,
+        max_age=accounts.max_age,
         path="/",
         httponly=True,
         samesite="strict",

@@ -9,6 +9,9 @@ goes through where it enters (docs/api.md §3 lists the sets), and it never rais
 that refuse bad input (a title a person typed) check `shows_something` and the raw text
 themselves.
 
+`holds_half_pair` is the one check for text that cannot be text at all (half a UTF-16 pair),
+made where JSON enters: the API's bodies and an import's file.
+
 Depends on nothing, so the folds (projections) and every layer above can use it.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from typing import Any
 
 # Removed wherever they are: the bidi embeddings, overrides, isolates and marks (U+061C,
 # U+200E/200F, U+202A-202E, U+2066-2069); the zero-width characters that join nothing
@@ -80,3 +84,32 @@ def shown_file_name(name: str) -> str:
     (`shownFiles`)."""
     shown = visible_line(name)
     return shown if shows_something(shown) else "attachment"
+
+
+def is_half_pair(text: str) -> bool:
+    """Whether `text` holds half a UTF-16 pair: JSON may escape one (`"\\ud800"`), and no
+    UTF-8 encoder takes it, so it could never be stored, logged or sent back."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def holds_half_pair(value: Any) -> bool:
+    """Whether any string in a JSON value (keys included) holds half a pair. Iterative:
+    nesting depth is the sender's choice."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if is_half_pair(item):
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False

@@ -19,6 +19,7 @@ from pydantic import (
 
 from tether.events import ID_PATTERN
 from tether.sessions.defaults import SYSTEM_PROMPT_MAX_CHARS
+from tether.visible_text import holds_half_pair
 
 Id = Annotated[StrictStr, Field(pattern=ID_PATTERN)]
 # A transcript row's id: a turn or stream id, or an imported answer's `<turn id>.reply`.
@@ -27,34 +28,13 @@ SessionIdQuery = Annotated[str, Query(pattern=ID_PATTERN, description="A session
 QueueIdQuery = Annotated[str, Query(pattern=ID_PATTERN, description="A queued message id")]
 
 
-def _has_lone_surrogate(data: Any) -> bool:
-    """JSON may escape half a UTF-16 pair (`"\\ud800"`); such a string cannot be encoded as
-    UTF-8, so it could never be stored, logged or sent back. Iterative: nesting depth is the
-    client's choice."""
-    pending = [data]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, str):
-            if not item.isascii():
-                try:
-                    item.encode("utf-8")
-                except UnicodeEncodeError:
-                    return True
-        elif isinstance(item, dict):
-            pending.extend(item.keys())
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
-    return False
-
-
 class Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
     @model_validator(mode="before")
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
-        if _has_lone_surrogate(data):
+        if holds_half_pair(data):
             raise ValueError("text must be valid Unicode (a lone surrogate such as \\ud800 is not)")
         return data
 

@@ -19,6 +19,7 @@ from typing import Any
 from tether import errors
 from tether import events as ev
 from tether.log.store import Draft
+from tether.visible_text import holds_half_pair, is_half_pair
 
 # Nesting deeper than this is refused (`import_too_deep`): a Tether export nests about 8 deep
 # (tool arguments a little more), a ChatGPT export about 10.
@@ -154,9 +155,9 @@ def half_pair_at(value: Any, path: str = "") -> str | None:
     escape one, and the log cannot store it: found here, the refusal names where it is.
     Paths are spelled only on the way down to one (most events hold none)."""
     if isinstance(value, str):
-        return path if _half_pair(value) else None
+        return path if is_half_pair(value) else None
     if isinstance(value, dict):
-        if any(_half_pair(k) for k in value):
+        if any(is_half_pair(k) for k in value):
             return path
         inner: Iterable[tuple[Any, Any]] = value.items()
     elif isinstance(value, list):
@@ -164,37 +165,10 @@ def half_pair_at(value: Any, path: str = "") -> str | None:
     else:
         return None
     for key, item in inner:
-        if isinstance(item, str | dict | list) and _holds_half_pair(item):
+        if isinstance(item, str | dict | list) and holds_half_pair(item):
             where = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}"
             return half_pair_at(item, where)
     return None
-
-
-def _holds_half_pair(value: Any) -> bool:
-    """Iterative: nesting depth is the file's choice (the path walk above only goes down one
-    branch this found, no deeper than `check_depth` let the file be)."""
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, str):
-            if _half_pair(item):
-                return True
-        elif isinstance(item, dict):
-            pending.extend(item.keys())
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
-    return False
-
-
-def _half_pair(text: str) -> bool:
-    if text.isascii():
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def not_future(at: float | None, path: str) -> None:

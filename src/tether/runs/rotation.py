@@ -23,6 +23,7 @@ it rotates in its turn if it crosses the threshold).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Coroutine
@@ -166,7 +167,8 @@ async def continue_in(
 ) -> str:
     """Make `parent_id` continue in `child_id` (created here, or already there): the child
     takes the parent's place in the sidebar without looking newer, the parent records
-    `session.rotated`, queued messages move along. `created` goes into the child's
+    `session.rotated`, queued messages move along (into the child first, then out of the
+    parent with `session.rotated`). `created` goes into the child's
     `session.created` (its handoff, the agent session it drives). The caller holds the
     parent's lock; `fold` is the parent as the caller checked it (default: read here).
 
@@ -202,6 +204,7 @@ async def continue_in(
             ],
             owner=await store.session_owner(parent_id),  # the parent's person
         )
+    copied = [] if create else await _copy_queue(sessions, parent_id, child_id, moved)
     rotated = Draft(
         ev.SESSION_ROTATED,
         {"continuation_session_id": child_id},
@@ -220,11 +223,40 @@ async def continue_in(
     except (TranscriptMoved, SessionOccupied, SessionContinued, StorageError):
         if create:  # nothing continues in it
             await _remove_unused(sessions, child_id)
+        elif copied:  # the parent keeps them: the next pass copies what it has then
+            with contextlib.suppress(StorageError):  # that pass removes them as stale
+                await store.append(child_id, _moved_back(copied))
         raise
-    if moved and not create:  # queued messages follow the conversation into the child
-        await store.append(child_id, _queued_in_child(moved))
     log.info("session %s continues in %s", parent_id, child_id)
     return child_id
+
+
+async def _copy_queue(
+    sessions: SessionService, parent_id: str, child_id: str, moved: list[dict[str, Any]]
+) -> list[str]:
+    """Make the child's queue the parent's (`moved`) before the parent lets go of it, so no
+    failure between the two writes loses a queued message: a pass cut short there left
+    copies in the child, taken as they are; a copy whose original the parent no longer
+    queues (sent or removed meanwhile) leaves the child. Returns the queue ids added."""
+    child = await sessions.folds.get(child_id)
+    in_child = set(child.transcript.queued)
+    wanted = {q["queue_id"] for q in moved}
+    stale: list[str] = []
+    if in_child - wanted:  # copies of another pass, or the child's own: the parent's log tells
+        parent_ids = {
+            e.data["queue_id"]
+            for e in await sessions.store.read(parent_id)
+            if e.type == ev.QUEUE_ADDED
+        }
+        stale = sorted((in_child - wanted) & parent_ids)
+    missing = [q for q in moved if q["queue_id"] not in in_child]
+    if missing or stale:
+        await sessions.store.append(child_id, _queued_in_child(missing) + _moved_back(stale))
+    return [q["queue_id"] for q in missing]
+
+
+def _moved_back(queue_ids: list[str]) -> list[Draft]:
+    return [Draft(ev.QUEUE_REMOVED, {"queue_id": q, "reason": "moved"}) for q in queue_ids]
 
 
 def _queued_in_child(moved: list[dict[str, Any]]) -> list[Draft]:

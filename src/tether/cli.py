@@ -249,11 +249,14 @@ def serve(log_level: str, **options: object) -> None:
     from tether.http.slow_clients import header_deadline_protocol
     from tether.services import open_store
 
+    made = checks.first_missing(settings.data_dir)
     try:  # a database that cannot be opened is a clear one-line error, not a traceback
         # One process per SQLite data directory, held until this process ends (log/dirlock.py).
         dir_lock = None if settings.database_url else lock_data_dir(settings.data_dir)
         asyncio.run(open_store(settings).aclose())
     except StorageError as exc:
+        if settings.database_url:  # a PostgreSQL server that cannot be reached: the local
+            checks.remove_made(settings.data_dir, made)  # directory made for it goes again
         raise click.ClickException(str(exc)) from exc
     try:  # so is a runtime that cannot start, before anything is served
         runtime = load_runtime(settings)

@@ -9,6 +9,7 @@ import os
 import re
 import socket
 from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import click
@@ -107,3 +108,27 @@ def check_can_listen(host: str, port: int) -> None:
         # asyncio rewords a failed bind but keeps its errno; a failed look-up has no errno text
         reason = exc.strerror if isinstance(exc, socket.gaierror) else os.strerror(exc.errno or 0)
         raise click.ClickException(f"Cannot listen on {host} port {port}: {reason}.") from None
+
+
+def first_missing(path: Path) -> Path | None:
+    """The outermost directory of `path` that does not exist yet (None: it all exists)."""
+    missing = None
+    for directory in (path, *path.parents):
+        if directory.exists():
+            return missing
+        missing = directory
+    return missing
+
+
+def remove_made(path: Path, made: Path | None) -> None:
+    """Remove the directories from `path` up to `made` that a refused start created, where
+    they are still empty (so a refusal leaves nothing behind, and never removes a file)."""
+    if made is None:
+        return
+    for directory in (path, *path.parents):
+        try:
+            directory.rmdir()
+        except OSError:
+            return  # not empty (or gone): what is in it stays
+        if directory == made:
+            return

@@ -200,3 +200,25 @@ def test_an_allowed_host_the_host_check_cannot_read_is_refused(tmp_path: Path, h
     assert line.startswith("Error: Invalid value for '--allowed-host'"), line
     assert repr(host) in line, line
     assert not data.exists()
+
+
+def test_a_database_that_cannot_be_reached_leaves_no_data_directory(tmp_path: Path) -> None:
+    """The local directory (attachments' copies, the cookie secret) was made before the
+    PostgreSQL server was asked, and stayed, empty, after the refusal."""
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    data = tmp_path / "new" / "data"
+    url = f"postgresql://tether@127.0.0.1:{port}/tether"
+    result = subprocess.run(
+        [sys.executable, "-m", "tether", "serve", "--database-url", url]
+        + ["--data-dir", str(data), "--port", "0", "--no-browser"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("Error: Cannot open the Tether database at "), result.stderr
+    assert "Connection refused" in result.stderr  # libpq's words, and its hint on a second line
+    assert list(tmp_path.iterdir()) == []

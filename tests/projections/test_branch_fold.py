@@ -228,3 +228,28 @@ def test_a_fork_folds_in_time_linear_in_its_width() -> None:
         {"index": 1, "count": 4000},
         {"index": 2, "count": 4000},
     ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(branchy_logs(), st.booleans(), st.sampled_from([None, "Be brief."]))
+def test_a_pending_turn_s_context_is_the_context_once_it_is_folded(
+    events: list[Event], regenerate: bool, system_prompt: str | None
+) -> None:
+    """The early request (runs/invocation.py) is built with `context(pending=turn)` before the
+    turn commits; the worker keeps it only when it equals the context of the fold with the
+    turn in it. That is so on every branch and after every edit, regenerate, switch and cut,
+    for a new turn and for a regenerate of the message the transcript ends with."""
+    fold, _ = project(events)
+    ends_with_user = bool(fold.messages) and fold.messages[-1]["role"] == "user"
+    if regenerate and not ends_with_user:
+        return
+    turn = fold.messages[-1]["turn_id"] if regenerate else "u_new"
+    data: dict[str, Any] = {"turn_id": turn, "stream_id": "r_new", "attachments": []}
+    data |= {"text": "", "regenerate": True} if regenerate else {"text": "new", "submitted_at": 9.0}
+    pending = Event("s", len(events) + 1, "turn.submitted", 99.0, data, "r_new", turn)
+    before = fold.context(system_prompt, pending)
+    started = Event(
+        "s", len(events) + 2, "run.started", 99.0, {"stream_id": "r_new", "runtime": "x"}, "r_new"
+    )
+    fold, _ = project([pending, started], fold)
+    assert before == fold.context(system_prompt)

@@ -2,17 +2,20 @@
 
 A stateless runtime (`Runtime.stateless`, the OpenAI-compatible one) has no handle to build, so
 its run is admitted with its turn and `run.started` is written in the turn's own commit: one
-WAL fsync less before the model is asked. What must still hold: a Stop that lands while that
-commit is in flight finds an admitted run that was never invoked, so the model gets zero
-requests and the run ends cancelled, once; a runtime with per-session state keeps the two
-commits (its handle may take long to build, and the turn shows as pending meanwhile).
+WAL fsync less before the model is asked, and the model is asked while that commit is in
+flight (runs/invocation.py). What must still hold: nothing the model says is written before
+the turn (invariant 2), it was asked what the log gives (invariant 1), and a Stop that lands
+meanwhile interrupts the request, and the run ends cancelled, once; a runtime with
+per-session state keeps the two commits and is asked only once the turn is written (its
+handle may take long to build, and the turn shows as pending meanwhile).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from tether.events import Event
@@ -64,32 +67,75 @@ def test_a_runtime_with_session_state_keeps_run_started_in_a_commit_of_its_own(
     assert ["turn.submitted"] in batches and ["run.started"] in batches
 
 
-def test_a_stop_during_the_opening_commit_means_zero_model_requests(tmp_path: Path) -> None:
-    """Another connection holds the database's write lock, so the turn's commit waits in
-    the writer while the Stop is taken; then the lock is let go."""
+@contextlib.contextmanager
+def write_lock_held(settings: Settings) -> Iterator[None]:
+    """Another connection holds the database's write lock: the writer's commits wait."""
+    holder = sqlite3.connect(settings.database_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_the_model_is_asked_while_the_turn_commits(tmp_path: Path) -> None:
+    """Layer: runs (runs/invocation.py, the early request). The model's latency used to start
+    only once the turn's commit was on disk; now the request goes out while it commits.
+    Its output reaches the log only after the turn (invariant 2), and the model got the
+    context the log gives once the turn is in it (invariant 1)."""
+
+    async def main() -> None:
+        runtime = ContextRuntime()
+        runtime.gate.set()
+        settings = Settings(data_dir=tmp_path)
+        async with harness(tmp_path, runtime, settings) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            with write_lock_held(settings):
+                start = asyncio.create_task(h.engine.start(sid, "hi"))
+                await until(lambda: runtime.calls == 1)
+                await asyncio.sleep(0.05)  # its answer is in: none of it may be written
+                assert not start.done()
+                assert await h.types(sid) == ["session.created"]
+            started = await start
+            await h.wait_idle(sid)
+            assert runtime.calls == 1
+            types = [e.type for e in await h.store.read(sid)]
+            assert types[1:3] == ["turn.submitted", "run.started"]
+            assert types[-1] == "run.finished"
+            context = (await h.sessions.folds.get(sid)).transcript.context()
+            asked = context["context_messages"][:1]
+            assert runtime.asked == [asked] == [[{"role": "user", "content": "hi"}]]
+            view = await h.sessions.view(sid)
+            assert [m["content"] for m in view["messages"]] == ["hi", "answer"]
+            assert started["turn_id"] == view["messages"][0]["turn_id"]
+
+    asyncio.run(main())
+
+
+def test_a_stop_during_the_opening_commit_interrupts_the_early_request(tmp_path: Path) -> None:
+    """The run is admitted, and the model asked, while the turn's commit waits in the writer;
+    a Stop then interrupts that request like any Stop of an invoked run: the model's
+    request is closed, nothing it said is written, and the run ends cancelled, once."""
 
     async def main() -> None:
         runtime = GatedRuntime()
         settings = Settings(data_dir=tmp_path)
         async with harness(tmp_path, runtime, settings) as h:
             sid = (await h.sessions.create(None))["session_id"]
-            holder = sqlite3.connect(settings.database_path, isolation_level=None)
-            holder.execute("BEGIN IMMEDIATE")
-            try:
+            with write_lock_held(settings):
                 start = asyncio.create_task(h.engine.start(sid, "hi"))
-                await until(lambda: h.registry.phase(sid) == "running")
+                await until(lambda: runtime.calls == 1)  # asked, not answering (its gate)
                 assert not start.done()  # admitted with its turn, which is not durable yet
                 stop = asyncio.create_task(h.controls.cancel(session_id=sid))
                 await until(lambda: h.registry.phase(sid) == "cancelling")
                 assert not start.done()
-            finally:
-                holder.execute("ROLLBACK")
-                holder.close()
             started = await start
             assert (await stop)["cancelled"] is True
             await h.wait_idle(sid)
-            assert runtime.calls == 0  # never invoked: Stop won before invocation
-            assert h.engine.handles.borrow(sid) is None  # its handle retired, not kept
+            runtime.gate.set()  # a request that was closed says nothing more
+            await asyncio.sleep(0.05)
+            assert runtime.calls == 1
             events = await h.store.read(sid)
             ours = [e for e in events if e.stream_id == started["stream_id"]]
             assert [e.type for e in ours] == [
@@ -101,6 +147,45 @@ def test_a_stop_during_the_opening_commit_means_zero_model_requests(tmp_path: Pa
             assert ours[-1].data["state"] == "cancelled"
 
     asyncio.run(main())
+
+
+def test_a_runtime_with_session_state_is_asked_only_once_the_turn_is_written(
+    tmp_path: Path,
+) -> None:
+    """Its handle may take long to build and it keeps what it is told: it is never asked
+    for a turn the log does not hold yet, and a Stop during that commit means no request."""
+
+    async def main() -> None:
+        runtime = StatefulGatedRuntime()
+        settings = Settings(data_dir=tmp_path)
+        async with harness(tmp_path, runtime, settings) as h:
+            sid = (await h.sessions.create(None))["session_id"]
+            with write_lock_held(settings):
+                start = asyncio.create_task(h.engine.start(sid, "hi"))
+                await until(lambda: h.registry.busy(sid))
+                await asyncio.sleep(0.05)
+                assert runtime.calls == 0
+                stop = asyncio.create_task(h.controls.cancel(session_id=sid))
+                await until(lambda: h.registry.phase(sid) == "cancelling")
+            await start
+            assert (await stop)["cancelled"] is True
+            await h.wait_idle(sid)
+            assert runtime.calls == 0
+
+    asyncio.run(main())
+
+
+class ContextRuntime(GatedRuntime):
+    """Notes the messages of every request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[list[dict]] = []
+
+    async def stream(self, turn: TurnInput) -> AsyncIterator[RuntimeEvent]:
+        self.asked.append(turn.messages)
+        async for event in super().stream(turn):
+            yield event
 
 
 class ReadCountingRuntime(GatedRuntime):

@@ -82,6 +82,22 @@ def notice_text(state: str, data: dict[str, Any]) -> str | None:
     return f"Ended: {state}"
 
 
+def _user_row(event: Event) -> dict[str, Any]:
+    """The visible row of a new turn's `turn.submitted`."""
+    data = event.data
+    return {
+        "id": data["turn_id"],
+        "role": "user",
+        "turn_id": data["turn_id"],
+        "created_at": data.get("submitted_at", event.at),
+        "content": data.get("text", ""),
+        "attachments": [
+            {**a, "url": download_url(event.session_id, a["id"])}
+            for a in data.get("attachments") or []
+        ],
+    }
+
+
 class TranscriptFold:
     """Fold state; `apply` ignores events it has already seen, `view` returns fresh copies."""
 
@@ -134,17 +150,7 @@ class TranscriptFold:
                 data["stream_id"], data["turn_id"], data.get("submitted_at", event.at)
             )
             return
-        row = {
-            "id": data["turn_id"],
-            "role": "user",
-            "turn_id": data["turn_id"],
-            "created_at": data.get("submitted_at", event.at),
-            "content": data.get("text", ""),
-            "attachments": [
-                {**a, "url": download_url(event.session_id, a["id"])}
-                for a in data.get("attachments") or []
-            ],
-        }
+        row = _user_row(event)
         self.tree.append(row)
         self.grown_at = event.seq
         self.users[data["turn_id"]] = row
@@ -310,10 +316,19 @@ class TranscriptFold:
             return system_prompt
         return agent_system_message(self.agent_prompt.text, system_prompt)
 
-    def context(self, system_prompt: str | None = None) -> dict[str, Any]:
+    def context(
+        self, system_prompt: str | None = None, pending: Event | None = None
+    ) -> dict[str, Any]:
         """The model context of the next call (docs/api.md §3, `GET /api/session/context`),
-        opened by `system_prompt` when there is one."""
-        position = {row["id"]: index for index, row in enumerate(self.messages)}
+        opened by `system_prompt` when there is one; with `pending`, a new turn's
+        `turn.submitted` not folded yet, as it will be once it is (runs/invocation.py)."""
+        messages = self.messages
+        shown_runs = set(self.active)
+        if pending is not None:
+            if not pending.data.get("regenerate"):  # as `_turn_submitted` folds it
+                messages = [*messages, _user_row(pending)]
+            shown_runs.add(pending.data["stream_id"])
+        position = {row["id"]: index for index, row in enumerate(messages)}
         # A compaction counts on the branches through the row it followed.
         compactions = [
             {**c, "at": 0 if c["after"] is None else position[c["after"]] + 1}
@@ -321,12 +336,12 @@ class TranscriptFold:
             if c["after"] is None or c["after"] in position
         ]
         return context_messages(
-            self.messages,
+            messages,
             self.compressions,
             self.handoff,
             compactions,
             system_prompt,
-            shown_runs={*position, *self.active},
+            shown_runs={*position, *shown_runs},
         )
 
     def view(self) -> dict[str, Any]:

@@ -28,8 +28,9 @@ from tether.log.errors import QueueItemEdited
 from tether.log.store import AccountStore, EventStore, SharedLog
 from tether.runs.handles import HandleCache, RuntimeHandle, StatelessHandle
 from tether.runs.intake import Upload
+from tether.runs.invocation import ask_early, drop_early, model_for
 from tether.runs.registry import RUNNING, Run, RunRegistry
-from tether.runs.worker import Rotation, model_for, work
+from tether.runs.worker import Rotation, work
 from tether.runtimes.base import Runtime
 from tether.sessions.branching import edit_fork, regenerate_fork, shown_generation
 from tether.sessions.service import SessionService
@@ -247,8 +248,10 @@ class RunEngine:
 
         With a stateless runtime there is no handle to build, so the run is admitted here
         and its `run.started` joins the same append: one commit (a WAL fsync) less before
-        the model is asked. A Stop that lands during that append finds the run admitted but
-        not invoked, exactly as one landing during a separate `run.started` append would."""
+        the model is asked; and for a new turn (no edit, no upload) the model is asked while
+        that append commits, the request kept only if it asked what the log then asks
+        (runs/invocation.py). A Stop that lands before that request is sent finds the run
+        admitted but not invoked; one landing after interrupts it."""
         normalizer = Normalizer(run.stream_id, run.turn_id)
         opening: list[Draft] = []
         defaults = None
@@ -289,6 +292,7 @@ class RunEngine:
                 )
 
             async def unregister() -> None:
+                await drop_early(run)
                 self.handles.retire(run.session_id, run.stream_id)
                 self.registry.remove(run)
                 await self.sessions.release_blobs_held(blobs.values())
@@ -296,12 +300,11 @@ class RunEngine:
             # to its outcome, even for a caller cancelled meanwhile (a client gone, a
             # shutdown): a committed turn always gets its worker, and bytes its event is
             # committing are never released
+            appending = asyncio.ensure_future(self.store.append(run.session_id, drafts))
+            if opening and not uploads and not before and defaults is not None:
+                ask_early(self, run, model, defaults, draft)  # while it commits
             try:
-                await to_completion(
-                    self.store.append(run.session_id, drafts),
-                    then=start_worker,
-                    undo=unregister,
-                )
+                await to_completion(appending, then=start_worker, undo=unregister)
             finally:
                 run.turn_recording.set()  # a Stop that found the run may now record itself
         return {

@@ -63,6 +63,9 @@ class Run:
     # or the run unregistered): a Stop that found the run meanwhile records itself only then,
     # after the turn it stops (runs/engine.py `_record`, runs/controls.py `cancel`).
     turn_recording: asyncio.Event | None = field(default=None, repr=False)
+    # A stateless runtime asked while the turn commits (runs/invocation.py `ask_early`): the
+    # worker keeps that request only when it asked what the committed log asks.
+    early: asyncio.Task | None = field(default=None, repr=False)
 
     def move(self, phase: str) -> None:
         if phase not in _NEXT[self.phase]:

@@ -5,7 +5,9 @@ pumps its events into the log (`runs.pump`) and appends the one `run.finished`.
 
 Agent registration after cancellation (contract): immediately before the runtime is invoked
 the worker re-checks the phase and that it still holds its handle, so a Stop that won during
-preparation or construction means zero model requests and no interrupt. The old worker never
+preparation or construction means zero model requests and no interrupt (a stateless
+runtime's request may have been sent while the turn committed, with the same check:
+runs/invocation.py). The old worker never
 touches a successor: the log fences its stream once `run.finished` is written, the registry
 removes a run only by identity, and the handle cache releases only what this exact stream owns.
 """
@@ -13,23 +15,21 @@ removes a run only by identity, and the handle cache releases only what this exa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from pathlib import Path
 from typing import Any, Protocol
 
-from tether.ingest.normalizer import Normalizer, SteerDelivered
+from tether.ingest.normalizer import Normalizer
 from tether.log import Draft, SessionNotFound, StorageError, StreamClosed
 from tether.log.attachments import BlobStore
 from tether.log.store import EventStore
 from tether.runs.controls import leftover_drafts, unrecorded_stop
 from tether.runs.handles import HandleCache, RuntimeHandle, open_handle
-from tether.runs.pump import END, Signal, outcome, pump
+from tether.runs.invocation import keep_early, produce, turn_input
+from tether.runs.pump import outcome, pump
 from tether.runs.registry import RUNNING, STARTING, Run, RunRegistry
-from tether.runtimes.base import AttachmentRef, ProviderError, Runtime, TurnInput
+from tether.runtimes.base import Runtime
 from tether.sessions.defaults import Defaults
 from tether.sessions.service import SessionService
-from tether.visible_text import shown_file_name
 
 log = logging.getLogger("tether.runs")
 
@@ -81,7 +81,8 @@ async def work(
     state = "error"
     extra: dict[str, Any] = {}
     try:
-        turn = await _turn_input(engine, run, model, defaults)
+        turn = await turn_input(engine, run, model, defaults)
+        asked = await keep_early(run, turn)  # a stateless runtime's, sent while it committed
         # A stateless runtime's run was admitted, and its run.started written, with the
         # turn (RunEngine._record); any other builds or borrows its handle now.
         handle = run.handle if run.handle is not None else await _admit_handle(engine, run)
@@ -92,12 +93,14 @@ async def work(
                 [normalizer.started(engine.runtime.name, turn.model or engine.runtime.model)],
             )
         # Revalidate right before invocation: Stop may have won during the append.
-        if (
+        if asked:
+            pass  # its revalidation was made right before it was sent
+        elif (
             handle is not None
             and run.phase == RUNNING
             and engine.handles.holds(run.session_id, run.stream_id, handle)
         ):
-            run.producer = asyncio.create_task(_produce(handle, turn, run.inbox))
+            run.producer = asyncio.create_task(produce(handle, turn, run.inbox))
         elif handle is not None:
             retired = engine.handles.retire(run.session_id, run.stream_id)
             if retired is not None:
@@ -212,64 +215,6 @@ async def _admit_handle(engine: WorkerHost, run: Run) -> RuntimeHandle | None:
     return handle
 
 
-async def _upload_path(engine: WorkerHost, session_id: str, attachment_id: str) -> Path | None:
-    upload = await engine.store.attachment(attachment_id, session_id)
-    return None if upload is None else await engine.attachments.path(upload["blob"])
-
-
-async def _turn_input(
-    engine: WorkerHost, run: Run, model: str | None, defaults: Defaults | None
-) -> TurnInput:
-    """What the runtime gets: the context the session shows (invariant 1) and the
-    turn's model (`model_for`), with the server's defaults as `RunEngine._record`
-    read them."""
-    fold = await engine.sessions.folds.get(run.session_id)
-    if defaults is None:
-        defaults = await engine.sessions.defaults.current()
-    model = model_for(fold.row or {}, model, defaults)
-    system_prompt = fold.system_prompt(defaults.system_prompt)
-    messages = fold.transcript.context(system_prompt)["context_messages"]
-    refs: dict[str, AttachmentRef] = {}
-    for row in fold.transcript.messages:
-        for att in row.get("attachments") or []:
-            path = await _upload_path(engine, run.session_id, att["id"])
-            if path is not None:
-                shown = shown_file_name(att["name"])  # as the page names it
-                refs[att["id"]] = AttachmentRef(att["id"], shown, att["mime"], path)
-    run.steer.on_drain = lambda ids: run.inbox.put_nowait(SteerDelivered(ids))
-    user = fold.transcript.users.get(run.turn_id)
-    agent_prompt = fold.transcript.agent_prompt
-    return TurnInput(
-        run.session_id,
-        run.stream_id,
-        run.turn_id,
-        messages,
-        refs,
-        model,
-        system_prompt=system_prompt,
-        steer=run.steer,
-        submitted_at=user["created_at"] if user else None,
-        approvals=run.approvals,
-        questions=run.questions,
-        agent_system_prompt=agent_prompt.text if agent_prompt is not None else None,
-    )
-
-
-async def _produce(handle: RuntimeHandle, turn: TurnInput, inbox: asyncio.Queue) -> None:
-    try:
-        async with contextlib.aclosing(handle.stream(turn)) as events:
-            async for event in events:
-                inbox.put_nowait(event)
-        inbox.put_nowait(END)
-    except ProviderError as exc:
-        inbox.put_nowait(Signal("error", exc))
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        log.exception("runtime failed")
-        inbox.put_nowait(Signal("error", ProviderError("internal", f"{exc!r}")))
-
-
 async def _unwind(engine: WorkerHost, run: Run) -> None:
     """Wait for the runtime to stop before the session admits a successor; a runtime that
     ignores cancellation is left to the reclaimer."""
@@ -281,9 +226,3 @@ async def _unwind(engine: WorkerHost, run: Run) -> None:
     # admitted by the reclaimer builds its own handle instead of sharing this one.
     engine.handles.release(run.session_id, run.stream_id)
     engine.registry.remove(run)
-
-
-def model_for(row: dict[str, Any], asked: str | None, defaults: Defaults) -> str | None:
-    """A turn's model: the one it asked for, else the session's own (`PATCH /api/session
-    {model}`), else the settings panel's default, else None (the runtime's own)."""
-    return asked or row.get("model") or defaults.model

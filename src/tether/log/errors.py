@@ -165,6 +165,20 @@ class StorageError(LogError, ApiError):
         return f"Tether could not use its storage; nothing was changed. Details: {self}"
 
 
+class NewerSchema(StorageError):
+    """The database holds migrations this version does not know: a newer Tether made them.
+    Refused at start, before anything is written (downgrades are not supported: this
+    version would write rows without what they added and fold the sidebar its old way)."""
+
+    def __init__(self, where: str, unknown: list[str]):
+        where = f" {where}" if where else ""
+        super().__init__(
+            f"The Tether database{where} was migrated by a newer version of Tether "
+            f"({', '.join(sorted(unknown))}, unknown to this one). Run that version or a "
+            "newer one: downgrades are not supported. Nothing was changed."
+        )
+
+
 class StorageReadOnly(StorageError):
     """The data directory (or the database in it) cannot be written at all: refused at start."""
 

@@ -9,6 +9,8 @@ import sqlite3
 import time
 from collections.abc import Callable
 
+from tether.log.errors import NewerSchema
+
 Migration = Callable[[sqlite3.Connection], None]
 MIGRATIONS: list[tuple[str, Migration]] = []
 
@@ -206,13 +208,18 @@ def m007_search_words_with_marks(db: sqlite3.Connection) -> None:
     db.execute("INSERT INTO search_fts(search_fts) VALUES ('rebuild')")
 
 
-def apply_migrations(db: sqlite3.Connection) -> list[str]:
-    """Apply what is missing, each in its own transaction; return the names applied.
+def apply_migrations(db: sqlite3.Connection, where: str = "") -> list[str]:
+    """Apply what is missing, each in its own transaction; return the names applied. A
+    database holding a migration this version lacks is refused first (NewerSchema, naming
+    `where`), before anything is written.
 
     `db` is in autocommit mode (isolation_level=None): transactions are explicit.
     """
     db.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL)")
     done = {row[0] for row in db.execute("SELECT name FROM migrations")}
+    unknown = done - {name for name, _ in MIGRATIONS}
+    if unknown:
+        raise NewerSchema(where, sorted(unknown))
     applied = []
     for name, fn in MIGRATIONS:
         if name in done:

@@ -21,6 +21,8 @@ from collections.abc import Callable
 
 import psycopg
 
+from tether.log.errors import NewerSchema
+
 log = logging.getLogger("tether.log")
 
 Migration = Callable[[psycopg.Connection], None]
@@ -318,8 +320,10 @@ def m012_continued_in(db: psycopg.Connection) -> None:
     )
 
 
-def apply_migrations(db: psycopg.Connection) -> list[str]:
-    """Apply what is missing, each in its own transaction; return the names applied.
+def apply_migrations(db: psycopg.Connection, where: str = "") -> list[str]:
+    """Apply what is missing, each in its own transaction; return the names applied. A
+    database holding a migration this version lacks (a newer replica ran it) is refused
+    first (NewerSchema, naming `where`), before anything is written.
     `db` is in autocommit mode: transactions are explicit."""
     applied = []
     with db.transaction():
@@ -328,6 +332,10 @@ def apply_migrations(db: psycopg.Connection) -> list[str]:
             "CREATE TABLE IF NOT EXISTS tether_migrations "
             "(name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
         )
+        recorded = {name for (name,) in db.execute("SELECT name FROM tether_migrations")}
+    unknown = recorded - {name for name, _ in MIGRATIONS}
+    if unknown:
+        raise NewerSchema(where, sorted(unknown))
     for name, fn in MIGRATIONS:
         with db.transaction():
             db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))

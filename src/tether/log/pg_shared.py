@@ -27,7 +27,7 @@ def shared_secret(url: str, name: str = "cookie") -> str:
     first insert wins (ON CONFLICT DO NOTHING) and every replica reads back the same."""
     try:
         with psycopg.connect(url, autocommit=True, connect_timeout=10) as db:
-            apply_migrations(db)
+            apply_migrations(db, f"at {redact(url)}")
             db.execute(
                 "INSERT INTO server_secrets (name, value) VALUES (%s, %s) "
                 "ON CONFLICT (name) DO NOTHING",

@@ -99,7 +99,7 @@ class PostgresEventStore(PostgresReads):
         self._search_fold = search_fold
         try:
             with psycopg.connect(url, autocommit=True, connect_timeout=10) as db:
-                apply_migrations(db)
+                apply_migrations(db, f"at {redact(url)}")
                 cursors = self._load_index(db, index_version)
                 pg_search.ensure_index(db, search_fold, search_version, index_fold)
         except psycopg.Error as exc:

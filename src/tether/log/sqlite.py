@@ -121,7 +121,7 @@ class SQLiteEventStore(SQLiteReads):
             if mode.lower() != "wal":
                 raise StorageError(f"{self.path}: could not switch to WAL (got {mode})")
             self._db.execute("PRAGMA synchronous=FULL")
-            apply_migrations(self._db)
+            apply_migrations(self._db, str(self.path))
             self._last_seq, self._index = self._load_index(index_version)
             sqlite_search.ensure_index(self._db, search_fold, search_version, index_fold)
             self._stream_events = sqlite_search.stream_reader(self._db)

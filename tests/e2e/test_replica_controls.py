@@ -177,3 +177,38 @@ def test_a_message_queued_behind_a_killed_replicas_run_stays_queued_and_starts_e
         body = session_body(on_b, sid)
         assert body["queued"] == []
         assert [m["content"] for m in body["messages"] if m["role"] == "user"][-1] == "after it"
+
+
+def test_a_replica_unwinding_a_stubborn_run_shows_and_stops_another_replicas_next_run(
+    tmp_path: Path,
+) -> None:
+    """B's run ignores its Stop (its worker unwinds for 12 s) while its `run.finished`
+    frees the session in the log, and A runs the next turn there. B shows A's run as the
+    one to attach to (status and sidebar row), not its own leftover, and a Stop through B
+    by `session_id` stops A's run (one `cancelled: true`). Layer: the run registry and the
+    log's open run (sessions/service.py occupancy, runs/controls.py); contract invariant 9:
+    `busy` stays true, `attachable_stream` is the run a browser can follow."""
+    with database() as url, replicas(tmp_path, url, DEMO, SLOW) as [(_, on_a), (_, on_b)]:
+        sid = new_session(on_b)
+        first = start_turn(on_b, sid, "/stubborn 12")["stream_id"]
+        read_events(on_b, sid, after="0", stop_on="reasoning.delta", timeout=30)
+        assert on_b.post("/api/chat/cancel", json={"stream_id": first}).json()["cancelled"]
+
+        def status(client: httpx.Client) -> dict:
+            return client.get("/api/session/status", params={"session_id": sid}).json()
+
+        wait_until(lambda: not status(on_a)["busy"], what="the log frees the session")
+        second = start_turn(on_a, sid, "/slow a long answer")["stream_id"]
+        seen = wait_until(
+            lambda: (s := status(on_b))["active_stream_id"] == second and s,
+            what="B offers A's run to attach to",
+        )
+        assert (seen["busy"], seen["phase"]) == (True, "running"), seen
+        row = next(
+            s for s in on_b.get("/api/sessions").json()["sessions"] if s["session_id"] == sid
+        )
+        assert (row["busy"], row["active_stream_id"]) == (True, second)
+        stopped = on_b.post("/api/chat/cancel", json={"session_id": sid}).json()
+        assert stopped == {"ok": True, "cancelled": True, "stream_id": second}
+        frames = run_events(on_a, sid, second, timeout=30)
+        assert frames[-1].json["data"]["state"] == "cancelled"

@@ -143,7 +143,13 @@ class RunControls:
             self.registry.move(run, CANCELLING)
             run.rotation_stop.set()
             return {"ok": True, "cancelled": False, "stream_id": run.stream_id}
-        if run is None or run.resolved or run.phase not in (STARTING, RUNNING):
+        if run is not None and not stream_id and self.shared_log and _unwinding(run):
+            # A worker here that ignores its Stop still holds the session; the session's
+            # open run, if any, is then another replica's: the Stop is for that one.
+            target = await self.store.unfinished_stream(session_id=run.session_id)
+            if target is not None and target.stream_id != run.stream_id:
+                return await self._cancel_elsewhere(target.stream_id, None)
+        if run is None or _unwinding(run):
             return {
                 "ok": True,
                 "cancelled": False,
@@ -376,6 +382,11 @@ class RunControls:
             pass  # its run.finished came first: the finished row does not show it
         except StorageError as exc:
             log.warning("run %s: could not give back steer %s: %s", run.stream_id, steer_id, exc)
+
+
+def _unwinding(run: Run) -> bool:
+    """The run's end is decided (resolved, or Stopped): its worker only unwinds."""
+    return run.resolved or run.phase not in (STARTING, RUNNING)
 
 
 def _steer_draft(stream_id: str, turn_id: str, steer_id: str, text: str) -> Draft:

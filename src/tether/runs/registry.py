@@ -128,5 +128,10 @@ class RunRegistry:
         run = self._by_session.get(session_id)
         return "idle" if run is None else run.phase
 
+    def own_stream(self, session_id: str) -> str | None:
+        """The stream of the worker here that occupies the session, attachable or not."""
+        run = self._by_session.get(session_id)
+        return None if run is None else run.stream_id
+
     def runs(self) -> list[Run]:
         return list(self._by_session.values())

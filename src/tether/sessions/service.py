@@ -62,6 +62,8 @@ class RunOccupancy(Protocol):
 
     def phase(self, session_id: str) -> str: ...
 
+    def own_stream(self, session_id: str) -> str | None: ...
+
 
 class Occupancy(NamedTuple):
     """Whether a run occupies a session, the run a browser may attach to, and its phase
@@ -105,12 +107,16 @@ class SessionService:
         """The registry's answer for a run this process runs. A run the log shows unfinished
         that no worker here runs is another replica's (a log several replicas share,
         docs/operations.md): it occupies the session until its `run.finished`, and a browser
-        may attach to it until a Stop is recorded for it."""
+        may attach to it until a Stop is recorded for it. A worker here still unwinding
+        after its run finished (a Stop it ignores) keeps the session busy, but the run the
+        log shows open then is another replica's, and that one is the run to attach to."""
         own = self.own_occupancy(state["session_id"])
-        if own.busy:
-            return own
         stream = state.get("open_stream")  # .get: a state an older fold wrote has neither
-        if stream is None:
+        if own.busy:
+            mine = self.registry.own_stream(state["session_id"])
+            if own.active_stream_id or stream is None or stream == mine:
+                return own
+        elif stream is None:
             return IDLE
         if state.get("stop_requested"):
             return Occupancy(True, None, "cancelling")

@@ -362,7 +362,10 @@ class RunEngine:
         docs/api.md §4); None when there is none or the session is taken. It stays queued
         if the start is refused: also when rows were hidden after this fold (another tab or
         replica switched branch as the run ended), checked as a stale view's start."""
-        fold = await self.sessions.folds.get(session_id)
+        try:
+            fold = await self.sessions.folds.get(session_id)
+        except SessionNotFound:  # deleted through another replica as its run finished
+            return None
         queue = fold.transcript
         item = next((q for q in queue.queued.values() if q["queue_id"] not in queue.held), None)
         seen = fold.last_seq  # read before any await: the live tail advances the fold

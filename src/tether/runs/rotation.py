@@ -117,6 +117,8 @@ class Rotator:
             return await self.rotate(session_id, stop or asyncio.Event())
         except RotationStopped:
             log.info("rotation of %s skipped: stopped", session_id)
+        except SessionNotFound:  # deleted through another replica once its run finished
+            log.info("rotation of %s skipped: the session was deleted", session_id)
         except ProviderError as exc:
             log.warning(
                 "rotation of %s skipped: the summary request failed: %s", session_id, exc.message
@@ -173,8 +175,9 @@ async def continue_in(
     parent's lock; `fold` is the parent as the caller checked it (default: read here).
 
     `session.rotated` is refused (TranscriptMoved, SessionOccupied, SessionContinued) when
-    another replica wrote to the parent since `fold`, runs a turn in it or rotated it: a
-    child created here is deleted again, and the error raised, nothing rotated."""
+    another replica wrote to the parent since `fold`, runs a turn in it or rotated it, and
+    fails (SessionNotFound) when it deleted it: a child created here is deleted again, and
+    the error raised, nothing rotated."""
     store = sessions.store
     if fold is None:
         fold = await sessions.folds.get(parent_id)
@@ -182,7 +185,9 @@ async def continue_in(
     # checked is read now, before any await lets another replica's events into it.
     seen, moved = fold.last_seq, list(fold.transcript.queued.values())
     parent = await sessions.row(parent_id)
-    assert parent is not None and fold.row is not None
+    if parent is None:  # deleted through another replica since `fold`
+        raise SessionNotFound(parent_id)
+    assert fold.row is not None
     if create:
         await sessions.create_log(
             child_id,
@@ -220,8 +225,8 @@ async def continue_in(
                 for q in moved
             ],
         )
-    except (TranscriptMoved, SessionOccupied, SessionContinued, StorageError):
-        if create:  # nothing continues in it
+    except (TranscriptMoved, SessionOccupied, SessionContinued, SessionNotFound, StorageError):
+        if create:  # nothing continues in it (nor a parent deleted since `fold`)
             await _remove_unused(sessions, child_id)
         elif copied:  # the parent keeps them: the next pass copies what it has then
             with contextlib.suppress(StorageError):  # that pass removes them as stale

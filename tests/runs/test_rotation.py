@@ -132,6 +132,36 @@ def test_a_turn_that_crossed_the_threshold_continues_in_a_child(tmp_path: Path) 
     asyncio.run(main())
 
 
+def test_a_child_keeps_the_model_system_prompt_and_pin_chosen_for_its_parent(
+    tmp_path: Path,
+) -> None:
+    """The child takes its parent's place: the model, system prompt and pin the user chose
+    for the conversation (`PATCH /api/session`) go on in it. They were left behind, so the
+    conversation's next turn went to the server's default model without its system prompt,
+    and a pinned conversation dropped out of the pinned ones, with nothing said."""
+
+    async def main() -> None:
+        runtime = FullContextRuntime()
+        async with harness(tmp_path, runtime, rotating(tmp_path)) as h:
+            parent = (await h.sessions.create("Research"))["session_id"]
+            chosen = {"model": "picked-model", "system_prompt": "Answer in French.", "pinned": True}
+            await h.sessions.patch(parent, chosen)
+            await h.engine.start(parent, "first question")
+            child = await rotated_child(h, parent)
+            row = await h.sessions.row(child)
+            assert {k: row[k] for k in chosen} == chosen
+            assert row["updated_at"] == (await h.sessions.row(parent))["updated_at"]
+            await h.engine.start(child, "second question")
+            for _ in range(500):
+                if len(runtime.turns) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert runtime.turns[1][0]["role"] == "system"
+            assert "Answer in French." in runtime.turns[1][0]["content"]
+
+    asyncio.run(main())
+
+
 def test_in_place_mode_never_rotates(tmp_path: Path) -> None:
     async def main() -> None:
         runtime = FullContextRuntime()
@@ -269,7 +299,11 @@ def _make_children(data_dir: Path, url: str | None, parent: str, updated_at: flo
         }
         turn = {"turn_id": "u_used", "stream_id": "r_used"}
         try:
-            await store.create_session("s_unfinished", [Draft("session.created", created)])
+            chosen = {"model": "picked-model", "pinned": True}  # the parent's, carried over
+            await store.create_session(
+                "s_unfinished",
+                [Draft("session.created", created), Draft("session.updated", chosen)],
+            )
             await store.create_session(
                 "s_used",
                 [

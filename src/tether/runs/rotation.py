@@ -202,6 +202,7 @@ async def continue_in(
                         **created,
                     },
                 ),
+                *_chosen_in_child(parent),
                 # queued messages follow the conversation, in the child's creating append:
                 # the parent's queue.removed "moved" commits with session.rotated, so no
                 # failure in between can lose them
@@ -264,6 +265,15 @@ def _moved_back(queue_ids: list[str]) -> list[Draft]:
     return [Draft(ev.QUEUE_REMOVED, {"queue_id": q, "reason": "moved"}) for q in queue_ids]
 
 
+def _chosen_in_child(parent: dict[str, Any]) -> list[Draft]:
+    """What the user chose for the conversation (`PATCH /api/session`: its model, system
+    prompt, pin, archive) goes on in the child that takes its place: metadata, so it moves
+    nothing in the sidebar (invariant 4)."""
+    chosen = {key: parent[key] for key in ("pinned", "archived") if parent[key]}
+    chosen |= {key: parent[key] for key in ("model", "system_prompt") if parent[key] is not None}
+    return [Draft(ev.SESSION_UPDATED, chosen)] if chosen else []
+
+
 def _queued_in_child(moved: list[dict[str, Any]]) -> list[Draft]:
     return [
         Draft(
@@ -294,8 +304,9 @@ async def remove_cut_short(sessions: SessionService, *, shared: bool) -> int:
     killed after creating the child, before `session.rotated`): each showed the conversation
     a second time beside its parent. Only a child nothing continues in, made by a rotation
     (a handoff; an agent's continuation is completed by the next sync pass instead), holding
-    nothing but its creation and copies of the parent's queue (the parent still has them):
-    the parent's next turn rotates again. A child someone has used stays."""
+    nothing but its creating append (its creation, the parent's choices: `_chosen_in_child`)
+    and copies of the parent's queue (the parent still has them): the parent's next turn
+    rotates again. A child someone has used stays."""
     store = sessions.store
     states = await store.index_states()
     removed = 0
@@ -310,7 +321,12 @@ async def remove_cut_short(sessions: SessionService, *, shared: bool) -> int:
         events = await store.read(child_id)
         if not events or "handoff" not in events[0].data:
             continue
-        if any(e.type not in (ev.SESSION_CREATED, ev.QUEUE_ADDED) for e in events):
+        made = events[0].at  # the creating append: the parent's choices, its queue
+        if any(
+            e.type not in (ev.SESSION_CREATED, ev.QUEUE_ADDED)
+            and not (e.type == ev.SESSION_UPDATED and e.at == made)
+            for e in events
+        ):
             continue
         try:
             await sessions.delete(child_id)

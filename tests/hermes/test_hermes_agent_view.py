@@ -5,6 +5,7 @@ continuation recovery"): what one pass over a real `state.db` (written by hermes
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -367,3 +368,40 @@ def test_sessions_a_person_started_in_the_cli_are_found_once(
     assert [f["agent_session_id"] for f in found] == ["cli1", "tui1"]
     assert all(f["started_at"] > 0 for f in found)
     assert [f["agent_session_id"] for f in started_elsewhere(db, set(), "work")] == ["work"]
+
+
+def test_bytes_that_are_not_utf8_in_state_db_hide_nothing_else(
+    hermes_python: Path, home: Path, ledger: ProofStore
+) -> None:
+    """`state.db` is another program's file: one row or title holding bytes that are not
+    UTF-8 (a tool that wrote it by hand, a damaged page) used to fail the whole read, which
+    a pass took for "nothing there": that session's turns were never imported and no CLI
+    session was discovered any more. Such bytes now read as U+FFFD and the rest comes in."""
+    db = write_state(
+        hermes_python,
+        home,
+        [
+            ["create", "a1", "cli", {}],
+            ["append", "a1", "user", "first", {}],
+            ["append", "a1", "assistant", "odd", {}],
+            ["append", "a1", "user", "later", {}],
+            ["append", "a1", "assistant", "later answer", {}],
+            ["create", "c2", "cli", {}],
+            ["append", "c2", "user", "hello c2", {}],
+        ],
+    )
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE messages SET content = CAST(X'6f6464ff' AS TEXT) WHERE id = 2")
+        raw.execute("UPDATE sessions SET title = CAST(X'ff' AS TEXT) WHERE id = 'a1'")
+    ledger.bind("s1", "a1")
+    news = agent_news(db, ledger, "s1", 0, None)
+    assert news.watermark == 4
+    shown = [(r["role"], r["content"]) for e in news.entries for r in e["rows"]]
+    assert shown == [
+        ("user", "first"),
+        ("assistant", "odd\ufffd"),
+        ("user", "later"),
+        ("assistant", "later answer"),
+    ]
+    found = started_elsewhere(db, set(), None)
+    assert [(f["agent_session_id"], f["title"]) for f in found] == [("a1", "\ufffd"), ("c2", None)]

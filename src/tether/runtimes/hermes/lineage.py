@@ -59,15 +59,23 @@ class SessionRow:
 
 @contextmanager
 def read_only(db_path: Path) -> Iterator[sqlite3.Connection | None]:
-    """A read-only connection, or None when there is no state.db yet."""
+    """A read-only connection, or None when there is no state.db yet. `state.db` is another
+    program's file: text that is not UTF-8 reads with U+FFFD in place of the bad bytes, since
+    sqlite3's strict decoding would fail the whole query, and a pass would see nothing of
+    the session (or of every CLI session) around that one value."""
     if not db_path.exists():
         yield None
         return
     db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5)
+    db.text_factory = _lenient_text
     try:
         yield db
     finally:
         db.close()
+
+
+def _lenient_text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
 
 
 _COLUMNS = (

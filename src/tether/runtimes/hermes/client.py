@@ -100,17 +100,23 @@ class SidecarProcess:
     async def start(self, config: dict[str, Any]) -> dict[str, Any]:
         """Spawn the sidecar and warm it up (`hello`); returns the `ready` event."""
         started = time.monotonic()
-        self.proc = await asyncio.create_subprocess_exec(
-            self.python,
-            str(SIDECAR),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=self.env,
-            cwd=str(self.cwd),
-            limit=LINE_LIMIT,
-            start_new_session=True,
-        )
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                self.python,
+                str(SIDECAR),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self.env,
+                cwd=str(self.cwd),
+                limit=LINE_LIMIT,
+                start_new_session=True,
+            )
+        except OSError as exc:  # not executable, not a program, a directory
+            raise SidecarError(
+                f"{self.python} could not be run ({exc.strerror or exc}); point --hermes-python "
+                "(TETHER_HERMES_PYTHON) at the Python that has hermes-agent."
+            ) from None
         self._tasks = [
             asyncio.create_task(self._read_stdout()),
             asyncio.create_task(self._read_stderr()),
@@ -132,8 +138,15 @@ class SidecarProcess:
                             float(event.get("seconds") or 0),
                         )
                         return event
-                    if kind in ("fatal", "eof"):
+                    if kind == "fatal":
                         raise SidecarError(self.describe(event.get("message")))
+                    if kind == "eof":
+                        code = await self.proc.wait()
+                        raise SidecarError(
+                            self.describe(
+                                f"the Hermes sidecar exited with code {code} before it was ready"
+                            )
+                        )
         except TimeoutError:
             await self.kill()
             raise SidecarError(

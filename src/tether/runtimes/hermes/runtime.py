@@ -217,7 +217,12 @@ class HermesRuntime(Runtime):
             live_tip, self.state_db, bound[-1] if bound else session_id, self.profile
         )
         handle = HermesHandle(self, session_id, tip)
-        await handle.ensure_started()
+        try:
+            await handle.ensure_started()
+        except RuntimeUnavailable as exc:
+            # Its turn says why (streaming.run_turn): the run ends with the reason, where
+            # the engine would end it as a bug when building the handle fails.
+            handle.failure = exc
         return handle
 
     async def stream(self, turn: TurnInput) -> RuntimeStream:
@@ -326,6 +331,7 @@ class HermesHandle:
         self.turn_stream_id: str | None = None  # the last turn sent
         self.closed = False
         self._requests = 0
+        self.failure: RuntimeUnavailable | None = None  # building its agent failed
 
     @property
     def turn_open(self) -> bool:
@@ -342,6 +348,9 @@ class HermesHandle:
         return self.channel is not None and self.channel.alive
 
     async def ensure_started(self) -> AgentChannel:
+        if self.failure is not None:  # said once; the next call tries again
+            failure, self.failure = self.failure, None
+            raise failure
         if self.channel is not None and not self.channel.alive:
             self.channel = None  # evicted, or its sidecar is gone
         if self.channel is None:

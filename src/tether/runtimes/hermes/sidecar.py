@@ -193,6 +193,10 @@ def _plain(value: Any, depth: int) -> Any:
     raise _NotPlain
 
 
+class StartFailed(Exception):
+    """`hello` cannot go on; the message is for the person who configured Tether."""
+
+
 class Host:
     """The agents of this process by key, and the commands that reach them."""
 
@@ -208,7 +212,14 @@ class Host:
 
     def hello(self, config: dict[str, Any]) -> None:
         started = time.monotonic()
-        import run_agent  # noqa: F401 - the one import of Hermes, after the fd 1 switch
+        try:
+            import run_agent  # noqa: F401 - the one import of Hermes, after the fd 1 switch
+        except ModuleNotFoundError as exc:
+            raise StartFailed(
+                f"{sys.executable} cannot import hermes-agent ({exc}); point --hermes-python "
+                "(TETHER_HERMES_PYTHON) at the Python of a virtualenv where "
+                "`pip install hermes-agent==0.19.0` ran."
+            ) from exc
 
         install_steer_marker(self.live)
         check_once_per_process()
@@ -364,6 +375,9 @@ def main() -> int:
                 emit("fatal", message=f"{op!r} before hello")
             else:
                 host.dispatch(op, cmd)
+        except StartFailed as exc:
+            emit("fatal", message=str(exc))
+            return 1
         except Exception as exc:
             emit(
                 "fatal",

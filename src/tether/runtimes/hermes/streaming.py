@@ -32,6 +32,7 @@ from tether.runtimes.base import (
     ReasoningDelta,
     RuntimeEvent,
     RuntimeStream,
+    RuntimeUnavailable,
     SteerInbox,
     TextDelta,
     ToolCompleted,
@@ -194,7 +195,10 @@ def _choices(event: dict[str, Any]) -> tuple[str, ...]:
 
 async def run_turn(handle: TurnHandle, turn: TurnInput) -> RuntimeStream:
     await handle.settle_previous()
-    channel = await handle.ensure_started()
+    try:
+        channel = await handle.ensure_started()
+    except RuntimeUnavailable as exc:  # the sidecar cannot start: the run ends saying why
+        raise ProviderError("internal", str(exc)) from exc
     channel.busy = True  # no await since it was handed out: it cannot be evicted meanwhile
     try:
         async with contextlib.aclosing(_drive(handle, channel, turn)) as events:

@@ -1,0 +1,77 @@
+"""What a person sees when the Hermes sidecar cannot start: the run ends with the reason and
+what to do about it, never as a bug's `repr`. The server itself keeps serving (the sidecar
+starts in the background), so the first turn is where a bad `--hermes-python` shows."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from fake_openai import FakeOpenAI
+from helpers import new_session, running_server, start_turn, wait_idle
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+def _first_turn_error(tmp_path: Path, fake: FakeOpenAI, python: str) -> dict:
+    with (
+        running_server(
+            tmp_path / "data",
+            "--runtime",
+            "hermes",
+            "--hermes-python",
+            python,
+            "--base-url",
+            fake.base_url,
+            "--model",
+            fake.model,
+            env={"TETHER_HERMES_HOME": str(tmp_path / "home")},
+        ) as server,
+        server.client() as client,
+    ):
+        sid = new_session(client)
+        start_turn(client, sid, "hello")
+        body = wait_idle(client, sid, timeout=60)
+        # the next turn tries again and says the same
+        start_turn(client, sid, "again")
+        again = wait_idle(client, sid, timeout=60)
+    first, second = body["messages"][-1], again["messages"][-1]
+    assert first["state"] == second["state"] == "error"
+    assert first["error"] == second["error"]
+    return first["error"]
+
+
+def test_a_python_without_hermes_agent_is_named_with_the_fix(
+    tmp_path: Path, fake: FakeOpenAI
+) -> None:
+    error = _first_turn_error(tmp_path, fake, sys.executable)  # Tether's: no hermes-agent
+    message = error["message"]
+    assert not message.startswith("RuntimeUnavailable(")
+    assert message.startswith(f"Hermes Agent could not start: {sys.executable} cannot import")
+    assert "hermes-agent" in message and "--hermes-python" in message
+    assert error["code"] == "internal"
+
+
+def test_a_hermes_python_that_cannot_be_run_says_so(tmp_path: Path, fake: FakeOpenAI) -> None:
+    not_a_program = tmp_path / "python"
+    not_a_program.write_text("not a program\n")  # exists, but is not executable
+    error = _first_turn_error(tmp_path, fake, str(not_a_program))
+    assert error["message"] == (
+        f"Hermes Agent could not start: {not_a_program} could not be run (Permission denied); "
+        "point --hermes-python (TETHER_HERMES_PYTHON) at the Python that has hermes-agent."
+    )
+
+
+def test_a_sidecar_that_exits_before_it_is_ready_gives_its_exit_code(
+    tmp_path: Path, fake: FakeOpenAI
+) -> None:
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\necho 'cannot start: no licence' >&2\nexit 3\n")
+    script.chmod(0o755)
+    error = _first_turn_error(tmp_path, fake, str(script))
+    assert error["message"] == (
+        "Hermes Agent could not start: the Hermes sidecar exited with code 3 before it was "
+        "ready\ncannot start: no licence"
+    )

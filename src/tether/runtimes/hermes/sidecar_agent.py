@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import threading
 import traceback
 import uuid
@@ -542,7 +543,14 @@ def _error_code(result: dict[str, Any]) -> str | None:
     if not result.get("failed") or result.get("interrupted"):
         return None
     text = f"{result.get('error') or ''} {result.get('turn_exit_reason') or ''}".lower()
+    # A status is a whole number ("4010 requests" is no 401); context overflow before the
+    # status, as a provider may answer it with 400 or 413.
+    words = set(re.findall(r"[a-z0-9]+", text))
     for needle, code in (
+        ("context overflow", "context_overflow"),
+        ("context length", "context_overflow"),
+        ("context window", "context_overflow"),
+        ("context_length_exceeded", "context_overflow"),
         ("401", "auth"),
         ("403", "auth"),
         ("authentication", "auth"),
@@ -551,8 +559,6 @@ def _error_code(result: dict[str, Any]) -> str | None:
         ("rate limit", "rate_limit"),
         ("404", "model_not_found"),
         ("not found", "model_not_found"),
-        ("context length", "context_overflow"),
-        ("context window", "context_overflow"),
         ("connection", "network"),
         ("timed out", "network"),
         ("timeout", "network"),
@@ -560,6 +566,6 @@ def _error_code(result: dict[str, Any]) -> str | None:
         ("502", "bad_response"),
         ("503", "bad_response"),
     ):
-        if needle in text:
+        if (needle in words) if needle.isdigit() else (needle in text):
             return code
     return "bad_response"

@@ -1,0 +1,43 @@
+"""A model error inside Hermes Agent reaches the run with the code a person can act on
+(docs/api.md §runs: `auth`, `rate_limit`, `model_not_found`, `context_overflow`,
+`network`, `bad_response`), read from the agent's error text by `tether serve`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fake_openai import FakeOpenAI, error
+from helpers import new_session, running_server, start_turn, wait_idle
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def test_provider_errors_get_the_code_of_their_status_and_kind(
+    tmp_path: Path, hermes_flags: list[str], fake: FakeOpenAI
+) -> None:
+    """A number that merely contains a status code ("4010 requests") used to read as that
+    status (auth), and Hermes' own context overflow ("Context overflow and auto-compaction is
+    disabled") as a bad response."""
+    cases = [
+        (error(500, "overloaded after 4010 requests"), "bad_response"),
+        (error(401, "Incorrect API key provided"), "auth"),
+        (
+            error(
+                400,
+                "This model's maximum context length is 131072 tokens.",
+                code="context_length_exceeded",
+            ),
+            "context_overflow",
+        ),
+    ]
+    with running_server(tmp_path / "data", *hermes_flags) as server, server.client() as client:
+        for reply, code in cases:
+            fake.reset()
+            fake.script(reply, reply, reply)
+            sid = new_session(client)
+            start_turn(client, sid, "hello")
+            last = wait_idle(client, sid, timeout=120)["messages"][-1]
+            assert last["state"] == "error"
+            assert last["error"]["code"] == code, last["error"]

@@ -3,6 +3,8 @@ sidecar; turns, tools, Stop and steer land in the log like any runtime's."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from helpers import (
     running_server,
     start_turn,
     wait_idle,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -139,3 +142,44 @@ def test_the_turn_after_a_stop_mid_tool_starts_without_the_agents_paragraph_brea
         assert body["messages"][-1]["content"] == "Next answer."
         context = client.get("/api/session/context", params={"session_id": sid}).json()
         assert context["context_messages"][-1] == {"role": "assistant", "content": "Next answer."}
+
+
+def _processes_with(token: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if token.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_shutting_down_mid_tool_ends_the_tools_process(
+    tmp_path: Path, hermes_flags: list[str], fake: FakeOpenAI
+) -> None:
+    """Hermes runs a terminal command in a session of its own, so only the agent's close
+    ends it. On a graceful shutdown Tether drops its agents, then tells the sidecar to
+    close, and the sidecar used to exit before the agents dropped had closed: the command
+    ran on after Tether had stopped (a `sleep` here; a build, a server, anything)."""
+    token = f"tether-probe-{tmp_path.name}"
+    fake.script(
+        reply(
+            text("Waiting."), tool_call("call_1", "terminal", {"command": f"sleep 600 # {token}"})
+        )
+    )
+    server = ServerProcess(tmp_path / "data", *hermes_flags).start()
+    try:
+        with server.client() as client:
+            sid = new_session(client)
+            start_turn(client, sid, "wait")
+            read_events(client, sid, after="0", stop_on="tool.started", timeout=60)
+        wait_until(lambda: _processes_with(token), timeout=30, what="the tool's process")
+        assert server.stop() == 0
+        wait_until(lambda: not _processes_with(token), timeout=10, what="the tool to end")
+    finally:
+        for pid in _processes_with(token):
+            os.kill(pid, signal.SIGKILL)
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()

@@ -205,6 +205,7 @@ class Host:
         self.sessions: dict[str, Session] = {}
         self.opening: set[str] = set()  # keys whose agent is being built
         self.dropped: set[str] = set()  # keys dropped while their agent was being built
+        self.closers: list[threading.Thread] = []  # agents still closing (`drop`)
 
     def live(self) -> list[Session]:
         with self.lock:
@@ -301,7 +302,11 @@ class Host:
             if session is None and key in self.opening:
                 self.dropped.add(key)
         if session is not None:
-            threading.Thread(target=session.close, name=f"tether-close-{key}", daemon=True).start()
+            closer = threading.Thread(target=session.close, name=f"tether-close-{key}", daemon=True)
+            with self.lock:
+                self.closers = [t for t in self.closers if t.is_alive()]
+                self.closers.append(closer)
+            closer.start()
 
     def dispatch(self, op: str, cmd: dict[str, Any]) -> None:
         key = str(cmd.get("agent") or "")
@@ -342,14 +347,20 @@ class Host:
             log("warning", f"unknown command {op!r}")
 
     def close_all(self) -> None:
+        """Close every agent, also those a `drop` is still closing (Tether drops its agents
+        before it says `close` when it shuts down): the process exits right after, and an
+        agent not closed by then leaves its tool's process running (Hermes starts each in a
+        session of its own, out of reach of the process group Tether kills)."""
         with self.lock:
             sessions = list(self.sessions.values())
             self.sessions.clear()
+            closing = list(self.closers)
         threads = [threading.Thread(target=s.close, daemon=True) for s in sessions]
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join(6)
+        deadline = time.monotonic() + 6
+        for thread in [*threads, *closing]:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def main() -> int:

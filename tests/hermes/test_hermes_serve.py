@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from procs import processes_with
 
 from fake_openai import FakeOpenAI, barrier, hang, reasoning, reply, text, tool_call
 from helpers import (
@@ -144,18 +145,6 @@ def test_the_turn_after_a_stop_mid_tool_starts_without_the_agents_paragraph_brea
         assert context["context_messages"][-1] == {"role": "assistant", "content": "Next answer."}
 
 
-def _processes_with(token: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if token.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
 def test_shutting_down_mid_tool_ends_the_tools_process(
     tmp_path: Path, hermes_flags: list[str], fake: FakeOpenAI
 ) -> None:
@@ -175,11 +164,11 @@ def test_shutting_down_mid_tool_ends_the_tools_process(
             sid = new_session(client)
             start_turn(client, sid, "wait")
             read_events(client, sid, after="0", stop_on="tool.started", timeout=60)
-        wait_until(lambda: _processes_with(token), timeout=30, what="the tool's process")
+        wait_until(lambda: processes_with(token), timeout=30, what="the tool's process")
         assert server.stop() == 0
-        wait_until(lambda: not _processes_with(token), timeout=10, what="the tool to end")
+        wait_until(lambda: not processes_with(token), timeout=10, what="the tool to end")
     finally:
-        for pid in _processes_with(token):
+        for pid in processes_with(token):
             os.kill(pid, signal.SIGKILL)
         if server.proc is not None and server.proc.poll() is None:
             server.kill()

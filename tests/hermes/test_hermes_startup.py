@@ -4,13 +4,17 @@ starts in the background), so the first turn is where a bad `--hermes-python` sh
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from procs import processes_with
 
 from fake_openai import FakeOpenAI
-from helpers import new_session, running_server, start_turn, wait_idle
+from helpers import ServerProcess, new_session, running_server, start_turn, wait_idle, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -75,3 +79,37 @@ def test_a_sidecar_that_exits_before_it_is_ready_gives_its_exit_code(
         "Hermes Agent could not start: the Hermes sidecar exited with code 3 before it was "
         "ready\ncannot start: no licence"
     )
+
+
+def test_shutdown_does_not_wait_for_a_sidecar_that_hangs_starting(
+    tmp_path: Path, fake: FakeOpenAI
+) -> None:
+    """The sidecar starts with the server; one that never says it is ready (an import that
+    hangs on a network mount, a stuck warm-up) used to hold a graceful shutdown for the whole
+    start-up timeout (180 s), so a service manager ended Tether with SIGKILL instead."""
+    script = tmp_path / "python"
+    script.write_text(f"#!/bin/sh\nexec sleep 1000 # {tmp_path.name}\n")
+    script.chmod(0o755)
+    server = ServerProcess(
+        tmp_path / "data",
+        "--runtime",
+        "hermes",
+        "--hermes-python",
+        str(script),
+        "--base-url",
+        fake.base_url,
+        "--model",
+        fake.model,
+        env={"TETHER_HERMES_HOME": str(tmp_path / "home")},
+    ).start()
+    try:
+        wait_until(lambda: processes_with(tmp_path.name), 10, "the sidecar starting")
+        started = time.monotonic()
+        assert server.stop(timeout=60) == 0
+        assert time.monotonic() - started < 10
+        assert not processes_with(tmp_path.name)
+    finally:
+        for pid in processes_with(tmp_path.name):
+            os.kill(pid, signal.SIGKILL)
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()

@@ -179,6 +179,9 @@ class SidecarPool:
     async def aclose(self) -> None:
         self._closing = True
         if self._starting is not None and not self._starting.done():
+            # Cancelled, not awaited: a sidecar that hangs starting would hold the shutdown
+            # for the whole start-up timeout; cancelling its start kills it.
+            self._starting.cancel()
             with contextlib.suppress(BaseException):
                 await self._starting
         processes = [p for p in (self.serving, *self.retiring) if p is not None]

@@ -106,13 +106,13 @@ def test_two_sessions_share_one_sidecar_and_a_stop_leaves_the_other_running(
         try:
             a = await runtime.open_handle("s_a")
             b = await runtime.open_handle("s_b")
-            assert a.channel is not None and b.channel is not None
-            assert a.channel.process is b.channel.process  # one process, two agents
-            assert a.channel.key != b.channel.key
             first_a = Consumer(a.stream(turn("s_a", "go")))
             await first_a.wait_text("A starts ")
             first_b = Consumer(b.stream(turn("s_b", "go")))
             await first_b.wait_text("B starts ")
+            assert a.channel is not None and b.channel is not None
+            assert a.channel.process is b.channel.process  # one process, two agents
+            assert a.channel.key != b.channel.key
             assert await asyncio.to_thread(fake.wait_reached, "b", 30)
             a.interrupt()  # Stop on A, as the engine does it...
             first_a.task.cancel()
@@ -198,16 +198,16 @@ def test_a_sidecar_given_up_ends_only_after_the_other_sessions_turns(
         try:
             a = await runtime.open_handle("s_a")
             b = await runtime.open_handle("s_b")
-            assert a.channel is not None and b.channel is not None
-            old = a.channel.process
             first_a = Consumer(a.stream(turn("s_a", "go")))
             await first_a.wait_text("A hangs ")
             first_b = Consumer(b.stream(turn("s_b", "go")))
             await first_b.wait_text("B starts ")
+            assert a.channel is not None and b.channel is not None
+            old = a.channel.process
             a.give_up()
             c = await runtime.open_handle("s_c")
-            assert c.channel is not None and c.channel.process is not old
             assert joined(await collect(c.stream(turn("s_c", "hi")))) == "C on the new sidecar"
+            assert c.channel is not None and c.channel.process is not old
             assert old.alive  # B still runs there
             fake.release("b")
             await asyncio.wait_for(first_b.task, 60)
@@ -244,8 +244,8 @@ def test_a_new_sessions_agent_is_built_before_its_first_turn(
                 await asyncio.sleep(0.05)
             (key,) = runtime.pool.agents
             handle = await runtime.open_handle("s_new")
-            assert handle.channel is not None and handle.channel.key == key
             assert joined(await collect(handle.stream(turn("s_new", "hi")))) == "ready already"
+            assert handle.channel is not None and handle.channel.key == key
             assert len(runtime.pool.agents) == 1
         finally:
             await runtime.aclose()

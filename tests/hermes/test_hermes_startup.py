@@ -113,3 +113,40 @@ def test_shutdown_does_not_wait_for_a_sidecar_that_hangs_starting(
             os.kill(pid, signal.SIGKILL)
         if server.proc is not None and server.proc.poll() is None:
             server.kill()
+
+
+def test_stop_ends_a_turn_that_waits_for_the_sidecar_to_start(
+    tmp_path: Path, fake: FakeOpenAI
+) -> None:
+    """A turn sent while the sidecar is still starting waits for it (seconds on a cold
+    cache, up to the 180 s start-up timeout when it hangs). Stop used to change nothing
+    until then: the engine waited for the session's handle, which waited for the sidecar."""
+    script = tmp_path / "python"
+    script.write_text(f"#!/bin/sh\nexec sleep 1000 # {tmp_path.name}\n")
+    script.chmod(0o755)
+    try:
+        with (
+            running_server(
+                tmp_path / "data",
+                "--runtime",
+                "hermes",
+                "--hermes-python",
+                str(script),
+                "--base-url",
+                fake.base_url,
+                "--model",
+                fake.model,
+                env={"TETHER_HERMES_HOME": str(tmp_path / "home")},
+            ) as server,
+            server.client() as client,
+        ):
+            sid = new_session(client)
+            run = start_turn(client, sid, "hello")
+            time.sleep(1.0)
+            stop = client.post("/api/chat/cancel", json={"stream_id": run["stream_id"]})
+            assert stop.json()["cancelled"] is True
+            last = wait_idle(client, sid, timeout=10)["messages"][-1]
+            assert last["state"] == "cancelled"
+    finally:
+        for pid in processes_with(tmp_path.name):
+            os.kill(pid, signal.SIGKILL)

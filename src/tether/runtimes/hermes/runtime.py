@@ -197,32 +197,26 @@ class HermesRuntime(Runtime):
             self._prepared.pop(oldest).add_done_callback(_close_unused)
 
     async def open_handle(self, session_id: str) -> HermesHandle:
-        prepared = self._prepared.pop(session_id, None)
-        if prepared is not None:
-            with contextlib.suppress(Exception):  # its failure: build it again below
-                handle = await prepared
-                if handle.alive:
-                    self._handles.add(handle)
-                    return handle
-                await handle.close()
-        handle = await self._build_handle(session_id)
+        """The session's handle, at once: its turn's stream builds its agent (or takes the
+        one `prepare` is building), where a Stop ends the wait. The engine waits for this
+        call, and no Stop ends that wait; a sidecar still starting takes seconds, minutes
+        when it hangs."""
+        handle = HermesHandle(self, session_id, await self._agent_session(session_id))
+        handle.prepared = self._prepared.pop(session_id, None)
         self._handles.add(handle)
         return handle
 
-    async def _build_handle(self, session_id: str) -> HermesHandle:
-        """The agent session is the Tether session's id, or the newest agent session bound to
-        it (a continuation: its own turns rotated into it, or one created from the lineage)."""
+    async def _agent_session(self, session_id: str) -> str:
+        """The Tether session's id, or the newest agent session bound to it (a continuation:
+        its own turns rotated into it, or one created from the lineage)."""
         bound = await asyncio.to_thread(self.proofs.agent_sessions, session_id)
-        tip = await asyncio.to_thread(
+        return await asyncio.to_thread(
             live_tip, self.state_db, bound[-1] if bound else session_id, self.profile
         )
-        handle = HermesHandle(self, session_id, tip)
-        try:
-            await handle.ensure_started()
-        except RuntimeUnavailable as exc:
-            # Its turn says why (streaming.run_turn): the run ends with the reason, where
-            # the engine would end it as a bug when building the handle fails.
-            handle.failure = exc
+
+    async def _build_handle(self, session_id: str) -> HermesHandle:
+        handle = HermesHandle(self, session_id, await self._agent_session(session_id))
+        await handle.ensure_started()
         return handle
 
     async def stream(self, turn: TurnInput) -> RuntimeStream:
@@ -331,7 +325,7 @@ class HermesHandle:
         self.turn_stream_id: str | None = None  # the last turn sent
         self.closed = False
         self._requests = 0
-        self.failure: RuntimeUnavailable | None = None  # building its agent failed
+        self.prepared: asyncio.Task[HermesHandle] | None = None  # `prepare` builds its agent
 
     @property
     def turn_open(self) -> bool:
@@ -348,9 +342,8 @@ class HermesHandle:
         return self.channel is not None and self.channel.alive
 
     async def ensure_started(self) -> AgentChannel:
-        if self.failure is not None:  # said once; the next call tries again
-            failure, self.failure = self.failure, None
-            raise failure
+        if self.prepared is not None:
+            await self._take_prepared()
         if self.channel is not None and not self.channel.alive:
             self.channel = None  # evicted, or its sidecar is gone
         if self.channel is None:
@@ -366,6 +359,25 @@ class HermesHandle:
             self.channel = channel
         self.runtime.pool.touch(self.channel)
         return self.channel
+
+    async def _take_prepared(self) -> None:
+        """The agent `prepare` built for this session, once it is; one that failed or died
+        meanwhile is built again (`ensure_started`). Stopped while it is being built, it is
+        closed when it is."""
+        task, self.prepared = self.prepared, None
+        if task is None:
+            return
+        try:
+            built = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_close_unused)
+            raise
+        except Exception:
+            return
+        if built.alive and self.channel is None:
+            self.channel, built.channel = built.channel, None
+            self.agent_session_id = built.agent_session_id
+        await built.close()
 
     def interrupt(self) -> None:
         if self.channel is not None and self.channel.turn_open:

@@ -370,3 +370,36 @@ def test_a_session_started_in_the_cli_appears_and_continues_in_tether(
         ]  # each once
     rows = db.execute("SELECT session_id FROM messages WHERE content = 'and now from tether'")
     assert rows.fetchall() == [(agent_id,)]  # the agent continued the CLI's own session
+
+
+def test_a_cli_session_deleted_in_tether_stays_deleted(
+    server: ServerProcess, hermes_env: Path, hermes_python: Path
+) -> None:
+    """Deleting a session that was started in the CLI removes Tether's copy only (the CLI's
+    own stays in `state.db`). The next pass used to find the CLI session driven by no
+    existing Tether session and adopt it again, under the same id: Delete did nothing."""
+    write_state(
+        hermes_python,
+        hermes_env,
+        [
+            ["create", "cli1", "cli", {}],
+            ["append", "cli1", "user", "hello from the cli", {}],
+            ["append", "cli1", "assistant", "hi", {}],
+        ],
+    )
+    with server.client() as client:
+
+        def listed() -> list[str]:
+            return [r["session_id"] for r in client.get("/api/sessions").json()["sessions"]]
+
+        [sid] = wait_until(listed, 30, "the CLI's session in the sidebar")
+        assert client.delete("/api/session", params={"session_id": sid}).json() == {"ok": True}
+        time.sleep(1.5)  # several passes
+        assert listed() == []
+        write_state(hermes_python, hermes_env, [["append", "cli1", "user", "more", {}]])
+        time.sleep(1.5)  # the CLI goes on in it: still Tether's copy is gone
+        assert listed() == []
+        # a session started in the CLI afterwards still shows up
+        write_state(hermes_python, hermes_env, [["create", "cli2", "cli", {}]])
+        [other] = wait_until(listed, 30, "the second CLI session")
+        assert other != sid

@@ -11,6 +11,7 @@ polls (issue 17: a session's agent rows are synced by whichever replica is alive
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 from statedb import write_state
 
 from tether.runtimes.hermes import HermesRuntime
+from tether.runtimes.hermes.proofs import ProofStore
 from tether.settings import Settings
 
 pytestmark = pytest.mark.slow
@@ -141,3 +143,44 @@ def test_a_binding_another_replica_made_is_seen_by_this_ones_poll(
         await there.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_cli_session_bound_but_never_created_is_offered_until_adopted(
+    hermes_python: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adoption binds first, creates the Tether session second, then marks it adopted. A
+    pass that crashed between the first two leaves a binding to no session, completed by
+    the next pass; an adopted one whose session is gone was deleted, and stays deleted."""
+    monkeypatch.delenv("TETHER_HERMES_HOME", raising=False)
+    monkeypatch.delenv("TETHER_HERMES_PROFILE", raising=False)
+    runtime = runtime_with(hermes_python, tmp_path / "data", 0)
+    write_state(hermes_python, tmp_path / "data" / "hermes", [["create", "cli_1", "cli", {}]])
+    runtime.proofs.bind("s_cli", "cli_1")
+
+    async def scenario() -> None:
+        found = await runtime.agent_started_elsewhere(lambda _sid: False)
+        assert [f["agent_session_id"] for f in found] == ["cli_1"]
+        await runtime.agent_adopted("cli_1")
+        write_state(hermes_python, tmp_path / "data" / "hermes", [["create", "cli_2", "cli", {}]])
+        found = await runtime.agent_started_elsewhere(lambda _sid: False)
+        assert [f["agent_session_id"] for f in found] == ["cli_2"]
+        await runtime.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_ledger_from_before_counts_its_bindings_as_adopted(tmp_path: Path) -> None:
+    """Its adoptions all completed long ago: a session deleted after the upgrade stays
+    deleted too."""
+    path = tmp_path / "tether-proofs.sqlite"
+    with sqlite3.connect(path) as old:
+        old.execute(
+            "CREATE TABLE bindings (agent_session_id TEXT NOT NULL PRIMARY KEY, "
+            "tether_session_id TEXT NOT NULL, bound_at REAL NOT NULL)"
+        )
+        old.execute("INSERT INTO bindings VALUES ('cli_1', 's_cli', 1.0)")
+    assert ProofStore(path).adoptions() == {"cli_1"}
+    fresh = ProofStore(tmp_path / "new.sqlite")
+    fresh.bind("s_cli", "cli_1")
+    assert fresh.adoptions() == set()
+    assert ProofStore(tmp_path / "new.sqlite").adoptions() == set()  # reopened: no backfill

@@ -111,6 +111,9 @@ class NothingElsewhere:
     async def bind(self, session_id: str, agent_session_id: str) -> bool:
         return True
 
+    async def agent_adopted(self, agent_session_id: str) -> None:
+        return None
+
     async def agent_owner(self, agent_session_id: str) -> str | None:
         return None
 

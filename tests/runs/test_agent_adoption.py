@@ -44,6 +44,9 @@ class ScanningRuntime(Runtime):
             return []
         return [{"agent_session_id": "a1", "title": "from the CLI", "started_at": 1.0}]
 
+    async def agent_adopted(self, agent_session_id: str) -> None:
+        return None
+
     async def agent_owner(self, agent_session_id: str) -> str | None:
         return "s_bound"
 

@@ -142,8 +142,9 @@ class AgentSync:
 async def adopt_sessions_started_elsewhere(sessions: SessionService, agent: AgentHistory) -> None:
     """Sessions a person started in the agent's own CLI show up in Tether too, with their
     history, and continue there. Bound first, created second (a crash in between is
-    completed by the next pass); the row takes the agent session's start as its activity
-    time, so an old conversation does not jump to the top of the sidebar."""
+    completed by the next pass), then marked adopted (deleting it later in Tether does not
+    bring it back); the row takes the agent session's start as its activity time, so an old
+    conversation does not jump to the top of the sidebar."""
     known = await sessions.store.index_states()
     for found in await agent.agent_started_elsewhere(lambda sid: sid in known):
         agent_id = found["agent_session_id"]
@@ -166,6 +167,7 @@ async def adopt_sessions_started_elsewhere(sessions: SessionService, agent: Agen
                 )
             ],
         )
+        await agent.agent_adopted(agent_id)  # deleted later, it stays deleted
         async with sessions.locks(session_id):
             await sync_through(sessions, agent, session_id)
         log.info(

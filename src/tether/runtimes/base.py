@@ -373,6 +373,10 @@ class AgentHistory(Protocol):
     async def bind(self, session_id: str, agent_session_id: str) -> bool:
         """Bind the agent session to the Tether session; False when bound elsewhere."""
 
+    async def agent_adopted(self, agent_session_id: str) -> None:
+        """The Tether session made for this agent session, started elsewhere, exists now:
+        it is never adopted again, also once that session is deleted."""
+
     async def agent_owner(self, agent_session_id: str) -> str | None:
         """The Tether session bound to this agent session, if any."""
 

@@ -74,6 +74,11 @@ class ProofStore:
         # lock): no connect and journal-mode pragma per call on a turn's path.
         self._db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
+        had_adopted = bool(
+            self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'adopted'"
+            ).fetchall()
+        )
         self._db.executescript("""
             CREATE TABLE IF NOT EXISTS proofs (
                 tether_session_id TEXT NOT NULL, stream_id TEXT NOT NULL PRIMARY KEY,
@@ -91,7 +96,10 @@ class ProofStore:
                 stream_id TEXT NOT NULL PRIMARY KEY, row_ids TEXT NOT NULL);
             CREATE TABLE IF NOT EXISTS examined (
                 tether_session_id TEXT NOT NULL PRIMARY KEY, through_id INTEGER NOT NULL);
+            CREATE TABLE IF NOT EXISTS adopted (agent_session_id TEXT NOT NULL PRIMARY KEY);
         """)
+        if not had_adopted:  # a ledger from before: its adoptions were all completed
+            self._db.execute("INSERT OR IGNORE INTO adopted SELECT agent_session_id FROM bindings")
 
     def _run(self, sql: str, params: tuple | list = ()) -> list[tuple]:
         with self._lock:
@@ -133,6 +141,15 @@ class ProofStore:
                 (agent_session_id, tether_session_id, time.time()),
             )
         return self.tether_session_of(agent_session_id) == tether_session_id
+
+    def adopted(self, agent_session_id: str) -> None:
+        """The Tether session made for this agent session (started in the CLI) exists: from
+        now on the agent session counts as driven by Tether even once that session is
+        deleted, so a deletion is not undone by the next pass adopting it again."""
+        self._run("INSERT OR IGNORE INTO adopted VALUES (?)", (agent_session_id,))
+
+    def adoptions(self) -> set[str]:
+        return {r[0] for r in self._run("SELECT agent_session_id FROM adopted")}
 
     @property
     def generation(self) -> int:

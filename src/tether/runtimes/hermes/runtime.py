@@ -286,6 +286,9 @@ class HermesRuntime(Runtime):
     async def bind(self, session_id: str, agent_session_id: str) -> bool:
         return await asyncio.to_thread(self.proofs.bind, session_id, agent_session_id)
 
+    async def agent_adopted(self, agent_session_id: str) -> None:
+        await asyncio.to_thread(self.proofs.adopted, agent_session_id)
+
     async def agent_owner(self, agent_session_id: str) -> str | None:
         """The Tether session bound to this agent session, if any."""
         return await asyncio.to_thread(self.proofs.tether_session_of, agent_session_id)

@@ -97,13 +97,15 @@ class AgentWatch:
             return found
 
     def started_elsewhere(self, exists: Callable[[str], bool]) -> list[dict[str, Any]]:
-        """Sessions a person started in the CLI/TUI that no existing Tether session drives,
-        when `state.db` or the bindings moved since the last call."""
+        """Sessions a person started in the CLI/TUI that no existing Tether session drives
+        and that were never adopted (one deleted in Tether stays deleted; one bound by a
+        pass that crashed before it created the session is completed), when `state.db` or
+        the bindings moved since the last call."""
         with self._lock:
             moved, version = self._moved("started_elsewhere")
             if not moved:
                 return []
-            known = {
+            known = self.proofs.adoptions() | {
                 agent
                 for tether_id, agents in self.bindings().items()
                 if exists(tether_id)

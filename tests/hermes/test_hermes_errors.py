@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fake_openai import FakeOpenAI, error
-from helpers import new_session, running_server, start_turn, wait_idle
+from fake_openai import FakeOpenAI, error, reply, text, tool_call
+from helpers import new_session, read_events, running_server, start_turn, wait_idle
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -41,3 +41,31 @@ def test_provider_errors_get_the_code_of_their_status_and_kind(
             last = wait_idle(client, sid, timeout=120)["messages"][-1]
             assert last["state"] == "error"
             assert last["error"]["code"] == code, last["error"]
+
+
+def test_the_agents_iteration_limit_ends_the_run_tool_limit_reached(
+    tmp_path: Path, hermes_flags: list[str], fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hermes stops a turn whose model still calls tools after `max_iterations` requests
+    (`turn_exit_reason` `max_iterations_reached`, `completed` false). The run used to end
+    `completed`, with no answer and nothing saying why the agent stopped."""
+    monkeypatch.setenv("TETHER_HERMES_MAX_ITERATIONS", "2")
+    fake.script(
+        *(
+            reply(text("Again."), tool_call(f"call_{n}", "terminal", {"command": "echo hi"}))
+            for n in range(4)
+        )
+    )
+    with running_server(tmp_path / "data", *hermes_flags) as server, server.client() as client:
+        sid = new_session(client)
+        start_turn(client, sid, "loop")
+        last = wait_idle(client, sid, timeout=120)["messages"][-1]
+        assert last["state"] == "tool_limit_reached"
+        notices = [i["text"] for i in last["timeline"] if i["type"] == "notice"]
+        assert any("tool-call limit" in n for n in notices), last["timeline"]
+        frames = read_events(client, sid, after="0", stop_on="heartbeat")
+        [finished] = [f.json["data"] for f in frames if f.event == "run.finished"]
+        assert "stopped after 2 tool iterations" in finished["reason"]
+        assert client.get("/api/sessions").json()["sessions"][0]["last_run_state"] == (
+            "tool_limit_reached"
+        )

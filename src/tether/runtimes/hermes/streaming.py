@@ -185,6 +185,20 @@ async def _prove(proofs: ProofStore, agent_session_id: str, turn: TurnInput, ts:
     )
 
 
+def _iteration_limit(done: dict[str, Any]) -> str | None:
+    """Why the turn stopped short when Hermes stopped it at its iteration limit
+    (`turn_exit_reason` `max_iterations_reached(2/2)`): the model was still calling tools."""
+    reason = str(done.get("turn_exit_reason") or "")
+    if done.get("interrupted") or not reason.startswith("max_iterations_reached"):
+        return None
+    used = reason.partition("(")[2].rstrip(")").partition("/")[2]
+    count = f"{used} tool iterations" if used.isdigit() else "its tool iterations"
+    return (
+        f"Hermes Agent stopped after {count}, its limit for one turn (max_iterations), "
+        "while the model was still calling tools. Send a message to let it continue."
+    )
+
+
 def _choices(event: dict[str, Any]) -> tuple[str, ...]:
     """The answers the agent offers for this prompt (sidecar.py `on_approval`)."""
     offered = event.get("choices")
@@ -315,6 +329,9 @@ async def _drive(handle: TurnHandle, channel: AgentChannel, turn: TurnInput) -> 
                         event.get("error_code") or "internal",
                         f"Hermes Agent: {event.get('error') or 'the turn failed'}",
                     )
+                limit = _iteration_limit(event)
+                if limit is not None:
+                    yield Finished("tool_limit_reached", limit)
                 return
             mapped = _map(event, turn)
             if mapped is not None:

@@ -405,3 +405,39 @@ def test_bytes_that_are_not_utf8_in_state_db_hide_nothing_else(
     ]
     found = started_elsewhere(db, set(), None)
     assert [(f["agent_session_id"], f["title"]) for f in found] == [("a1", "\ufffd"), ("c2", None)]
+
+
+def test_values_of_another_type_in_state_db_hide_nothing_else(
+    hermes_python: Path, home: Path, ledger: ProofStore
+) -> None:
+    """SQLite keeps whatever type a writer gives it: a timestamp written as text failed
+    every later pass of that session (its CLI turns never came in again), one session's
+    start as text stopped every CLI session from being discovered, and content written as
+    bytes showed as Python's `b'...'`."""
+    db = write_state(
+        hermes_python,
+        home,
+        [
+            ["create", "a1", "cli", {}],
+            ["append", "a1", "user", "first", {}],
+            ["append", "a1", "assistant", "odd", {}],
+            ["append", "a1", "user", "later", {}],
+            ["append", "a1", "assistant", "later answer", {}],
+            ["create", "c2", "cli", {}],
+        ],
+    )
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE messages SET timestamp = 'yesterday' WHERE id = 1")
+        raw.execute("UPDATE messages SET content = X'6f6b' WHERE id = 2")
+        raw.execute("UPDATE sessions SET started_at = 'long ago' WHERE id = 'a1'")
+    ledger.bind("s1", "a1")
+    news = agent_news(db, ledger, "s1", 0, None)
+    shown = [(r["role"], r["content"]) for e in news.entries for r in e["rows"]]
+    assert shown == [
+        ("user", "first"),
+        ("assistant", "ok"),
+        ("user", "later"),
+        ("assistant", "later answer"),
+    ]
+    found = started_elsewhere(db, set(), None)
+    assert [f["agent_session_id"] for f in found] == ["a1", "c2"]

@@ -316,9 +316,10 @@ def started_elsewhere(
             return []
         try:
             rows = db.execute(
-                "SELECT id, title, started_at, profile_name, model_config FROM sessions "
+                "SELECT id, title, CAST(started_at AS REAL), profile_name, model_config "
+                "FROM sessions "
                 f"WHERE parent_session_id IS NULL AND source IN ({marks}) "
-                "ORDER BY started_at, id",
+                "ORDER BY CAST(started_at AS REAL), id",
                 INTERACTIVE_SOURCES,
             ).fetchall()
         except sqlite3.Error:

@@ -78,8 +78,9 @@ def _lenient_text(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
-_COLUMNS = (
-    "id, source, parent_session_id, started_at, ended_at, end_reason, profile_name, model_config"
+_COLUMNS = (  # times as numbers, whatever type a writer gave them (reconcile.read_rows)
+    "id, source, parent_session_id, CAST(started_at AS REAL), CAST(ended_at AS REAL), "
+    "end_reason, profile_name, model_config"
 )
 
 
@@ -90,7 +91,8 @@ def session_row(db: sqlite3.Connection, session_id: str) -> SessionRow | None:
 
 def children(db: sqlite3.Connection, session_id: str) -> list[SessionRow]:
     rows = db.execute(
-        f"SELECT {_COLUMNS} FROM sessions WHERE parent_session_id = ? ORDER BY started_at, id",
+        f"SELECT {_COLUMNS} FROM sessions WHERE parent_session_id = ? "
+        "ORDER BY CAST(started_at AS REAL), id",
         (session_id,),
     ).fetchall()
     return [SessionRow(*row) for row in rows]

@@ -66,6 +66,11 @@ def _loads(value: Any) -> Any:
     return value
 
 
+# SQLite keeps whatever type a writer gives a value (state.db is another program's file):
+# content as bytes reads as text, a time that is no number as 0, never a failed pass.
+_TEXT = "CASE WHEN typeof({0}) = 'blob' THEN CAST({0} AS TEXT) ELSE {0} END"
+
+
 def read_rows(
     db_path: Path,
     session_ids: list[str],
@@ -89,8 +94,9 @@ def read_rows(
             return []
         try:
             rows = db.execute(
-                "SELECT id, session_id, role, content, api_content, tool_calls, tool_call_id, "
-                f"timestamp, reasoning, active FROM messages WHERE session_id IN ({marks}) "
+                f"SELECT id, session_id, role, {_TEXT.format('content')}, api_content, "
+                "tool_calls, tool_call_id, CAST(timestamp AS REAL), reasoning, active "
+                f"FROM messages WHERE session_id IN ({marks}) "
                 f"AND id > ?{above} AND {live} ORDER BY id LIMIT ?",
                 [*session_ids, after_id, *(v for pair in floors.items() for v in pair), limit],
             ).fetchall()

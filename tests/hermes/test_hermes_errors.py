@@ -46,7 +46,7 @@ def test_provider_errors_get_the_code_of_their_status_and_kind(
 def test_the_agents_iteration_limit_ends_the_run_tool_limit_reached(
     tmp_path: Path, hermes_flags: list[str], fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Hermes stops a turn whose model still calls tools after `max_iterations` requests
+    """Hermes stops a turn that has no final answer after `max_iterations` requests
     (`turn_exit_reason` `max_iterations_reached`, `completed` false). The run used to end
     `completed`, with no answer and nothing saying why the agent stopped."""
     monkeypatch.setenv("TETHER_HERMES_MAX_ITERATIONS", "2")
@@ -65,7 +65,24 @@ def test_the_agents_iteration_limit_ends_the_run_tool_limit_reached(
         assert any("tool-call limit" in n for n in notices), last["timeline"]
         frames = read_events(client, sid, after="0", stop_on="heartbeat")
         [finished] = [f.json["data"] for f in frames if f.event == "run.finished"]
-        assert "stopped after 2 tool iterations" in finished["reason"]
+        assert "stopped after 2 iterations" in finished["reason"]
         assert client.get("/api/sessions").json()["sessions"][0]["last_run_state"] == (
             "tool_limit_reached"
         )
+
+
+def test_an_answer_still_cut_off_after_hermes_continuations_says_so(
+    tmp_path: Path, hermes_flags: list[str], fake: FakeOpenAI
+) -> None:
+    """Hermes asks the model to continue an answer cut at the token limit, a few times, then
+    gives up (`completed` false, "Response remained truncated ..."). The run ended a plain
+    `completed` with the cut answer, nothing saying it was incomplete."""
+    fake.script(*(reply(text("cut "), finish_reason="length") for _ in range(6)))
+    with running_server(tmp_path / "data", *hermes_flags) as server, server.client() as client:
+        sid = new_session(client)
+        start_turn(client, sid, "write a lot")
+        last = wait_idle(client, sid, timeout=120)["messages"][-1]
+        assert last["state"] == "completed"
+        assert last["content"].startswith("cut cut")
+        notices = [(i["kind"], i["text"]) for i in last["timeline"] if i["type"] == "notice"]
+        assert notices == [("length", "Cut off at the token limit: the answer may be incomplete.")]

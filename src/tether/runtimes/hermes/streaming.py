@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from tether.runtimes.base import (
     AgentSystemPrompt,
+    AnswerFinished,
     ApprovalDesk,
     ApprovalRequested,
     ApprovalResolved,
@@ -192,10 +193,21 @@ def _iteration_limit(done: dict[str, Any]) -> str | None:
     if done.get("interrupted") or not reason.startswith("max_iterations_reached"):
         return None
     used = reason.partition("(")[2].rstrip(")").partition("/")[2]
-    count = f"{used} tool iterations" if used.isdigit() else "its tool iterations"
+    count = f"{used} iterations" if used.isdigit() else "its iterations"
     return (
         f"Hermes Agent stopped after {count}, its limit for one turn (max_iterations), "
-        "while the model was still calling tools. Send a message to let it continue."
+        "before a final answer. Send a message to let it continue."
+    )
+
+
+def _still_truncated(done: dict[str, Any]) -> bool:
+    """Hermes asks the model to continue an answer cut at the token limit, a few times,
+    then gives up and returns what it has: "Response remained truncated after N
+    continuation attempts"."""
+    return (
+        not done.get("completed")
+        and not done.get("interrupted")
+        and "remained truncated" in str(done.get("error") or "")
     )
 
 
@@ -332,6 +344,8 @@ async def _drive(handle: TurnHandle, channel: AgentChannel, turn: TurnInput) -> 
                 limit = _iteration_limit(event)
                 if limit is not None:
                     yield Finished("tool_limit_reached", limit)
+                elif _still_truncated(event):
+                    yield AnswerFinished("length")
                 return
             mapped = _map(event, turn)
             if mapped is not None:

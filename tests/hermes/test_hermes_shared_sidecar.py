@@ -253,6 +253,31 @@ def test_a_new_sessions_agent_is_built_before_its_first_turn(
     asyncio.run(main())
 
 
+def test_a_handle_closed_before_its_first_turn_closes_its_prepared_agent(
+    hermes_env: Path, fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    """The handle takes the agent `prepare` built only when its first turn starts; closed
+    before that (the engine's handle cache evicting it, a shutdown), it closes that agent
+    too, which would otherwise stay open in the sidecar with no session to use it."""
+
+    async def main() -> None:
+        runtime = make_runtime(fake, tmp_path)
+        try:
+            runtime.prepare("s_new")
+            handle = await runtime.open_handle("s_new")
+            prepared = handle.prepared
+            assert prepared is not None and not prepared.done()
+            await handle.close()
+            await asyncio.wait_for(asyncio.wait([prepared]), 120)
+            await asyncio.sleep(0.2)  # the close scheduled once it was built
+            assert prepared.result().channel is None
+            assert runtime.pool.agents == {}
+        finally:
+            await runtime.aclose()
+
+    asyncio.run(main())
+
+
 # -- through the server ------------------------------------------------------------------------
 
 

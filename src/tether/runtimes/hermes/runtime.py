@@ -393,6 +393,9 @@ class HermesHandle:
     async def close(self) -> None:
         self.closed = True
         self.runtime._handles.discard(self)
+        if self.prepared is not None:  # never taken: close it once it is built
+            self.prepared.add_done_callback(_close_unused)
+            self.prepared = None
         if self.channel is not None:
             self.runtime.pool.close(self.channel)
             self.channel = None

@@ -188,7 +188,8 @@ async def _prove(proofs: ProofStore, agent_session_id: str, turn: TurnInput, ts:
 
 def _iteration_limit(done: dict[str, Any]) -> str | None:
     """Why the turn stopped short when Hermes stopped it at its iteration limit
-    (`turn_exit_reason` `max_iterations_reached(2/2)`): the model was still calling tools."""
+    (`turn_exit_reason` `max_iterations_reached(2/2)`) before a final answer: the model was
+    still calling tools, or still being asked to continue an answer cut off."""
     reason = str(done.get("turn_exit_reason") or "")
     if done.get("interrupted") or not reason.startswith("max_iterations_reached"):
         return None

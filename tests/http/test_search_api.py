@@ -156,6 +156,21 @@ def test_an_answers_snippet_is_its_text_without_markdown_syntax(
         assert {"text": "numbat", "match": True} in in_link
 
 
+def test_a_matched_word_beside_an_underscore_or_a_star_keeps_them_in_an_answers_snippet(
+    server: ServerProcess, fake: FakeOpenAI
+) -> None:
+    """Markdown makes no emphasis of `_` inside a word nor of `*` between digits, so the
+    rendered answer shows `snake_case_name` and `2*3`; its snippet must too, whichever word
+    of them is the match (the match markers beside the `_` or `*` are no space)."""
+    fake.script(reply(text("Call snake_case_name with 2*3 today.")))
+    with server.client() as client:
+        sid = new_session(client)
+        turn(client, sid, "go")
+        for q in ("snake", "case", "name", "2", "3"):
+            snippets = [r["snippet"] for r in search(client, q) if r["role"] == "assistant"]
+            assert snippets == ["Call snake_case_name with 2*3 today."], q
+
+
 @pytest.mark.parametrize(
     ("q", "code"),
     [

@@ -132,9 +132,12 @@ _LINE_MARK = re.compile(
 _TABLE_RULE = re.compile(r"^[ \t|:-]*-{3,}[ \t|:-]*$", re.MULTILINE)
 _TABLE_PIPE = re.compile(r"^[ \t]*\||\|[ \t]*$|(?<= )\|(?= )", re.MULTILINE)
 # A run of `*` or `_` that opens (after no word, before no space) or closes (after no
-# space, before no word) emphasis: `2*3` and `snake_case` keep theirs.
+# space, before no word) emphasis: `2*3` and `snake_case` keep theirs. A match marker stands
+# beside a matched word, so a closing marker counts as the word before it and an opening one
+# as the word after it: `snake_case` keeps its `_` when `snake` or `case` is the match.
 _EMPHASIS = re.compile(
-    r"(?<![\w*])\*+(?=[^\s*])|(?<=[^\s*])\*+(?![\w*])|(?<!\w)_+(?=[^\s_])|(?<=[^\s_])_+(?!\w)|~~|`+"
+    rf"(?<![\w*{MATCH_CLOSE}])\*+(?=[^\s*])|(?<=[^\s*])\*+(?![\w*{MATCH_OPEN}])"
+    rf"|(?<![\w{MATCH_CLOSE}])_+(?=[^\s_])|(?<=[^\s_])_+(?![\w{MATCH_OPEN}])|~~|`+"
 )
 _SPACE = re.compile(r"\s+")
 

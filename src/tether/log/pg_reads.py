@@ -69,7 +69,7 @@ class PostgresReads:
             return []
         sql = pg_search.SEARCH_SQL if owner is None else pg_search.OWNED_SEARCH_SQL
         rows = await self._rows(sql, pg_search.search_params(terms, limit, owner))
-        return search_hits(rows)
+        return search_hits(pg_search.marked_rows(rows, terms))
 
     async def session_owner(self, session_id: str) -> str | None:
         rows = await self._rows(pg_owners.OWNER_SQL, (session_id.replace("\x00", ""),))

@@ -320,6 +320,30 @@ def m012_continued_in(db: psycopg.Connection) -> None:
     )
 
 
+@migration
+def m013_search_words(db: psycopg.Connection) -> None:
+    """The search vector made from each row's words (log/search_words.py, as SQLite's index
+    and the query read them), not from its text: PostgreSQL's parser read `config.yaml`, a
+    URL, an address or a path as one token and left HTML tags out, so none of their words
+    were found (log/pg_search.py). The rows are made again from the log when the store opens
+    (the stored search version is dropped). Words with digits (`café2`) fold their accents
+    too, as the other words do."""
+    db.execute("ALTER TABLE search_rows ADD COLUMN words TEXT NOT NULL DEFAULT ''")
+    db.execute("ALTER TABLE search_rows DROP COLUMN tsv")  # and its index
+    db.execute(
+        "ALTER TABLE search_rows ADD COLUMN tsv TSVECTOR GENERATED ALWAYS AS "
+        "(to_tsvector('tether_search'::regconfig, words)) STORED"
+    )
+    db.execute("CREATE INDEX search_rows_tsv ON search_rows USING GIN (tsv)")
+    db.execute("DELETE FROM meta WHERE key='search_version'")
+    with_extension(
+        db,
+        "unaccent",
+        "ALTER TEXT SEARCH CONFIGURATION tether_search ALTER MAPPING FOR "
+        "hword, hword_part, word, numword WITH unaccent, simple",
+    )
+
+
 def apply_migrations(db: psycopg.Connection, where: str = "") -> list[str]:
     """Apply what is missing, each in its own transaction; return the names applied. A
     database holding a migration this version lacks (a newer replica ran it) is refused

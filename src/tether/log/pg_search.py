@@ -2,15 +2,18 @@
 over the rows a `SearchFold` names, written in the transaction that appends their events, so
 the index is never behind (nor ahead of) the committed log, whatever crashes when.
 
-`search_rows` (migration m004, log/pg_schema.py) holds each row's text once and a generated
-`tsvector` under a GIN index, in the `tether_search` configuration: the `simple` parser and
-dictionary (no stemming, as SQLite's FTS5 `unicode61` tokenizer), behind `unaccent` when the
-server has that extension, so accents are ignored both ways. Without the extension accents
-count (documented in docs/operations.md). The parser keeps combining marks inside a word, as
-SQLite's index does since its m007, so the query's words (sessions/search.py) fit both.
-Ranking is `ts_rank` over the newest `RANKED_MAX` matches (SQLite ranks its newest 2,000
-with BM25 for the same reason); snippets come from `ts_headline` with control-character
-markers split into `(text, matched)` parts, exactly as the SQLite backend returns them.
+`search_rows` (migrations m004 and m013, log/pg_schema.py) holds each row's text once, its
+`words` (log/search_words.py: what SQLite's tokenizer and the query call words, joined by
+spaces) and a `tsvector` generated from those words under a GIN index, in the
+`tether_search` configuration: the `simple` parser and dictionary (no stemming, as SQLite's
+FTS5 `unicode61` tokenizer), behind `unaccent` when the server has that extension, so
+accents are ignored both ways. Without the extension accents count (documented in
+docs/operations.md). The words, not the text, go to the parser: on the text it reads
+`config.yaml`, a URL, an address or a path as one token and leaves HTML tags out, so none of
+their words would be found. Ranking is `ts_rank` over the newest `RANKED_MAX` matches
+(SQLite ranks its newest 2,000 with BM25 for the same reason); the snippet is cut here from
+the text around the matched words (`headline`), marked with the control characters SQLite's
+`snippet` uses, so it shows the text as written, tags included.
 
 The fold reads a stream's events synchronously (`StreamEvents`) while the writer's connection
 is asynchronous: `fold_change` calls the fold with a reader that answers from what was read
@@ -20,6 +23,7 @@ reads the stream in its transaction and calls the pure fold again.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,6 +32,7 @@ import psycopg
 from tether.events import Event
 from tether.log.pg_rows import COLUMNS, row_to_event
 from tether.log.pg_schema import SCHEMA_LOCK
+from tether.log.search_words import word_spans, words
 from tether.log.store import MATCH_CLOSE, MATCH_OPEN, IndexFold, SearchChange, SearchFold
 
 # The snippet's match markers: control characters no row text keeps (blanked out of the
@@ -35,6 +40,7 @@ from tether.log.store import MATCH_CLOSE, MATCH_OPEN, IndexFold, SearchChange, S
 _OPEN, _CLOSE = MATCH_OPEN, MATCH_CLOSE
 _BLANK = str.maketrans({_OPEN: " ", _CLOSE: " ", "\x00": " "})
 SNIPPET_WORDS = 16
+_LEAD = 2  # words shown before the first match, when the text goes on after the window
 PREFIX_MIN = 3  # a last word shorter than this matches whole (as the SQLite backend)
 RANKED_MAX = 2000
 CONFIG = "tether_search"
@@ -78,15 +84,16 @@ async def fold_change(
 
 
 def _rows(session_id: str, change: SearchChange) -> list[tuple]:
-    return [
-        (session_id, d.row_id, d.role, d.position, d.at, d.text.translate(_BLANK))
-        for d in change.add
-    ]
+    rows = []
+    for d in change.add:
+        text = d.text.translate(_BLANK)
+        rows.append((session_id, d.row_id, d.role, d.position, d.at, text, " ".join(words(text))))
+    return rows
 
 
 _INSERT = (
-    "INSERT INTO search_rows (session_id, row_id, role, position, at, text) "
-    "VALUES (%s, %s, %s, %s, %s, %s)"
+    "INSERT INTO search_rows (session_id, row_id, role, position, at, text, words) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s)"
 )
 
 
@@ -148,18 +155,13 @@ def query_text(terms: list[str]) -> str:
     return " & ".join(quoted)
 
 
-_OPTIONS = (
-    f'StartSel="{_OPEN}", StopSel="{_CLOSE}", MaxWords={SNIPPET_WORDS}, '
-    f"MinWords={SNIPPET_WORDS // 2}, ShortWord=0, HighlightAll=false"
-)
 _SEARCH = (
     f"WITH q AS (SELECT to_tsquery('{CONFIG}', %s) AS q), "
     "m AS (SELECT r.id, r.session_id, r.row_id, r.role, r.at, r.text, "
     "ts_rank(r.tsv, q.q) AS rank FROM search_rows r{join}, q WHERE r.tsv @@ q.q "
     "ORDER BY r.id DESC LIMIT %s), "
     "top AS (SELECT * FROM m ORDER BY rank DESC, id DESC LIMIT %s) "
-    f"SELECT top.session_id, top.row_id, top.role, top.at, "
-    f"ts_headline('{CONFIG}', top.text, q.q, %s) FROM top, q ORDER BY rank DESC, id DESC"
+    "SELECT session_id, row_id, role, at, text FROM top ORDER BY rank DESC, id DESC"
 )
 SEARCH_SQL = _SEARCH.format(join="")
 # With an owner (accounts, docs/api.md §15) the RANKED_MAX newest matches are that person's:
@@ -171,4 +173,48 @@ OWNED_SEARCH_SQL = _SEARCH.format(
 
 def search_params(terms: list[str], limit: int, owner: str | None = None) -> tuple:
     owned = () if owner is None else (owner,)
-    return (query_text(terms), *owned, RANKED_MAX, limit, _OPTIONS)
+    return (query_text(terms), *owned, RANKED_MAX, limit)
+
+
+def _fold(word: str) -> str:
+    """A word as the index compares it, near enough to mark it: lower case, without accents
+    (what `unaccent` and the `simple` dictionary do), ligatures spelled out."""
+    return "".join(
+        c for c in unicodedata.normalize("NFKD", word) if not unicodedata.combining(c)
+    ).lower()
+
+
+def headline(text: str, terms: list[str]) -> str:
+    """The snippet of a row `terms` found: the SNIPPET_WORDS words around the most matched
+    terms, `…` where the text is cut, each matched word between the match markers, the
+    text between words as written (SQLite's `snippet` does the same)."""
+    spans = word_spans(text)
+    keys = [_fold(text[start:end]) for start, end in spans]
+    whole = {_fold(term) for term in terms}
+    prefix = _fold(terms[-1]) if terms and len(terms[-1]) >= PREFIX_MIN else None
+    matched = [k in whole or (prefix is not None and k.startswith(prefix)) for k in keys]
+    last_start = max(0, len(spans) - SNIPPET_WORDS)
+    first, best = 0, (-1, -1)
+    for at in (i for i, hit in enumerate(matched) if hit):
+        start = min(max(0, at - _LEAD), last_start)
+        window = [
+            keys[i] for i in range(start, start + SNIPPET_WORDS) if i < len(spans) and matched[i]
+        ]
+        score = (len(set(window)), len(window))
+        if score > best:
+            first, best = start, score
+    stop = min(len(spans), first + SNIPPET_WORDS)
+    out = ["…"] if first > 0 else []
+    at = 0 if first == 0 else spans[first][0]
+    for i in range(first, stop):
+        start, end = spans[i]
+        out.append(text[at:start])
+        out.append(f"{_OPEN}{text[start:end]}{_CLOSE}" if matched[i] else text[start:end])
+        at = end
+    out.append(text[at:] if stop == len(spans) else "…")
+    return "".join(out)
+
+
+def marked_rows(rows: list[tuple], terms: list[str]) -> list[tuple]:
+    """The rows of SEARCH_SQL (`text` last) with a marked snippet in place of the text."""
+    return [(*row[:4], headline(row[4], terms)) for row in rows]

@@ -18,13 +18,12 @@ of the branch it was written on.
 from __future__ import annotations
 
 import re
-import unicodedata
-from itertools import groupby
 from typing import Any
 
 from tether import events as ev
 from tether.errors import InvalidRequest
 from tether.events import Event
+from tether.log.search_words import words
 from tether.log.store import (
     MATCH_CLOSE,
     MATCH_OPEN,
@@ -45,21 +44,6 @@ LIMIT_MAX = 100
 
 _TEXT_TYPES = frozenset({ev.TEXT_DELTA})
 _NO_CHANGE = SearchChange()
-
-
-def _in_word(char: str) -> bool:
-    """What the SQLite index's tokenizer keeps in a word (migration m007: `categories 'L* N*
-    Co M*'`): letters, digits, private-use characters and combining marks, so that a word is
-    never split differently in the query than in the index. Everything else separates words:
-    `_`, which Python's `\\w` takes, is punctuation to the index."""
-    category = unicodedata.category(char)
-    return category[0] in "LNM" or category == "Co"
-
-
-def _words(query: str) -> list[str]:
-    """The runs of word characters holding a letter or a digit (a mark alone is no word)."""
-    runs = ("".join(run) for inside, run in groupby(query, _in_word) if inside)
-    return [run for run in runs if any(unicodedata.category(c)[0] != "M" for c in run)]
 
 
 def _assistant_text(stream_id: str, stream_events: StreamEvents) -> str:
@@ -111,7 +95,7 @@ def search_terms(query: str) -> list[str]:
         raise InvalidRequest(f"The search text is longer than {QUERY_MAX_CHARS} characters.")
     if not query.strip():
         raise InvalidRequest("Type something to search for.")
-    terms = _words(query)
+    terms = words(query)
     if not terms:
         raise InvalidRequest("The search text has no words to look for (only punctuation).")
     if len(terms) > MAX_TERMS:

@@ -64,7 +64,9 @@ class Settings:
     max_streams_per_client: int = 32
     cancel_reclaim_seconds: float = 180.0
     agent_sync_seconds: float = 5.0
-    max_body_bytes: int = 25 * MiB
+    # One attachment at its limit is 26.7 MiB as base64, and the longest message up to 2.4 MB
+    # of JSON (a character outside the BMP escaped as two \uXXXX): both fit in one request.
+    max_body_bytes: int = 30 * MiB
     max_attachment_bytes: int = 20 * MiB
     max_attachments: int = 10
     max_message_chars: int = 200_000

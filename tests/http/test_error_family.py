@@ -37,7 +37,7 @@ def test_the_server_answers_each_refusal_with_its_class(shared_server: ServerPro
     with shared_server.client() as client:
         sid = new_session(client)
         long = "x" * 200_001
-        huge = b"{" + b" " * (26 * 1024 * 1024) + b"}"
+        huge = b"{" + b" " * (31 * 1024 * 1024) + b"}"
         refusals = [
             (errors.InvalidRequest, client.post("/api/chat/cancel", json={})),
             (errors.InvalidRequest, client.post("/api/chat/start", json={"session_id": sid})),

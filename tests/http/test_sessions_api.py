@@ -197,7 +197,7 @@ def test_oversized_body_is_413_and_changes_nothing(shared_server: ServerProcess)
         before = client.get("/api/sessions").json()
         response = client.post(
             "/api/sessions",
-            content=b'{"title": "' + b"x" * (26 * 2**20) + b'"}',
+            content=b'{"title": "' + b"x" * (31 * 2**20) + b'"}',
             headers={"content-type": "application/json"},
         )
         assert response.status_code == 413

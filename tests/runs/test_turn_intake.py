@@ -4,6 +4,7 @@ stored once beside the log and served only with safe headers."""
 from __future__ import annotations
 
 import base64
+import json
 
 import pytest
 
@@ -80,7 +81,29 @@ def test_attachment_too_large_is_413(shared_demo_server: ServerProcess) -> None:
         )
         assert response.status_code == 413
         assert response.json()["code"] == "payload_too_large"
+        assert response.json()["message"].startswith("big.txt is 20,971,521 bytes")
+        assert response.json()["limit_bytes"] == 20 * 2**20
         assert session_body(client, sid)["message_count"] == 0
+
+
+def test_an_attachment_at_the_limit_fits_in_a_request_with_a_long_message(
+    shared_demo_server: ServerProcess,
+) -> None:
+    """One attachment may be 20 MiB (docs/api.md §1), which is 26.7 MiB as base64: the
+    request body's limit must hold it and the longest message, or a file the page lets the
+    user attach (up to 20 MiB) is refused for the body's size instead."""
+    with shared_demo_server.client(timeout=60) as client:
+        sid = new_session(client)
+        whole = upload("whole.txt", "text/plain", b"a" * (20 * 2**20))
+        message = "\U0001f600" * 200_000  # the longest message, each character 12 JSON bytes
+        body = json.dumps({"session_id": sid, "message": message, "attachments": [whole]})
+        response = client.post(
+            "/api/chat/start", content=body, headers={"Content-Type": "application/json"}
+        )
+        assert response.status_code == 200, response.text[:300]
+        client.post("/api/chat/cancel", json={"session_id": sid})
+        [row] = [m for m in session_body(client, sid)["messages"] if m["role"] == "user"]
+        assert [(a["name"], a["size"]) for a in row["attachments"]] == [("whole.txt", 20 * 2**20)]
 
 
 def test_attachments_are_stored_once_served_safely_and_reach_the_context(

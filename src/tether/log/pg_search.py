@@ -83,11 +83,36 @@ async def fold_change(
             known[need.key] = [row_to_event(row) for row in await cur.fetchall()]
 
 
+# A `tsvector` holds at most 1 MB, and a row past it fails its append (an import of a pasted
+# dump was 503). Per distinct word it takes the word's bytes, 4 for its entry, up to 3 of
+# padding and count, and 2 per position: under 6 times the bytes of the words indexed, so
+# they are kept below 128 KiB (the whole row for any usual one).
+WORDS_MAX_BYTES = 128 * 1024
+
+
+def indexed_words(text: str) -> str:
+    """The words of `text` the index holds, joined by spaces: all of them when they fit in
+    WORDS_MAX_BYTES, else each distinct word once, in order, as many as fit (a longer row is
+    found by the words of its first 128 KiB of distinct ones)."""
+    found = words(text)
+    joined = " ".join(found)
+    if len(joined) * 4 <= WORDS_MAX_BYTES or len(joined.encode()) <= WORDS_MAX_BYTES:
+        return joined
+    kept: list[str] = []
+    size = 0
+    for word in dict.fromkeys(found):
+        size += len(word.encode()) + 1
+        if size > WORDS_MAX_BYTES:
+            break
+        kept.append(word)
+    return " ".join(kept)
+
+
 def _rows(session_id: str, change: SearchChange) -> list[tuple]:
     rows = []
     for d in change.add:
         text = d.text.translate(_BLANK)
-        rows.append((session_id, d.row_id, d.role, d.position, d.at, text, " ".join(words(text))))
+        rows.append((session_id, d.row_id, d.role, d.position, d.at, text, indexed_words(text)))
     return rows
 
 

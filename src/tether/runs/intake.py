@@ -13,6 +13,9 @@ from tether.settings import Settings
 from tether.visible_text import shows_something, visible_line
 
 NAME_MAX_CHARS = 255
+# What the page sends for a file its browser gives no type (a Dockerfile, `.env`, `.vue`,
+# `.swift`, `.jsonl`, `.ini` on Linux): such a file is taken as text when its bytes are.
+UNKNOWN_TYPE = "application/octet-stream"
 
 
 @dataclass(frozen=True)
@@ -49,11 +52,6 @@ def decode_uploads(raw: list[dict[str, str]], settings: Settings, runtime: Runti
         mime = item["mime"].strip().lower()
         if not shows_something(name) or len(name) > NAME_MAX_CHARS or "/" in name or "\\" in name:
             raise InvalidRequest(f"Attachment {index} needs a plain file name.")
-        if not runtime.accepts(mime):
-            raise InvalidRequest(
-                f"{name}: the {runtime.name} runtime cannot take {mime or 'this'} "
-                "files. Attach images or text files.",
-            )
         try:
             data = base64.b64decode(item["data_base64"], validate=True)
         except (binascii.Error, ValueError):
@@ -64,5 +62,24 @@ def decode_uploads(raw: list[dict[str, str]], settings: Settings, runtime: Runti
                 f"{settings.max_attachment_bytes:,}.",
                 limit_bytes=settings.max_attachment_bytes,
             )
+        if mime == UNKNOWN_TYPE and _is_text(data):
+            mime = "text/plain"
+        if not runtime.accepts(mime):
+            raise InvalidRequest(
+                f"{name}: the {runtime.name} runtime cannot take {mime or 'this'} "
+                "files. Attach images or text files.",
+            )
         uploads.append(Upload(name, mime, data))
     return uploads
+
+
+def _is_text(data: bytes) -> bool:
+    """UTF-8 without a NUL: text, whatever its name (an executable or an image has NULs or
+    bytes UTF-8 refuses)."""
+    if b"\x00" in data:
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -31,6 +31,9 @@ TEXT_APPLICATION_MIMES = frozenset(
         "application/x-shellscript",
         "application/x-python",
         "application/x-httpd-php",
+        "application/x-php",  # what Linux browsers give .php files
+        "application/x-ruby",  # and .rb files
+        "application/x-perl",
         "application/x-tex",
         "application/x-latex",
         "application/graphql",

@@ -29,6 +29,10 @@ BAD_STARTS = [
         400,
         "invalid_request",
     ),
+    *(  # a type that is no media type (a header's line break, no subtype) is not stored
+        ({"message": "hi", "attachments": [upload("a.txt", mime, b"x")]}, 400, "invalid_request")
+        for mime in ("text/plain\r\nX-Evil: 1", "text", "text/plain\x00", "text/ plain", "/plain")
+    ),
     (
         {
             "message": "hi",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from dataclasses import dataclass
 
 from tether.errors import InvalidRequest, PayloadTooLarge
@@ -16,6 +17,9 @@ NAME_MAX_CHARS = 255
 # What the page sends for a file its browser gives no type (a Dockerfile, `.env`, `.vue`,
 # `.swift`, `.jsonl`, `.ini` on Linux): such a file is taken as text when its bytes are.
 UNKNOWN_TYPE = "application/octet-stream"
+# A media type (RFC 6838 names, parameters of printable ASCII): what is stored, exported and
+# handed to runtimes is never a line break or a control character a client slipped in.
+_MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*(?:;[ -~]*)?")
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ def decode_uploads(raw: list[dict[str, str]], settings: Settings, runtime: Runti
         mime = item["mime"].strip().lower()
         if not shows_something(name) or len(name) > NAME_MAX_CHARS or "/" in name or "\\" in name:
             raise InvalidRequest(f"Attachment {index} needs a plain file name.")
+        if not _MEDIA_TYPE.fullmatch(mime):
+            raise InvalidRequest(f"{name}: {mime!r} is not a media type (like text/plain).")
         try:
             data = base64.b64decode(item["data_base64"], validate=True)
         except (binascii.Error, ValueError):

@@ -214,7 +214,11 @@ def headline(text: str, terms: list[str]) -> str:
     terms, `…` where the text is cut, each matched word between the match markers, the
     text between words as written (SQLite's `snippet` does the same)."""
     spans = word_spans(text)
-    keys = [_fold(text[start:end]) for start, end in spans]
+    folded: dict[str, str] = {}  # a long row says most of its words many times
+    keys = [
+        folded.get(word) or folded.setdefault(word, _fold(word))
+        for word in (text[start:end] for start, end in spans)
+    ]
     whole = {_fold(term) for term in terms}
     prefix = _fold(terms[-1]) if terms and len(terms[-1]) >= PREFIX_MIN else None
     matched = [k in whole or (prefix is not None and k.startswith(prefix)) for k in keys]
@@ -228,6 +232,8 @@ def headline(text: str, terms: list[str]) -> str:
         score = (len(set(window)), len(window))
         if score > best:
             first, best = start, score
+        if best[0] >= len(whole):  # every word typed in one window: none is better enough
+            break
     stop = min(len(spans), first + SNIPPET_WORDS)
     out = ["…"] if first > 0 else []
     at = 0 if first == 0 else spans[first][0]

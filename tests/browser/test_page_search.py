@@ -4,13 +4,16 @@ model wrote stays text: XSS-proof), and choosing one opens its session at that r
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import BrowserContext, expect
 
+from chatgpt_kit import Conversation
 from fake_openai import FakeOpenAI, reply, text
 from helpers import ServerProcess, new_session, running_server, session_body, start_turn, wait_idle
 from pagekit import open_app
@@ -178,3 +181,32 @@ def test_a_row_no_switch_can_show_says_it_is_on_another_branch(
     results.first.click()
     page.wait_for_url(f"**/s/{sid}")
     expect(page.locator("#notice-bar")).to_contain_text("on another branch of this session")
+
+
+def test_a_search_with_more_matches_than_shown_does_not_claim_a_count(
+    context: BrowserContext, server: ServerProcess
+) -> None:
+    """The page asks for the best 30 rows: when 30 come back there may be many more, so the
+    status must not say "30 matches" as if that were all of them."""
+    chat = Conversation("Many ocelots", time.time() - 3600)
+    for n in range(20):
+        chat.add("user", f"ocelot question {n}", step=1)
+        chat.add("assistant", f"ocelot answer {n}", step=1)
+    few = Conversation("Few lynxes", time.time() - 3600)
+    few.add("user", "one lynx", step=1)
+    with server.client() as client:
+        imported = client.post("/api/sessions/import", content=json.dumps([chat.data, few.data]))
+        assert imported.status_code == 201, imported.text
+
+    page = context.new_page()
+    open_app(page, server.base_url)
+    page.keyboard.press("Control+k")
+    dialog = page.get_by_role("dialog", name="Search messages")
+    box = dialog.get_by_role("searchbox", name="Search messages")
+    results = dialog.get_by_role("list", name="Search results").get_by_role("button")
+    box.fill("ocelot")
+    expect(results).to_have_count(30)
+    expect(dialog.get_by_role("status")).to_have_text("The 30 best matches; more words narrow it.")
+    box.fill("lynx")
+    expect(results).to_have_count(1)
+    expect(dialog.get_by_role("status")).to_have_text("1 match")

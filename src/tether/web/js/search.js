@@ -9,6 +9,7 @@ import { composing, h } from "./dom.js";
 
 const $ = (id) => document.getElementById(id);
 const DEBOUNCE_MS = 200;
+const LIMIT = 30; // the best rows asked for: when as many come back, there may be more
 
 function typing(target) {
   return !!target?.closest?.(
@@ -102,7 +103,7 @@ export class MessageSearch {
     }
     let results;
     try {
-      ({ results } = await get(`/api/search?${q({ q: text, limit: 30 })}`));
+      ({ results } = await get(`/api/search?${q({ q: text, limit: LIMIT })}`));
     } catch (err) {
       if (asked !== this.asked) return;
       this.results.replaceChildren();
@@ -110,9 +111,12 @@ export class MessageSearch {
       return;
     }
     if (asked !== this.asked) return; // a newer query is on its way
-    this.status.textContent = results.length
-      ? `${results.length} ${results.length === 1 ? "match" : "matches"}`
-      : "No messages match.";
+    this.status.textContent =
+      results.length >= LIMIT
+        ? `The ${LIMIT} best matches; more words narrow it.`
+        : results.length
+          ? `${results.length} ${results.length === 1 ? "match" : "matches"}`
+          : "No messages match.";
     this.results.replaceChildren(...results.map((r) => this.item(r)));
     this.shownFor = text;
   }

@@ -156,3 +156,24 @@ def test_unknown_attachment_is_404(shared_demo_server: ServerProcess) -> None:
         response = client.get("/api/attachments/" + "0" * 64)
         assert response.status_code == 404
         assert response.json()["code"] == "attachment_not_found"
+
+
+def test_files_too_large_together_are_refused_saying_so(shared_demo_server: ServerProcess) -> None:
+    """Two files of 12 MiB each fit the attachment limit but not one request (30 MiB, as
+    base64): the refusal must tell the person sending them what to do, not only a count of
+    bytes. Nothing is recorded."""
+    with shared_demo_server.client(timeout=60) as client:
+        sid = new_session(client)
+        files = [upload(f"part{n}.txt", "text/plain", b"a" * (12 * 2**20)) for n in (1, 2)]
+        response = client.post(
+            "/api/chat/start", json={"session_id": sid, "message": "hi", "attachments": files}
+        )
+        assert response.status_code == 413
+        body = response.json()
+        assert body["code"] == "payload_too_large"
+        assert body["limit_bytes"] == 30 * 2**20
+        assert body["message"] == (
+            "The request body is larger than 30 MiB (31,457,280 bytes). A message and its "
+            "attachments are sent together, as base64: attach fewer or smaller files."
+        )
+        assert session_body(client, sid)["message_count"] == 0

@@ -36,10 +36,11 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.larger.get(scope.get("path", ""), self.max_bytes)
+        path = scope.get("path", "")
+        limit = self.larger.get(path, self.max_bytes)
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
-                await send_refusal(send, _refusal(limit), close=True)
+                await send_refusal(send, _refusal(limit, path), close=True)
                 return
         seen = 0
         started = False
@@ -50,7 +51,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise _TooLarge(_refusal(limit))
+                    raise _TooLarge(_refusal(limit, path))
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -66,5 +67,16 @@ class BodyLimit:
                 await send_refusal(send, exc.refusal, close=True)
 
 
-def _refusal(limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(f"The request body is larger than {limit} bytes.", limit_bytes=limit)
+# What a person sending a message can do about it: the page sends its files in the request.
+_WITH_FILES = (
+    " A message and its attachments are sent together, as base64: attach fewer or smaller files."
+)
+_HINTS = {"/api/chat/start": _WITH_FILES, "/api/chat/queue": _WITH_FILES}
+
+
+def _refusal(limit: int, path: str = "") -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"The request body is larger than {limit / 2**20:g} MiB ({limit:,} bytes)."
+        + _HINTS.get(path, ""),
+        limit_bytes=limit,
+    )

@@ -5,6 +5,7 @@ returns to the sign-in page."""
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,9 +14,14 @@ import pytest
 from playwright.sync_api import BrowserContext, expect
 
 from accounts_kit import PASSWORDS, add_user, sign_in
-from helpers import ServerProcess, new_session, running_server
+from helpers import ServerProcess, new_session, running_server, start_turn, wait_idle
 
 pytestmark = pytest.mark.slow
+
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
+PICTURE = {"name": "dot.png", "mime": "image/png", "data_base64": base64.b64encode(PNG).decode()}
 
 
 @pytest.fixture
@@ -93,3 +99,37 @@ def test_a_logout_in_one_tab_sends_the_other_tabs_to_the_sign_in_page(
     for tab in (following, empty):
         expect(tab).to_have_url(re.compile(r"/login(\?next=.*)?$"), timeout=10_000)
     assert "next=%2Fs%2F" + sid in following.url
+
+
+def test_the_next_person_on_the_browser_never_sees_the_last_ones_files_from_its_cache(
+    context: BrowserContext, accounts_server: ServerProcess
+) -> None:
+    """An attachment is kept an hour in the browser's cache (`private, max-age=3600`): after
+    Alice logs out and Bob signs in on the same browser, her file's address (in the
+    history: an image opens in a tab) must ask the server, which answers Bob 404, rather than
+    show him her bytes from the cache."""
+    with sign_in(accounts_server, "alice") as alice:
+        sid = new_session(alice, "Alice's pictures")
+        start_turn(alice, sid, "mine", attachments=[PICTURE])
+        url = (
+            accounts_server.base_url + wait_idle(alice, sid)["messages"][0]["attachments"][0]["url"]
+        )
+    page = context.new_page()
+
+    def log_in(name: str) -> None:
+        page.goto(accounts_server.base_url + "/login")
+        page.get_by_label("User name").fill(name)
+        page.get_by_label("Password").fill(PASSWORDS[name])
+        page.get_by_label("Password").press("Enter")
+        expect(page.get_by_role("textbox", name="Message")).to_be_visible()
+
+    log_in("alice")
+    seen = page.goto(url)
+    assert seen is not None and seen.status == 200 and seen.body() == PNG
+    page.goto(accounts_server.base_url + "/")
+    page.get_by_role("button", name="Log out").click()
+    expect(page).to_have_url(re.compile(r"/login$"))
+    log_in("bob")
+    again = page.goto(url)
+    assert again is not None and again.status == 404
+    assert PNG not in again.body()

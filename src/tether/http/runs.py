@@ -244,6 +244,9 @@ async def get_attachment(
         headers={
             "X-Content-Type-Options": "nosniff",
             "Cache-Control": "private, max-age=3600",
+            # the browser's copy is for whoever signed in when it was read: after a log out,
+            # the next person's request (another cookie) asks the server, which says 404
+            "Vary": "Cookie, Authorization",
             "Content-Security-Policy": "default-src 'none'; sandbox",
         },
     )

@@ -191,6 +191,16 @@ def test_bad_queries_are_400(server: ServerProcess, q: str, code: str) -> None:
         assert response.json()["message"]
 
 
+def test_a_query_of_emoji_alone_is_told_it_holds_no_word(server: ServerProcess) -> None:
+    """Emoji are symbols, not words, to the index: a search for one is refused saying so,
+    not calling it punctuation."""
+    with server.client() as client:
+        response = client.get("/api/search", params={"q": "🎉 ✅"})
+        assert response.status_code == 400, response.text
+        assert response.json()["code"] == "invalid_request"
+        assert "emoji" in response.json()["message"]
+
+
 def test_query_syntax_is_searched_as_words_never_an_error(
     server: ServerProcess, fake: FakeOpenAI
 ) -> None:

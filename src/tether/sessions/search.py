@@ -97,7 +97,10 @@ def search_terms(query: str) -> list[str]:
         raise InvalidRequest("Type something to search for.")
     terms = words(query)
     if not terms:
-        raise InvalidRequest("The search text has no words to look for (only punctuation).")
+        raise InvalidRequest(
+            "The search text has no words to look for: punctuation, symbols and emoji are not "
+            "searched for."
+        )
     if len(terms) > MAX_TERMS:
         raise InvalidRequest(f"The search text has more than {MAX_TERMS} words.")
     return terms

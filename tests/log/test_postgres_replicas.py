@@ -25,7 +25,7 @@ from tether.log.errors import (
     StreamClosed,
 )
 from tether.log.pg_fanout import PAYLOAD_LIMIT, Fanout, payloads
-from tether.log.pg_leases import LEASE_SECONDS, RENEW_SECONDS
+from tether.log.pg_leases import ATTEMPT_SECONDS, LEASE_SECONDS, RENEW_SECONDS
 from tether.log.postgres import PostgresEventStore
 
 pytestmark = pytest.mark.slow
@@ -398,6 +398,7 @@ def test_the_lease_numbers_are_the_documented_ones() -> None:
     """docs/operations.md names the lease's renewal and validity; they are the code's."""
     text = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
     assert f"renewed every **{RENEW_SECONDS:g} s** and valid for **{LEASE_SECONDS:g} s**" in text
+    assert f"within {ATTEMPT_SECONDS:g} s counts as failed" in text
     assert LEASE_SECONDS + RENEW_SECONDS < 30  # a dead replica's runs settled within 30 s
 
 

@@ -18,40 +18,100 @@ replica never writes after a takeover. Before any takeover any replica may appen
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from typing import Any
+
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from tether.events import TURN_SUBMITTED
+from tether.log.errors import StorageError
 from tether.log.pg_rows import storage_error
 from tether.log.store import OpenStream
 
 RENEW_SECONDS = 2.0
 LEASE_SECONDS = 10.0
+ATTEMPT_SECONDS = 3.0  # one renewal, connecting included, before it counts as failed
 
 _NOW = "extract(epoch from clock_timestamp())"
 
 
-async def renew(pool: AsyncConnectionPool, replica_id: str) -> None:
-    """Extend this replica's lease by LEASE_SECONDS from now."""
-    try:
-        async with pool.connection() as conn:
-            await conn.execute(
-                "INSERT INTO replica_leases (replica_id, expires_at) "
-                f"VALUES (%s, {_NOW} + %s) "
-                "ON CONFLICT (replica_id) DO UPDATE SET expires_at = excluded.expires_at",
-                (replica_id, LEASE_SECONDS),
-            )
-    except psycopg.Error as exc:
-        raise storage_error("lease", exc) from exc
+class LeaseConnection:
+    """This replica's lease, on a connection of its own rather than one of the log's pool: a
+    pool kept busy past LEASE_SECONDS (slow reads, imports, a small `--database-pool-size`)
+    cost a healthy replica its lease, and its users' runs a takeover. The connection is
+    opened on first use and again once lost (a restart, a terminated backend). A renewal that
+    has not answered within ATTEMPT_SECONDS fails and its connection is dropped, so a
+    database that answers nothing never holds the lease loop, which then lets go of the runs
+    once the lease has run out (runs/leases.py), as with a database that refuses."""
 
+    def __init__(self, url: str, replica_id: str):
+        self._url = url
+        self._replica_id = replica_id
+        self._conn: psycopg.AsyncConnection | None = None
 
-async def release(pool: AsyncConnectionPool, replica_id: str) -> None:
-    """Drop this replica's lease (a clean shutdown: nothing of it is left to take over)."""
-    try:
-        async with pool.connection() as conn:
-            await conn.execute("DELETE FROM replica_leases WHERE replica_id=%s", (replica_id,))
-    except psycopg.Error as exc:
-        raise storage_error("lease", exc) from exc
+    async def renew(self) -> None:
+        """Extend this replica's lease by LEASE_SECONDS from now."""
+        await self._run(
+            "INSERT INTO replica_leases (replica_id, expires_at) "
+            f"VALUES (%s, {_NOW} + %s) "
+            "ON CONFLICT (replica_id) DO UPDATE SET expires_at = excluded.expires_at",
+            (self._replica_id, LEASE_SECONDS),
+        )
+
+    async def release(self) -> None:
+        """Drop this replica's lease (a clean shutdown: nothing of it is left to take over)."""
+        await self._run("DELETE FROM replica_leases WHERE replica_id=%s", (self._replica_id,))
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()
+
+    async def _run(self, sql: str, params: tuple[Any, ...]) -> None:
+        """`sql` within ATTEMPT_SECONDS. Past it, or when the caller is cancelled, the attempt
+        is abandoned: it unwinds in the background (psycopg cancels the query on the server)
+        and closes its connection; the next one opens a new connection."""
+        attempt = asyncio.ensure_future(self._execute(sql, params))
+        attempt.add_done_callback(lambda done: done.cancelled() or done.exception())
+        try:
+            await asyncio.wait_for(asyncio.shield(attempt), ATTEMPT_SECONDS)
+        except TimeoutError:
+            raise StorageError(
+                "could not use the PostgreSQL database (lease): no answer within "
+                f"{ATTEMPT_SECONDS:g} s"
+            ) from None
+        except psycopg.Error as exc:
+            raise storage_error("lease", exc) from exc
+        finally:
+            if not attempt.done():
+                self._conn = None
+                attempt.cancel()
+
+    async def _execute(self, sql: str, params: tuple[Any, ...]) -> None:
+        """On the connection kept from before, and when the server ended that one while it
+        sat idle (found only by using it), once more on a new one: both statements can run
+        twice."""
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            try:
+                await self._on(conn, sql, params)
+                return
+            except psycopg.OperationalError:
+                pass
+        conn = self._conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
+        await self._on(conn, sql, params)
+
+    async def _on(self, conn: psycopg.AsyncConnection, sql: str, params: tuple[Any, ...]) -> None:
+        try:
+            await conn.execute(sql, params)
+        except BaseException:  # failed or abandoned: in an unknown state, never used again
+            if self._conn is conn:
+                self._conn = None
+            with contextlib.suppress(Exception):
+                await conn.close()
+            raise
 
 
 async def claim(

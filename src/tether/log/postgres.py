@@ -116,6 +116,7 @@ class PostgresEventStore(PostgresReads):
             check=self._usable,
         )
         self._sweeping = False
+        self._lease = pg_leases.LeaseConnection(url, self.replica_id)
         self._fanout = Fanout(
             url, self._read_after, self._all_last_seqs, cursors, poll_seconds, self.replica_id
         )
@@ -411,10 +412,10 @@ class PostgresEventStore(PostgresReads):
     # -- leases and takeover (log/pg_leases.py) -------------------------------------------
     async def renew_lease(self) -> None:
         await self._start()
-        await pg_leases.renew(self._pool, self.replica_id)
+        await self._lease.renew()
 
     async def release_lease(self) -> None:
-        await pg_leases.release(self._pool, self.replica_id)
+        await self._lease.release()
 
     async def claim_orphans(self, *, mine: bool = False, strays: bool = False) -> list[OpenStream]:
         await self._start()
@@ -445,4 +446,5 @@ class PostgresEventStore(PostgresReads):
                     await asyncio.shield(self._writer)  # the writer to answer what it took
         finally:  # also when the caller is cancelled: the listener and the pool still close
             await self._fanout.stop()
+            await self._lease.close()
             await self._pool.close()

@@ -28,26 +28,43 @@ log = logging.getLogger("tether.runs")
 
 
 async def lease_forever(engine: RunEngine, clock: Callable[[], float] = time.monotonic) -> None:
+    """Renew the lease every RENEW_SECONDS (on the lease's own connection, log/pg_leases.py)
+    and, after a renewal, take over dead replicas' runs in a task of its own: the takeover
+    reads and writes through the log's pool, and waiting for it must never delay the next
+    renewal (a busy pool would cost this replica its lease)."""
     shared = engine.shared
     assert shared is not None
     renewed = clock()
-    while True:
-        await asyncio.sleep(RENEW_SECONDS)
-        if clock() - renewed >= LEASE_SECONDS:
-            stop_own_runs(engine)
-        try:
-            await shared.renew_lease()
-            renewed = clock()
-        except StorageError as exc:
-            log.error("could not renew this replica's lease: %s", exc)
-            continue
-        try:  # a run whose settling fails is claimed again next round (log/pg_leases.py)
-            taken = await shared.claim_orphans()
-            if taken:
-                count = await settle(engine, taken)
-                log.warning("took over %d run(s) of replicas whose lease expired", count)
-        except StorageError as exc:
-            log.error("could not take over the runs of replicas whose lease expired: %s", exc)
+    takeover: asyncio.Task | None = None
+    try:
+        while True:
+            await asyncio.sleep(RENEW_SECONDS)
+            if clock() - renewed >= LEASE_SECONDS:
+                stop_own_runs(engine)
+            try:
+                await shared.renew_lease()
+                renewed = clock()
+            except StorageError as exc:
+                log.error("could not renew this replica's lease: %s", exc)
+                continue
+            if takeover is None or takeover.done():
+                takeover = asyncio.create_task(take_over(engine))
+    finally:
+        if takeover is not None:
+            takeover.cancel()
+
+
+async def take_over(engine: RunEngine) -> None:
+    """Claim and settle the runs of replicas whose lease expired. A run whose settling fails
+    is claimed again next round (log/pg_leases.py)."""
+    assert engine.shared is not None
+    try:
+        taken = await engine.shared.claim_orphans()
+        if taken:
+            count = await settle(engine, taken)
+            log.warning("took over %d run(s) of replicas whose lease expired", count)
+    except StorageError as exc:
+        log.error("could not take over the runs of replicas whose lease expired: %s", exc)
 
 
 def stop_own_runs(engine: RunEngine) -> None:

@@ -25,6 +25,8 @@ from tether.runtimes import load_runtime, registered, runtime_class
 from tether.runtimes.base import RuntimeUnavailable
 from tether.settings import Settings, is_loopback
 
+LET_GO_SECONDS = 1.0  # for the tasks left once the shutdown is done (`_serve_then_let_go`)
+
 # Each knob's default lives in Settings only; the flags show it.
 _DEFAULTS = {f.name: f.default for f in fields(Settings) if f.default is not MISSING}
 
@@ -285,11 +287,39 @@ def serve(log_level: str, **options: object) -> None:
     # durable, so that re-raise lands on a no-op and the process exits 0 (docs/api.md §1).
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:  # as server.run()
+        runner.run(_serve_then_let_go(server))
     if dir_lock is not None:
         dir_lock.close()
     if not server.started:
         raise SystemExit(1)
+
+
+async def _serve_then_let_go(server: uvicorn.Server) -> None:
+    """Serve until a signal, then leave without waiting for a task that ignores cancellation.
+    By the time `serve` returns the app's shutdown has given the runs in flight their grace
+    (runs/maintenance.py `shutdown`), recorded every one still open as interrupted and
+    closed the log. The event loop's own exit would then wait for every task left to end:
+    a runtime that swallows its cancellation (an agent stuck in a tool, the demo's
+    `/stubborn 40`) kept the process alive until it gave up, past systemd's TimeoutStopSec
+    and its SIGKILL. The tasks left get LET_GO_SECONDS; a task still running after that
+    ends with the process (exit 0, as a clean shutdown's: nothing of the log is pending)."""
+    await server.serve()
+    current = asyncio.current_task()
+    left = [task for task in asyncio.all_tasks() if task is not current]
+    for task in left:
+        task.cancel()
+    if not left:
+        return
+    _, stuck = await asyncio.wait(left, timeout=LET_GO_SECONDS)
+    if stuck:
+        logging.getLogger("tether").warning(
+            "exiting without waiting for %d task(s) that ignore cancellation (a runtime "
+            "stuck in a tool); every run in flight is already recorded",
+            len(stuck),
+        )
+        logging.shutdown()
+        os._exit(0 if server.started else 1)  # the loop's exit would wait for them
 
 
 def _refuse_before_writing(settings: Settings) -> tuple[str | None, str | None]:

@@ -22,6 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from tether.cli import LET_GO_SECONDS
+from tether.runs.maintenance import SHUTDOWN_GRACE_SECONDS
+
 from faultkit import (
     assert_each_run_ends_once,
     assert_log_intact,
@@ -123,5 +126,37 @@ def test_a_runtime_that_ignores_stop_is_reclaimed_and_fenced(
             ]
             assert late == []
             assert "still working" not in session_body(client, sid)["messages"][-1]["content"]
+    finally:
+        assert server.stop() == 0
+
+
+def test_sigterm_exits_within_the_grace_though_a_runtime_ignores_cancellation(
+    tmp_path: Path, store_flags: list[str]
+) -> None:
+    """Layers: shutdown (runs/maintenance.py) and the process (cli.py); contract invariant 9.
+    SIGTERM while a worker swallows every cancellation (`/stubborn 40`): the run is recorded
+    interrupted, then the process exits 0 within the shutdown's grace, not when the worker
+    gives up 40 s later (systemd's TimeoutStopSec=30 would SIGKILL it first). After a
+    restart the run shows interrupted, once."""
+    server = ServerProcess(tmp_path / "data", "--runtime", "demo", *store_flags).start()
+    with server.client() as client:
+        sid = new_session(client)
+        run = start_turn(client, sid, "/stubborn 40")
+        wait_until(
+            lambda: "still working" in live_text(client, sid),
+            what="the stubborn turn's first output",
+        )
+    asked = time.monotonic()
+    assert server.stop(timeout=40) == 0
+    took = time.monotonic() - asked
+    assert took < SHUTDOWN_GRACE_SECONDS + LET_GO_SECONDS + 3, f"SIGTERM took {took:.1f} s to exit"
+    server.start()
+    try:
+        with server.client() as client:
+            log = whole_log(client, sid)
+            assert_log_intact(log)
+            endings = assert_each_run_ends_once(log)
+            assert endings[run["stream_id"]]["state"] == "interrupted"
+            assert session_body(client, sid)["messages"][-1]["state"] == "interrupted"
     finally:
         assert server.stop() == 0

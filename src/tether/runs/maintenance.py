@@ -19,6 +19,7 @@ from tether.runs.registry import CANCELLING, Run
 log = logging.getLogger("tether.runs")
 
 RECOVERED_REASON = "Tether stopped before this run finished"
+SHUTDOWN_GRACE_SECONDS = 5.0  # for the workers to record their runs' ends at shutdown
 
 
 def reclaim(engine: RunEngine, window: float, now: float | None = None) -> list[Run]:
@@ -88,7 +89,7 @@ async def settle(engine: RunEngine, unfinished: list[OpenStream]) -> int:
     return settled
 
 
-async def shutdown(engine: RunEngine, grace: float = 5.0) -> None:
+async def shutdown(engine: RunEngine, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
     """Make every in-flight run durable as interrupted before the process exits."""
     engine.closing = True
     runs = engine.registry.runs()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -123,6 +124,7 @@ def test_a_replica_whose_renewal_is_stuck_lets_go_of_its_runs(tmp_path: Path) ->
             await _streaming(a, sid)
             async with await psycopg.AsyncConnection.connect(url) as locker:
                 await locker.execute("SELECT * FROM replica_leases FOR UPDATE")
+                locked = time.monotonic()
                 for _ in range(int((LEASE_SECONDS + 3 * RENEW_SECONDS + 3) / 0.1)):
                     runs = [r for r in a.registry.runs() if r.session_id == sid]
                     if not runs or runs[0].phase == CANCELLING or runs[0].resolved:
@@ -130,6 +132,8 @@ def test_a_replica_whose_renewal_is_stuck_lets_go_of_its_runs(tmp_path: Path) ->
                     await asyncio.sleep(0.1)
                 else:
                     raise AssertionError("the replica never let go of its run")
+                held = time.monotonic() - locked  # renewed at most RENEW_SECONDS before
+                assert held >= LEASE_SECONDS - RENEW_SECONDS - 0.5, f"let go after {held:.1f} s"
                 await locker.rollback()
             await a.wait_idle(sid, timeout=20)
             finished = [e.data for e in await a.store.read(sid) if e.type == "run.finished"]

@@ -5,9 +5,10 @@ control over the event loop's interleaving."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,3 +155,15 @@ def has(event_type: str, **data: Any) -> Callable[[list[Draft]], bool]:
         )
 
     return picks
+
+
+@contextmanager
+def writes_held(settings: Settings) -> Iterator[None]:
+    """Another connection holds the SQLite database's write lock: appends wait in the writer."""
+    holder = sqlite3.connect(settings.database_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()

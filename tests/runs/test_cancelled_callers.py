@@ -15,9 +15,6 @@ waiting for it; a Stop, which stops its run at once, is recorded all the same.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,21 +22,9 @@ import pytest
 from tether.runs.intake import Upload
 from tether.settings import Settings
 
-from engine_harness import GatedRuntime, StatefulGatedRuntime, harness, until
+from engine_harness import GatedRuntime, StatefulGatedRuntime, harness, until, writes_held
 
 UPLOAD = Upload("notes.txt", "text/plain", b"the bytes a turn holds")
-
-
-@contextmanager
-def writes_held(settings: Settings) -> Iterator[None]:
-    """Another connection holds the database's write lock: appends wait in the writer."""
-    holder = sqlite3.connect(settings.database_path, isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
 
 
 def stored_files(settings: Settings) -> int:

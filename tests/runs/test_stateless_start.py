@@ -13,9 +13,7 @@ handle may take long to build, and the turn shows as pending meanwhile).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import sqlite3
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from tether.events import Event
@@ -23,7 +21,14 @@ from tether.runtimes.base import RuntimeEvent, TurnInput
 from tether.sessions.folds import SessionFold
 from tether.settings import Settings
 
-from engine_harness import GatedRuntime, Harness, StatefulGatedRuntime, harness, until
+from engine_harness import (
+    GatedRuntime,
+    Harness,
+    StatefulGatedRuntime,
+    harness,
+    until,
+    writes_held,
+)
 
 
 def commits_of(h: Harness, session_id: str) -> list[list[str]]:
@@ -67,18 +72,6 @@ def test_a_runtime_with_session_state_keeps_run_started_in_a_commit_of_its_own(
     assert ["turn.submitted"] in batches and ["run.started"] in batches
 
 
-@contextlib.contextmanager
-def write_lock_held(settings: Settings) -> Iterator[None]:
-    """Another connection holds the database's write lock: the writer's commits wait."""
-    holder = sqlite3.connect(settings.database_path, isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
-
-
 def test_the_model_is_asked_while_the_turn_commits(tmp_path: Path) -> None:
     """Layer: runs (runs/invocation.py, the early request). The model's latency used to start
     only once the turn's commit was on disk; now the request goes out while it commits.
@@ -91,7 +84,7 @@ def test_the_model_is_asked_while_the_turn_commits(tmp_path: Path) -> None:
         settings = Settings(data_dir=tmp_path)
         async with harness(tmp_path, runtime, settings) as h:
             sid = (await h.sessions.create(None))["session_id"]
-            with write_lock_held(settings):
+            with writes_held(settings):
                 start = asyncio.create_task(h.engine.start(sid, "hi"))
                 await until(lambda: runtime.calls == 1)
                 await asyncio.sleep(0.05)  # its answer is in: none of it may be written
@@ -123,7 +116,7 @@ def test_a_stop_during_the_opening_commit_interrupts_the_early_request(tmp_path:
         settings = Settings(data_dir=tmp_path)
         async with harness(tmp_path, runtime, settings) as h:
             sid = (await h.sessions.create(None))["session_id"]
-            with write_lock_held(settings):
+            with writes_held(settings):
                 start = asyncio.create_task(h.engine.start(sid, "hi"))
                 await until(lambda: runtime.calls == 1)  # asked, not answering (its gate)
                 assert not start.done()  # admitted with its turn, which is not durable yet
@@ -160,7 +153,7 @@ def test_a_runtime_with_session_state_is_asked_only_once_the_turn_is_written(
         settings = Settings(data_dir=tmp_path)
         async with harness(tmp_path, runtime, settings) as h:
             sid = (await h.sessions.create(None))["session_id"]
-            with write_lock_held(settings):
+            with writes_held(settings):
                 start = asyncio.create_task(h.engine.start(sid, "hi"))
                 await until(lambda: h.registry.busy(sid))
                 await asyncio.sleep(0.05)

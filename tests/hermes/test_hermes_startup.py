@@ -81,27 +81,25 @@ def test_a_sidecar_that_exits_before_it_is_ready_gives_its_exit_code(
     )
 
 
+def _hanging_sidecar(tmp_path: Path, fake: FakeOpenAI) -> tuple[list[str], dict[str, str]]:
+    """Flags and environment of a server whose sidecar never says it is ready: its "Python"
+    sleeps, named by the test's directory so `processes_with` finds it."""
+    script = tmp_path / "python"
+    script.write_text(f"#!/bin/sh\nexec sleep 1000 # {tmp_path.name}\n")
+    script.chmod(0o755)
+    args = ["--runtime", "hermes", "--hermes-python", str(script)]
+    args += ["--base-url", fake.base_url, "--model", fake.model]
+    return args, {"TETHER_HERMES_HOME": str(tmp_path / "home")}
+
+
 def test_shutdown_does_not_wait_for_a_sidecar_that_hangs_starting(
     tmp_path: Path, fake: FakeOpenAI
 ) -> None:
     """The sidecar starts with the server; one that never says it is ready (an import that
     hangs on a network mount, a stuck warm-up) used to hold a graceful shutdown for the whole
     start-up timeout (180 s), so a service manager ended Tether with SIGKILL instead."""
-    script = tmp_path / "python"
-    script.write_text(f"#!/bin/sh\nexec sleep 1000 # {tmp_path.name}\n")
-    script.chmod(0o755)
-    server = ServerProcess(
-        tmp_path / "data",
-        "--runtime",
-        "hermes",
-        "--hermes-python",
-        str(script),
-        "--base-url",
-        fake.base_url,
-        "--model",
-        fake.model,
-        env={"TETHER_HERMES_HOME": str(tmp_path / "home")},
-    ).start()
+    args, env = _hanging_sidecar(tmp_path, fake)
+    server = ServerProcess(tmp_path / "data", *args, env=env).start()
     try:
         wait_until(lambda: processes_with(tmp_path.name), 10, "the sidecar starting")
         started = time.monotonic()
@@ -121,25 +119,9 @@ def test_stop_ends_a_turn_that_waits_for_the_sidecar_to_start(
     """A turn sent while the sidecar is still starting waits for it (seconds on a cold
     cache, up to the 180 s start-up timeout when it hangs). Stop used to change nothing
     until then: the engine waited for the session's handle, which waited for the sidecar."""
-    script = tmp_path / "python"
-    script.write_text(f"#!/bin/sh\nexec sleep 1000 # {tmp_path.name}\n")
-    script.chmod(0o755)
+    args, env = _hanging_sidecar(tmp_path, fake)
     try:
-        with (
-            running_server(
-                tmp_path / "data",
-                "--runtime",
-                "hermes",
-                "--hermes-python",
-                str(script),
-                "--base-url",
-                fake.base_url,
-                "--model",
-                fake.model,
-                env={"TETHER_HERMES_HOME": str(tmp_path / "home")},
-            ) as server,
-            server.client() as client,
-        ):
+        with running_server(tmp_path / "data", *args, env=env) as server, server.client() as client:
             sid = new_session(client)
             run = start_turn(client, sid, "hello")
             time.sleep(1.0)

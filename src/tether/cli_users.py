@@ -71,10 +71,24 @@ def check_name(name: str) -> str:
     return name
 
 
+def _not_a_replica_dir(settings: Settings) -> None:
+    """A PostgreSQL replica's data directory holds its attachments' copies and no tether.db:
+    a user added there without --database-url went into a new SQLite file no server reads."""
+    if settings.database_url or settings.database_path.exists():
+        return
+    if (settings.data_dir / "attachments").is_dir():
+        raise Refused(
+            f"{settings.data_dir} is the data directory of a server on PostgreSQL (it holds "
+            "attachments and no tether.db): its users are in the database. Give the server's "
+            "--database-url (or TETHER_DATABASE_URL)."
+        )
+
+
 def add_user(settings: Settings, name: str, ask: Callable[[], str], admin: bool) -> int:
     """Add the user, asking for the password once the name is known to be free; the number of
     unowned sessions the first admin now owns."""
     name = check_name(name)
+    _not_a_replica_dir(settings)
 
     async def work(store: OwnedStore, accounts: AccountStore) -> int:
         if await accounts.user_by_name(name) is not None:

@@ -222,3 +222,23 @@ def test_a_database_that_cannot_be_reached_leaves_no_data_directory(tmp_path: Pa
     assert result.stderr.startswith("Error: Cannot open the Tether database at "), result.stderr
     assert "Connection refused" in result.stderr  # libpq's words, and its hint on a second line
     assert list(tmp_path.iterdir()) == []
+
+
+def test_users_add_on_a_postgresql_servers_data_directory_asks_for_its_database(
+    tmp_path: Path,
+) -> None:
+    """A server on PostgreSQL keeps only its attachments' copies in its data directory; a user
+    added there without --database-url went into a new tether.db no server reads, and the
+    person could not sign in."""
+    data = tmp_path / "data"
+    (data / "attachments").mkdir(parents=True)
+    line = refused(
+        ["users", "add", "bob", "--data-dir", str(data), "--password-env", "PW"],
+        env={"PW": "a long enough password"},
+    )
+    assert line == (
+        f"Error: {data} is the data directory of a server on PostgreSQL (it holds attachments "
+        "and no tether.db): its users are in the database. Give the server's --database-url "
+        "(or TETHER_DATABASE_URL)."
+    )
+    assert sorted(p.name for p in data.iterdir()) == ["attachments"]

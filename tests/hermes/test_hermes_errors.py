@@ -86,3 +86,22 @@ def test_an_answer_still_cut_off_after_hermes_continuations_says_so(
         assert last["content"].startswith("cut cut")
         notices = [(i["kind"], i["text"]) for i in last["timeline"] if i["type"] == "notice"]
         assert notices == [("length", "Cut off at the token limit: the answer may be incomplete.")]
+
+
+def test_a_model_that_answers_nothing_ends_the_run_in_error_saying_so(
+    tmp_path: Path, hermes_flags: list[str], fake: FakeOpenAI
+) -> None:
+    """The model answers every request (Hermes' retries too) with no text and no tool call:
+    Hermes ends the turn without an answer (`completed` false). The run ended `completed`
+    with an empty answer and no notice: an empty bubble, nothing saying why."""
+    fake.default_reply = reply()
+    with running_server(tmp_path / "data", *hermes_flags) as server, server.client() as client:
+        sid = new_session(client)
+        start_turn(client, sid, "hello")
+        last = wait_idle(client, sid, timeout=120)["messages"][-1]
+        assert last["state"] == "error", last
+        assert last["error"]["code"] == "bad_response", last["error"]
+        assert "returned nothing" in last["error"]["message"], last["error"]
+        notices = [(i["kind"], i["text"]) for i in last["timeline"] if i["type"] == "notice"]
+        assert [kind for kind, _ in notices] == ["error"], last["timeline"]
+        assert client.get("/api/sessions").json()["sessions"][0]["last_run_state"] == "error"

@@ -212,6 +212,29 @@ def _still_truncated(done: dict[str, Any]) -> bool:
     )
 
 
+def _no_answer(done: dict[str, Any]) -> str | None:
+    """Why the turn ended without an answer, when Hermes ended it so without calling it a
+    failure: the model replied with nothing, again after Hermes' retries
+    (`empty_response_exhausted`, whose `final_response` is Hermes' own note, never
+    streamed), or the turn ended with no final response at all (`completed` false). The run
+    would otherwise end `completed` with an empty answer and nothing saying why."""
+    if done.get("interrupted") or done.get("failed"):
+        return None
+    reason = str(done.get("turn_exit_reason") or "")
+    if reason == "empty_response_exhausted":
+        return (
+            "Hermes Agent: the model returned nothing (an empty reply, again after Hermes' "
+            "retries), so the turn has no answer. Send the message again, or choose "
+            "another model."
+        )
+    if not done.get("completed"):
+        return (
+            "Hermes Agent ended the turn without an answer "
+            f"(turn_exit_reason: {reason or 'none given'}). Send the message again."
+        )
+    return None
+
+
 def _choices(event: dict[str, Any]) -> tuple[str, ...]:
     """The answers the agent offers for this prompt (sidecar.py `on_approval`)."""
     offered = event.get("choices")
@@ -347,6 +370,8 @@ async def _drive(handle: TurnHandle, channel: AgentChannel, turn: TurnInput) -> 
                     yield Finished("tool_limit_reached", limit)
                 elif _still_truncated(event):
                     yield AnswerFinished("length")
+                elif (nothing := _no_answer(event)) is not None:
+                    raise ProviderError("bad_response", nothing)
                 return
             mapped = _map(event, turn)
             if mapped is not None:

@@ -30,6 +30,8 @@ for op, *args in json.loads(sys.stdin.read()):
         db.archive_and_compact(*args)
     elif op == "replace":
         db.replace_messages(*args)
+    elif op == "archive":
+        db.set_session_archived(args[0], True)
     elif op == "sleep":
         time.sleep(args[0])
     else:

@@ -403,3 +403,46 @@ def test_a_cli_session_deleted_in_tether_stays_deleted(
         write_state(hermes_python, hermes_env, [["create", "cli2", "cli", {}]])
         [other] = wait_until(listed, 30, "the second CLI session")
         assert other != sid
+
+
+def test_a_session_archived_in_the_cli_is_adopted_archived(
+    server: ServerProcess, hermes_env: Path, hermes_python: Path
+) -> None:
+    """Hermes' archive (`SessionDB.set_session_archived`) hides a session from its lists
+    and keeps its messages. Discovery ignored it: an archived CLI session showed up in
+    Tether's sidebar as an active one. It is adopted archived: out of the sidebar, in the
+    archived list with its history, as in Hermes."""
+    write_state(
+        hermes_python,
+        hermes_env,
+        [
+            ["create", "cli_old", "cli", {}],
+            ["append", "cli_old", "user", "an old question", {}],
+            ["append", "cli_old", "assistant", "an old answer", {}],
+            ["archive", "cli_old"],
+            ["create", "cli_new", "cli", {}],
+            ["append", "cli_new", "user", "a new question", {}],
+            ["append", "cli_new", "assistant", "a new answer", {}],
+        ],
+    )
+    with server.client() as client:
+
+        def listed(archived: bool) -> list[dict[str, Any]]:
+            query = "?archived=1" if archived else ""
+            return client.get(f"/api/sessions{query}").json()["sessions"]
+
+        wait_until(lambda: len(listed(False)) + len(listed(True)) >= 2, 30, "both adopted")
+        [active] = listed(False)
+        assert session_body(client, active["session_id"])["messages"][0]["content"] == (
+            "a new question"
+        )
+        [archived] = listed(True)
+        assert archived["archived"] is True
+        body = session_body(client, archived["session_id"])
+        assert [(m["role"], m["content"]) for m in body["messages"]] == [
+            ("user", "an old question"),
+            ("assistant", "an old answer"),
+        ]
+        time.sleep(1.0)  # later passes adopt neither again
+        assert len(listed(False)) == 1
+        assert len(listed(True)) == 1

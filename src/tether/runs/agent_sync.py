@@ -144,7 +144,9 @@ async def adopt_sessions_started_elsewhere(sessions: SessionService, agent: Agen
     history, and continue there. Bound first, created second (a crash in between is
     completed by the next pass), then marked adopted (deleting it later in Tether does not
     bring it back); the row takes the agent session's start as its activity time, so an old
-    conversation does not jump to the top of the sidebar."""
+    conversation does not jump to the top of the sidebar. One the agent's client archived
+    is created archived (metadata, invariant 4: it moves nothing in the sidebar), as the
+    person put it away there."""
     known = await sessions.store.index_states()
     for found in await agent.agent_started_elsewhere(lambda sid: sid in known):
         agent_id = found["agent_session_id"]
@@ -164,7 +166,8 @@ async def adopt_sessions_started_elsewhere(sessions: SessionService, agent: Agen
                         "inherited_updated_at": found["started_at"],
                         "inherited_last_message_at": None,
                     },
-                )
+                ),
+                *([Draft(ev.SESSION_UPDATED, {"archived": True})] if found.get("archived") else []),
             ],
         )
         await agent.agent_adopted(agent_id)  # deleted later, it stays deleted

@@ -368,7 +368,9 @@ class AgentHistory(Protocol):
         """Tether sessions whose agent rows moved since the last call."""
 
     async def agent_started_elsewhere(self, exists: Callable[[str], bool]) -> list[dict[str, Any]]:
-        """Agent sessions started in another client that no Tether session drives."""
+        """Agent sessions started in another client that no Tether session drives:
+        `{agent_session_id, title, started_at, archived?}` (`archived`: put away there, so
+        adopted archived)."""
 
     async def bind(self, session_id: str, agent_session_id: str) -> bool:
         """Bind the agent session to the Tether session; False when bound elsewhere."""

@@ -308,15 +308,18 @@ def started_elsewhere(
 ) -> list[dict[str, Any]]:
     """Root sessions (no parent) of the profile that a person started in the CLI or TUI
     and that no Tether session drives yet, oldest first: `{agent_session_id, title,
-    started_at}`. Their compression continuations follow through the lineage, as for any
-    session. Blocking: call it in a thread."""
+    started_at, archived}`. Their compression continuations follow through the lineage, as
+    for any session. `archived`: Hermes hides the session from its lists (a soft hide, its
+    messages kept), so it is adopted archived, not shown as an active conversation.
+    Blocking: call it in a thread."""
     marks = ",".join("?" * len(INTERACTIVE_SOURCES))
     with read_only(state_db) as db:
         if db is None:
             return []
         try:
             rows = db.execute(
-                "SELECT id, title, CAST(started_at AS REAL), profile_name, model_config "
+                "SELECT id, title, CAST(started_at AS REAL), profile_name, model_config, "
+                "archived "
                 "FROM sessions "
                 f"WHERE parent_session_id IS NULL AND source IN ({marks}) "
                 "ORDER BY CAST(started_at AS REAL), id",
@@ -325,7 +328,7 @@ def started_elsewhere(
         except sqlite3.Error:
             return []
     found = []
-    for agent_id, title, started_at, profile_name, model_config in rows:
+    for agent_id, title, started_at, profile_name, model_config, archived in rows:
         if agent_id in known or (profile_name or None) != (profile or None):
             continue
         try:
@@ -341,6 +344,7 @@ def started_elsewhere(
                 "agent_session_id": agent_id,
                 "title": title or None,
                 "started_at": float(started_at or 0),
+                "archived": bool(archived),
             }
         )
         if len(found) >= limit:

@@ -173,7 +173,7 @@ async def drop_early(run: Run) -> None:
     if task is None:
         return
     task.cancel()
-    with contextlib.suppress(BaseException):
+    with contextlib.suppress(asyncio.CancelledError, Exception):  # said by the turn's error
         await task
     if run.producer is not None:
         run.producer.cancel()
@@ -181,9 +181,9 @@ async def drop_early(run: Run) -> None:
 
 async def keep_early(run: Run, turn: TurnInput) -> bool:
     """After the commit, in the worker: whether the early request stands. It does when it
-    asked what the log's fold asks (`turn`); then its output so far, and what it sends
-    later, go to the run's inbox, after nothing (a Stop meanwhile interrupted it, and its
-    signal follows). Otherwise it is cancelled, its output dropped, and False."""
+    asked what the log's fold asks (`turn`); its inbox then becomes the run's, holding its
+    output so far and, after it, any signal sent meanwhile (a Stop that interrupted it).
+    Otherwise it is cancelled, its output dropped, and False."""
     task, run.early = run.early, None
     if task is None:
         return False

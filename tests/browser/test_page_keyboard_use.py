@@ -4,13 +4,14 @@ for the module (the browser suite is long already)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import BrowserContext, Page, expect
 
-from helpers import ServerProcess, running_server
+from helpers import ServerProcess, new_session, running_server
 from pagekit import open_app, send, wait_settled
 
 pytestmark = pytest.mark.slow
@@ -203,3 +204,38 @@ def test_esc_while_the_settings_dialog_is_loading_closes_it(
     expect(dialog.get_by_text("Reading the server's settings")).to_be_hidden()
     page.keyboard.press("Escape")
     expect(dialog).to_be_hidden()
+
+
+def test_the_focus_stays_in_the_sidebar_after_a_row_menus_action(
+    context: BrowserContext, server: ServerProcess
+) -> None:
+    """A row menu's item is gone once chosen, and Pin moves its row (a moved element loses
+    the focus): a keyboard user who pinned a session, cancelled a Delete or deleted one was
+    left on the page's body, Tab starting again from the top. Now the focus is on the row's
+    Actions button when the row is still listed, else on the link of the row that took its
+    place."""
+    with server.client() as client:
+        new_session(client, "kb one")
+        new_session(client, "kb two")
+    page = context.new_page()
+    open_app(page, server.base_url)
+    actions = page.get_by_role("button", name="Actions for kb two")
+
+    def choose(item: str) -> None:
+        actions.focus()
+        page.keyboard.press("Enter")
+        page.get_by_role("menuitem", name=item).focus()
+        page.keyboard.press("Enter")
+
+    choose("Pin")
+    expect(page.locator(".session-row").first).to_contain_text("kb two")
+    expect(actions).to_be_focused()
+    choose("Delete…")
+    expect(page.locator("#confirm-dialog")).to_be_visible()
+    page.keyboard.press("Escape")
+    expect(actions).to_be_focused()
+    choose("Delete…")
+    page.locator("#confirm-ok").focus()
+    page.keyboard.press("Enter")
+    expect(actions).to_have_count(0)
+    expect(page.get_by_role("link", name=re.compile(r"^kb one"))).to_be_focused()

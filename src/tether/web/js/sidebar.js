@@ -334,21 +334,23 @@ export class Sidebar {
     this.closeMenus();
     const row = this.rows.get(el.dataset.key);
     if (!row) return;
-    const item = (label, action) =>
+    const next = this.neighbour(el);
+    const item = (label, action, refocus = true) =>
       h("button", {
         type: "button",
         role: "menuitem",
         text: label,
-        onclick: (e) => {
+        onclick: async (e) => {
           e.stopPropagation();
           this.closeMenus();
-          action();
+          await action();
+          if (refocus) this.refocus(row.session_id, next);
         },
       });
     const menu = h(
       "div",
       { class: "row-menu", role: "menu" },
-      item("Rename", () => this.rename(el, row)),
+      item("Rename", () => this.rename(el, row), false), // its box takes the focus
       item(row.pinned ? "Unpin" : "Pin", () => this.update1(row, { pinned: !row.pinned })),
       item(row.archived ? "Unarchive" : "Archive", () =>
         this.update1(row, { archived: !row.archived }),
@@ -362,6 +364,7 @@ export class Sidebar {
           onclick: (e) => {
             e.stopPropagation();
             this.closeMenus();
+            this.refocus(row.session_id, next);
           },
         }),
       ),
@@ -375,6 +378,31 @@ export class Sidebar {
     el.classList.add("menu-open");
     el.append(menu);
     menu.querySelector("button").focus();
+  }
+
+  /** The key of the session row after `el` in the list, else of the one before it. */
+  neighbour(el) {
+    const rows = [...this.list.querySelectorAll(":scope > .session-row")];
+    const at = rows.indexOf(el);
+    return (rows[at + 1] ?? rows[at - 1])?.dataset.key ?? null;
+  }
+
+  /** After a row menu's action the item pressed is gone (and Pin moves the row, which takes
+   *  the focus from it): the focus goes to the row's Actions button, or to the link of the
+   *  row that took its place when it left the list, rather than to the page's body, where a
+   *  keyboard user starts again from the top. A focus the user moved meanwhile stays (one
+   *  still on the Delete dialog's button, closed and so not shown, is lost all the same). */
+  refocus(sid, next) {
+    const at = document.activeElement;
+    if (at && at !== document.body && at.getClientRects().length > 0) return;
+    this.render();
+    const rows = [...this.list.querySelectorAll(":scope > .session-row")];
+    const find = (key) => rows.find((r) => r.dataset.key === key);
+    const target =
+      find(sid)?.querySelector(".row-menu-btn") ??
+      find(next)?.querySelector(".session-link") ??
+      this.search;
+    target.focus();
   }
 
   async update1(row, changes) {

@@ -239,3 +239,36 @@ def test_the_focus_stays_in_the_sidebar_after_a_row_menus_action(
     page.keyboard.press("Enter")
     expect(actions).to_have_count(0)
     expect(page.get_by_role("link", name=re.compile(r"^kb one"))).to_be_focused()
+
+
+def test_a_row_menu_is_walked_with_the_arrow_keys(
+    context: BrowserContext, server: ServerProcess
+) -> None:
+    """The row menu says it is a menu (role "menu"), whose items a screen reader's user moves
+    between with the arrow keys; they did nothing there, and Tab, the only way on, left the
+    menu open behind the focus. Now ↓ and ↑ go round the items, Home and End to either end,
+    and Tab out of the menu closes it."""
+    with server.client() as client:
+        new_session(client, "arrow walk")
+    page = context.new_page()
+    open_app(page, server.base_url)
+    page.get_by_role("button", name="Actions for arrow walk").focus()
+    page.keyboard.press("Enter")
+    item = lambda name: page.get_by_role("menuitem", name=name)  # noqa: E731
+    expect(item("Rename")).to_be_focused()
+    page.keyboard.press("ArrowDown")
+    expect(item("Pin")).to_be_focused()
+    page.keyboard.press("End")
+    expect(item("Delete…")).to_be_focused()
+    page.keyboard.press("ArrowDown")
+    expect(item("Rename")).to_be_focused()
+    page.keyboard.press("ArrowUp")
+    expect(item("Delete…")).to_be_focused()
+    page.keyboard.press("Home")
+    expect(item("Rename")).to_be_focused()
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("menu")).to_have_count(0)
+    # on from the row's Actions button, as if the menu had not been opened
+    expect(page.get_by_role("button", name="Actions for arrow walk")).not_to_be_focused()
+    page.keyboard.press("Shift+Tab")
+    expect(page.get_by_role("button", name="Actions for arrow walk")).to_be_focused()

@@ -371,9 +371,20 @@ export class Sidebar {
       item("Delete…", () => this.remove(row)),
     );
     menu.addEventListener("keydown", (e) => {
-      if (e.key !== "Escape") return;
-      this.closeMenus();
-      el.querySelector(".row-menu-btn").focus(); // focus returns to the menu's button
+      // focus returns to the menu's button; Tab goes on from there, leaving the menu closed
+      // rather than walking its items with the menu left open behind the focus
+      if (e.key === "Escape" || e.key === "Tab") {
+        this.closeMenus();
+        el.querySelector(".row-menu-btn").focus();
+        return;
+      }
+      // a menu's items are walked with the arrow keys (round), Home and End (ARIA's menu)
+      const items = [...menu.querySelectorAll('[role="menuitem"]')];
+      const at = items.indexOf(document.activeElement);
+      const to = { ArrowDown: at + 1, ArrowUp: at - 1, Home: 0, End: items.length - 1 }[e.key];
+      if (to === undefined) return;
+      e.preventDefault();
+      items[(to + items.length) % items.length].focus();
     });
     el.classList.add("menu-open");
     el.append(menu);

@@ -79,6 +79,37 @@ def test_an_unreachable_server_shows_on_the_running_turn_and_clears_when_back(
     wait_settled(page)
 
 
+def test_a_session_opened_while_the_server_is_unreachable_opens_when_it_is_back(
+    context: BrowserContext, web_server: ServerProcess
+) -> None:
+    """A session clicked in the sidebar while the server was down showed a New chat ("Start
+    a conversation", the address back to /) with no connection at all, and stayed so once
+    the server was back: a message typed there started a new session instead of going on
+    with the one chosen. Now the session stays chosen (its address, its draft), the page
+    says the server is unreachable, and the session opens when the server answers."""
+    page = context.new_page()
+    open_app(page, web_server.base_url)
+    send(page, "alpha words")
+    wait_settled(page)
+    alpha = session_id_of(page)
+    page.get_by_role("textbox", name="Message").fill("alpha draft")
+    page.get_by_role("button", name="New chat").click()
+    send(page, "beta words")
+    wait_settled(page)
+    web_server.kill()
+    expect(page.locator("#conn")).to_have_text(re.compile("Reconnecting|Stalled"), timeout=15_000)
+    page.locator(f'.session-row[data-key="{alpha}"] .session-link').click()
+    expect(page.locator("#notice-bar")).to_contain_text("The server is unreachable")
+    page.wait_for_timeout(1500)
+    assert page.evaluate("location.pathname") == f"/s/{alpha}"
+    expect(page.locator("#empty-state")).to_be_hidden()
+    expect(page.get_by_role("textbox", name="Message")).to_have_value("alpha draft")
+    web_server.start()
+    expect(page.locator("#conn")).to_have_text("Live", timeout=20_000)
+    expect(page.locator("#transcript .row.user")).to_have_text(["alpha words"])
+    expect(page.locator("#notice-bar")).to_be_hidden()
+
+
 def test_sidebar_rows_show_relative_time_a_failed_run_and_empty_states(
     context: BrowserContext, openai_web: ServerProcess, fake: FakeOpenAI
 ) -> None:

@@ -14,6 +14,7 @@ import { SessionSettings } from "./session_settings.js";
 import { SettingsPanel, showTheme } from "./settings.js";
 import { Sidebar } from "./sidebar.js";
 import { position, refused, sendQueued } from "./refusals.js";
+import { openFailed } from "./open_failed.js";
 import { RunPrompts } from "./run_prompts.js";
 import { SessionStream } from "./stream.js";
 import { ImportControl } from "./transfer.js";
@@ -243,19 +244,17 @@ class App {
     $("empty-state").hidden = true;
     const entry = this.entry(sid);
     if (entry.loaded) this.renderNow();
+    await this.load(sid, entry);
+  }
+
+  /** Read the session opened and follow its stream (again, when it could not be read). */
+  async load(sid, entry) {
     let body;
     const sent = this.sidebar.stamp();
     try {
       body = (await get(`/api/session?${q({ session_id: sid })}`)).session;
     } catch (err) {
-      if (this.openId !== sid) return;
-      this.notify(
-        err.code === "session_not_found" ? "That session does not exist (any more)." : err.message,
-      );
-      history.replaceState({}, "", "/");
-      this.showEmpty();
-      if (err.code === "session_not_found") this.drafts.rescue(sid);
-      return;
+      return openFailed(this, sid, err, () => this.load(sid, entry));
     }
     if (this.openId !== sid) return;
     if (!entry.loaded) applySnapshot(entry.state, body);

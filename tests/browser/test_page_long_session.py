@@ -165,37 +165,3 @@ def test_rendered_answers_are_cloned_into_the_page_not_moved_across_documents(
     open_app(page, web_server.base_url)
     drawn = page.evaluate(ADOPTIONS_JS, texts)
     assert drawn == {"adopted": 0, "shown": 100}
-
-
-GAP = "(el) => el.scrollHeight - el.scrollTop - el.clientHeight"
-
-
-def test_a_reader_at_the_bottom_keeps_the_last_lines_in_view_when_the_transcript_shrinks(
-    context: BrowserContext, web_server: ServerProcess
-) -> None:
-    """The transcript followed only its rows' growth: a reader at the bottom who typed a
-    reply of a few lines (the composer grows, the transcript gets shorter) or turned a phone
-    lost the end of the answer they were replying to under the composer (180 px of it for 8
-    lines). Now the end stays in view; a reader scrolled up stays where they are."""
-    sid = long_session(web_server, 30)
-    page = context.new_page()
-    open_app(page, web_server.base_url, f"/s/{sid}")
-    transcript = page.locator("#transcript")
-    page.wait_for_function(f"() => ({GAP})(document.querySelector('#transcript')) < 2")
-    box = page.get_by_role("textbox", name="Message")
-    box.click()
-    for _ in range(8):
-        box.press("Shift+Enter")
-    page.wait_for_function(
-        "() => document.querySelector('#composer').offsetHeight > 200", timeout=5_000
-    )
-    page.wait_for_timeout(200)
-    assert transcript.evaluate(GAP) < 2
-    page.set_viewport_size({"width": 390, "height": 844})
-    page.wait_for_timeout(300)
-    assert transcript.evaluate(GAP) < 2
-    page.set_viewport_size({"width": 1280, "height": 860})
-    transcript.evaluate("(el) => { el.scrollTop = 100; el.dispatchEvent(new Event('scroll')); }")
-    box.press("Shift+Enter")
-    page.wait_for_timeout(300)
-    assert transcript.evaluate("(el) => el.scrollTop") == 100

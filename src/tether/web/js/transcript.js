@@ -195,9 +195,7 @@ export class TranscriptView {
   /**
    * A reader at the bottom follows new output; one scrolled up stays where they are, and a
    * "Jump to latest" button appears while output arrives below. Content grows in renders and
-   * in throttled Markdown renders alike, so a ResizeObserver on the rows decides. It watches
-   * the transcript's own box too: a composer growing with a reply, or a phone turned, makes
-   * it shorter without a scroll event, and the end a follower was reading went out of view.
+   * in throttled Markdown renders alike, so a ResizeObserver on the rows decides.
    */
   followScroll(root) {
     this.following = true;
@@ -210,24 +208,17 @@ export class TranscriptView {
     });
     root.append(h("div", { class: "jump-wrap" }, this.jumpEl));
     const atBottom = () => root.scrollHeight - root.scrollTop - root.clientHeight < 40;
-    // only a scroll up stops following: the browser's own scrolls (scroll anchoring as a
-    // narrower window rewraps the rows above) move down or stay, and come before the observer
-    let top = root.scrollTop;
     root.addEventListener("scroll", () => {
-      if (atBottom()) this.following = true;
-      else if (root.scrollTop < top) this.following = false;
-      top = root.scrollTop;
+      this.following = atBottom();
       if (this.following) this.jumpEl.hidden = true;
     });
     let height = 0;
-    const observer = new ResizeObserver(() => {
+    new ResizeObserver(() => {
       const grew = this.rowsEl.offsetHeight > height;
       height = this.rowsEl.offsetHeight;
       if (this.following) root.scrollTop = root.scrollHeight;
       else if (grew && this.rowsEl.querySelector(".row.live")) this.jumpEl.hidden = false;
-    });
-    observer.observe(this.rowsEl);
-    observer.observe(root);
+    }).observe(this.rowsEl);
   }
 
   /** Follow the end again (Jump to latest, or the reader sending a message): what comes

@@ -22,24 +22,36 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tether import events as ev
 from tether.events import Event
 from tether.ingest.normalizer import SteerDelivered
 from tether.log import Draft
+from tether.log.attachments import BlobStore
+from tether.log.store import EventStore
 from tether.runs.pump import END, Signal
 from tether.runs.registry import RUNNING, Run
-from tether.runtimes.base import AttachmentRef, ProviderError, TurnInput
+from tether.runtimes.base import AttachmentRef, ProviderError, Runtime, TurnInput
 from tether.sessions.defaults import Defaults
 from tether.sessions.folds import SessionFold
+from tether.sessions.service import SessionService
 from tether.visible_text import shown_file_name
 
 if TYPE_CHECKING:
-    from tether.runs.handles import RuntimeHandle
-    from tether.runs.worker import WorkerHost
+    from tether.runs.handles import HandleCache, RuntimeHandle
 
 log = logging.getLogger("tether.runs")
+
+
+class WorkerHost(Protocol):
+    """What asking a runtime uses of the engine (`runs.worker.WorkerHost` has it all)."""
+
+    store: EventStore
+    sessions: SessionService
+    runtime: Runtime
+    attachments: BlobStore
+    handles: HandleCache
 
 
 def model_for(row: dict[str, Any], asked: str | None, defaults: Defaults) -> str | None:
@@ -59,7 +71,10 @@ async def turn_input(
     model (`model_for`), with the server's defaults as `RunEngine._record` read them.
     `pending`: the turn's `turn.submitted` while it commits (the early request), taken as
     folded when the fold does not hold it yet."""
-    fold = await engine.sessions.folds.get(run.session_id)
+    folds = engine.sessions.folds
+    # while the turn commits, the cached fold as it is (no read of the log for it: the
+    # worker's build after the commit is the check); else the log's, caught up
+    fold = (pending and folds.cached(run.session_id)) or await folds.get(run.session_id)
     if defaults is None:
         defaults = await engine.sessions.defaults.current()
     model = model_for(fold.row or {}, model, defaults)

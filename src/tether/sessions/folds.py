@@ -98,6 +98,11 @@ class FoldCache:
         self._folds[session_id] = fold
         self._evict()
 
+    def cached(self, session_id: str) -> SessionFold | None:
+        """The session's cached fold as it is, read from nothing: maybe behind the log (the
+        early request, runs/invocation.py, checks what it built from it against `get`'s)."""
+        return self._folds.get(session_id)
+
     def forget(self, session_id: str) -> None:
         self._folds.pop(session_id, None)
 
